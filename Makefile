@@ -1,0 +1,41 @@
+# dpsweep: `make demo` runs the main job, `make test` runs the test suite.
+# Both create .venv if missing and install the project with its extras first. Every pip call
+# goes through constraints.txt, which pins torch to the CPU build (see shared/ENV.md).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install --disable-pip-version-check -c constraints.txt
+STAMP := $(VENV)/.installed-stamp
+export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+
+.PHONY: install demo test lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -q -U pip setuptools wheel
+	$(PIP) -q -e '.[server,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/dpsweep train --dataset digits --model cnn --strategy fixed --epsilon 3 --delta 1e-5 \
+		--epochs 5 --batch-size 64 --lr 0.5 --clip 1.0 --seed 0
+
+lint: install
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+bench: install
+	$(BIN)/python bench/step_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

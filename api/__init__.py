@@ -1,0 +1,1 @@
+"""dpsweep REST API (FastAPI). Empty until the API issue lands."""

@@ -1,0 +1,334 @@
+"""The ``dpsweep`` command line.
+
+Commands import their heavy dependencies (torch, the workers) only when they run, so
+``dpsweep --help`` stays fast on the light client install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_USAGE = 2  # argparse's convention for bad arguments
+EXIT_FAILURE = 1
+
+
+def _positive_float(name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number; got {text!r}") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number > 0; got {text}")
+        return v
+
+    return parse
+
+
+def _delta(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"delta must be a number; got {text!r}") from None
+    if not 0.0 < v < 1.0:
+        raise argparse.ArgumentTypeError(
+            f"delta must be strictly between 0 and 1 (typically below 1/n, e.g. 1e-5); got {text}"
+        )
+    return v
+
+
+def _positive_int(name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer; got {text!r}") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1; got {text}")
+        return v
+
+    return parse
+
+
+def _key_value(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE; got {text!r}")
+    k, v = text.split("=", 1)
+    try:
+        value: Any = json.loads(v)
+    except json.JSONDecodeError:
+        value = v
+    return k.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpsweep",
+        description="Hyperparameter sweeps for differentially private deep learning.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    t = sub.add_parser(
+        "train",
+        help="train one DP model (a single trial) and report its metrics and epsilon",
+        description="Train one model with DP-SGD. Give --epsilon (the noise multiplier is "
+        "calibrated to it) or --noise-multiplier (epsilon is computed from it).",
+    )
+    d = t.add_argument_group("data and model")
+    d.add_argument("--dataset", default="digits", help="registry name (default: digits)")
+    d.add_argument("--data-path", help="data file for idx (images), npz or csv datasets")
+    d.add_argument("--labels-path", help="labels file for the idx dataset")
+    d.add_argument("--label-column", help="label column for the csv dataset")
+    d.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.2,
+        help="share held out as the public evaluation split (default 0.2)",
+    )
+    d.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
+    d.add_argument("--model", default="mlp", help="registry name (default: mlp)")
+    p = t.add_argument_group("privacy")
+    p.add_argument("--strategy", default="fixed", help="clipping strategy (default: fixed)")
+    p.add_argument("--epsilon", type=_positive_float("epsilon"), help="target epsilon")
+    p.add_argument(
+        "--noise-multiplier",
+        type=_positive_float("noise multiplier"),
+        help="noise multiplier sigma (instead of --epsilon)",
+    )
+    p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
+    p.add_argument("--accountant", default="rdp", help="rdp (default) or prv")
+    p.add_argument(
+        "--clip",
+        type=_positive_float("clip"),
+        default=1.0,
+        help="clipping threshold C (default 1.0)",
+    )
+    p.add_argument("--clip-style", default="flat", help="flat (default) or layerwise")
+    p.add_argument(
+        "--param",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other strategy hyperparameter (repeatable)",
+    )
+    o = t.add_argument_group("training")
+    o.add_argument("--epochs", type=_positive_float("epochs"), default=5.0)
+    o.add_argument(
+        "--steps", type=_positive_int("steps"), help="number of steps (overrides --epochs)"
+    )
+    o.add_argument(
+        "--batch-size",
+        type=_positive_int("batch size"),
+        default=64,
+        help="expected batch size b; the sample rate is b / n_train",
+    )
+    o.add_argument("--lr", type=_positive_float("lr"), default=0.5)
+    o.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
+    o.add_argument("--momentum", type=float, default=0.0)
+    o.add_argument("--eval-every", type=_positive_int("eval every"), default=50)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    o.add_argument(
+        "--threads",
+        type=_positive_int("threads"),
+        default=1,
+        help="CPU threads for this trial (default 1)",
+    )
+    t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    t.set_defaults(func=cmd_train, subparser=t)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args.subparser, args) or 0)
+
+
+def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    # Heavy imports only now: the client install has no torch.
+    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
+    from workers.datasets import DATASETS, DatasetSpec, dataset_names, load_dataset
+    from workers.devices import DEVICES
+    from workers.errors import ConfigError, DpsweepError
+    from workers.models import MODELS, ModelSpec, model_names
+    from workers.optim import OPTIMIZERS
+    from workers.strategies import STRATEGIES, strategy_names
+    from workers.trainer import PackSpec, TrialSpec, plan_steps
+
+    def usage(msg: str) -> None:
+        parser.error(msg)  # exits with code 2
+
+    if args.dataset not in DATASETS:
+        usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
+    if args.model not in MODELS:
+        usage(f"unknown model {args.model!r}; choose one of: {', '.join(model_names())}")
+    if args.strategy not in STRATEGIES:
+        usage(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(strategy_names())}")
+    if args.accountant not in ACCOUNTANTS:
+        usage(f"unknown accountant {args.accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}")
+    if args.optimizer not in OPTIMIZERS:
+        usage(f"unknown optimizer {args.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if args.device not in DEVICES:
+        usage(f"unknown device {args.device!r}; choose one of: {', '.join(DEVICES)}")
+    strategy_cls = STRATEGIES[args.strategy]
+    if strategy_cls.private:
+        if (args.epsilon is None) == (args.noise_multiplier is None):
+            usage(
+                f"strategy {args.strategy!r} is private: give exactly one of --epsilon or "
+                "--noise-multiplier"
+            )
+    elif args.epsilon is not None or args.noise_multiplier is not None:
+        usage("--strategy nonprivate adds no noise; drop --epsilon / --noise-multiplier")
+
+    params: dict[str, Any] = dict(args.param)
+    if "clip" in strategy_cls.hyperparameters:
+        params.setdefault("clip", args.clip)
+    if "clip_style" in strategy_cls.hyperparameters:
+        params.setdefault("clip_style", args.clip_style)
+
+    err = Console(stderr=True)
+    try:
+        strategy_cls.validate(params)
+        dataset_spec = DatasetSpec(
+            name=args.dataset,
+            path=args.data_path,
+            labels_path=args.labels_path,
+            label_column=args.label_column,
+            test_fraction=args.test_fraction,
+            split_seed=args.split_seed,
+        )
+        data = load_dataset(dataset_spec)
+        q, steps = plan_steps(
+            n_train=data.n_train, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps
+        )
+        sigma = args.noise_multiplier
+        if strategy_cls.private and args.epsilon is not None:
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=args.epsilon,
+                target_delta=args.delta,
+                sample_rate=q,
+                steps=steps,
+                accountant=args.accountant,
+            )
+        spec = PackSpec(
+            dataset=dataset_spec,
+            model=ModelSpec(args.model),
+            strategy=args.strategy,
+            trials=[
+                TrialSpec(
+                    lr=args.lr,
+                    seed=args.seed,
+                    noise_multiplier=sigma,
+                    target_delta=args.delta,
+                    params=params,
+                )
+            ],
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            steps=args.steps,
+            optimizer=args.optimizer,
+            momentum=args.momentum,
+            eval_every=args.eval_every,
+            accountant=args.accountant,
+            device=args.device,
+            threads=args.threads,
+        )
+        show_bar = not args.json or err.is_terminal
+        result = _run_with_progress(spec, data, show_bar=show_bar, console=err)
+    except ConfigError as exc:
+        usage(str(exc))
+        return EXIT_USAGE  # unreachable: usage exits
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+
+    summary = result.summary()
+    if args.json:
+        summary.pop("reliability", None)
+        summary.update(
+            {"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size}
+        )
+        print(json.dumps(summary))
+    else:
+        _print_summary(Console(), summary, args)
+    return 0
+
+
+def _run_with_progress(spec: Any, data: Any, *, show_bar: bool, console: Console) -> Any:
+    from workers.trainer import train_pack
+
+    if not show_bar:
+        return train_pack(spec, dataset=data)[0]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]training[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("train", total=None, status="")
+
+        def on_progress(p: Any) -> None:
+            bar.update(task, completed=p.step, total=p.total_steps)
+            if p.evals:
+                m = p.evals[0]
+                status = f"acc {m['accuracy']:.3f}" if "accuracy" in m else f"mse {m['mse']:.4f}"
+                bar.update(task, status=status)
+
+        return train_pack(spec, dataset=data, progress=on_progress)[0]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace) -> None:
+    table = Table(title=f"{args.strategy} · {args.model} on {args.dataset}", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    rows = [
+        ("accuracy", s["accuracy"]),
+        ("loss", s["loss"]),
+        ("mse", s["mse"]),
+        ("ECE", s["ece"]),
+        ("MCE", s["mce"]),
+        ("best step", s["best_step"]),
+        ("steps", s["steps"]),
+        ("epsilon", s["epsilon"] if s["private"] else "inf (non-private)"),
+        ("delta", s["delta"]),
+        ("noise multiplier", s["noise_multiplier"]),
+        ("sample rate", s["sample_rate"]),
+        ("accountant", s["accountant"]),
+        ("step time (median ms)", s["step_time_ms_median"]),
+        ("device", s["device"]),
+    ]
+    for name, v in rows:
+        if v is not None:
+            table.add_row(name, _fmt(v))
+    if s.get("diverged_at") is not None:
+        table.add_row("diverged at step", str(s["diverged_at"]))
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

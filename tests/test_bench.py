@@ -1,0 +1,35 @@
+"""The step-overhead benchmark runs and reports every column (figures are not asserted here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_step_overhead_benchmark_smoke() -> None:
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "step_overhead.py"),
+            "--json",
+            "--repeats",
+            "2",
+            "--models",
+            "mlp",
+            "--batches",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    row = out["mlp"]["8"]
+    assert set(row) == {"nonprivate_ms", "fixed", "opacus_hooks", "opacus_ghost"}
+    assert all(v > 0 for v in row.values())

@@ -1,0 +1,168 @@
+"""The ``dpsweep train`` command, run as a real subprocess through the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from opacus.accountants import RDPAccountant
+
+DPSWEEP = shutil.which("dpsweep", path=str(Path(sys.executable).parent)) or "dpsweep"
+FAST = ["--epochs", "1", "--batch-size", "32", "--eval-every", "10"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run(
+        [DPSWEEP, "train", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_json_output_has_the_documented_keys_and_honest_epsilon() -> None:
+    p = run(
+        "--dataset",
+        "digits",
+        "--model",
+        "cnn",
+        "--strategy",
+        "fixed",
+        "--epsilon",
+        "3",
+        "--delta",
+        "1e-5",
+        "--lr",
+        "0.5",
+        "--clip",
+        "1.0",
+        "--seed",
+        "0",
+        "--json",
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for key in (
+        "accuracy",
+        "loss",
+        "ece",
+        "mce",
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "sample_rate",
+        "steps",
+        "best_step",
+        "step_time_ms_median",
+    ):
+        assert key in out, key
+    assert out["epsilon"] <= 3.0 and out["delta"] == 1e-5
+    acc = RDPAccountant()
+    acc.history = [(out["noise_multiplier"], out["sample_rate"], out["steps"])]
+    assert out["epsilon"] == pytest.approx(acc.get_epsilon(delta=1e-5), rel=1e-9)
+
+
+def test_noise_multiplier_replaces_epsilon() -> None:
+    p = run("--dataset", "wine", "--model", "logreg", "--noise-multiplier", "2.5", "--json", *FAST)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["noise_multiplier"] == 2.5 and out["epsilon"] > 0
+
+
+def test_human_output_shows_a_summary() -> None:
+    p = run("--dataset", "wine", "--model", "logreg", "--epsilon", "4", *FAST)
+    assert p.returncode == 0, p.stderr
+    assert "accuracy" in p.stdout and "epsilon" in p.stdout and "noise multiplier" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--epsilon", "0"], "epsilon must be a finite number > 0"),
+        (["--epsilon", "-1"], "epsilon must be a finite number > 0"),
+        (["--epsilon", "1", "--delta", "1"], "delta must be strictly between 0 and 1"),
+        (["--epsilon", "1", "--delta", "2e0"], "delta must be strictly between 0 and 1"),
+        (
+            ["--epsilon", "1", "--dataset", "mnist"],
+            "unknown dataset 'mnist'; choose one of: breast_cancer",
+        ),
+        (
+            ["--epsilon", "1", "--model", "resnet"],
+            "unknown model 'resnet'; choose one of: autoencoder",
+        ),
+        (
+            ["--epsilon", "1", "--strategy", "magic"],
+            "unknown strategy 'magic'; choose one of: fixed",
+        ),
+        ([], "give exactly one of --epsilon or --noise-multiplier"),
+        (["--epsilon", "1", "--noise-multiplier", "1"], "give exactly one of"),
+        (["--strategy", "nonprivate", "--epsilon", "1"], "nonprivate adds no noise"),
+        (
+            ["--epsilon", "1", "--clip-style", "diagonal"],
+            "clip_style for strategy 'fixed' must be one of",
+        ),
+        (
+            [
+                "--epsilon",
+                "1",
+                "--dataset",
+                "csv",
+                "--data-path",
+                "/nonexistent.csv",
+                "--label-column",
+                "y",
+            ],
+            "/nonexistent.csv: file not found",
+        ),
+        (["--epsilon", "1", "--batch-size", "99999"], "exceeds the"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_helpful_message(args: list[str], message: str) -> None:
+    p = run(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert message in p.stderr
+
+
+def test_user_files_train_through_the_cli(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 4))
+    y = (x[:, 0] > 0).astype(int)
+    path = tmp_path / "data.csv"
+    path.write_text(
+        "a,b,c,d,target\n"
+        + "\n".join(
+            ",".join(f"{v:.5f}" for v in row) + f",{lab}" for row, lab in zip(x, y, strict=True)
+        )
+    )
+    p = run(
+        "--dataset",
+        "csv",
+        "--data-path",
+        str(path),
+        "--label-column",
+        "target",
+        "--model",
+        "logreg",
+        "--strategy",
+        "nonprivate",
+        "--lr",
+        "0.5",
+        "--json",
+        "--epochs",
+        "5",
+        "--batch-size",
+        "16",
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["accuracy"] > 0.8 and out["epsilon"] is None

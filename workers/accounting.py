@@ -1,0 +1,117 @@
+"""Privacy accounting for DP-SGD runs: epsilon from the noise actually used, and calibration.
+
+Thin, strict wrappers over Opacus's accountants (RDP by default, PRV selectable). Opacus is
+imported lazily so that callers without torch at import time (the sweeper) can import this.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+from workers.errors import ConfigError, PrivacyError
+
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+
+
+def _check(
+    *, sample_rate: float, target_delta: float, accountant: str, steps: int | None = None
+) -> None:
+    if accountant not in ACCOUNTANTS:
+        raise ConfigError(
+            f"unknown accountant {accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}",
+            field="privacy.accountant",
+        )
+    if not 0.0 < sample_rate <= 1.0:
+        raise ConfigError(f"sample rate must be in (0, 1]; got {sample_rate}", field="sample_rate")
+    if not 0.0 < target_delta < 1.0:
+        raise ConfigError(f"delta must be in (0, 1); got {target_delta}", field="privacy.delta")
+    if steps is not None and steps < 0:
+        raise ConfigError(f"steps must be >= 0; got {steps}", field="steps")
+
+
+def _accountant(name: str) -> Any:
+    from opacus.accountants import PRVAccountant, RDPAccountant
+
+    return RDPAccountant() if name == "rdp" else PRVAccountant()
+
+
+def compute_epsilon(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    accountant: str = "rdp",
+) -> float:
+    """Epsilon of `steps` Poisson-subsampled Gaussian steps of multiplier `noise_multiplier`.
+
+    Raises:
+        PrivacyError: the mechanism gives no finite guarantee (e.g. ``noise_multiplier`` <= 0).
+    """
+    _check(sample_rate=sample_rate, target_delta=target_delta, accountant=accountant, steps=steps)
+    if steps == 0:
+        return 0.0
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise PrivacyError(
+            f"noise multiplier {noise_multiplier} gives no finite privacy guarantee; it must be > 0"
+        )
+    acc = _accountant(accountant)
+    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    with warnings.catch_warnings():
+        # "Optimal order is the largest alpha": the RDP bound is then merely loose (an
+        # over-estimate of epsilon), which is safe; it is not worth alarming users over.
+        warnings.simplefilter("ignore", UserWarning)
+        eps = float(acc.get_epsilon(delta=target_delta))
+    if not math.isfinite(eps) or eps < 0:
+        raise PrivacyError(f"the {accountant} accountant returned an invalid epsilon ({eps})")
+    return eps
+
+
+def calibrate_noise_multiplier(
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    epsilon_tolerance: float = 0.01,
+) -> float:
+    """The noise multiplier whose epsilon is at most ``target_epsilon`` (within tolerance below).
+
+    The result is re-checked with :func:`compute_epsilon`; a multiplier that overshoots the
+    target is never returned (fail closed).
+    """
+    _check(sample_rate=sample_rate, target_delta=target_delta, accountant=accountant, steps=steps)
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ConfigError(f"epsilon must be > 0; got {target_epsilon}", field="privacy.epsilon")
+    if steps < 1:
+        raise ConfigError("calibration needs at least one step", field="steps")
+    from opacus.accountants.utils import get_noise_multiplier
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        sigma = float(
+            get_noise_multiplier(
+                target_epsilon=target_epsilon,
+                target_delta=target_delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                epsilon_tolerance=epsilon_tolerance,
+            )
+        )
+    eps = compute_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        steps=steps,
+        target_delta=target_delta,
+        accountant=accountant,
+    )
+    if eps > target_epsilon:
+        raise PrivacyError(
+            f"calibrated noise multiplier {sigma:.4f} gives epsilon {eps:.4f} > target "
+            f"{target_epsilon}; refusing to run"
+        )
+    return sigma

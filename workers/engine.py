@@ -1,0 +1,186 @@
+"""One DP-SGD step for a pack of K trials.
+
+Per step and per trial k (all trials at once):
+
+1. Poisson-sample a batch from trial k's own sampling generator; batches are padded to the
+   largest one in the pack and masked, so padding contributes zero weight.
+2. Forward with capture, one ``autograd.grad`` for ``dL/dz`` of every layer, per-sample norms.
+3. The strategy maps norms to weights and a sensitivity S (and optional extra releases).
+4. Release ``(sum_i w_i g_i + sigma_g S xi) / b`` with xi from trial k's own noise generator and
+   b = qN the *expected* batch size (the realised size is private under Poisson sampling).
+5. The strategy observes the noised releases; the optimizer steps; the strategy post-processes.
+
+Nothing computed from the private batch leaves this module without noise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from workers.optim import PackedOptimizer
+from workers.packed import PackedModel
+from workers.sampling import poisson_sample
+from workers.strategies.base import ClippingStrategy, NoiseSource, StepContext
+
+Task = Literal["classification", "reconstruction"]
+
+
+def per_sample_loss(out: Tensor, target: Tensor, task: Task) -> Tensor:
+    """Per-example loss `[K, B]`; `target` is labels `[K, B]` or inputs `[K, B, ...]`."""
+    k, b = out.shape[:2]
+    if task == "classification":
+        return F.cross_entropy(
+            out.reshape(k * b, -1), target.reshape(k * b), reduction="none"
+        ).view(k, b)
+    return (out - target).pow(2).reshape(k, b, -1).mean(dim=2)
+
+
+class DPEngine:
+    """Runs DP-SGD steps for a pack. See the module docstring for the algorithm.
+
+    Args:
+        model: the packed model (its flat parameters are updated in place).
+        strategy: the clipping strategy, vectorised over the pack.
+        optimizer: the packed optimizer.
+        x, y: the training split on the model's device (``y`` labels, or None to reconstruct x).
+        task: ``classification`` or ``reconstruction``.
+        sample_rate: Poisson sampling rate q.
+        noise_multiplier: ``[K]`` planned noise multipliers (ignored by non-private strategies).
+        sample_generators: one CPU generator per trial for Poisson sampling.
+        noise: per-trial Gaussian noise source.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: PackedModel,
+        strategy: ClippingStrategy,
+        optimizer: PackedOptimizer,
+        x: Tensor,
+        y: Tensor | None,
+        task: Task,
+        sample_rate: float,
+        noise_multiplier: Tensor,
+        sample_generators: Sequence[torch.Generator],
+        noise: NoiseSource,
+    ) -> None:
+        self.model = model
+        self.strategy = strategy
+        self.optimizer = optimizer
+        self.x = x
+        self.y = y
+        self.task = task
+        self.n = int(x.shape[0])
+        self.sample_rate = float(sample_rate)
+        self.expected_batch_size = self.sample_rate * self.n
+        self.sample_generators = list(sample_generators)
+        self.noise = noise
+        self.k = model.k
+        self.device = model.device
+        if strategy.private:
+            self.grad_noise_multiplier = strategy.gradient_noise_multiplier(noise_multiplier)
+        else:
+            self.grad_noise_multiplier = torch.zeros(self.k, device=self.device)
+        self.grad = torch.zeros(self.k, model.numel, device=self.device)
+
+    def sample(self) -> tuple[Tensor, Tensor]:
+        """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
+        picks = [poisson_sample(self.n, self.sample_rate, g) for g in self.sample_generators]
+        if self.k == 1:
+            idx = picks[0].unsqueeze(0)
+            mask = torch.ones(1, idx.shape[1])
+        else:
+            b_max = max(len(p) for p in picks)
+            idx = torch.zeros(self.k, b_max, dtype=torch.long)
+            mask = torch.zeros(self.k, b_max)
+            for k, p in enumerate(picks):
+                idx[k, : len(p)] = p
+                mask[k, : len(p)] = 1.0
+        return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+
+    def step(self) -> None:
+        idx, mask = self.sample()
+        releases = self._releases(idx, mask)
+        if self.strategy.private:
+            self.strategy.observe(releases, self.noise)
+        self.optimizer.step(self.model.flat, releases["grad"], self.strategy.lr_scale())
+        self.strategy.after_step(self.model.flat)
+
+    def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        strategy = self.strategy
+        b = idx.shape[1]
+        infos = None
+        sq = None
+        if b > 0:
+            xb = self.x[idx]
+            target = self.y[idx] if self.y is not None else xb
+            out, cap = self.model.forward(xb, capture=True)
+            assert cap is not None
+            loss = per_sample_loss(out, target, self.task)
+            if self.k > 1:
+                # Masking the loss makes padded slots' gradients exactly zero, whatever weights
+                # a strategy hands back for them. (A pack of one is never padded.)
+                loss = loss * mask
+            infos = self.model.layer_grads(loss.sum(), cap)
+            if strategy.needs_norms:
+                sq = self.model.sq_norms(infos)
+        elif strategy.needs_norms:
+            sq = torch.zeros(self.k, 0, self.model.n_param_layers, device=self.device)
+        ctx = StepContext(
+            sq_norms=sq, mask=mask, expected_batch_size=self.expected_batch_size, noise=self.noise
+        )
+        clip = strategy.clip(ctx)
+        grad = self.grad
+        if not strategy.private:
+            # Non-private baseline: average over the realised batch (no noise, no guarantee).
+            realised = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+            self._weighted_sum(grad, infos, clip.weights / realised.unsqueeze(-1))
+            return {"grad": grad}
+        releases = {
+            "grad": self._release(
+                grad, infos, clip.weights, clip.sensitivity, self.grad_noise_multiplier
+            )
+        }
+        for extra in clip.extra:
+            releases[extra.name] = self._release(
+                torch.empty_like(grad),
+                infos,
+                extra.weights,
+                extra.sensitivity,
+                extra.noise_multiplier,
+            )
+        return releases
+
+    def _weighted_sum(self, out: Tensor, infos: list | None, weights: Tensor) -> None:
+        if infos is None:
+            out.zero_()
+        else:
+            self.model.weighted_sum_into(out, infos, weights)
+
+    def _release(
+        self,
+        buf: Tensor,
+        infos: list | None,
+        weights: Tensor,
+        sensitivity: Tensor,
+        multiplier: Tensor,
+    ) -> Tensor:
+        """``(sum_i w_i g_i + multiplier * sensitivity * xi) / b`` into ``buf``.
+
+        The 1/b is folded into the ``[K, B]`` weights and the noise scale, so the ``[K, P]``
+        buffer is touched once by the noise and never rescaled.
+        """
+        b = self.expected_batch_size
+        self._weighted_sum(buf, infos, weights / b)
+        xi = self.noise.standard_normal(buf.shape[1])
+        scale = multiplier * sensitivity / b
+        if self.k == 1:
+            buf.add_(xi, alpha=float(scale))
+        else:
+            buf.addcmul_(xi, scale.unsqueeze(1))
+        return buf

@@ -1,0 +1,225 @@
+"""The clipping-strategy interface.
+
+A strategy turns per-sample gradient norms into per-sample weights ``w_i`` and a sensitivity
+``S``; the engine releases ``(sum_i w_i g_i + N(0, (sigma_g S)^2 I)) / b``. Strategies with
+extra private queries (a noisy quantile count, OSO-DPSGD's direction sum) ask for *extra
+releases*, which the engine computes from the same norms and noises in the same way. State
+updates (``C_t``, learning-rate scales) may only read noised releases: :meth:`observe` receives
+nothing else, so a strategy cannot leak an unnoised batch statistic by accident.
+
+Everything is vectorised over the K trials of a pack: hyperparameters and state are ``[K]``
+tensors, norms are ``[K, B, L]`` (L parametrised layers), weights are ``[K, B, R]`` with R = 1
+(flat) or R = L (layerwise).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from workers.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HParam:
+    """A declared strategy hyperparameter.
+
+    Args:
+        default: value when a trial does not set it (``None`` = required).
+        kind: ``float``, ``int`` or ``choice``.
+        choices: allowed values for ``choice``.
+        positive: floats/ints must be > 0.
+        shared: must be equal for every trial of a pack (it shapes the computation).
+    """
+
+    default: Any = None
+    kind: str = "float"
+    choices: tuple[str, ...] = ()
+    positive: bool = True
+    shared: bool = False
+    help: str = ""
+
+
+class NoiseSource:
+    """Gaussian noise drawn from each trial's own generator, in a fixed order per trial.
+
+    A trial's noise therefore depends only on its seed and on the sequence of draws its own
+    strategy makes, never on which other trials share its pack.
+    """
+
+    def __init__(self, generators: Sequence[torch.Generator], device: torch.device) -> None:
+        self.generators = list(generators)
+        self.device = device
+
+    def standard_normal(self, n: int) -> Tensor:
+        """``[K, n]`` standard normal draws, row k from trial k's generator."""
+        if len(self.generators) == 1:
+            return torch.randn(1, n, generator=self.generators[0], device=self.device)
+        out = torch.empty(len(self.generators), n, device=self.device)
+        for k, g in enumerate(self.generators):
+            torch.randn(n, generator=g, device=self.device, out=out[k])
+        return out
+
+
+@dataclass
+class StepContext:
+    """What a strategy sees during one step. Everything here is private (unnoised)."""
+
+    sq_norms: Tensor | None  # [K, B, L] per-sample per-layer squared gradient norms
+    mask: Tensor  # [K, B] 1.0 for sampled examples, 0.0 for padding
+    expected_batch_size: float  # b = q N, public
+    noise: NoiseSource
+
+
+@dataclass
+class ExtraRelease:
+    """A second private sum the engine must release: ``sum_i w_i g_i`` plus its own noise."""
+
+    name: str
+    weights: Tensor  # [K, B, R]
+    sensitivity: Tensor  # [K]
+    noise_multiplier: Tensor  # [K]
+
+
+@dataclass
+class ClipResult:
+    weights: Tensor  # [K, B, R]
+    sensitivity: Tensor  # [K]
+    extra: tuple[ExtraRelease, ...] = ()
+
+
+class ClippingStrategy(ABC):
+    """Base class. Subclasses declare ``name`` and ``hyperparameters`` and implement ``clip``."""
+
+    name: ClassVar[str]
+    private: ClassVar[bool] = True
+    needs_norms: ClassVar[bool] = True
+    hyperparameters: ClassVar[Mapping[str, HParam]] = {}
+    description: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        params: Sequence[Mapping[str, Any]],
+        *,
+        n_layers: int,
+        device: torch.device,
+    ) -> None:
+        self.k = len(params)
+        self.n_layers = n_layers
+        self.device = device
+        self.params = [self.validate(p) for p in params]
+        for name, hp in self.hyperparameters.items():
+            if hp.shared and len({repr(p[name]) for p in self.params}) > 1:
+                raise ConfigError(
+                    f"strategy {self.name!r}: {name} must be the same for every trial of a pack",
+                    field=f"params.{name}",
+                )
+
+    @classmethod
+    def validate(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check types; raises :class:`ConfigError` naming the field."""
+        unknown = set(params) - set(cls.hyperparameters)
+        if unknown:
+            raise ConfigError(
+                f"unknown hyperparameter(s) {sorted(unknown)} for strategy {cls.name!r}; "
+                f"allowed: {sorted(cls.hyperparameters) or 'none'}",
+                field=f"params.{sorted(unknown)[0]}",
+            )
+        out: dict[str, Any] = {}
+        for name, hp in cls.hyperparameters.items():
+            v = params.get(name, hp.default)
+            if v is None:
+                raise ConfigError(f"strategy {cls.name!r} needs {name}", field=f"params.{name}")
+            if hp.kind == "choice":
+                if v not in hp.choices:
+                    raise ConfigError(
+                        f"{name} for strategy {cls.name!r} must be one of {list(hp.choices)}; "
+                        f"got {v!r}",
+                        field=f"params.{name}",
+                    )
+            else:
+                try:
+                    v = float(v) if hp.kind == "float" else int(v)
+                except (TypeError, ValueError):
+                    raise ConfigError(
+                        f"{name} for strategy {cls.name!r} must be a number; got {v!r}",
+                        field=f"params.{name}",
+                    ) from None
+                if not torch.isfinite(torch.tensor(float(v))):
+                    raise ConfigError(f"{name} must be finite; got {v!r}", field=f"params.{name}")
+                if hp.positive and v <= 0:
+                    raise ConfigError(f"{name} must be > 0; got {v!r}", field=f"params.{name}")
+            out[name] = v
+        return out
+
+    def tensor(self, name: str) -> Tensor:
+        """A numeric hyperparameter as a ``[K]`` tensor on the pack's device."""
+        return torch.tensor([float(p[name]) for p in self.params], device=self.device)
+
+    def shared(self, name: str) -> Any:
+        return self.params[0][name]
+
+    # -- the step protocol --------------------------------------------------------------------
+
+    def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
+        """Multiplier on the gradient's noise, given the trial's planned multiplier sigma.
+
+        Strategies with extra queries return a larger value here so that all their releases
+        together cost exactly one Gaussian step with multiplier sigma (the planner's unit).
+        """
+        return noise_multiplier
+
+    @abstractmethod
+    def clip(self, ctx: StepContext) -> ClipResult:
+        """Per-sample weights and sensitivity for this step (plus any extra releases)."""
+
+    def observe(self, releases: Mapping[str, Tensor], noise: NoiseSource) -> None:  # noqa: B027
+        """Update state from this step's *noised* releases (each ``[K, P]``, divided by b)."""
+
+    def lr_scale(self) -> Tensor | None:
+        """A ``[K]`` multiplier on each trial's learning rate, or None."""
+        return None
+
+    def after_step(self, flat_params: Tensor) -> None:  # noqa: B027
+        """Post-process parameters after the optimizer step (e.g. a projection)."""
+
+    def state(self) -> dict[str, Tensor]:
+        """Public (post-noise) state to record as trajectories, each ``[K]``."""
+        return {}
+
+
+StrategyFactory = Callable[..., ClippingStrategy]
+STRATEGIES: dict[str, type[ClippingStrategy]] = {}
+
+
+def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
+    """Register a strategy class under its ``name`` (a stable contract stored in the database)."""
+    if cls.name in STRATEGIES:
+        raise ValueError(f"strategy {cls.name!r} is registered twice")
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+def strategy_names() -> list[str]:
+    return sorted(STRATEGIES)
+
+
+def get_strategy(name: str) -> type[ClippingStrategy]:
+    if name not in STRATEGIES:
+        raise ConfigError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}",
+            field="strategy",
+        )
+    return STRATEGIES[name]
+
+
+def group_norms(sq_norms: Tensor, style: str) -> Tensor:
+    """Norms per clipping group: ``[K, B, 1]`` for flat, ``[K, B, L]`` for layerwise."""
+    if style == "flat":
+        return sq_norms.sum(dim=-1, keepdim=True).sqrt()
+    return sq_norms.sqrt()
