@@ -101,6 +101,8 @@ class DPEngine:
             for k, p in enumerate(picks):
                 idx[k, : len(p)] = p
                 mask[k, : len(p)] = 1.0
+        if self.device.type == "cpu":
+            return idx, mask
         return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     def step(self) -> None:

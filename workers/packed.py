@@ -139,14 +139,19 @@ class PLinear(ParamLayer):
         self.bias = m.bias is not None
         self.param_shapes = ((self.out_f, self.in_f),) + (((self.out_f,),) if self.bias else ())
 
+    def bind(self, views: list[Tensor]) -> None:
+        super().bind(views)
+        # Parameters are updated in place, so these views stay valid for the pack's lifetime.
+        self._w_t = views[0].transpose(1, 2)
+        self._b_row = views[1].unsqueeze(1) if self.bias else None
+
     def compute(self, x: Act) -> tuple[Tensor, Tensor]:
         a = x.as_kb()
-        w = self.params[0]
-        a3 = a.reshape(w.shape[0], -1, self.in_f)
-        if self.bias:
-            z = torch.baddbmm(self.params[1].unsqueeze(1), a3, w.transpose(1, 2))
+        a3 = a if a.dim() == 3 else a.reshape(a.shape[0], -1, self.in_f)
+        if self._b_row is not None:
+            z = torch.baddbmm(self._b_row, a3, self._w_t)
         else:
-            z = torch.bmm(a3, w.transpose(1, 2))
+            z = torch.bmm(a3, self._w_t)
         return a, z
 
     def wrap(self, z: Tensor, x: Act) -> Act:

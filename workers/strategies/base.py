@@ -15,7 +15,7 @@ tensors, norms are ``[K, B, L]`` (L parametrised layers), weights are ``[K, B, R
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -193,7 +193,6 @@ class ClippingStrategy(ABC):
         return {}
 
 
-StrategyFactory = Callable[..., ClippingStrategy]
 STRATEGIES: dict[str, type[ClippingStrategy]] = {}
 
 

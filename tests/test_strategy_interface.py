@@ -1,0 +1,104 @@
+"""The strategy interface carries what the next strategies need, without touching the step loop.
+
+A test-only strategy uses every hook: a split gradient noise multiplier, an extra noised release,
+state updated only from noised releases, a learning-rate scale, and a post-step projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from tests.test_per_sample import reference_per_sample
+from tests.test_step import NOISE_SEED, SAMPLE_SEED, tiny_problem
+from workers.engine import DPEngine
+from workers.models import ModelSpec, build_model
+from workers.optim import PackedOptimizer
+from workers.packed import PackedModel
+from workers.sampling import poisson_sample
+from workers.strategies import (
+    ClippingStrategy,
+    ClipResult,
+    ExtraRelease,
+    HParam,
+    NoiseSource,
+    StepContext,
+)
+
+
+class ProbeStrategy(ClippingStrategy):
+    name = "probe"
+    hyperparameters: ClassVar = {"clip": HParam(default=0.3)}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.c = self.tensor("clip")
+        self.seen: list[dict[str, Tensor]] = []
+        self.projections = 0
+
+    def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
+        return 2.0 * noise_multiplier
+
+    def clip(self, ctx: StepContext) -> ClipResult:
+        assert ctx.sq_norms is not None
+        n = ctx.sq_norms.sum(-1).sqrt()
+        w = torch.clamp(self.c[:, None] / n, max=1.0) * ctx.mask
+        # A unit-norm direction sum (sensitivity 1), like OSO-DPSGD's second query.
+        u = (1.0 / n) * ctx.mask
+        extra = ExtraRelease(
+            "direction", u.unsqueeze(-1), torch.ones(self.k), torch.full((self.k,), 3.0)
+        )
+        return ClipResult(weights=w.unsqueeze(-1), sensitivity=self.c, extra=(extra,))
+
+    def observe(self, releases: Mapping[str, Tensor], noise: NoiseSource) -> None:
+        self.seen.append({k: v.clone() for k, v in releases.items()})
+
+    def lr_scale(self) -> Tensor | None:
+        return torch.full((self.k,), 0.5)
+
+    def after_step(self, flat_params: Tensor) -> None:
+        self.projections += 1
+        flat_params.clamp_(-10.0, 10.0)
+
+
+def test_every_hook_is_honoured() -> None:
+    module, x, y = tiny_problem()
+    ref = build_model(ModelSpec("mlp", {"hidden": [5]}), input_shape=(4,), num_classes=3, seed=5)
+    theta0 = torch.cat([p.detach().reshape(-1) for p in ref.parameters()])
+    model = PackedModel([module])
+    strat = ProbeStrategy([{"clip": 0.3}], n_layers=model.n_param_layers, device=model.device)
+    q, sigma, lr = 0.5, 0.7, 0.1
+    engine = DPEngine(
+        model=model,
+        strategy=strat,
+        optimizer=PackedOptimizer("sgd", torch.tensor([lr])),
+        x=x,
+        y=y,
+        task="classification",
+        sample_rate=q,
+        noise_multiplier=torch.tensor([sigma]),
+        sample_generators=[torch.Generator().manual_seed(SAMPLE_SEED)],
+        noise=NoiseSource([torch.Generator().manual_seed(NOISE_SEED)], model.device),
+    )
+    engine.step()
+
+    idx = poisson_sample(len(x), q, torch.Generator().manual_seed(SAMPLE_SEED))
+    gen = torch.Generator().manual_seed(NOISE_SEED)
+    xi_grad = torch.randn(1, theta0.numel(), generator=gen)[0]  # drawn first
+    xi_dir = torch.randn(1, theta0.numel(), generator=gen)[0]  # then the extra release
+    g = reference_per_sample(ref, x[idx], y[idx], "classification")
+    n = g.norm(dim=1, keepdim=True)
+    b = q * len(x)
+    grad = ((torch.clamp(0.3 / n, max=1.0) * g).sum(0) + 2.0 * sigma * 0.3 * xi_grad) / b
+    direction = ((g / n).sum(0) + 3.0 * 1.0 * xi_dir) / b
+
+    assert len(strat.seen) == 1 and strat.projections == 1
+    torch.testing.assert_close(strat.seen[0]["grad"], grad.unsqueeze(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        strat.seen[0]["direction"], direction.unsqueeze(0), rtol=1e-5, atol=1e-6
+    )
+    expected = (theta0 - 0.5 * lr * grad).clamp(-10.0, 10.0)
+    torch.testing.assert_close(engine.model.flat[0], expected, rtol=1e-5, atol=1e-6)
