@@ -43,22 +43,31 @@ CLASSES = 10
 LR = 0.05
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def _interleaved_medians(
+    steps: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
+) -> dict[str, float]:
+    """Median ms per step of each method, timed round-robin.
+
+    Interleaving means a slow spell of the machine hits every method alike, so the ratios are
+    far steadier than timing each method in its own block.
+    """
+    for fn in steps.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) * 1000.0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _model(name: str) -> nn.Sequential:
     return build_model(ModelSpec(name), input_shape=SHAPE, num_classes=CLASSES, seed=0)
 
 
-def bench_nonprivate(name: str, x: torch.Tensor, y: torch.Tensor, b: int, repeats: int) -> float:
+def nonprivate_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Callable[[], None]:
     m = _model(name)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
 
@@ -68,10 +77,10 @@ def bench_nonprivate(name: str, x: torch.Tensor, y: torch.Tensor, b: int, repeat
         F.cross_entropy(m(x[idx]), y[idx]).backward()
         opt.step()
 
-    return _median_ms(step, repeats)
+    return step
 
 
-def bench_dpsweep(name: str, x: torch.Tensor, y: torch.Tensor, b: int, repeats: int) -> float:
+def dpsweep_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Callable[[], None]:
     model = PackedModel([_model(name)])
     strategy = get_strategy("fixed")(
         [{"clip": 1.0}], n_layers=model.n_param_layers, device=model.device
@@ -88,12 +97,12 @@ def bench_dpsweep(name: str, x: torch.Tensor, y: torch.Tensor, b: int, repeats: 
         sample_generators=[torch.Generator().manual_seed(1)],
         noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
     )
-    return _median_ms(engine.step, repeats)
+    return engine.step
 
 
-def bench_opacus(
-    name: str, x: torch.Tensor, y: torch.Tensor, b: int, repeats: int, mode: str
-) -> float:
+def opacus_step(
+    name: str, x: torch.Tensor, y: torch.Tensor, b: int, mode: str
+) -> Callable[[], None]:
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -125,12 +134,12 @@ def bench_opacus(
     def step() -> None:
         idx = torch.randint(x.shape[0], (b,))
         popt.zero_grad(set_to_none=True)
-        crit(pm(x[idx]), y[idx]).backward()
-        popt.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            crit(pm(x[idx]), y[idx]).backward()
+            popt.step()
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _median_ms(step, repeats)
+    return step
 
 
 def run(
@@ -144,15 +153,19 @@ def run(
     for name in models:
         out[name] = {}
         for b in batches:
-            base = bench_nonprivate(name, x, y, b, repeats)
-            row = {
-                "nonprivate_ms": round(base, 3),
-                "fixed": bench_dpsweep(name, x, y, b, repeats) / base,
-                "opacus_hooks": bench_opacus(name, x, y, b, repeats, "hooks") / base,
-                "opacus_ghost": bench_opacus(name, x, y, b, repeats, "ghost") / base,
-            }
+            ms = _interleaved_medians(
+                {
+                    "nonprivate": nonprivate_step(name, x, y, b),
+                    "fixed": dpsweep_step(name, x, y, b),
+                    "opacus_hooks": opacus_step(name, x, y, b, "hooks"),
+                    "opacus_ghost": opacus_step(name, x, y, b, "ghost"),
+                },
+                repeats,
+            )
+            base = ms.pop("nonprivate")
             out[name][str(b)] = {
-                k: (round(v, 3) if k != "nonprivate_ms" else v) for k, v in row.items()
+                "nonprivate_ms": round(base, 3),
+                **{k: round(v / base, 3) for k, v in ms.items()},
             }
     return out
 
