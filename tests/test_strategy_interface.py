@@ -102,3 +102,39 @@ def test_every_hook_is_honoured() -> None:
     )
     expected = (theta0 - 0.5 * lr * grad).clamp(-10.0, 10.0)
     torch.testing.assert_close(engine.model.flat[0], expected, rtol=1e-5, atol=1e-6)
+
+
+class LyingStrategy(ClippingStrategy):
+    """Claims sensitivity C but does not clip: the engine must refuse to release."""
+
+    name = "liar"
+    hyperparameters: ClassVar = {}
+
+    def clip(self, ctx: StepContext) -> ClipResult:
+        return ClipResult(weights=ctx.mask.unsqueeze(-1), sensitivity=torch.full((self.k,), 1e-3))
+
+
+def test_an_understated_sensitivity_fails_closed() -> None:
+    import pytest
+
+    from workers.errors import PrivacyError
+
+    module, x, y = tiny_problem()
+    model = PackedModel([module])
+    theta0 = model.flat.clone()
+    strat = LyingStrategy([{}], n_layers=model.n_param_layers, device=model.device)
+    engine = DPEngine(
+        model=model,
+        strategy=strat,
+        optimizer=PackedOptimizer("sgd", torch.tensor([0.1])),
+        x=x,
+        y=y,
+        task="classification",
+        sample_rate=0.5,
+        noise_multiplier=torch.tensor([1.0]),
+        sample_generators=[torch.Generator().manual_seed(SAMPLE_SEED)],
+        noise=NoiseSource([torch.Generator().manual_seed(NOISE_SEED)], model.device),
+    )
+    with pytest.raises(PrivacyError, match="above the strategy's sensitivity"):
+        engine.step()
+    assert torch.equal(model.flat, theta0)  # nothing was released or applied

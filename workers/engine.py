@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from workers.errors import PrivacyError
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
 from workers.sampling import poisson_sample
@@ -143,6 +144,10 @@ class DPEngine:
             realised = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
             self._weighted_sum(grad, infos, clip.weights / realised.unsqueeze(-1))
             return {"grad": grad}
+        if sq is not None:
+            _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
+            for extra in clip.extra:
+                _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
         releases = {
             "grad": self._release(
                 grad, infos, clip.weights, clip.sensitivity, self.grad_noise_multiplier
@@ -186,3 +191,31 @@ class DPEngine:
         else:
             buf.addcmul_(xi, scale.unsqueeze(1))
         return buf
+
+
+# Relative slack for float32 rounding in w_i * ||g_i|| <= S (a clipped norm lands on S exactly).
+_SENSITIVITY_RTOL = 1e-4
+
+
+def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity: Tensor) -> None:
+    """Fail closed: every example's weighted gradient must have norm <= the claimed sensitivity.
+
+    The noise is calibrated to the sensitivity a strategy *claims*; this check makes a strategy
+    bug raise instead of silently under-noising a release. Padded slots have zero gradients.
+    """
+    if weights.shape[-1] == 1:
+        contrib = weights[..., 0].pow(2) * sq_norms.sum(dim=-1)
+    else:
+        contrib = (weights.pow(2) * sq_norms).sum(dim=-1)
+    bound = sensitivity.pow(2).unsqueeze(1) * (1 + _SENSITIVITY_RTOL) ** 2
+    bad = ~(contrib <= bound)  # also catches NaN weights
+    if bad.any():
+        # Non-finite gradients (a diverged trial) make no claim false; only a finite excess does.
+        finite = torch.isfinite(sq_norms).all(dim=-1)
+        if (bad & finite).any():
+            k = int((bad & finite).any(dim=1).nonzero()[0])
+            worst = float(contrib[k].max().sqrt())
+            raise PrivacyError(
+                f"release {name!r} of trial {k}: a per-example contribution has norm {worst:.6g} "
+                f"above the strategy's sensitivity {float(sensitivity[k]):.6g}; refusing to release"
+            )
