@@ -83,6 +83,7 @@ class DPEngine:
         self.noise = noise
         self.k = model.k
         self.device = model.device
+        strategy.bind(model, expected_batch_size=self.expected_batch_size, task=task)
         if strategy.private:
             self.grad_noise_multiplier = strategy.gradient_noise_multiplier(noise_multiplier)
         else:

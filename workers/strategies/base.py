@@ -17,12 +17,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from workers.errors import ConfigError
+
+if TYPE_CHECKING:
+    from workers.packed import PackedModel
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,13 @@ class ClippingStrategy(ABC):
         return self.params[0][name]
 
     # -- the step protocol --------------------------------------------------------------------
+
+    def bind(self, model: PackedModel, *, expected_batch_size: float, task: str) -> None:  # noqa: B027
+        """Called once by the engine before the first step.
+
+        Strategies that need the model's structure (layer slices of the flat parameters), the
+        expected batch size b = qN (public) or the task override this; the default keeps them.
+        """
 
     def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
         """Multiplier on the gradient's noise, given the trial's planned multiplier sigma.
