@@ -69,6 +69,73 @@ def _key_value(text: str) -> tuple[str, Any]:
     return k.strip(), value
 
 
+# Strategy hyperparameter flags: each maps to the hyperparameter of the same name, and is
+# accepted only by strategies that declare it.
+STRATEGY_FLAGS: list[tuple[str, str, Any, str]] = [
+    (
+        "--clip",
+        "clip",
+        _positive_float("clip"),
+        "clipping threshold / scale C (fixed, automatic, global, bam; default 1.0)",
+    ),
+    ("--clip-style", "clip_style", str, "flat (default) or layerwise (fixed, automatic, bam)"),
+    (
+        "--stability",
+        "stability",
+        _positive_float("stability"),
+        "gamma in C/(n + gamma) (automatic; default 0.01)",
+    ),
+    (
+        "--global-threshold",
+        "global_threshold",
+        _positive_float("global threshold"),
+        "threshold Z (global; default 1.0)",
+    ),
+    (
+        "--target-quantile",
+        "target_quantile",
+        _positive_float("target quantile"),
+        "quantile gamma tracked by C_t (quantile; default 0.5)",
+    ),
+    (
+        "--clip-init",
+        "clip_init",
+        _positive_float("clip init"),
+        "initial threshold C_0 (quantile, online; default 0.1)",
+    ),
+    (
+        "--clip-lr",
+        "clip_lr",
+        _positive_float("clip lr"),
+        "step of the C_t update (quantile: eta_C = 0.2; online: rho_c = 2.5e-3)",
+    ),
+    (
+        "--count-noise",
+        "count_noise",
+        _positive_float("count noise"),
+        "std sigma_b of the quantile count's noise (quantile; default b/20)",
+    ),
+    (
+        "--lr-lr",
+        "lr_lr",
+        _positive_float("lr lr"),
+        "step rho_r of the learning-rate update (online; default 2.5e-3)",
+    ),
+    (
+        "--direction-noise-ratio",
+        "direction_noise_ratio",
+        _positive_float("direction noise ratio"),
+        "nu_q / nu (online; default 7.124)",
+    ),
+    (
+        "--bam-lambda",
+        "bam_lambda",
+        _positive_float("bam lambda"),
+        "per-sample ascent step lambda (bam; default 0.1)",
+    ),
+]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dpsweep",
@@ -96,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
     d.add_argument("--model", default="mlp", help="registry name (default: mlp)")
+    d.add_argument(
+        "--model-option",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model builder option, e.g. hidden=[256,128] (repeatable)",
+    )
     p = t.add_argument_group("privacy")
     p.add_argument("--strategy", default="fixed", help="clipping strategy (default: fixed)")
     p.add_argument("--epsilon", type=_positive_float("epsilon"), help="target epsilon")
@@ -106,13 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
     p.add_argument("--accountant", default="rdp", help="rdp (default) or prv")
-    p.add_argument(
-        "--clip",
-        type=_positive_float("clip"),
-        default=1.0,
-        help="clipping threshold C (default 1.0)",
-    )
-    p.add_argument("--clip-style", default="flat", help="flat (default) or layerwise")
+    for flag, dest, kind, text in STRATEGY_FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
     p.add_argument(
         "--param",
         type=_key_value,
@@ -192,10 +262,18 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         usage("--strategy nonprivate adds no noise; drop --epsilon / --noise-multiplier")
 
     params: dict[str, Any] = dict(args.param)
-    if "clip" in strategy_cls.hyperparameters:
-        params.setdefault("clip", args.clip)
-    if "clip_style" in strategy_cls.hyperparameters:
-        params.setdefault("clip_style", args.clip_style)
+    for flag, dest, _, _ in STRATEGY_FLAGS:
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if dest not in strategy_cls.hyperparameters:
+            takes = (
+                ", ".join(f"--{h.replace('_', '-')}" for h in strategy_cls.hyperparameters)
+                or "no hyperparameters"
+            )
+            usage(f"{flag} does not apply to strategy {args.strategy!r}; it takes: {takes}")
+        params[dest] = value
+    model_options: dict[str, Any] = dict(args.model_option)
 
     err = Console(stderr=True)
     try:
@@ -223,7 +301,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             )
         spec = PackSpec(
             dataset=dataset_spec,
-            model=ModelSpec(args.model),
+            model=ModelSpec(args.model, model_options),
             strategy=args.strategy,
             trials=[
                 TrialSpec(
@@ -319,6 +397,8 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
         ("noise multiplier", s["noise_multiplier"]),
         ("sample rate", s["sample_rate"]),
         ("accountant", s["accountant"]),
+        ("final clip C_t", s["clip_final"]),
+        ("final learning rate", s["lr_final"]),
         ("step time (median ms)", s["step_time_ms_median"]),
         ("device", s["device"]),
     ]

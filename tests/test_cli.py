@@ -102,7 +102,7 @@ def test_human_output_shows_a_summary() -> None:
         ),
         (
             ["--epsilon", "1", "--strategy", "magic"],
-            "unknown strategy 'magic'; choose one of: fixed",
+            "unknown strategy 'magic'; choose one of: automatic, bam, fixed",
         ),
         ([], "give exactly one of --epsilon or --noise-multiplier"),
         (["--epsilon", "1", "--noise-multiplier", "1"], "give exactly one of"),

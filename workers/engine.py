@@ -16,7 +16,7 @@ Nothing computed from the private batch leaves this module without noise.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +89,7 @@ class DPEngine:
         else:
             self.grad_noise_multiplier = torch.zeros(self.k, device=self.device)
         self.grad = torch.zeros(self.k, model.numel, device=self.device)
+        self._extra_bufs: dict[str, Tensor] = {}
 
     def sample(self) -> tuple[Tensor, Tensor]:
         """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
@@ -110,34 +111,71 @@ class DPEngine:
     def step(self) -> None:
         idx, mask = self.sample()
         releases = self._releases(idx, mask)
+        # The optimizer uses the current learning rate; strategies then update their state
+        # (C_t, lr_t) from the noised releases, for the next step (004 Algorithm 1, lines 12-15).
+        self.optimizer.step(self.model.flat, releases["grad"], self.strategy.lr_scale())
         if self.strategy.private:
             self.strategy.observe(releases, self.noise)
-        self.optimizer.step(self.model.flat, releases["grad"], self.strategy.lr_scale())
         self.strategy.after_step(self.model.flat)
 
-    def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    def per_sample(
+        self, xb: Tensor, target: Tensor, mask: Tensor
+    ) -> tuple[list[Any], Tensor | None, StepContext]:
+        """Per-layer gradient info, squared norms and the strategy's context for a batch.
+
+        Strategies asking for an ascent (BAM) get the gradients at the perturbed points.
+        """
         strategy = self.strategy
-        b = idx.shape[1]
-        infos = None
-        sq = None
-        if b > 0:
-            xb = self.x[idx]
-            target = self.y[idx] if self.y is not None else xb
-            out, cap = self.model.forward(xb, capture=True)
-            assert cap is not None
-            loss = per_sample_loss(out, target, self.task)
-            if self.k > 1:
-                # Masking the loss makes padded slots' gradients exactly zero, whatever weights
-                # a strategy hands back for them. (A pack of one is never padded.)
-                loss = loss * mask
-            infos = self.model.layer_grads(loss.sum(), cap)
-            if strategy.needs_norms:
-                sq = self.model.sq_norms(infos)
-        elif strategy.needs_norms:
-            sq = torch.zeros(self.k, 0, self.model.n_param_layers, device=self.device)
+        infos, sq = self._grads(xb, target, mask, None)
         ctx = StepContext(
             sq_norms=sq, mask=mask, expected_batch_size=self.expected_batch_size, noise=self.noise
         )
+        scale = strategy.ascent_scale(ctx)
+        if scale is not None:
+            infos, sq = self._grads(xb, target, mask, (infos, scale * mask))
+            ctx = StepContext(
+                sq_norms=sq,
+                mask=mask,
+                expected_batch_size=self.expected_batch_size,
+                noise=self.noise,
+            )
+        return infos, sq, ctx
+
+    def _grads(
+        self,
+        xb: Tensor,
+        target: Tensor,
+        mask: Tensor,
+        perturb: tuple[list[Any], Tensor] | None,
+    ) -> tuple[list[Any], Tensor | None]:
+        out, cap = self.model.forward(xb, capture=True, perturb=perturb)
+        assert cap is not None
+        loss = per_sample_loss(out, target, self.task)
+        if self.k > 1:
+            # Masking the loss makes padded slots' gradients exactly zero, whatever weights
+            # a strategy hands back for them. (A pack of one is never padded.)
+            loss = loss * mask
+        infos = self.model.layer_grads(loss.sum(), cap)
+        sq = self.model.sq_norms(infos) if self.strategy.needs_norms else None
+        return infos, sq
+
+    def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        strategy = self.strategy
+        infos: list[Any] | None = None
+        if idx.shape[1] > 0:
+            xb = self.x[idx]
+            target = self.y[idx] if self.y is not None else xb
+            infos, sq, ctx = self.per_sample(xb, target, mask)
+        else:
+            sq = None
+            if strategy.needs_norms:
+                sq = torch.zeros(self.k, 0, self.model.n_param_layers, device=self.device)
+            ctx = StepContext(
+                sq_norms=sq,
+                mask=mask,
+                expected_batch_size=self.expected_batch_size,
+                noise=self.noise,
+            )
         clip = strategy.clip(ctx)
         grad = self.grad
         if not strategy.private:
@@ -149,22 +187,27 @@ class DPEngine:
             _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
             for extra in clip.extra:
                 _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
+        for sc in clip.scalars:
+            _check_scalar(sc.name, sc.values, sc.sensitivity)
         releases = {
             "grad": self._release(
                 grad, infos, clip.weights, clip.sensitivity, self.grad_noise_multiplier
             )
         }
         for extra in clip.extra:
+            buf = self._extra_bufs.get(extra.name)
+            if buf is None:
+                buf = self._extra_bufs[extra.name] = torch.empty_like(grad)
             releases[extra.name] = self._release(
-                torch.empty_like(grad),
-                infos,
-                extra.weights,
-                extra.sensitivity,
-                extra.noise_multiplier,
+                buf, infos, extra.weights, extra.sensitivity, extra.noise_multiplier
             )
+        for sc in clip.scalars:
+            xi = self.noise.standard_normal(1)[:, 0]
+            total = sc.values.sum(dim=1) + sc.noise_multiplier * sc.sensitivity * xi
+            releases[sc.name] = total / self.expected_batch_size
         return releases
 
-    def _weighted_sum(self, out: Tensor, infos: list | None, weights: Tensor) -> None:
+    def _weighted_sum(self, out: Tensor, infos: list[Any] | None, weights: Tensor) -> None:
         if infos is None:
             out.zero_()
         else:
@@ -173,7 +216,7 @@ class DPEngine:
     def _release(
         self,
         buf: Tensor,
-        infos: list | None,
+        infos: list[Any] | None,
         weights: Tensor,
         sensitivity: Tensor,
         multiplier: Tensor,
@@ -192,6 +235,48 @@ class DPEngine:
         else:
             buf.addcmul_(xi, scale.unsqueeze(1))
         return buf
+
+    def diagnostics(
+        self, x: Tensor, target: Tensor, generators: Sequence[torch.Generator]
+    ) -> dict[str, Tensor]:
+        """Clipping diagnostics on a batch of the *public* evaluation split, per trial ``[K]``.
+
+        * ``frac_clipped``: share of examples whose gradient the strategy scaled down;
+        * ``clip_bias``: ``||g_clip - g||`` with ``g`` the mean gradient and ``g_clip`` the mean
+          of the strategy's weighted (clipped) gradients (003);
+        * ``grad_cos``: ``cos(g_priv, g)`` with ``g_priv = g_clip + sigma_g S xi / b``, noise at
+          the training step's scale (004).
+
+        Nothing here touches the private training data, and its noise comes from
+        ``generators`` (not the trials' training streams), so measuring changes no result.
+        """
+        m = x.shape[0]
+        xk = x.unsqueeze(0).expand(self.k, *x.shape)
+        tk = target.unsqueeze(0).expand(self.k, *target.shape)
+        mask = torch.ones(self.k, m, device=self.device)
+        infos, _, ctx = self.per_sample(xk, tk, mask)
+        clip = self.strategy.clip(ctx)
+        true_grad = torch.empty_like(self.grad)
+        clipped = torch.empty_like(self.grad)
+        # Unclipped mean gradient at theta (for BAM: at the perturbed points, as released).
+        base_infos = infos if self.strategy.ascent_scale(ctx) is None else None
+        if base_infos is None:
+            base_infos, _ = self._grads(xk, tk, mask, None)
+        self.model.weighted_sum_into(true_grad, base_infos, mask.unsqueeze(-1) / m)
+        self.model.weighted_sum_into(clipped, infos, clip.weights / m)
+        w = clip.weights
+        frac = (w < 1.0 - 1e-6).any(dim=-1).double().mean(dim=1)
+        bias = (clipped - true_grad).norm(dim=1)
+        if self.strategy.private:
+            xi = torch.stack(
+                [torch.randn(clipped.shape[1], generator=g, device=self.device) for g in generators]
+            )
+            scale = self.grad_noise_multiplier * clip.sensitivity / self.expected_batch_size
+            private = clipped + scale.unsqueeze(1) * xi
+        else:
+            private = clipped
+        cos = torch.nn.functional.cosine_similarity(private, true_grad, dim=1)
+        return {"frac_clipped": frac, "clip_bias": bias, "grad_cos": cos}
 
 
 # Relative slack for float32 rounding in w_i * ||g_i|| <= S (a clipped norm lands on S exactly).
@@ -220,3 +305,13 @@ def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity
                 f"release {name!r} of trial {k}: a per-example contribution has norm {worst:.6g} "
                 f"above the strategy's sensitivity {float(sensitivity[k]):.6g}; refusing to release"
             )
+
+
+def _check_scalar(name: str, values: Tensor, sensitivity: Tensor) -> None:
+    """Fail closed: every example's contribution to a scalar release is within its sensitivity."""
+    bound = sensitivity.unsqueeze(1) * (1 + _SENSITIVITY_RTOL)
+    if not (values.abs() <= bound).all():
+        raise PrivacyError(
+            f"scalar release {name!r}: a per-example contribution exceeds the strategy's "
+            "sensitivity; refusing to release"
+        )

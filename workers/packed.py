@@ -100,6 +100,14 @@ class ParamLayer(PackedLayer):
     def forward(self, x: Act) -> Act:
         return self.wrap(self.compute(x)[1], x)
 
+    def compute_perturbed(self, x: Act, info: Any, scale: Tensor) -> tuple[Tensor, Tensor]:
+        """Like :meth:`compute`, with each example's parameters moved by ``scale_i * grad_i``.
+
+        ``info`` is this layer's :meth:`grad_info` from a first pass on the same examples, so
+        ``grad_i`` is example i's own gradient; ``scale`` is ``[K, B]``. Used by BAM (003).
+        """
+        raise ConfigError(f"{type(self).__name__} does not support per-example perturbation")
+
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> Any:
         """Precompute whatever norms and weighted sums share (e.g. per-sample gradients)."""
         raise NotImplementedError
@@ -156,6 +164,17 @@ class PLinear(ParamLayer):
 
     def wrap(self, z: Tensor, x: Act) -> Act:
         return Act(z.view(*x.as_kb().shape[:-1], self.out_f), "kb", x.k)
+
+    def compute_perturbed(self, x: Act, info: _LinearInfo, scale: Tensor) -> tuple[Tensor, Tensor]:
+        a, z = self.compute(x)
+        if a.dim() != 3 or info.a.dim() != 3:
+            raise ConfigError("per-example perturbation (bam) needs one position per example")
+        # (W + s g a0^T) x + (b + s g) = W x + b + s (a0 . x + 1) g: a rank-one update per
+        # example, from the first pass's input a0 and output gradient g.
+        coef = torch.linalg.vecdot(info.a, a)
+        if self.bias:
+            coef = coef + 1.0
+        return a, z + (scale * coef).unsqueeze(-1) * info.g
 
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> _LinearInfo:
         if a.dim() == 3:
@@ -260,6 +279,23 @@ class _PConvBase(ParamLayer):
     def wrap(self, z: Tensor, x: Act) -> Act:
         return Act(z, "bk", x.k)
 
+    def _conv(self, a: Tensor, w: Tensor, bias: Tensor | None, groups: int) -> Tensor:
+        raise NotImplementedError
+
+    def compute_perturbed(self, x: Act, info: _ConvInfo, scale: Tensor) -> tuple[Tensor, Tensor]:
+        a, z = self.compute(x)
+        b, k = info.ps_w.shape[:2]
+        # Each example gets its own weight delta: a grouped convolution with one group per
+        # (example, trial) pair applies them all in one call.
+        s = scale.t().reshape(b, k, 1, 1)
+        dw = (info.ps_w * s).reshape(b * k * self.weight_shape[0], *self.weight_shape[1:])
+        delta = self._conv(a.reshape(1, -1, *a.shape[2:]), dw, None, b * k)
+        z = z + delta.view_as(z)
+        if info.ps_b is not None:
+            db = info.ps_b * s.view(b, k, 1)
+            z = z + db.reshape(b, -1, *([1] * (z.dim() - 2)))
+        return a, z
+
     def sq_norms(self, info: _ConvInfo) -> Tensor:
         sq = info.ps_w.pow(2).sum(dim=(2, 3))
         if info.ps_b is not None:
@@ -305,7 +341,10 @@ class PConv2d(_PConvBase):
         k = x.k
         w = self.params[0].reshape(k * self.cout, self.cin, *self.kernel)
         bias = self.params[1].reshape(k * self.cout) if self.bias else None
-        return a, F.conv2d(a, w, bias, self.stride, self.padding, self.dilation, groups=k)
+        return a, self._conv(a, w, bias, k)
+
+    def _conv(self, a: Tensor, w: Tensor, bias: Tensor | None, groups: int) -> Tensor:
+        return F.conv2d(a, w, bias, self.stride, self.padding, self.dilation, groups=groups)
 
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> _ConvInfo:
         b = a.shape[0]
@@ -333,17 +372,19 @@ class PConvTranspose2d(_PConvBase):
         k = x.k
         w = self.params[0].reshape(k * self.cin, self.cout, *self.kernel)
         bias = self.params[1].reshape(k * self.cout) if self.bias else None
-        z = F.conv_transpose2d(
+        return a, self._conv(a, w, bias, k)
+
+    def _conv(self, a: Tensor, w: Tensor, bias: Tensor | None, groups: int) -> Tensor:
+        return F.conv_transpose2d(
             a,
             w,
             bias,
             self.stride,
             self.padding,
             self.output_padding,
-            groups=k,
+            groups=groups,
             dilation=self.dilation,
         )
-        return a, z
 
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> _ConvInfo:
         b = a.shape[0]
@@ -531,17 +572,29 @@ class PackedModel:
 
     # -- forward ------------------------------------------------------------------------------
 
-    def forward(self, x: Tensor, *, capture: bool = False) -> tuple[Tensor, Captured | None]:
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        capture: bool = False,
+        perturb: tuple[list[Any], Tensor] | None = None,
+    ) -> tuple[Tensor, Captured | None]:
         """Run all trials on ``x`` ``[K, B, ...]``; returns output ``[K, B, ...]``.
 
         With ``capture``, also returns each parametrised layer's input and output so that
-        :meth:`layer_grads` can recover per-sample gradients.
+        :meth:`layer_grads` can recover per-sample gradients. With ``perturb=(infos, scale)``,
+        example i runs at parameters ``theta + scale_i * g_i`` (``infos`` from a first pass).
         """
         h = Act(x, "kb", self.k)
         cap = Captured([], []) if capture else None
+        li = 0
         for ly in self.layers:
             if isinstance(ly, ParamLayer):
-                a, z = ly.compute(h)
+                if perturb is None:
+                    a, z = ly.compute(h)
+                else:
+                    a, z = ly.compute_perturbed(h, perturb[0][li], perturb[1])
+                li += 1
                 if cap is not None:
                     if not z.requires_grad:
                         # First parametrised layer: parameters never require grad, so mark its

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 
-_STREAMS = {"init": 0, "sample": 1, "noise": 2}
+# "diag" feeds only the public evaluation-split diagnostics, never training.
+_STREAMS = {"init": 0, "sample": 1, "noise": 2, "diag": 3}
 
 
 def stream_seed(seed: int, stream: str) -> int:
-    """A 63-bit seed for ``stream`` (``init``, ``sample`` or ``noise``) of trial ``seed``."""
+    """A 63-bit seed for stream `init`, `sample`, `noise` or `diag` of trial `seed`."""
     ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, _STREAMS[stream]])
     return int(ss.generate_state(1, dtype=np.uint64)[0] & 0x7FFFFFFFFFFFFFFF)

@@ -28,6 +28,9 @@ from workers.packed import PackedModel
 from workers.seeding import stream_seed
 from workers.strategies import NoiseSource, get_strategy
 
+# Size of the evaluation-split batch on which clipping diagnostics are measured.
+DIAGNOSTIC_BATCH = 512
+
 
 @dataclass
 class TrialSpec:
@@ -98,7 +101,7 @@ class TrialResult:
     metrics: dict[str, Any]
     final_metrics: dict[str, Any]
     history: list[dict[str, Any]]
-    trajectories: dict[str, list[float]]
+    trajectories: dict[str, list[float | None]]
     step_time_ms_median: float
     diverged_at: int | None = None
     device: str = "cpu"
@@ -135,6 +138,9 @@ class TrialResult:
             "diverged_at": self.diverged_at,
             "device": self.device,
             "reliability": m.get("reliability"),
+            "clip_final": self.trajectories.get("clip", [None])[-1],
+            "lr_final": self.trajectories["lr"][-1] if self.trajectories.get("lr") else None,
+            "trajectories": self.trajectories,
         }
 
 
@@ -260,6 +266,14 @@ def train_pack(
         noise=NoiseSource(noise_gens, device),
     )
 
+    # Clipping diagnostics use a fixed batch of the public evaluation split (never training data).
+    n_diag = min(int(x_test.shape[0]), DIAGNOSTIC_BATCH)
+    x_diag = x_test[:n_diag]
+    t_diag = y_test[:n_diag] if task == "classification" else x_diag
+    diag_gens = [
+        torch.Generator(device=device).manual_seed(stream_seed(t.seed, "diag")) for t in spec.trials
+    ]
+
     objective, maximise = ("accuracy", True) if task == "classification" else ("mse", False)
     best_value = [-math.inf if maximise else math.inf] * k
     best_step: list[int | None] = [None] * k
@@ -268,7 +282,7 @@ def train_pack(
     last_metrics: list[dict[str, Any]] = [{} for _ in range(k)]
     diverged_at: list[int | None] = [None] * k
     history: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-    traj: list[dict[str, list[float]]] = [{"step": [], "lr": []} for _ in range(k)]
+    traj: list[dict[str, list[float | None]]] = [{"step": [], "lr": []} for _ in range(k)]
     step_times: list[float] = []
     sync = device.type == "cuda"
 
@@ -278,11 +292,15 @@ def train_pack(
         scale = strategy.lr_scale()
         eff_lr = (lr if scale is None else lr * scale).tolist()
         state = {name: v.tolist() for name, v in strategy.state().items()}
+        # Trials are computed independently, so a diverged trial's NaNs stay in its own row.
+        diag = engine.diagnostics(x_diag, t_diag, diag_gens)
+        state.update({name: v.tolist() for name, v in diag.items()})
         for i in range(k):
             traj[i]["step"].append(step)
             traj[i]["lr"].append(eff_lr[i])
             for name, vals in state.items():
-                traj[i].setdefault(name, []).append(vals[i])
+                v = vals[i]
+                traj[i].setdefault(name, []).append(v if math.isfinite(v) else None)
             m = results[i]
             ok = finite[i] and math.isfinite(m[objective])
             if not ok:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from workers.strategies import adaptive as _adaptive  # noqa: F401  (quantile, online)
+from workers.strategies import bam as _bam  # noqa: F401  (bam)
 from workers.strategies import fixed as _fixed  # noqa: F401  (registers fixed, nonprivate)
+from workers.strategies import scaled as _scaled  # noqa: F401  (automatic, global)
 from workers.strategies.base import (
     STRATEGIES,
     ClippingStrategy,
@@ -10,6 +13,7 @@ from workers.strategies.base import (
     ExtraRelease,
     HParam,
     NoiseSource,
+    ScalarRelease,
     StepContext,
     get_strategy,
     register_strategy,
@@ -23,6 +27,7 @@ __all__ = [
     "ExtraRelease",
     "HParam",
     "NoiseSource",
+    "ScalarRelease",
     "StepContext",
     "get_strategy",
     "register_strategy",

@@ -33,7 +33,7 @@ class HParam:
     """A declared strategy hyperparameter.
 
     Args:
-        default: value when a trial does not set it (``None`` = required).
+        default: value when a trial does not set it (``None`` = required unless ``optional``).
         kind: ``float``, ``int`` or ``choice``.
         choices: allowed values for ``choice``.
         positive: floats/ints must be > 0.
@@ -46,6 +46,7 @@ class HParam:
     positive: bool = True
     shared: bool = False
     help: str = ""
+    optional: bool = False  # ``None`` is allowed and means "derive it" (e.g. from b)
 
 
 class NoiseSource:
@@ -90,10 +91,25 @@ class ExtraRelease:
 
 
 @dataclass
+class ScalarRelease:
+    """A private count-like query: ``(sum_i v_i + multiplier * sensitivity * xi) / b``.
+
+    ``|v_i| <= sensitivity`` must hold for every example (the engine checks it); ``xi`` is one
+    standard normal per trial, so the noise standard deviation is ``multiplier * sensitivity``.
+    """
+
+    name: str
+    values: Tensor  # [K, B] per-example contributions (0 for padding)
+    sensitivity: Tensor  # [K]
+    noise_multiplier: Tensor  # [K]
+
+
+@dataclass
 class ClipResult:
     weights: Tensor  # [K, B, R]
     sensitivity: Tensor  # [K]
     extra: tuple[ExtraRelease, ...] = ()
+    scalars: tuple[ScalarRelease, ...] = ()
 
 
 class ClippingStrategy(ABC):
@@ -137,6 +153,9 @@ class ClippingStrategy(ABC):
         for name, hp in cls.hyperparameters.items():
             v = params.get(name, hp.default)
             if v is None:
+                if hp.optional:
+                    out[name] = None
+                    continue
                 raise ConfigError(f"strategy {cls.name!r} needs {name}", field=f"params.{name}")
             if hp.kind == "choice":
                 if v not in hp.choices:
@@ -186,10 +205,26 @@ class ClippingStrategy(ABC):
 
     @abstractmethod
     def clip(self, ctx: StepContext) -> ClipResult:
-        """Per-sample weights and sensitivity for this step (plus any extra releases)."""
+        """Per-sample weights and sensitivity for this step (plus any extra releases).
+
+        Must not change the strategy's state: the engine also calls it on the public
+        evaluation split to measure clipping diagnostics.
+        """
+
+    def ascent_scale(self, ctx: StepContext) -> Tensor | None:
+        """Per-example ascent step ``[K, B]`` for a second, perturbed gradient pass, or None.
+
+        When a tensor ``s`` is returned, the engine recomputes each example's gradient at
+        ``theta + s_i * g_i`` (BAM, 003) and hands those gradients' norms to :meth:`clip`.
+        """
+        return None
 
     def observe(self, releases: Mapping[str, Tensor], noise: NoiseSource) -> None:  # noqa: B027
-        """Update state from this step's *noised* releases (each ``[K, P]``, divided by b)."""
+        """Update state from this step's *noised* releases, after the optimizer step.
+
+        Vector releases are ``[K, P]`` (divided by b), scalar releases ``[K]``. The buffers are
+        reused by the next step: copy what you keep.
+        """
 
     def lr_scale(self) -> Tensor | None:
         """A ``[K]`` multiplier on each trial's learning rate, or None."""
