@@ -79,6 +79,39 @@ def test_noise_multiplier_replaces_epsilon() -> None:
     assert out["noise_multiplier"] == 2.5 and out["epsilon"] > 0
 
 
+@pytest.mark.parametrize(
+    "strategy,flags,param",
+    [
+        ("quantile", ["--target-quantile", "0.3", "--clip-lr", "0.1"], {"target_quantile": 0.3}),
+        ("online", ["--clip-init", "0.2", "--lr-lr", "0.01"], {"clip_init": 0.2, "lr_lr": 0.01}),
+        ("global", ["--global-threshold", "5"], {"global_threshold": 5.0}),
+        ("bam", ["--bam-lambda", "0.2"], {"bam_lambda": 0.2}),
+        ("automatic", ["--clip-style", "layerwise"], {"clip_style": "layerwise"}),
+    ],
+)
+def test_strategy_flags_and_trajectories(strategy: str, flags: list[str], param: dict) -> None:
+    p = run(
+        "--dataset",
+        "wine",
+        "--model",
+        "logreg",
+        "--strategy",
+        strategy,
+        "--noise-multiplier",
+        "1.0",
+        "--json",
+        *flags,
+        *FAST,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert param.items() <= out["params"].items()
+    traj = out["trajectories"]
+    for key in ("step", "clip", "lr", "frac_clipped", "clip_bias", "grad_cos"):
+        assert len(traj[key]) == len(traj["step"]) > 0, key
+    assert out["clip_final"] == traj["clip"][-1]
+
+
 def test_human_output_shows_a_summary() -> None:
     p = run("--dataset", "wine", "--model", "logreg", "--epsilon", "4", *FAST)
     assert p.returncode == 0, p.stderr
@@ -125,6 +158,10 @@ def test_human_output_shows_a_summary() -> None:
             "/nonexistent.csv: file not found",
         ),
         (["--epsilon", "1", "--batch-size", "99999"], "exceeds the"),
+        (
+            ["--epsilon", "1", "--bam-lambda", "0.1"],
+            "--bam-lambda does not apply to strategy 'fixed'",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_a_helpful_message(args: list[str], message: str) -> None:
