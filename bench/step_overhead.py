@@ -7,15 +7,21 @@ times (median over repeated steps, after warm-up):
 * ``fixed``: dpsweep's full fixed-clipping DP step (Poisson sampling, per-sample norms,
   clipping, noise, SGD) for a pack of one;
 * ``opacus_hooks`` / ``opacus_ghost``: Opacus ``make_private`` with that grad_sample_mode
-  (fed fixed-size batches, which only favours Opacus).
+  (fed fixed-size batches, which only favours Opacus);
+* one key per other strategy (``automatic``, ``global``, ``quantile``, ``online``, ``bam``):
+  dpsweep's full DP step with that strategy;
+* ``lipschitz`` (``mlp`` rows only): the clipless step on ``lip_mlp`` (784-128-128-10) against
+  a plain non-private step of that same Lipschitz model (``lip_nonprivate_ms``).
 
-Ratios are against ``nonprivate_ms``. Usage: ``python bench/step_overhead.py [--json]
-[--repeats N] [--models mlp,cnn] [--batches 64,256]``.
+Every ratio is against the row's non-private step; the table also shows each strategy against
+``fixed``. Usage: ``python bench/step_overhead.py [--json] [--repeats N] [--models mlp,cnn]
+[--batches 64,256] [--strategies all|fixed,quantile,...]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -67,8 +73,10 @@ def _model(name: str) -> nn.Sequential:
     return build_model(ModelSpec(name), input_shape=SHAPE, num_classes=CLASSES, seed=0)
 
 
-def nonprivate_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Callable[[], None]:
-    m = _model(name)
+def nonprivate_step(
+    name: str, x: torch.Tensor, y: torch.Tensor, b: int, model: nn.Sequential | None = None
+) -> Callable[[], None]:
+    m = model if model is not None else _model(name)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
 
     def step() -> None:
@@ -80,13 +88,32 @@ def nonprivate_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Call
     return step
 
 
-def dpsweep_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Callable[[], None]:
-    model = PackedModel([_model(name)])
-    strategy = get_strategy("fixed")(
-        [{"clip": 1.0}], n_layers=model.n_param_layers, device=model.device
+# Representative hyperparameters per strategy (defaults of the papers where they exist).
+STRATEGY_PARAMS: dict[str, dict[str, Any]] = {
+    "fixed": {"clip": 1.0},
+    "automatic": {"clip": 1.0},
+    "global": {"clip": 1.0, "global_threshold": 1.0},
+    "quantile": {"target_quantile": 0.5},
+    "online": {},
+    "bam": {"clip": 1.0, "bam_lambda": 0.1},
+}
+
+
+def dpsweep_step(
+    name: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    b: int,
+    strategy_name: str = "fixed",
+    model: nn.Sequential | None = None,
+) -> Callable[[], None]:
+    params = STRATEGY_PARAMS.get(strategy_name, {})
+    packed = PackedModel([model if model is not None else _model(name)])
+    strategy = get_strategy(strategy_name)(
+        [params], n_layers=packed.n_param_layers, device=packed.device
     )
     engine = DPEngine(
-        model=model,
+        model=packed,
         strategy=strategy,
         optimizer=PackedOptimizer("sgd", torch.tensor([LR])),
         x=x,
@@ -95,7 +122,7 @@ def dpsweep_step(name: str, x: torch.Tensor, y: torch.Tensor, b: int) -> Callabl
         sample_rate=b / x.shape[0],
         noise_multiplier=torch.tensor([1.0]),
         sample_generators=[torch.Generator().manual_seed(1)],
-        noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
+        noise=NoiseSource([torch.Generator().manual_seed(2)], packed.device),
     )
     return engine.step
 
@@ -143,8 +170,10 @@ def opacus_step(
 
 
 def run(
-    models: list[str], batches: list[int], repeats: int
+    models: list[str], batches: list[int], repeats: int, strategies: list[str]
 ) -> dict[str, dict[str, dict[str, float]]]:
+    from workers.models import MODELS
+
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(N_TRAIN, *SHAPE, generator=gen)
@@ -153,44 +182,72 @@ def run(
     for name in models:
         out[name] = {}
         for b in batches:
-            ms = _interleaved_medians(
-                {
-                    "nonprivate": nonprivate_step(name, x, y, b),
-                    "fixed": dpsweep_step(name, x, y, b),
-                    "opacus_hooks": opacus_step(name, x, y, b, "hooks"),
-                    "opacus_ghost": opacus_step(name, x, y, b, "ghost"),
-                },
-                repeats,
-            )
-            base = ms.pop("nonprivate")
-            out[name][str(b)] = {
-                "nonprivate_ms": round(base, 3),
-                **{k: round(v / base, 3) for k, v in ms.items()},
+            steps = {
+                "nonprivate": nonprivate_step(name, x, y, b),
+                "fixed": dpsweep_step(name, x, y, b),
+                "opacus_hooks": opacus_step(name, x, y, b, "hooks"),
+                "opacus_ghost": opacus_step(name, x, y, b, "ghost"),
             }
+            for s in strategies:
+                if s not in steps and s != "lipschitz":
+                    steps[s] = dpsweep_step(name, x, y, b, s)
+            lip = name == "mlp" and "lipschitz" in strategies and "lip_mlp" in MODELS
+            if lip:
+                lip_model = build_model(
+                    ModelSpec("lip_mlp", {"hidden": [128, 128]}),
+                    input_shape=SHAPE,
+                    num_classes=CLASSES,
+                    seed=0,
+                )
+                steps["lip_nonprivate"] = nonprivate_step(name, x, y, b, model=lip_model)
+                steps["lipschitz"] = dpsweep_step(
+                    name, x, y, b, "lipschitz", model=copy.deepcopy(lip_model)
+                )
+            ms = _interleaved_medians(steps, repeats)
+            base = ms.pop("nonprivate")
+            row: dict[str, float] = {"nonprivate_ms": round(base, 3)}
+            if lip:
+                lip_base = ms.pop("lip_nonprivate")
+                row["lip_nonprivate_ms"] = round(lip_base, 3)
+                row["lipschitz"] = round(ms.pop("lipschitz") / lip_base, 3)
+            row.update({k: round(v / base, 3) for k, v in ms.items()})
+            out[name][str(b)] = row
     return out
+
+
+ALL_STRATEGIES = ["automatic", "global", "quantile", "online", "bam", "lipschitz"]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--models", default="mlp,cnn")
     p.add_argument("--batches", default="64,256")
+    p.add_argument("--strategies", default="all", help="'all', 'none' or a comma list")
     a = p.parse_args(argv)
-    res = run(a.models.split(","), [int(b) for b in a.batches.split(",")], a.repeats)
+    strategies = (
+        ALL_STRATEGIES
+        if a.strategies == "all"
+        else []
+        if a.strategies == "none"
+        else a.strategies.split(",")
+    )
+    res = run(a.models.split(","), [int(b) for b in a.batches.split(",")], a.repeats, strategies)
     if a.json:
         print(json.dumps(res))
         return 0
-    print(
-        f"{'model':<6}{'batch':>6}{'nonpriv ms':>12}{'fixed':>8}{'hooks':>8}{'ghost':>8}"
-        "   (x non-private)"
-    )
+    print("median step time, one thread; 'x np' = vs the non-private step, 'x fixed' = vs fixed")
+    print("(lipschitz: vs the non-private step of the same lip_mlp model)")
     for name, rows in res.items():
         for b, r in rows.items():
-            print(
-                f"{name:<6}{b:>6}{r['nonprivate_ms']:>12.3f}{r['fixed']:>8.2f}"
-                f"{r['opacus_hooks']:>8.2f}{r['opacus_ghost']:>8.2f}"
-            )
+            print(f"\n{name} batch {b}: non-private step {r['nonprivate_ms']:.3f} ms")
+            print(f"  {'method':<14}{'x np':>8}{'x fixed':>9}")
+            for key, v in r.items():
+                if key.endswith("_ms"):
+                    continue
+                vs_fixed = "" if key == "lipschitz" else f"{v / r['fixed']:>9.2f}"
+                print(f"  {key:<14}{v:>8.2f}{vs_fixed}")
     return 0
 
 

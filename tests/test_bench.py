@@ -11,25 +11,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_step_overhead_benchmark_smoke() -> None:
+    args = [
+        "--json",
+        "--repeats",
+        "2",
+        "--models",
+        "mlp",
+        "--batches",
+        "64",
+        "--strategies",
+        "quantile,online,bam",
+    ]
     p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "step_overhead.py"),
-            "--json",
-            "--repeats",
-            "2",
-            "--models",
-            "mlp",
-            "--batches",
-            "8",
-        ],
+        [sys.executable, str(ROOT / "bench" / "step_overhead.py"), *args],
         capture_output=True,
         text=True,
         timeout=300,
         stdin=subprocess.DEVNULL,
     )
     assert p.returncode == 0, p.stderr
-    out = json.loads(p.stdout)
-    row = out["mlp"]["8"]
-    assert set(row) == {"nonprivate_ms", "fixed", "opacus_hooks", "opacus_ghost"}
+    row = json.loads(p.stdout)["mlp"]["64"]
+    assert set(row) == {
+        "nonprivate_ms",
+        "fixed",
+        "opacus_hooks",
+        "opacus_ghost",
+        "quantile",
+        "online",
+        "bam",
+    }
     assert all(v > 0 for v in row.values())

@@ -189,18 +189,22 @@ class DPEngine:
                 _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
         for sc in clip.scalars:
             _check_scalar(sc.name, sc.values, sc.sensitivity)
-        releases = {
-            "grad": self._release(
-                grad, infos, clip.weights, clip.sensitivity, self.grad_noise_multiplier
-            )
-        }
+        b = self.expected_batch_size
+        bufs = [grad]
         for extra in clip.extra:
             buf = self._extra_bufs.get(extra.name)
             if buf is None:
                 buf = self._extra_bufs[extra.name] = torch.empty_like(grad)
-            releases[extra.name] = self._release(
-                buf, infos, extra.weights, extra.sensitivity, extra.noise_multiplier
-            )
+            bufs.append(buf)
+        weights = [clip.weights / b] + [e.weights / b for e in clip.extra]
+        if infos is None:
+            for buf in bufs:
+                buf.zero_()
+        else:
+            self.model.weighted_sums_into(bufs, infos, weights)
+        releases = {"grad": self._add_noise(grad, clip.sensitivity, self.grad_noise_multiplier)}
+        for extra, buf in zip(clip.extra, bufs[1:], strict=True):
+            releases[extra.name] = self._add_noise(buf, extra.sensitivity, extra.noise_multiplier)
         for sc in clip.scalars:
             xi = self.noise.standard_normal(1)[:, 0]
             total = sc.values.sum(dim=1) + sc.noise_multiplier * sc.sensitivity * xi
@@ -213,23 +217,14 @@ class DPEngine:
         else:
             self.model.weighted_sum_into(out, infos, weights)
 
-    def _release(
-        self,
-        buf: Tensor,
-        infos: list[Any] | None,
-        weights: Tensor,
-        sensitivity: Tensor,
-        multiplier: Tensor,
-    ) -> Tensor:
-        """``(sum_i w_i g_i + multiplier * sensitivity * xi) / b`` into ``buf``.
+    def _add_noise(self, buf: Tensor, sensitivity: Tensor, multiplier: Tensor) -> Tensor:
+        """Turn ``buf`` = ``sum_i w_i g_i / b`` into ``(sum_i w_i g_i + m S xi) / b`` in place.
 
         The 1/b is folded into the ``[K, B]`` weights and the noise scale, so the ``[K, P]``
         buffer is touched once by the noise and never rescaled.
         """
-        b = self.expected_batch_size
-        self._weighted_sum(buf, infos, weights / b)
         xi = self.noise.standard_normal(buf.shape[1])
-        scale = multiplier * sensitivity / b
+        scale = multiplier * sensitivity / self.expected_batch_size
         if self.k == 1:
             buf.add_(xi, alpha=float(scale))
         else:

@@ -125,6 +125,11 @@ class ParamLayer(PackedLayer):
         for dst, src in zip(out, self.weighted_sum(info, w), strict=True):
             dst.copy_(src)
 
+    def weighted_sums_into(self, info: Any, ws: list[Tensor], outs: list[list[Tensor]]) -> None:
+        """Several weightings of the same per-sample gradients at once (one per release)."""
+        for w, out in zip(ws, outs, strict=True):
+            self.weighted_sum_into(info, w, out)
+
     def per_sample_grads(self, info: Any) -> list[Tensor]:
         """Materialised per-sample gradients, each ``[K, B, *shape]`` (tests, diagnostics)."""
         raise NotImplementedError
@@ -223,6 +228,23 @@ class PLinear(ParamLayer):
         else:
             super().weighted_sum_into(info, w, out)
 
+    def weighted_sums_into(
+        self, info: _LinearInfo, ws: list[Tensor], outs: list[list[Tensor]]
+    ) -> None:
+        if len(ws) == 1 or info.a.dim() != 3:
+            super().weighted_sums_into(info, ws, outs)
+            return
+        # Stack the weightings along the output axis: one matmul reads the activations once
+        # for every release (OSO-DPSGD's two queries share one pass over ``a``).
+        g = info.g
+        stacked = torch.cat([g * w.unsqueeze(2) for w in ws], dim=2)
+        sums = torch.bmm(stacked.transpose(1, 2), info.a)
+        bias = torch.bmm(torch.stack(ws, dim=1), g) if self.bias else None
+        for j, out in enumerate(outs):
+            out[0].copy_(sums[:, j * self.out_f : (j + 1) * self.out_f])
+            if bias is not None:
+                out[1].copy_(bias[:, j])
+
     def _weighted_sum(self, info: _LinearInfo, w: Tensor, out: list[Tensor]) -> None:
         k, b = w.shape
         if info.ps is not None:
@@ -312,6 +334,21 @@ class _PConvBase(ParamLayer):
         if info.ps_b is not None:
             out.append(torch.bmm(w.unsqueeze(1), info.ps_b.transpose(0, 1)).squeeze(1))
         return out
+
+    def weighted_sums_into(
+        self, info: _ConvInfo, ws: list[Tensor], outs: list[list[Tensor]]
+    ) -> None:
+        if len(ws) == 1:
+            super().weighted_sums_into(info, ws, outs)
+            return
+        b, k = info.ps_w.shape[:2]
+        wst = torch.stack(ws, dim=1)  # [K, J, B]: one matmul reads the per-sample grads once
+        sums = torch.bmm(wst, info.ps_w.reshape(b, k, -1).transpose(0, 1))
+        bias = torch.bmm(wst, info.ps_b.transpose(0, 1)) if info.ps_b is not None else None
+        for j, out in enumerate(outs):
+            out[0].copy_(sums[:, j].view(k, *self.weight_shape))
+            if bias is not None:
+                out[1].copy_(bias[:, j])
 
     def per_sample_grads(self, info: _ConvInfo) -> list[Tensor]:
         b, k = info.ps_w.shape[:2]
@@ -632,6 +669,18 @@ class PackedModel:
         w = weights[..., 0] if r == 1 else None
         for li, (ly, inf) in enumerate(zip(self.param_layers, infos, strict=True)):
             ly.weighted_sum_into(inf, w if w is not None else weights[..., li], views[li])
+
+    def weighted_sums_into(
+        self, outs: list[Tensor], infos: list[Any], weights: list[Tensor]
+    ) -> None:
+        """:meth:`weighted_sum_into` for several ``[K, B, R]`` weightings in one pass."""
+        if len(outs) == 1:
+            self.weighted_sum_into(outs[0], infos, weights[0])
+            return
+        views = [[self.view_like(o, li) for o in outs] for li in range(len(self.param_layers))]
+        for li, (ly, inf) in enumerate(zip(self.param_layers, infos, strict=True)):
+            ws = [w[..., 0 if w.shape[-1] == 1 else li] for w in weights]
+            ly.weighted_sums_into(inf, ws, views[li])
 
     def _cached_views(self, buf: Tensor) -> list[list[Tensor]]:
         # The engine reuses one gradient buffer per release; building its per-layer views once
