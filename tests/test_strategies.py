@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.test_per_sample import reference_per_sample
+from tests.test_per_sample import packed_infos, reference_per_sample
 from workers.accounting import calibrate_noise_multiplier
 from workers.datasets import DatasetSpec, load_dataset
 from workers.engine import DPEngine
@@ -396,3 +396,27 @@ def test_every_strategy_learns_digits_at_epsilon_8(name: str, params: dict, lr: 
     assert len(t["clip"]) == len(t["lr"]) == len(t["frac_clipped"]) == len(t["step"])
     assert all(0.0 <= f <= 1.0 for f in t["frac_clipped"])
     assert all(b >= 0 for b in t["clip_bias"]) and all(-1 <= c <= 1 for c in t["grad_cos"])
+
+
+@pytest.mark.parametrize("clip", [1e-6, 0.05, 1e6])  # all clipped, mixed, none clipped
+def test_split_sums_equal_the_two_weighted_sums(clip: float) -> None:
+    torch.manual_seed(0)
+    module = build_model(ModelSpec("cnn"), input_shape=(1, 8, 8), num_classes=4, seed=0)
+    model = PackedModel([module])
+    x, y = torch.rand(9, 1, 8, 8), torch.randint(4, (9,))
+    infos = packed_infos(model, x, y, "classification")
+    sq = model.sq_norms(infos)
+    s = make("online", [{"clip_init": clip}])
+    s.gradient_noise_multiplier(torch.tensor([1.0]))
+    res = s.clip(ctx_for(sq, torch.ones(1, 9)))
+    extra = res.extra[0]
+    assert extra.grad_coef is not None
+    split_main, split_extra = torch.empty(1, model.numel), torch.empty(1, model.numel)
+    model.split_sums_into(
+        split_main, split_extra, infos, res.weights, extra.weights, extra.grad_coef
+    )
+    ref_main, ref_extra = torch.empty(1, model.numel), torch.empty(1, model.numel)
+    model.weighted_sum_into(ref_main, infos, res.weights)
+    model.weighted_sum_into(ref_extra, infos, extra.weights)
+    torch.testing.assert_close(split_main, ref_main, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(split_extra, ref_extra, rtol=1e-5, atol=1e-6)

@@ -200,6 +200,10 @@ class DPEngine:
         if infos is None:
             for buf in bufs:
                 buf.zero_()
+        elif self.k == 1 and len(clip.extra) == 1 and clip.extra[0].grad_coef is not None:
+            self.model.split_sums_into(
+                bufs[0], bufs[1], infos, weights[0], weights[1], clip.extra[0].grad_coef
+            )
         else:
             self.model.weighted_sums_into(bufs, infos, weights)
         releases = {"grad": self._add_noise(grad, clip.sensitivity, self.grad_noise_multiplier)}

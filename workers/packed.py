@@ -245,6 +245,37 @@ class PLinear(ParamLayer):
             if bias is not None:
                 out[1].copy_(bias[:, j])
 
+    def split_sums_into(
+        self,
+        info: _LinearInfo,
+        w_main: Tensor,
+        w_extra: Tensor,
+        rows: tuple[Tensor, Tensor],
+        coef: float,
+        outs: list[list[Tensor]],
+    ) -> None:
+        """See :meth:`PackedModel.split_sums_into` (pack of one, one position per example)."""
+        (r_main, r_extra), (main, extra) = rows, outs
+        if len(r_main) == 0:
+            # Every example is on the extra side (often: all clipped): main = coef * extra.
+            self._weighted_sum(info, w_extra, extra)
+            for m, e in zip(main, extra, strict=True):
+                torch.mul(e, coef, out=m)
+            return
+        if len(r_extra) == 0:
+            for e in extra:
+                e.zero_()
+            self._weighted_sum(info, w_main, main)
+            return
+        g_e = info.g[:, r_extra] * w_extra[:, r_extra].unsqueeze(2)
+        g_m = info.g[:, r_main] * w_main[:, r_main].unsqueeze(2)
+        torch.bmm(g_e.transpose(1, 2), info.a[:, r_extra], out=extra[0])
+        torch.bmm(g_m.transpose(1, 2), info.a[:, r_main], out=main[0])
+        main[0].add_(extra[0], alpha=coef)
+        if self.bias:
+            extra[1].copy_(g_e.sum(dim=1))
+            main[1].copy_(g_m.sum(dim=1)).add_(extra[1], alpha=coef)
+
     def _weighted_sum(self, info: _LinearInfo, w: Tensor, out: list[Tensor]) -> None:
         k, b = w.shape
         if info.ps is not None:
@@ -681,6 +712,35 @@ class PackedModel:
         for li, (ly, inf) in enumerate(zip(self.param_layers, infos, strict=True)):
             ws = [w[..., 0 if w.shape[-1] == 1 else li] for w in weights]
             ly.weighted_sums_into(inf, ws, views[li])
+
+    def split_sums_into(
+        self,
+        main: Tensor,
+        extra: Tensor,
+        infos: list[Any],
+        w_main: Tensor,
+        w_extra: Tensor,
+        coef: Tensor,
+    ) -> None:
+        """Two releases whose weights cover disjoint rows, for a pack of one.
+
+        ``w_main`` equals ``coef * w_extra`` wherever ``w_extra`` is non-zero. Then
+        ``main = sum_{w_extra = 0} w_main g + coef * extra``: each example's gradient enters one
+        matmul only. Layers without a cheaper split fall back to both weighted sums.
+        """
+        if self.k != 1 or w_main.shape[-1] != 1 or w_extra.shape[-1] != 1:
+            self.weighted_sums_into([main, extra], infos, [w_main, w_extra])
+            return
+        wm, we = w_main[..., 0], w_extra[..., 0]
+        on_extra = we[0] != 0
+        rows = (on_extra.logical_not().nonzero().squeeze(1), on_extra.nonzero().squeeze(1))
+        c = float(coef[0])
+        for li, (ly, inf) in enumerate(zip(self.param_layers, infos, strict=True)):
+            outs = [self.view_like(main, li), self.view_like(extra, li)]
+            if isinstance(ly, PLinear) and inf.a.dim() == 3:
+                ly.split_sums_into(inf, wm, we, rows, c, outs)
+            else:
+                ly.weighted_sums_into(inf, [wm, we], outs)
 
     def _cached_views(self, buf: Tensor) -> list[list[Tensor]]:
         # The engine reuses one gradient buffer per release; building its per-layer views once

@@ -176,6 +176,7 @@ class OnlineClipping(ClippingStrategy):
             weights=u.unsqueeze(-1),
             sensitivity=torch.ones_like(self.clip_norm),
             noise_multiplier=self.nu_q,
+            grad_coef=self.clip_norm,  # w_i = C_t / n_i = C_t * u_i on the clipped rows
         )
         return ClipResult(weights=w.unsqueeze(-1), sensitivity=self.clip_norm, extra=(direction,))
 

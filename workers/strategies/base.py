@@ -88,6 +88,10 @@ class ExtraRelease:
     weights: Tensor  # [K, B, R]
     sensitivity: Tensor  # [K]
     noise_multiplier: Tensor  # [K]
+    # Optional promise: wherever these weights are non-zero, the gradient's weights equal
+    # ``grad_coef * weights``. The two releases then cover disjoint rows, and the engine may
+    # compute both from one matmul's worth of rows (OSO-DPSGD: sum w g = sum_{n<=C} g + C sum q).
+    grad_coef: Tensor | None = None
 
 
 @dataclass
