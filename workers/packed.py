@@ -336,18 +336,19 @@ class _PConvBase(ParamLayer):
         raise NotImplementedError
 
     def compute_perturbed(self, x: Act, info: _ConvInfo, scale: Tensor) -> tuple[Tensor, Tensor]:
-        a, z = self.compute(x)
+        a = x.as_bk()
         b, k = info.ps_w.shape[:2]
-        # Each example gets its own weight delta: a grouped convolution with one group per
-        # (example, trial) pair applies them all in one call.
+        # Each example gets its own weights W + s_i g_i: one grouped convolution with a group per
+        # (example, trial) pair applies them all (cheaper than the shared conv plus a delta conv).
         s = scale.t().reshape(b, k, 1, 1)
-        dw = (info.ps_w * s).reshape(b * k * self.weight_shape[0], *self.weight_shape[1:])
-        delta = self._conv(a.reshape(1, -1, *a.shape[2:]), dw, None, b * k)
-        z = z + delta.view_as(z)
-        if info.ps_b is not None:
-            db = info.ps_b * s.view(b, k, 1)
-            z = z + db.reshape(b, -1, *([1] * (z.dim() - 2)))
-        return a, z
+        w0 = self.params[0].reshape(1, k, *info.ps_w.shape[2:])
+        w = (w0 + info.ps_w * s).reshape(b * k * self.weight_shape[0], *self.weight_shape[1:])
+        bias = None
+        if info.ps_b is not None:  # the layer has a bias
+            b0 = self.params[1].reshape(1, k, -1)
+            bias = (b0 + info.ps_b * s.view(b, k, 1)).reshape(-1)
+        z = self._conv(a.reshape(1, -1, *a.shape[2:]), w, bias, b * k)
+        return a, z.view(b, -1, *z.shape[2:])
 
     def sq_norms(self, info: _ConvInfo) -> Tensor:
         sq = info.ps_w.pow(2).sum(dim=(2, 3))
