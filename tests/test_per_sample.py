@@ -19,6 +19,7 @@ SHAPES = {
     "bow_fc": (30,),
     "cnn": (1, 12, 12),
     "autoencoder": (1, 10, 10),
+    "lip_mlp": (20,),
 }
 
 

@@ -232,3 +232,6 @@ def _bow_fc(input_shape: tuple[int, ...], num_classes: int) -> nn.Sequential:
         nn.LeakyReLU(),
         nn.Linear(128, num_classes),
     )
+
+
+from workers import lipschitz as _lipschitz  # noqa: E402, F401  (registers lip_mlp)
