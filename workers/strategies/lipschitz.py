@@ -39,7 +39,9 @@ class LipschitzStrategy(ClippingStrategy):
     """
 
     name = "lipschitz"
-    needs_norms = False
+    # No clipping needs the norms, but measuring them (cheap ghost norms on linear layers) lets
+    # the engine check every example against the analytic bound: a bound bug fails closed.
+    needs_norms = True
     description = "clipless DP-SGD on a Lipschitz network (002): no clipping, analytic bound"
     hyperparameters: ClassVar = {}
 
