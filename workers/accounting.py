@@ -6,6 +6,7 @@ imported lazily so that callers without torch at import time (the sweeper) can i
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from typing import Any
@@ -57,16 +58,27 @@ def compute_epsilon(
         raise PrivacyError(
             f"noise multiplier {noise_multiplier} gives no finite privacy guarantee; it must be > 0"
         )
+    eps = _epsilon(
+        float(noise_multiplier), float(sample_rate), int(steps), float(target_delta), accountant
+    )
+    if not math.isfinite(eps) or eps < 0:
+        raise PrivacyError(f"the {accountant} accountant returned an invalid epsilon ({eps})")
+    return eps
+
+
+@functools.lru_cache(maxsize=4096)
+def _epsilon(
+    noise_multiplier: float, sample_rate: float, steps: int, target_delta: float, accountant: str
+) -> float:
+    # Opacus's RDP takes ~0.1 s per call (pure Python over fractional orders); the trials of a
+    # grid share (sigma, q, T, delta), so the exact same question is answered once.
     acc = _accountant(accountant)
-    acc.history = [(float(noise_multiplier), float(sample_rate), int(steps))]
+    acc.history = [(noise_multiplier, sample_rate, steps)]
     with warnings.catch_warnings():
         # "Optimal order is the largest alpha": the RDP bound is then merely loose (an
         # over-estimate of epsilon), which is safe; it is not worth alarming users over.
         warnings.simplefilter("ignore", UserWarning)
-        eps = float(acc.get_epsilon(delta=target_delta))
-    if not math.isfinite(eps) or eps < 0:
-        raise PrivacyError(f"the {accountant} accountant returned an invalid epsilon ({eps})")
-    return eps
+        return float(acc.get_epsilon(delta=target_delta))
 
 
 def calibrate_noise_multiplier(

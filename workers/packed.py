@@ -317,8 +317,14 @@ class PLinear(ParamLayer):
 
 @dataclass
 class _ConvInfo:
-    ps_w: Tensor  # [B, K, *weight_shape-flattened-2d]
-    ps_b: Tensor | None  # [B, K, out]
+    # Per-sample weight gradients, one [B, rows, cols] tensor per trial: the convolution
+    # library returns them per trial, and stacking would copy tens of MB each step.
+    ps_w: list[Tensor]
+    ps_b: Tensor | None  # [K, B, out]
+
+    def stacked(self) -> Tensor:
+        """``[K, B, rows, cols]`` (a copy for K > 1)."""
+        return torch.stack(self.ps_w) if len(self.ps_w) > 1 else self.ps_w[0].unsqueeze(0)
 
 
 class _PConvBase(ParamLayer):
@@ -337,34 +343,41 @@ class _PConvBase(ParamLayer):
 
     def compute_perturbed(self, x: Act, info: _ConvInfo, scale: Tensor) -> tuple[Tensor, Tensor]:
         a = x.as_bk()
-        b, k = info.ps_w.shape[:2]
+        ps = info.stacked()
+        k, b = ps.shape[:2]
         # Each example gets its own weights W + s_i g_i: one grouped convolution with a group per
         # (example, trial) pair applies them all (cheaper than the shared conv plus a delta conv).
+        # The groups follow the input's example-major order, hence the transposes.
         s = scale.t().reshape(b, k, 1, 1)
-        w0 = self.params[0].reshape(1, k, *info.ps_w.shape[2:])
-        w = (w0 + info.ps_w * s).reshape(b * k * self.weight_shape[0], *self.weight_shape[1:])
+        w0 = self.params[0].reshape(1, k, *ps.shape[2:])
+        w = (w0 + ps.transpose(0, 1) * s).reshape(
+            b * k * self.weight_shape[0], *self.weight_shape[1:]
+        )
         bias = None
         if info.ps_b is not None:  # the layer has a bias
             b0 = self.params[1].reshape(1, k, -1)
-            bias = (b0 + info.ps_b * s.view(b, k, 1)).reshape(-1)
+            bias = (b0 + info.ps_b.transpose(0, 1) * s.view(b, k, 1)).reshape(-1)
         z = self._conv(a.reshape(1, -1, *a.shape[2:]), w, bias, b * k)
         return a, z.view(b, -1, *z.shape[2:])
 
     def sq_norms(self, info: _ConvInfo) -> Tensor:
-        sq = info.ps_w.pow(2).sum(dim=(2, 3))
+        # One fused reduction; pow(2).sum would first materialise every squared element.
+        sq = torch.stack(
+            [torch.linalg.vector_norm(p.reshape(p.shape[0], -1), dim=1) for p in info.ps_w]
+        ).square()
         if info.ps_b is not None:
-            sq = sq + info.ps_b.pow(2).sum(dim=2)
-        return sq.t()
+            sq = sq + torch.linalg.vector_norm(info.ps_b, dim=2).square()
+        return sq
 
     def weighted_sum(self, info: _ConvInfo, w: Tensor) -> list[Tensor]:
-        b, k = info.ps_w.shape[:2]
-        # sum_b w[k, b] ps[b, k, :] as a batched matmul over the trial dimension.
-        gw = torch.bmm(w.unsqueeze(1), info.ps_w.reshape(b, k, -1).transpose(0, 1)).view(
-            k, *self.weight_shape
-        )
+        k = len(info.ps_w)
+        # sum_b w[k, b] ps[k][b, :], trial by trial (the per-trial blocks are not contiguous).
+        gw = torch.stack(
+            [torch.matmul(w[t], p.reshape(p.shape[0], -1)) for t, p in enumerate(info.ps_w)]
+        ).view(k, *self.weight_shape)
         out = [gw]
         if info.ps_b is not None:
-            out.append(torch.bmm(w.unsqueeze(1), info.ps_b.transpose(0, 1)).squeeze(1))
+            out.append(torch.bmm(w.unsqueeze(1), info.ps_b).squeeze(1))
         return out
 
     def weighted_sums_into(
@@ -373,20 +386,23 @@ class _PConvBase(ParamLayer):
         if len(ws) == 1:
             super().weighted_sums_into(info, ws, outs)
             return
-        b, k = info.ps_w.shape[:2]
+        k = len(info.ps_w)
         wst = torch.stack(ws, dim=1)  # [K, J, B]: one matmul reads the per-sample grads once
-        sums = torch.bmm(wst, info.ps_w.reshape(b, k, -1).transpose(0, 1))
-        bias = torch.bmm(wst, info.ps_b.transpose(0, 1)) if info.ps_b is not None else None
+        sums = torch.stack(
+            [torch.matmul(wst[t], p.reshape(p.shape[0], -1)) for t, p in enumerate(info.ps_w)]
+        )
+        bias = torch.bmm(wst, info.ps_b) if info.ps_b is not None else None
         for j, out in enumerate(outs):
             out[0].copy_(sums[:, j].view(k, *self.weight_shape))
             if bias is not None:
                 out[1].copy_(bias[:, j])
 
     def per_sample_grads(self, info: _ConvInfo) -> list[Tensor]:
-        b, k = info.ps_w.shape[:2]
-        out = [info.ps_w.transpose(0, 1).reshape(k, b, *self.weight_shape)]
+        ps = info.stacked()
+        k, b = ps.shape[:2]
+        out = [ps.reshape(k, b, *self.weight_shape)]
         if info.ps_b is not None:
-            out.append(info.ps_b.transpose(0, 1))
+            out.append(info.ps_b)
         return out
 
 
@@ -417,8 +433,10 @@ class PConv2d(_PConvBase):
 
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> _ConvInfo:
         b = a.shape[0]
-        ps_w = _grouped_weight_grad(self, a, g, b * k, transposed=False).view(b, k, self.cout, -1)
-        ps_b = g.reshape(b, k, self.cout, -1).sum(dim=3) if self.bias else None
+        ps_w = [
+            p.view(b, self.cout, -1) for p in _grouped_weight_grad(self, a, g, k, transposed=False)
+        ]
+        ps_b = g.reshape(b, k, self.cout, -1).sum(dim=3).transpose(0, 1) if self.bias else None
         return _ConvInfo(ps_w, ps_b)
 
 
@@ -457,21 +475,36 @@ class PConvTranspose2d(_PConvBase):
 
     def grad_info(self, a: Tensor, g: Tensor, k: int) -> _ConvInfo:
         b = a.shape[0]
-        ps_w = _grouped_weight_grad(self, a, g, b * k, transposed=True).view(b, k, self.cin, -1)
-        ps_b = g.reshape(b, k, self.cout, -1).sum(dim=3) if self.bias else None
+        ps_w = [
+            p.view(b, self.cin, -1) for p in _grouped_weight_grad(self, a, g, k, transposed=True)
+        ]
+        ps_b = g.reshape(b, k, self.cout, -1).sum(dim=3).transpose(0, 1) if self.bias else None
         return _ConvInfo(ps_w, ps_b)
 
 
 def _grouped_weight_grad(
-    layer: Any, a: Tensor, g: Tensor, groups: int, *, transposed: bool
-) -> Tensor:
-    """Per-sample weight gradients of a convolution, as one grouped weight-gradient call.
+    layer: Any, a: Tensor, g: Tensor, k: int, *, transposed: bool
+) -> list[Tensor]:
+    """Per-sample weight gradients of a convolution, one ``[B * rows, cols...]`` per trial.
 
-    Folding the (batch x trial) axis into the channel axis of a batch of one and treating each
-    example as its own group makes the convolution library's weight gradient return one weight
-    gradient per example, exactly, at close to the cost of the ordinary (summed) weight
-    gradient, several times faster than unfold + batched matmul here.
+    Folding the batch axis into the channel axis of a batch of one and treating each example as
+    its own group makes the convolution library's weight gradient return one weight gradient
+    per example, exactly, at close to the cost of the ordinary (summed) weight gradient, several
+    times faster than unfold + batched matmul here. For a pack, one call per trial (B groups)
+    is about 4x faster than one call with B*K groups, and the results stay per trial (stacking
+    them would copy tens of MB per step).
     """
+    b = a.shape[0]
+    if k == 1:
+        return [_weight_grad_call(layer, a, g, b, transposed=transposed)]
+    a5 = a.view(b, k, -1, *a.shape[2:])
+    g5 = g.view(b, k, -1, *g.shape[2:])
+    return [
+        _weight_grad_call(layer, a5[:, t], g5[:, t], b, transposed=transposed) for t in range(k)
+    ]
+
+
+def _weight_grad_call(layer: Any, a: Tensor, g: Tensor, groups: int, *, transposed: bool) -> Tensor:
     if transposed:
         w_shape = (groups * layer.cin, layer.cout, *layer.kernel)
         out_pad = list(layer.output_padding)
