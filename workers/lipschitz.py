@@ -347,8 +347,11 @@ def _ritz_estimate(a: Tensor, v: Tensor | None, krylov_dim: int) -> tuple[Tensor
     if r <= 2 * (krylov_dim + 1):
         return torch.linalg.eigvalsh(a)[:, -1], a.new_empty(n, 1, 0)  # exact up to ~r u ||A||
     if v is None or v.shape != (n, 1, r):
+        # The same start vector for every matrix, so a matrix's estimate (and through the
+        # certificate's gap, a trial's sensitivity) never depends on which other trials share
+        # its pack. Any start is sound: the Cholesky certificate decides, not the estimate.
         gen = torch.Generator(device="cpu").manual_seed(0)
-        v = torch.randn(n, 1, r, generator=gen, dtype=a.dtype).to(a.device)
+        v = torch.randn(1, 1, r, generator=gen, dtype=a.dtype).to(a.device).expand(n, 1, r)
         v = v / torch.linalg.vector_norm(v, dim=2, keepdim=True)
         krylov_dim = min(3 * krylov_dim, r - 1)  # cold start: a larger space
     # Dividing by the trace keeps every eigenvalue <= 1, so the powers cannot overflow.

@@ -343,22 +343,30 @@ class _PConvBase(ParamLayer):
 
     def compute_perturbed(self, x: Act, info: _ConvInfo, scale: Tensor) -> tuple[Tensor, Tensor]:
         a = x.as_bk()
-        ps = info.stacked()
-        k, b = ps.shape[:2]
-        # Each example gets its own weights W + s_i g_i: one grouped convolution with a group per
-        # (example, trial) pair applies them all (cheaper than the shared conv plus a delta conv).
-        # The groups follow the input's example-major order, hence the transposes.
-        s = scale.t().reshape(b, k, 1, 1)
-        w0 = self.params[0].reshape(1, k, *ps.shape[2:])
-        w = (w0 + ps.transpose(0, 1) * s).reshape(
-            b * k * self.weight_shape[0], *self.weight_shape[1:]
-        )
-        bias = None
-        if info.ps_b is not None:  # the layer has a bias
-            b0 = self.params[1].reshape(1, k, -1)
-            bias = (b0 + info.ps_b.transpose(0, 1) * s.view(b, k, 1)).reshape(-1)
-        z = self._conv(a.reshape(1, -1, *a.shape[2:]), w, bias, b * k)
-        return a, z.view(b, -1, *z.shape[2:])
+        k = len(info.ps_w)
+        b = a.shape[0]
+        # Each example gets its own weights W + s_i g_i: a grouped convolution with one group per
+        # example applies them all. One call per trial, exactly as a pack of one computes it, so
+        # a packed trial rounds like the trial alone (and per-trial calls are faster here).
+        a5 = a.view(b, k, -1, *a.shape[2:])
+        outs = []
+        for t in range(k):
+            w = self.params[0][t].reshape(1, *info.ps_w[t].shape[1:]) + info.ps_w[t] * scale[
+                t
+            ].view(b, 1, 1)
+            bias = None
+            if info.ps_b is not None:  # the layer has a bias
+                bias = self.params[1][t].unsqueeze(0) + info.ps_b[t] * scale[t].unsqueeze(1)
+                bias = bias.reshape(-1)
+            z_t = self._conv(
+                a5[:, t].reshape(1, -1, *a.shape[2:]),
+                w.reshape(b * self.weight_shape[0], *self.weight_shape[1:]),
+                bias,
+                b,
+            )
+            outs.append(z_t.view(b, 1, -1, *z_t.shape[2:]))
+        z = outs[0] if k == 1 else torch.cat(outs, dim=1)
+        return a, z.view(b, -1, *z.shape[3:])
 
     def sq_norms(self, info: _ConvInfo) -> Tensor:
         # One fused reduction; pow(2).sum would first materialise every squared element.

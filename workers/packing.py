@@ -1,0 +1,112 @@
+"""Forming packs: which trials may train together, and how many fit in memory.
+
+Trials share a pack only if everything but their per-trial knobs (lr, seed, noise multiplier,
+delta and the strategy's per-trial hyperparameters) is equal: dataset and split, model,
+strategy and its *shared* hyperparameters (e.g. clip style), batch size, step count, optimizer,
+evaluation cadence, accountant and device. Pack size is then capped by a memory budget.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from workers.models import build_model
+from workers.packed import PackedModel
+from workers.settings import WorkerSettings
+from workers.strategies import get_strategy
+from workers.trainer import DIAGNOSTIC_BATCH, PackSpec
+
+
+def pack_key(spec: PackSpec) -> str:
+    """A canonical string that is equal exactly for specs whose trials may share a pack."""
+    strategy = get_strategy(spec.strategy)
+    shared = {
+        name: [strategy.validate(t.params)[name] for t in spec.trials]
+        for name, hp in strategy.hyperparameters.items()
+        if hp.shared
+    }
+    if any(len({json.dumps(v) for v in vals}) > 1 for vals in shared.values()):
+        raise ValueError("a pack spec already mixes trials with different shared hyperparameters")
+    fields = asdict(replace(spec, trials=[]))
+    fields["shared_params"] = {name: vals[0] for name, vals in shared.items() if vals}
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """A deliberately generous estimate of one trial's memory inside a pack, in bytes.
+
+    Parameter-sized buffers (parameters, gradient, noise, extra releases, optimizer state,
+    best checkpoint) plus activations and their gradients for the largest likely batch, plus
+    materialised per-sample convolution gradients. BAM runs a second pass (twice the
+    activations).
+    """
+    module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
+    model = PackedModel([module])
+    with torch.no_grad():
+        _, cap = model.forward(torch.zeros(1, 1, *input_shape), capture=True)
+    assert cap is not None
+    act_per_example = sum(t.numel() for t in cap.acts) + sum(t.numel() for t in cap.outs)
+    conv_params = sum(
+        math.prod(ly.param_shapes[0]) for ly in model.param_layers if len(ly.param_shapes[0]) > 2
+    )
+    b = spec.batch_size
+    b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
+    opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
+    param_buffers = 8 + opt_state
+    passes = 2 if spec.strategy == "bam" else 1
+    floats = (
+        param_buffers * model.numel
+        + passes * 3 * act_per_example * b_max
+        + passes * conv_params * b_max
+    )
+    return 4 * floats
+
+
+def max_pack_size(
+    spec: PackSpec,
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    settings: WorkerSettings | None = None,
+) -> int:
+    """How many of ``spec``'s trials fit one pack under the memory budget (at least 1)."""
+    settings = settings or WorkerSettings()
+    per_trial = estimate_trial_bytes(spec, input_shape=input_shape, num_classes=num_classes)
+    budget = settings.pack_memory_mb * 2**20
+    return max(1, min(settings.max_pack_size, int(budget // per_trial)))
+
+
+def form_packs(
+    specs: Iterable[PackSpec],
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    settings: WorkerSettings | None = None,
+) -> list[PackSpec]:
+    """Merge compatible specs and split them into packs that fit the memory budget.
+
+    Trial order is kept within each group; every trial lands in exactly one pack, and a pack
+    never mixes trials whose :func:`pack_key` differs. ``input_shape`` and ``num_classes``
+    describe the (shared) dataset of the specs.
+    """
+    groups: dict[str, list[Any]] = {}
+    first: dict[str, PackSpec] = {}
+    for spec in specs:
+        key = pack_key(spec)
+        first.setdefault(key, spec)
+        groups.setdefault(key, []).extend(spec.trials)
+    packs: list[PackSpec] = []
+    for key, trials in groups.items():
+        base = first[key]
+        size = max_pack_size(
+            base, input_shape=input_shape, num_classes=num_classes, settings=settings
+        )
+        for start in range(0, len(trials), size):
+            packs.append(replace(base, trials=list(trials[start : start + size])))
+    return packs

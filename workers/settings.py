@@ -1,0 +1,19 @@
+"""Settings of a worker process (pydantic-settings, environment prefix ``DPSWEEP_``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    """What a worker may use. ``DPSWEEP_PACK_MEMORY_MB=512`` etc. override the defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore")
+
+    pack_memory_mb: float = Field(
+        default=2048.0, gt=0, description="memory budget of one pack (estimated), in MiB"
+    )
+    max_pack_size: int = Field(default=64, ge=1, description="most trials in one pack")
+    threads: int = Field(default=1, ge=1, description="CPU threads per pack")
+    device: str = Field(default="auto", description="auto, cpu or cuda")
