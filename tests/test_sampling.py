@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,3 +54,22 @@ def test_long_populations_need_several_chunks() -> None:
     idx = poisson_sample(n, q, gen)
     assert abs(len(idx) - n * q) < 6 * math.sqrt(n * q * (1 - q))
     assert idx.max() > n - 50  # the tail of the population is reachable
+
+
+@pytest.mark.parametrize("chunk", [None, 3])  # 3 forces the multi-chunk continuation
+def test_pack_rows_equal_single_samples(monkeypatch: pytest.MonkeyPatch, chunk: int | None) -> None:
+    import workers.sampling as sampling
+
+    if chunk is not None:
+        monkeypatch.setattr(sampling, "_chunk", lambda n, q: chunk)
+    for n, q in [(500, 0.05), (40, 0.3), (7, 0.9)]:
+        seeds = [11, 12, 13, 14]
+        idx, mask = sampling.poisson_sample_pack(
+            n, q, [torch.Generator().manual_seed(s) for s in seeds]
+        )
+        for row, s in enumerate(seeds):
+            alone = poisson_sample(n, q, torch.Generator().manual_seed(s))
+            m = mask[row] > 0
+            assert torch.equal(idx[row][m], alone)
+            assert int(m.sum()) == len(alone) and bool(m[: len(alone)].all())
+            assert (idx[row][~m] == 0).all()

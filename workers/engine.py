@@ -19,13 +19,12 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from workers.errors import PrivacyError
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
-from workers.sampling import poisson_sample
+from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, NoiseSource, StepContext
 
 Task = Literal["classification", "reconstruction"]
@@ -33,11 +32,12 @@ Task = Literal["classification", "reconstruction"]
 
 def per_sample_loss(out: Tensor, target: Tensor, task: Task) -> Tensor:
     """Per-example loss `[K, B]`; `target` is labels `[K, B]` or inputs `[K, B, ...]`."""
-    k, b = out.shape[:2]
     if task == "classification":
-        return F.cross_entropy(
-            out.reshape(k * b, -1), target.reshape(k * b), reduction="none"
-        ).view(k, b)
+        # Softmax cross-entropy by a stable log-sum-exp: the same value as F.cross_entropy, but
+        # ~2.5x faster on CPU for few classes, whose log_softmax kernel takes a slow path.
+        z = out - out.detach().amax(dim=-1, keepdim=True)
+        return torch.log(torch.exp(z).sum(dim=-1)) - z.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    k, b = out.shape[:2]
     return (out - target).pow(2).reshape(k, b, -1).mean(dim=2)
 
 
@@ -93,17 +93,11 @@ class DPEngine:
 
     def sample(self) -> tuple[Tensor, Tensor]:
         """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
-        picks = [poisson_sample(self.n, self.sample_rate, g) for g in self.sample_generators]
         if self.k == 1:
-            idx = picks[0].unsqueeze(0)
+            idx = poisson_sample(self.n, self.sample_rate, self.sample_generators[0]).unsqueeze(0)
             mask = torch.ones(1, idx.shape[1])
         else:
-            b_max = max(len(p) for p in picks)
-            idx = torch.zeros(self.k, b_max, dtype=torch.long)
-            mask = torch.zeros(self.k, b_max)
-            for k, p in enumerate(picks):
-                idx[k, : len(p)] = p
-                mask[k, : len(p)] = 1.0
+            idx, mask = poisson_sample_pack(self.n, self.sample_rate, self.sample_generators)
         if self.device.type == "cpu":
             return idx, mask
         return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
