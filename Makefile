@@ -36,6 +36,7 @@ test: lint typecheck pytest
 
 bench: install
 	$(BIN)/python bench/step_overhead.py
+	$(BIN)/python bench/packing.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -41,3 +41,23 @@ def test_step_overhead_benchmark_smoke() -> None:
         "bam",
     }
     assert all(v > 0 for v in row.values())
+
+
+def test_packing_benchmark_smoke() -> None:
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "packing.py"),
+            "--json",
+            "--quick",
+            "--models",
+            "mlp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["mlp"]
+    assert row["trials"] == 25 and row["speedup"] > 0 and row["per_trial_step_vs_nonprivate"] > 0
