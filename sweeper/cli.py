@@ -216,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.set_defaults(func=cmd_train, subparser=t)
+
+    pl = sub.add_parser(
+        "plan",
+        help="plan a sweep's privacy: one noise multiplier per grid, verified; trains nothing",
+        description="Split each per-grid epsilon budget of a sweep spec across its trials and "
+        "verify every grid with an independent accountant. Nothing is trained.",
+    )
+    pl.add_argument("spec", help="sweep spec file (YAML or JSON)")
+    pl.add_argument("--json", action="store_true", help="print a JSON list, one object per grid")
+    pl.set_defaults(func=cmd_plan, subparser=pl)
     return parser
 
 
@@ -340,6 +350,86 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_summary(Console(), summary, args)
+    return 0
+
+
+PLAN_KEYS = (
+    "arm",
+    "strategy",
+    "epsilon_budget",
+    "delta",
+    "trials",
+    "steps_per_trial",
+    "sample_rate",
+    "noise_multiplier",
+    "epsilon_per_trial",
+    "epsilon_total",
+    "epsilon_verified",
+    "accounting",
+)
+
+
+def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper.planner import plan_sweep
+    from sweeper.spec import load_spec
+    from workers.errors import ConfigError, DpsweepError
+
+    err = Console(stderr=True)
+    try:
+        spec = load_spec(args.spec)
+        plan = plan_sweep(spec)
+    except ConfigError as exc:
+        parser.error(str(exc))
+        return EXIT_USAGE  # unreachable
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+    rows = [g.to_dict() for g in plan.grids]
+    if args.json:
+        extra = (
+            "delta_per_trial",
+            "gradient_noise_multiplier",
+            "accountant",
+            "verified_by",
+            "release",
+        )
+        print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
+        return 0
+    table = Table(title=f"privacy plan: {spec.name} ({spec.privacy.accounting})")
+    for col in (
+        "arm",
+        "level ε",
+        "trials",
+        "σ",
+        "σ_g",
+        "ε per trial",
+        "grid ε",
+        "verified ε",
+        "steps",
+        "q",
+        "release",
+    ):
+        table.add_column(col, justify="left" if col in ("arm", "release") else "right")
+    for r in rows:
+        table.add_row(
+            r["arm"],
+            f"{r['epsilon_budget']:g}",
+            str(r["trials"]),
+            f"{r['noise_multiplier']:.4g}",
+            f"{r['gradient_noise_multiplier']:.4g}",
+            f"{r['epsilon_per_trial']:.4g}",
+            f"{r['epsilon_total']:.4g}",
+            f"{r['epsilon_verified']:.4g}",
+            str(r["steps_per_trial"]),
+            f"{r['sample_rate']:.4g}",
+            r["release"],
+        )
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    console.print(table)
+    console.print(
+        f"whole sweep: epsilon {plan.epsilon_total:.4g}, delta {plan.delta_total:.3g} "
+        f"(what a dataset budget is charged); verified by {rows[0]['verified_by']}"
+    )
     return 0
 
 

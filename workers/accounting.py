@@ -1,7 +1,8 @@
 """Privacy accounting for DP-SGD runs: epsilon from the noise actually used, and calibration.
 
-Thin, strict wrappers over Opacus's accountants (RDP by default, PRV selectable). Opacus is
-imported lazily so that callers without torch at import time (the sweeper) can import this.
+Thin, strict wrappers over Opacus's accountants (RDP by default, PRV selectable) and
+dp_accounting's PLD (``pld``, torch-free, what the planner calibrates with). Libraries are
+imported lazily, so callers without torch (the sweeper) can import this module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from typing import Any
 
 from workers.errors import ConfigError, PrivacyError
 
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv")
+ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv", "pld")
+
+# Value discretisation of the PLD accountant. The estimate is pessimistic (an upper bound) at
+# any grid; 2.5e-4 stays within ~0.3 % of the fine value on 30k compositions in 0.03-0.4 s,
+# where 1e-3 can over-state by ~4 % (and is oddly slow at large sigma). The planner verifies
+# with dp_accounting's default 1e-4.
+PLD_DISCRETIZATION = 2.5e-4
 
 
 def _check(
@@ -36,6 +43,29 @@ def _accountant(name: str) -> Any:
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     return RDPAccountant() if name == "rdp" else PRVAccountant()
+
+
+def pld_epsilon(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    discretization: float = PLD_DISCRETIZATION,
+) -> float:
+    """Epsilon by dp_accounting's privacy-loss-distribution accountant (torch-free).
+
+    Uses the pessimistic (upper-bound) discretisation, so a coarser grid only over-states.
+    """
+    from dp_accounting import dp_event
+    from dp_accounting.pld import pld_privacy_accountant
+
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    acc.compose(
+        dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
+        steps,
+    )
+    return float(acc.get_epsilon(target_delta))
 
 
 def compute_epsilon(
@@ -72,6 +102,13 @@ def _epsilon(
 ) -> float:
     # Opacus's RDP takes ~0.1 s per call (pure Python over fractional orders); the trials of a
     # grid share (sigma, q, T, delta), so the exact same question is answered once.
+    if accountant == "pld":
+        return pld_epsilon(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            steps=steps,
+            target_delta=target_delta,
+        )
     acc = _accountant(accountant)
     acc.history = [(noise_multiplier, sample_rate, steps)]
     with warnings.catch_warnings():
@@ -79,6 +116,21 @@ def _epsilon(
         # over-estimate of epsilon), which is safe; it is not worth alarming users over.
         warnings.simplefilter("ignore", UserWarning)
         return float(acc.get_epsilon(delta=target_delta))
+
+
+def dp_rdp_epsilon(
+    *, noise_multiplier: float, sample_rate: float, steps: int, target_delta: float
+) -> float:
+    """Epsilon by dp_accounting's RDP accountant (torch-free; the planner's fast option)."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(
+        dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
+        steps,
+    )
+    return float(acc.get_epsilon(target_delta))
 
 
 def calibrate_noise_multiplier(

@@ -1,0 +1,568 @@
+"""The privacy planner: one noise multiplier per grid so that the whole grid fits its budget.
+
+Each arm (one strategy's grid) at each epsilon level is a *grid* of K trials of T steps at
+sample rate q (Mohapatra et al. 2022, the protocol of 004). Methods (stable registry names):
+
+* ``compose``: one sigma such that K*T subsampled-Gaussian steps compose to <= epsilon at delta.
+  Calibrated with dp_accounting's PLD (tight; pessimistic discretisation) by default, or RDP.
+  Every trial's results may be released.
+* ``basic``: each trial gets epsilon/K and delta/K (the naive baseline).
+* ``papernot-steinke``: random search whose number of trials is random with mean K
+  (logarithmic, geometric, truncated negative binomial or Poisson), accounted with
+  dp_accounting's RdpAccountant on a RepeatAndSelectDpEvent. Only the selected trial may be
+  released.
+
+Every plan is then **verified** by an independent recomputation (a finer PLD grid for compose
+and basic, RDP from scratch for papernot-steinke); a grid whose verified epsilon exceeds its
+budget is rejected. Strategies with a second query (quantile, online) split the planned sigma
+themselves, so a step still costs one Gaussian of multiplier sigma. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from scipy.stats import norm
+
+from workers.accounting import dp_rdp_epsilon, pld_epsilon
+from workers.errors import ConfigError, PrivacyError
+
+# Calibrated grids land within this fraction below their budget (never above).
+CALIBRATION_SLACK = 0.01
+# The verifying PLD uses dp_accounting's default grid, finer than the calibrating one.
+VERIFY_DISCRETIZATION = 1e-4
+
+
+class InfeasiblePlan(PrivacyError):
+    """No usable noise multiplier fits the budget; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class GridRequest:
+    """What the planner needs to know about one grid (an arm at one epsilon level)."""
+
+    arm: str
+    strategy: str
+    epsilon_budget: float
+    delta: float
+    trials: int
+    steps_per_trial: int
+    sample_rate: float
+    accounting: str = "compose"
+    accountant: str = "pld"
+    distribution_shape: float | None = None  # papernot-steinke: RepeatAndSelect's shape
+    distribution_name: str | None = None
+    max_noise_multiplier: float = 10.0
+    dataset_size: int | None = None
+
+
+@dataclass(frozen=True)
+class GridPlan:
+    arm: str
+    strategy: str
+    epsilon_budget: float
+    delta: float
+    trials: int
+    steps_per_trial: int
+    sample_rate: float
+    noise_multiplier: float
+    epsilon_per_trial: float
+    delta_per_trial: float
+    epsilon_total: float
+    epsilon_verified: float
+    accounting: str
+    accountant: str
+    verified_by: str
+    release: str  # "all" or "selected-only"
+    # The gradient's own multiplier once strategies with a second query have split sigma
+    # (quantile, online); equal to noise_multiplier for the others.
+    gradient_noise_multiplier: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Planner = Callable[[GridRequest], GridPlan]
+PLANNERS: dict[str, Planner] = {}
+
+
+def register_planner(name: str) -> Callable[[Planner], Planner]:
+    def deco(fn: Planner) -> Planner:
+        PLANNERS[name] = fn
+        return fn
+
+    return deco
+
+
+def plan_grid(req: GridRequest) -> GridPlan:
+    """Plan one grid, verify it, and refuse it if infeasible (fail closed).
+
+    Raises:
+        ConfigError: invalid inputs (the message names the field).
+        InfeasiblePlan: the budget cannot be met with a usable noise multiplier.
+        PrivacyError: the independent verification exceeds the budget.
+    """
+    _validate(req)
+    if req.accounting not in PLANNERS:
+        raise ConfigError(
+            f"unknown accounting {req.accounting!r}; choose one of: {', '.join(PLANNERS)}",
+            field="privacy.accounting",
+        )
+    plan = PLANNERS[req.accounting](req)
+    bound = req.epsilon_budget * (1 + 1e-9)
+    if not plan.epsilon_verified <= bound:
+        raise PrivacyError(
+            f"arm {req.arm!r} at epsilon {req.epsilon_budget}: independently verified epsilon "
+            f"{plan.epsilon_verified:.4f} exceeds the budget; plan rejected"
+        )
+    return plan
+
+
+def _validate(req: GridRequest) -> None:
+    if not (req.epsilon_budget > 0 and math.isfinite(req.epsilon_budget)):
+        raise ConfigError("epsilon budget must be > 0", field="privacy.budgets")
+    if not 0 < req.delta < 1:
+        raise ConfigError("delta must be in (0, 1)", field="privacy.delta")
+    if req.dataset_size is not None and req.delta >= 1.0 / req.dataset_size:
+        raise ConfigError(
+            f"delta {req.delta:g} is >= 1/N for a dataset of N = {req.dataset_size} examples: "
+            f"such a guarantee allows releasing an example outright; use delta < "
+            f"{1.0 / req.dataset_size:.2g} (e.g. {_suggest_delta(req.dataset_size):g})",
+            field="privacy.delta",
+        )
+    if req.trials < 1 or req.steps_per_trial < 1:
+        raise ConfigError("a grid needs at least one trial of at least one step", field="arms")
+    if not 0 < req.sample_rate <= 1:
+        raise ConfigError("sample rate must be in (0, 1]", field="training.batch_size")
+
+
+def _verify_grid(req: GridRequest) -> float:
+    # A PLD-calibrated plan is verified on a finer PLD grid; an RDP-calibrated one by PLD at
+    # the standard grid, already a different accountant. Both are pessimistic upper bounds.
+    from workers.accounting import PLD_DISCRETIZATION
+
+    return VERIFY_DISCRETIZATION if req.accountant == "pld" else PLD_DISCRETIZATION
+
+
+def _suggest_delta(n: int) -> float:
+    return float(10 ** math.floor(math.log10(0.1 / n)))
+
+
+# -------------------------------------------------------------------------------------------
+# Calibration
+
+
+def _gdp_guess(epsilon: float, delta: float, q: float, steps: int) -> float:
+    """Initial sigma from the CLT limit of subsampled Gaussian composition (mu-GDP)."""
+
+    def gdp_delta(mu: float) -> float:
+        return float(
+            norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+        )
+
+    lo, hi = 1e-6, 50.0
+    for _ in range(100):  # delta(mu) grows with mu: bisect for delta(mu) = delta
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if gdp_delta(mid) < delta else (lo, mid)
+    mu = lo
+    ratio = mu / (q * math.sqrt(steps))
+    return 1.0 / math.sqrt(math.log1p(ratio * ratio)) if ratio > 0 else 1e3
+
+
+@functools.lru_cache(maxsize=8192)
+def _epsilon(sigma: float, q: float, steps: int, delta: float, accountant: str) -> float:
+    # Both accountants are dp_accounting's: planning never imports torch.
+    fn = pld_epsilon if accountant == "pld" else dp_rdp_epsilon
+    return fn(noise_multiplier=sigma, sample_rate=q, steps=steps, target_delta=delta)
+
+
+@functools.lru_cache(maxsize=1024)
+def calibrate(
+    epsilon: float, delta: float, q: float, steps: int, accountant: str, max_sigma: float
+) -> float:
+    """The smallest sigma (to ~0.3 %) with ``eps(sigma) <= epsilon``, landing within
+    :data:`CALIBRATION_SLACK` below it; ``inf`` if even ``max_sigma * 8`` is not enough.
+
+    Secant steps on ``log eps`` against ``log sigma`` from the mu-GDP guess, then a bracketed
+    bisection: a handful of accountant calls instead of a blind binary search.
+    """
+
+    def f(log_sigma: float) -> float:
+        return math.log(_epsilon(math.exp(log_sigma), q, steps, delta, accountant)) - math.log(
+            epsilon
+        )
+
+    target_hi, target_lo = 0.0, math.log1p(-CALIBRATION_SLACK)
+    x0 = math.log(min(max(_gdp_guess(epsilon, delta, q, steps), 0.05), max_sigma * 4))
+    f0 = f(x0)
+    x1 = x0 + (0.05 if f0 > 0 else -0.05)
+    f1 = f(x1)
+    lo = hi = None  # lo: a log-sigma whose eps is too high; hi: one that fits
+    for _ in range(8):
+        for x, fx in ((x0, f0), (x1, f1)):
+            if fx > target_hi:
+                lo = x if lo is None or x > lo else lo
+            else:
+                hi = x if hi is None or x < hi else hi
+                if fx >= target_lo:
+                    return math.exp(x)
+        if f1 == f0:
+            break
+        x2 = x1 - (f1 - (target_lo + target_hi) / 2) * (x1 - x0) / (f1 - f0)
+        if lo is not None and hi is not None and not lo < x2 < hi:
+            x2 = (lo + hi) / 2
+        x2 = max(min(x2, math.log(max_sigma * 8)), math.log(1e-3))
+        x0, f0, x1, f1 = x1, f1, x2, f(x2)
+        if x1 == math.log(max_sigma * 8) and f1 > target_hi:
+            return math.inf
+    # Bisection fallback inside the bracket (rarely needed).
+    if hi is None:
+        x = math.log(max_sigma * 8)
+        if f(x) > target_hi:
+            return math.inf
+        hi = x
+    if lo is None:
+        lo = math.log(1e-3)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        fm = f(mid)
+        if fm > target_hi:
+            lo = mid
+        else:
+            hi = mid
+            if fm >= target_lo:
+                break
+    return math.exp(hi)
+
+
+def _infeasible(req: GridRequest, sigma: float, per_trial_steps: Callable[[int], int]) -> None:
+    # Find the largest grid (number of trials) that keeps sigma within the allowed maximum.
+    k = req.trials
+    best = 0
+    lo, hi = 1, k
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        s = calibrate(
+            req.epsilon_budget,
+            req.delta,
+            req.sample_rate,
+            per_trial_steps(mid),
+            req.accountant,
+            req.max_noise_multiplier,
+        )
+        if s <= req.max_noise_multiplier:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    need = (
+        "more than " + f"{req.max_noise_multiplier * 8:g}" if math.isinf(sigma) else f"{sigma:.3g}"
+    )
+    hint = (
+        f"the largest grid that keeps sigma <= {req.max_noise_multiplier:g} has {best} trial(s)"
+        if best
+        else "even a single trial would need more noise: raise epsilon, train fewer steps or "
+        "use a larger batch"
+    )
+    raise InfeasiblePlan(
+        f"arm {req.arm!r}: epsilon={req.epsilon_budget:g} for {req.trials} trials of "
+        f"{req.steps_per_trial} steps needs sigma={need}, which no model will learn with "
+        f"(max_noise_multiplier = {req.max_noise_multiplier:g}); {hint}. Shrink the grid, "
+        "charge fewer seeds, raise the budget, or use a larger batch"
+    )
+
+
+@register_planner("compose")
+def _compose(req: GridRequest) -> GridPlan:
+    total_steps = req.trials * req.steps_per_trial
+    sigma = calibrate(
+        req.epsilon_budget,
+        req.delta,
+        req.sample_rate,
+        total_steps,
+        req.accountant,
+        req.max_noise_multiplier,
+    )
+    if sigma > req.max_noise_multiplier:
+        _infeasible(req, sigma, lambda k: k * req.steps_per_trial)
+    total = _epsilon(sigma, req.sample_rate, total_steps, req.delta, req.accountant)
+    verified = pld_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=req.sample_rate,
+        steps=total_steps,
+        target_delta=req.delta,
+        discretization=_verify_grid(req),
+    )
+    return GridPlan(
+        arm=req.arm,
+        strategy=req.strategy,
+        epsilon_budget=req.epsilon_budget,
+        delta=req.delta,
+        trials=req.trials,
+        steps_per_trial=req.steps_per_trial,
+        sample_rate=req.sample_rate,
+        noise_multiplier=sigma,
+        epsilon_per_trial=_epsilon(
+            sigma, req.sample_rate, req.steps_per_trial, req.delta, req.accountant
+        ),
+        delta_per_trial=req.delta,
+        epsilon_total=total,
+        epsilon_verified=verified,
+        accounting="compose",
+        accountant=req.accountant,
+        verified_by="dp_accounting PLD",
+        release="all",
+    )
+
+
+@register_planner("basic")
+def _basic(req: GridRequest) -> GridPlan:
+    eps_t, delta_t = req.epsilon_budget / req.trials, req.delta / req.trials
+    sigma = calibrate(
+        eps_t,
+        delta_t,
+        req.sample_rate,
+        req.steps_per_trial,
+        req.accountant,
+        req.max_noise_multiplier,
+    )
+    if sigma > req.max_noise_multiplier:
+        raise InfeasiblePlan(
+            f"arm {req.arm!r}: basic accounting gives each of {req.trials} trials epsilon "
+            f"{eps_t:.3g}, which needs sigma > {req.max_noise_multiplier:g}; use compose "
+            "accounting or a smaller grid"
+        )
+    per = _epsilon(sigma, req.sample_rate, req.steps_per_trial, delta_t, req.accountant)
+    verified_each = pld_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=req.sample_rate,
+        steps=req.steps_per_trial,
+        target_delta=delta_t,
+        discretization=_verify_grid(req),
+    )
+    return GridPlan(
+        arm=req.arm,
+        strategy=req.strategy,
+        epsilon_budget=req.epsilon_budget,
+        delta=req.delta,
+        trials=req.trials,
+        steps_per_trial=req.steps_per_trial,
+        sample_rate=req.sample_rate,
+        noise_multiplier=sigma,
+        epsilon_per_trial=per,
+        delta_per_trial=delta_t,
+        epsilon_total=req.trials * per,
+        epsilon_verified=req.trials * verified_each,
+        accounting="basic",
+        accountant=req.accountant,
+        verified_by="dp_accounting PLD (per trial, summed)",
+        release="all",
+    )
+
+
+def repeat_and_select_epsilon(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    mean_trials: float,
+    shape: float,
+    target_delta: float,
+) -> float:
+    """Epsilon of random search (Papernot & Steinke 2022) by dp_accounting's RDP accountant."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    one = dp_event.SelfComposedDpEvent(
+        dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
+        steps,
+    )
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(dp_event.RepeatAndSelectDpEvent(one, mean_trials, shape))
+    return float(acc.get_epsilon(target_delta))
+
+
+@functools.lru_cache(maxsize=1024)
+def _ps_epsilon(
+    sigma: float, q: float, steps: int, mean: float, shape: float, delta: float
+) -> float:
+    return repeat_and_select_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=q,
+        steps=steps,
+        mean_trials=mean,
+        shape=shape,
+        target_delta=delta,
+    )
+
+
+@register_planner("papernot-steinke")
+def _papernot_steinke(req: GridRequest) -> GridPlan:
+    if req.distribution_shape is None:
+        raise ConfigError("papernot-steinke needs a distribution", field="privacy.distribution")
+    shape, mean = req.distribution_shape, float(req.trials)
+    lo, hi = math.log(0.05), math.log(req.max_noise_multiplier * 8)
+    if (
+        _ps_epsilon(math.exp(hi), req.sample_rate, req.steps_per_trial, mean, shape, req.delta)
+        > req.epsilon_budget
+    ):
+        raise InfeasiblePlan(
+            f"arm {req.arm!r}: random search with mean {req.trials} trials needs sigma > "
+            f"{req.max_noise_multiplier * 8:g} for epsilon={req.epsilon_budget:g}; shrink the "
+            "search or raise the budget"
+        )
+    for _ in range(40):  # bisection on log sigma for the RepeatAndSelect total
+        mid = (lo + hi) / 2
+        e = _ps_epsilon(math.exp(mid), req.sample_rate, req.steps_per_trial, mean, shape, req.delta)
+        if e > req.epsilon_budget:
+            lo = mid
+        else:
+            hi = mid
+            if e >= req.epsilon_budget * (1 - CALIBRATION_SLACK):
+                break
+    sigma = math.exp(hi)
+    if sigma > req.max_noise_multiplier:
+        raise InfeasiblePlan(
+            f"arm {req.arm!r}: random search with mean {req.trials} trials needs sigma = "
+            f"{sigma:.3g} > {req.max_noise_multiplier:g}; shrink the search or raise the budget"
+        )
+    total = _ps_epsilon(sigma, req.sample_rate, req.steps_per_trial, mean, shape, req.delta)
+    verified = repeat_and_select_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=req.sample_rate,
+        steps=req.steps_per_trial,
+        mean_trials=mean,
+        shape=shape,
+        target_delta=req.delta,
+    )
+    return GridPlan(
+        arm=req.arm,
+        strategy=req.strategy,
+        epsilon_budget=req.epsilon_budget,
+        delta=req.delta,
+        trials=req.trials,
+        steps_per_trial=req.steps_per_trial,
+        sample_rate=req.sample_rate,
+        noise_multiplier=sigma,
+        epsilon_per_trial=_epsilon(
+            sigma, req.sample_rate, req.steps_per_trial, req.delta, req.accountant
+        ),
+        delta_per_trial=req.delta,
+        epsilon_total=total,
+        epsilon_verified=verified,
+        accounting="papernot-steinke",
+        accountant="rdp (RepeatAndSelect)",
+        verified_by="dp_accounting RDP (recomputed)",
+        release="selected-only",
+    )
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    grids: list[GridPlan]
+
+    @property
+    def epsilon_total(self) -> float:
+        """The sweep's whole cost: the sum over its grids (what a dataset budget is charged)."""
+        return sum(g.epsilon_total for g in self.grids)
+
+    @property
+    def delta_total(self) -> float:
+        return sum(g.delta for g in self.grids)
+
+
+def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridRequest]:
+    """One request per arm and epsilon level of a :class:`sweeper.spec.SweepSpec`."""
+    from workers.schedule import plan_steps
+
+    q, steps = plan_steps(
+        n_train=n_train,
+        batch_size=spec.training.batch_size,
+        epochs=spec.training.epochs,
+        steps=spec.training.steps,
+    )
+    dist = spec.privacy.distribution
+    return [
+        GridRequest(
+            arm=arm.label,
+            strategy=arm.strategy,
+            epsilon_budget=float(level),
+            delta=spec.privacy.delta,
+            trials=spec.trials_per_grid(arm),
+            steps_per_trial=steps,
+            sample_rate=q,
+            accounting=spec.privacy.accounting,
+            accountant="pld" if spec.privacy.accountant == "prv" else spec.privacy.accountant,
+            distribution_shape=dist.shape if dist is not None else None,
+            distribution_name=dist.name if dist is not None else None,
+            max_noise_multiplier=spec.privacy.max_noise_multiplier,
+            dataset_size=dataset_size,
+        )
+        for arm in spec.arms
+        for level in spec.privacy.budgets
+    ]
+
+
+def gradient_noise_multiplier(
+    strategy: str, params: dict[str, Any], *, noise_multiplier: float, expected_batch_size: float
+) -> float:
+    """sigma_g after a strategy's noise split (the same formulas as the workers' strategies).
+
+    Raises:
+        InfeasiblePlan: quantile's count would need the whole budget (sigma >= 2 sigma_b).
+    """
+    if strategy == "quantile":
+        sigma_b = params.get("count_noise") or expected_batch_size / 20
+        second = 2.0 * float(sigma_b)
+        if noise_multiplier >= second:
+            raise InfeasiblePlan(
+                f"quantile: sigma = {noise_multiplier:.4g} is >= 2*sigma_b = {second:.4g}, so "
+                "the quantile count would use the whole budget; set count_noise above "
+                f"{noise_multiplier / 2:.4g} or use a larger batch (the default sigma_b is b/20)"
+            )
+    elif strategy == "online":
+        second = float(params.get("direction_noise_ratio", 7.124)) * noise_multiplier
+    else:
+        return noise_multiplier
+    return float((noise_multiplier**-2 - second**-2) ** -0.5)
+
+
+def plan_sweep(spec: Any) -> SweepPlan:
+    """Plan every grid of a spec (loads the dataset to learn N; trains nothing)."""
+    from workers.datasets import DatasetSpec, load_dataset
+
+    d = spec.dataset
+    data = load_dataset(
+        DatasetSpec(
+            name=d.name,
+            path=d.path,
+            labels_path=d.labels_path,
+            label_column=d.label_column,
+            test_fraction=d.test_fraction,
+            split_seed=d.split_seed,
+            options=d.options,
+        )
+    )
+    n = data.n_train + int(data.x_test.shape[0])
+    arms = {a.label: a for a in spec.arms}
+    b = spec.training.batch_size
+    grids = []
+    for req in grid_requests(spec, dataset_size=n, n_train=data.n_train):
+        g = plan_grid(req)
+        arm = arms[req.arm]
+        # A grid axis may set count_noise per trial: the split must hold for every value.
+        values = [p.get("count_noise") for p in arm.points()] or [None]
+        sigma_g = min(
+            gradient_noise_multiplier(
+                arm.strategy,
+                {**arm.params, **({"count_noise": v} if v else {})},
+                noise_multiplier=g.noise_multiplier,
+                expected_batch_size=b,
+            )
+            for v in values
+        )
+        grids.append(replace(g, gradient_noise_multiplier=sigma_g))
+    return SweepPlan(grids)

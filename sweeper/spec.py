@@ -1,0 +1,239 @@
+"""The sweep spec: pydantic models, loaded from YAML or JSON, and grid expansion.
+
+Follows the example in DESIGN.md. A spec names a dataset and model, training settings,
+per-grid epsilon levels with one delta and an accounting method, and arms: one strategy each,
+with a grid of hyperparameters and fixed params. Every arm at every level is one *grid*; the
+planner gives each grid its noise multiplier.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workers.errors import ConfigError
+
+ACCOUNTING_METHODS = ("compose", "basic", "papernot-steinke")
+DISTRIBUTIONS = ("logarithmic", "geometric", "truncated_negative_binomial", "poisson")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DatasetConfig(_Strict):
+    name: str = Field(description="dataset registry name, e.g. digits")
+    path: str | None = None
+    labels_path: str | None = None
+    label_column: str | None = None
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    split_seed: int = 0
+    eval_split: Literal["public"] = Field(
+        default="public",
+        description="the evaluation split is treated as public (checkpoint selection, "
+        "preprocessing statistics, clipping diagnostics)",
+    )
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelConfig(_Strict):
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainingConfig(_Strict):
+    epochs: float | None = Field(default=5.0, gt=0)
+    steps: int | None = Field(default=None, ge=1, description="overrides epochs")
+    batch_size: int = Field(default=64, ge=1, description="expected batch size b = qN")
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    eval_every: int = Field(default=50, ge=1)
+
+
+class SearchDistribution(_Strict):
+    """Distribution of the number of trials for papernot-steinke (Papernot & Steinke 2022)."""
+
+    name: Literal["logarithmic", "geometric", "truncated_negative_binomial", "poisson"]
+    eta: float | None = Field(default=None, description="shape of the truncated negative binomial")
+
+    @model_validator(mode="after")
+    def _eta(self) -> SearchDistribution:
+        if self.name == "truncated_negative_binomial":
+            if self.eta is None or not (self.eta > 0 and math.isfinite(self.eta)):
+                raise ValueError("truncated_negative_binomial needs eta > 0 (e.g. eta: 0.5)")
+        elif self.eta is not None:
+            raise ValueError(f"eta applies only to truncated_negative_binomial, not {self.name}")
+        return self
+
+    @property
+    def shape(self) -> float:
+        """The ``shape`` of dp_accounting's RepeatAndSelectDpEvent."""
+        return {
+            "poisson": math.inf,
+            "geometric": 1.0,
+            "logarithmic": 0.0,
+            "truncated_negative_binomial": float(self.eta or 0.0),
+        }[self.name]
+
+
+class PrivacyConfig(_Strict):
+    budgets: list[float] = Field(min_length=1, description="per-grid epsilon levels")
+    delta: float = Field(gt=0, lt=1)
+    accounting: Literal["compose", "basic", "papernot-steinke"] = "compose"
+    accountant: Literal["prv", "rdp"] = Field(
+        default="prv", description="calibration accountant for compose/basic (prv is tight)"
+    )
+    charge_repeats: bool = Field(default=True, description="every seed touches the data")
+    distribution: SearchDistribution | None = Field(
+        default=None, description="papernot-steinke: the distribution of the number of trials"
+    )
+    max_noise_multiplier: float = Field(
+        default=10.0, gt=0, description="plans needing more noise are refused as infeasible"
+    )
+
+    @field_validator("budgets")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        for e in v:
+            if not (e > 0 and math.isfinite(e)):
+                raise ValueError(f"every epsilon level must be a finite number > 0; got {e}")
+        return v
+
+    @model_validator(mode="after")
+    def _ps(self) -> PrivacyConfig:
+        if self.accounting == "papernot-steinke" and self.distribution is None:
+            raise ValueError(
+                "accounting papernot-steinke needs a distribution "
+                "(e.g. distribution: {name: logarithmic})"
+            )
+        if self.accounting != "papernot-steinke" and self.distribution is not None:
+            raise ValueError("distribution applies only to accounting papernot-steinke")
+        return self
+
+
+class Axis(_Strict):
+    """``{logspace: [a, b], k: n}`` (10^a .. 10^b) or ``{linspace: [a, b], k: n}``."""
+
+    logspace: tuple[float, float] | None = None
+    linspace: tuple[float, float] | None = None
+    k: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _one(self) -> Axis:
+        if (self.logspace is None) == (self.linspace is None):
+            raise ValueError("give exactly one of logspace: [a, b] or linspace: [a, b], with k")
+        return self
+
+    def values(self) -> list[float]:
+        lo, hi = self.logspace if self.logspace is not None else self.linspace  # type: ignore[misc]
+        pts = [lo + (hi - lo) * i / (self.k - 1) for i in range(self.k)] if self.k > 1 else [lo]
+        return [10.0**p for p in pts] if self.logspace is not None else pts
+
+
+class ArmConfig(_Strict):
+    strategy: str
+    name: str | None = Field(default=None, description="defaults to the strategy name")
+    grid: dict[str, list[Any] | Axis] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.strategy
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point: the cartesian product of the axes (``lr`` included)."""
+        names = list(self.grid)
+        axes = [v.values() if isinstance(v, Axis) else list(v) for v in self.grid.values()]
+        for name, values in zip(names, axes, strict=True):
+            if not values:
+                raise ConfigError(
+                    f"grid axis {name!r} of arm {self.label!r} is empty",
+                    field=f"arms.{self.label}.grid.{name}",
+                )
+        return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*axes)]
+
+
+class SearchConfig(_Strict):
+    method: Literal["grid", "random", "tpe"] = "grid"
+    n: int | None = Field(default=None, ge=1, description="trials per grid for random / tpe")
+
+    @model_validator(mode="after")
+    def _n(self) -> SearchConfig:
+        if self.method != "grid" and self.n is None:
+            raise ValueError(f"search method {self.method} needs n (the number of trials)")
+        return self
+
+
+class ObjectiveConfig(_Strict):
+    metric: str = "accuracy"
+    mode: Literal["max", "min"] = "max"
+
+
+class SweepSpec(_Strict):
+    name: str = Field(min_length=1)
+    dataset: DatasetConfig
+    model: ModelConfig
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig
+    arms: list[ArmConfig] = Field(min_length=1)
+    seeds: int = Field(default=1, ge=1)
+    search: SearchConfig = Field(default_factory=SearchConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SweepSpec:
+        labels = [a.label for a in self.arms]
+        if len(set(labels)) != len(labels):
+            raise ValueError(
+                f"arm names must be unique; got {labels} (set name: on repeated strategies)"
+            )
+        if self.privacy.accounting == "papernot-steinke" and self.search.method == "tpe":
+            raise ValueError(
+                "search tpe is adaptive (each trial depends on earlier results), which "
+                "papernot-steinke's analysis of independent random trials does not cover; use "
+                "accounting: compose, or search: random"
+            )
+        return self
+
+    def trials_per_grid(self, arm: ArmConfig) -> int:
+        """K: grid points (or n for random/tpe) times the seeds when repeats are charged."""
+        points = len(arm.points()) if self.search.method == "grid" else int(self.search.n or 0)
+        return points * (self.seeds if self.privacy.charge_repeats else 1)
+
+
+def load_spec(source: str | Path | dict[str, Any]) -> SweepSpec:
+    """Parse a spec from a dict, a YAML/JSON file path, or YAML/JSON text.
+
+    Raises:
+        ConfigError: naming the failing field and what is allowed.
+    """
+    from pydantic import ValidationError
+
+    if isinstance(source, dict):
+        data: Any = source
+    else:
+        text = str(source)
+        path = Path(text)
+        if "\n" not in text and path.suffix.lower() in (".yaml", ".yml", ".json"):
+            if not path.is_file():
+                raise ConfigError(f"{path}: spec file not found")
+            text = path.read_text()
+        try:
+            data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise ConfigError(f"the spec is not valid YAML or JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError("a spec must be a mapping with keys name, dataset, model, privacy, arms")
+    try:
+        return SweepSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{loc}: {first['msg']}", field=loc) from exc
