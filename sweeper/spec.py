@@ -143,6 +143,32 @@ class ArmConfig(_Strict):
     grid: dict[str, list[Any] | Axis] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _axes(cls, grid: Any) -> Any:
+        # An axis is a list of values or a {logspace|linspace: [a, b], k: n} mapping; checking
+        # here gives one clear message instead of pydantic's per-union-member errors.
+        if not isinstance(grid, dict):
+            return grid
+        out: dict[str, Any] = {}
+        for name, axis in grid.items():
+            if isinstance(axis, list):
+                out[name] = axis
+            elif isinstance(axis, dict | Axis):
+                try:
+                    out[name] = axis if isinstance(axis, Axis) else Axis.model_validate(axis)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"grid axis {name!r}: {_first_error(exc)}; an axis is a list of values "
+                        "or {logspace: [a, b], k: n} / {linspace: [a, b], k: n}"
+                    ) from None
+            else:
+                raise ValueError(
+                    f"grid axis {name!r} must be a list of values or {{logspace: [a, b], k: n}}"
+                    f" / {{linspace: [a, b], k: n}}; got {axis!r}"
+                )
+        return out
+
     @property
     def label(self) -> str:
         return self.name or self.strategy
@@ -206,6 +232,15 @@ class SweepSpec(_Strict):
         """K: grid points (or n for random/tpe) times the seeds when repeats are charged."""
         points = len(arm.points()) if self.search.method == "grid" else int(self.search.n or 0)
         return points * (self.seeds if self.privacy.charge_repeats else 1)
+
+
+def _first_error(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        e = errors()[0]
+        loc = ".".join(str(p) for p in e["loc"])
+        return f"{loc}: {e['msg']}" if loc else str(e["msg"])
+    return str(exc)
 
 
 def load_spec(source: str | Path | dict[str, Any]) -> SweepSpec:
