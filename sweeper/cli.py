@@ -226,6 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("spec", help="sweep spec file (YAML or JSON)")
     pl.add_argument("--json", action="store_true", help="print a JSON list, one object per grid")
     pl.set_defaults(func=cmd_plan, subparser=pl)
+
+    db = sub.add_parser("db", help="database schema (Alembic migrations)")
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION")
+    dbsub.required = True
+    for name, text in (
+        ("upgrade", "create or upgrade the schema to head"),
+        ("current", "print the schema revision and head"),
+    ):
+        c = dbsub.add_parser(name, help=text)
+        c.add_argument(
+            "--db", help="database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+        )
+        c.set_defaults(func=cmd_db, subparser=c)
     return parser
 
 
@@ -350,6 +363,20 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         _print_summary(Console(), summary, args)
+    return 0
+
+
+def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper import db
+
+    url = db.database_url(args.db)
+    try:
+        if args.db_command == "upgrade":
+            db.upgrade(url)
+        print(f"{url}: schema revision {db.current_revision(url)} (head {db.head_revision()})")
+    except Exception as exc:  # a driver or connection error: say which database failed
+        Console(stderr=True).print(f"[red]error:[/red] {url}: {exc}")
+        return EXIT_FAILURE
     return 0
 
 

@@ -1,0 +1,1 @@
+"""Alembic migrations of the dpsweep database (run with ``dpsweep db upgrade``)."""

@@ -1,0 +1,161 @@
+"""The store on a real SQLite file and a real PostgreSQL server: migrations and round trips."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from sweeper import db
+from sweeper.ledger import BudgetExhausted, BudgetLedger
+from sweeper.store import Dataset, MetricPoint, Sweep, Trial, TrialResultRow, TrialState
+from workers.errors import ConfigError
+
+TABLES = {
+    "datasets",
+    "sweeps",
+    "trials",
+    "metric_points",
+    "trial_results",
+    "dataset_budgets",
+    "budget_ledger_entries",
+    db.VERSION_TABLE,
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    base = request.getfixturevalue("postgres_url")
+    # A fresh database per test on the shared server.
+    name = f"t{abs(hash(str(tmp_path))) % 10**8}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return base.rsplit("/", 1)[0] + f"/{name}"
+
+
+def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
+    with pytest.raises(ConfigError, match="run `dpsweep db upgrade` first"):
+        db.require_head(url)
+    db.upgrade(url)
+    assert db.current_revision(url) == db.head_revision()
+    db.require_head(url)
+    engine = sa.create_engine(url)
+    assert set(sa.inspect(engine).get_table_names()) == TABLES
+    db.downgrade(url, "-1")
+    assert set(sa.inspect(engine).get_table_names()) == {db.VERSION_TABLE}
+    db.upgrade(url)
+    assert set(sa.inspect(engine).get_table_names()) == TABLES
+    engine.dispose()
+
+
+def test_round_trip_and_cascade(url: str) -> None:
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    with Session(engine) as s, s.begin():
+        s.add(Dataset(name="digits", config={"name": "digits"}, n_examples=1797))
+        sweep = Sweep(
+            name="demo",
+            dataset="digits",
+            spec={"name": "demo"},
+            owner="ada",
+            plan=[{"arm": "fixed", "noise_multiplier": 1.2}],
+        )
+        sweep.trials = [
+            Trial(
+                arm="fixed",
+                strategy="fixed",
+                epsilon_budget=3.0,
+                params={"lr": 0.1, "clip": 1},
+                seed=s_,
+                noise_multiplier=1.2,
+                target_delta=1e-5,
+            )
+            for s_ in range(3)
+        ]
+        s.add(sweep)
+        s.flush()
+        t0 = sweep.trials[0]
+        t0.state = TrialState.done
+        t0.metrics = [MetricPoint(step=i, name="accuracy", value=0.1 * i) for i in range(5)]
+        t0.result = TrialResultRow(
+            metrics={"accuracy": 0.4, "ece": 0.1},
+            final_metrics={"accuracy": 0.38},
+            epsilon=2.9,
+            delta=1e-5,
+            accountant="pld",
+            steps=100,
+            best_step=80,
+            reliability=[{"lower": 0.0, "upper": 0.1, "count": 3}],
+            trajectories={"step": [50, 100], "clip": [1.0, 1.0]},
+            step_time_ms_median=1.5,
+        )
+        sweep_id = sweep.id
+    with Session(engine) as s:
+        got = s.get(Sweep, sweep_id)
+        assert got is not None and got.owner == "ada" and len(got.trials) == 3
+        done = [t for t in got.trials if t.state == TrialState.done]
+        assert len(done) == 1 and done[0].result is not None
+        assert done[0].result.trajectories["clip"] == [1.0, 1.0]
+        assert sorted(m.value for m in done[0].metrics) == pytest.approx([0, 0.1, 0.2, 0.3, 0.4])
+        assert got.created_at.tzinfo is not None or engine.dialect.name == "sqlite"
+    with Session(engine) as s, s.begin():
+        s.delete(s.get(Sweep, sweep_id))
+    with Session(engine) as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(Trial)) == 0
+        assert s.scalar(sa.select(sa.func.count()).select_from(MetricPoint)) == 0
+        assert s.scalar(sa.select(sa.func.count()).select_from(TrialResultRow)) == 0
+    engine.dispose()
+
+
+def test_ledger_on_the_migrated_schema_never_overspends(url: str) -> None:
+    db.upgrade(url)
+    engine = db.make_engine(url)
+    ledger = BudgetLedger(engine)
+    ledger.set_cap("digits", epsilon_cap=2.0)
+    wins: list[bool] = []
+    lock = threading.Lock()
+
+    def race(i: int) -> None:
+        try:
+            ledger.reserve("digits", sweep_id=f"s{i}", epsilon=0.3, delta=0.0)
+            ok = True
+        except BudgetExhausted:
+            ok = False
+        with lock:
+            wins.append(ok)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(wins) == 6
+    summary = ledger.summary("digits")
+    assert summary.epsilon_reserved <= 2 and summary.remaining.epsilon is not None
+    assert summary.remaining.epsilon >= 0
+    engine.dispose()
+
+
+def test_cli_db_upgrade(tmp_path: Path) -> None:
+    target = f"sqlite:///{tmp_path / 'cli.db'}"
+    exe = Path(sys.executable).parent / "dpsweep"
+    p = subprocess.run(
+        [str(exe), "db", "upgrade", "--db", target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    assert f"schema revision {db.head_revision()}" in p.stdout
+    assert db.current_revision(target) == db.head_revision()
