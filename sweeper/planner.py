@@ -275,6 +275,21 @@ def _infeasible(req: GridRequest, sigma: float, per_trial_steps: Callable[[int],
     )
 
 
+def _grid_plan(req: GridRequest, sigma: float, **fields: Any) -> GridPlan:
+    """A plan for ``req`` at noise multiplier ``sigma``; ``fields`` are the method's figures."""
+    return GridPlan(
+        arm=req.arm,
+        strategy=req.strategy,
+        epsilon_budget=req.epsilon_budget,
+        delta=req.delta,
+        trials=req.trials,
+        steps_per_trial=req.steps_per_trial,
+        sample_rate=req.sample_rate,
+        noise_multiplier=sigma,
+        **fields,
+    )
+
+
 @register_planner("compose")
 def _compose(req: GridRequest) -> GridPlan:
     total_steps = req.trials * req.steps_per_trial
@@ -296,15 +311,9 @@ def _compose(req: GridRequest) -> GridPlan:
         target_delta=req.delta,
         discretization=_verify_grid(req),
     )
-    return GridPlan(
-        arm=req.arm,
-        strategy=req.strategy,
-        epsilon_budget=req.epsilon_budget,
-        delta=req.delta,
-        trials=req.trials,
-        steps_per_trial=req.steps_per_trial,
-        sample_rate=req.sample_rate,
-        noise_multiplier=sigma,
+    return _grid_plan(
+        req,
+        sigma,
         epsilon_per_trial=_epsilon(
             sigma, req.sample_rate, req.steps_per_trial, req.delta, req.accountant
         ),
@@ -343,15 +352,9 @@ def _basic(req: GridRequest) -> GridPlan:
         target_delta=delta_t,
         discretization=_verify_grid(req),
     )
-    return GridPlan(
-        arm=req.arm,
-        strategy=req.strategy,
-        epsilon_budget=req.epsilon_budget,
-        delta=req.delta,
-        trials=req.trials,
-        steps_per_trial=req.steps_per_trial,
-        sample_rate=req.sample_rate,
-        noise_multiplier=sigma,
+    return _grid_plan(
+        req,
+        sigma,
         epsilon_per_trial=per,
         delta_per_trial=delta_t,
         epsilon_total=req.trials * per,
@@ -438,15 +441,9 @@ def _papernot_steinke(req: GridRequest) -> GridPlan:
         shape=shape,
         target_delta=req.delta,
     )
-    return GridPlan(
-        arm=req.arm,
-        strategy=req.strategy,
-        epsilon_budget=req.epsilon_budget,
-        delta=req.delta,
-        trials=req.trials,
-        steps_per_trial=req.steps_per_trial,
-        sample_rate=req.sample_rate,
-        noise_multiplier=sigma,
+    return _grid_plan(
+        req,
+        sigma,
         epsilon_per_trial=_epsilon(
             sigma, req.sample_rate, req.steps_per_trial, req.delta, req.accountant
         ),
