@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# A real sweep: plan, reserve, run 45 trials on a local Ray into ./dpsweep.db (SQLite), then
+# print the results and write the Pareto plots under dpsweep-results/.
 demo: install
-	$(BIN)/dpsweep train --dataset digits --model cnn --strategy fixed --epsilon 3 --delta 1e-5 \
-		--epochs 5 --batch-size 64 --lr 0.5 --clip 1.0 --seed 0
+	$(BIN)/dpsweep run examples/demo.yaml
 
 lint: install
 	$(BIN)/ruff check .

@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print a JSON list, one object per grid")
     pl.set_defaults(func=cmd_plan, subparser=pl)
 
+    from sweeper.cli_sweeps import add_parsers
+
+    add_parsers(sub)
+
     db = sub.add_parser("db", help="database schema (Alembic migrations)")
     dbsub = db.add_subparsers(dest="db_command", metavar="ACTION")
     dbsub.required = True

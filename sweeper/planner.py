@@ -58,6 +58,8 @@ class GridRequest:
     distribution_name: str | None = None
     max_noise_multiplier: float = 10.0
     dataset_size: int | None = None
+    # Of ``trials``, how many runs are reserved for re-running interrupted trials.
+    retries: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class GridPlan:
     # The gradient's own multiplier once strategies with a second query have split sigma
     # (quantile, online); equal to noise_multiplier for the others.
     gradient_noise_multiplier: float = 0.0
+    # Of ``trials``, runs reserved for re-running interrupted trials (privacy.retries).
+    retries: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -286,6 +290,7 @@ def _grid_plan(req: GridRequest, sigma: float, **fields: Any) -> GridPlan:
         steps_per_trial=req.steps_per_trial,
         sample_rate=req.sample_rate,
         noise_multiplier=sigma,
+        retries=req.retries,
         **fields,
     )
 
@@ -488,7 +493,7 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
             strategy=arm.strategy,
             epsilon_budget=float(level),
             delta=spec.privacy.delta,
-            trials=spec.trials_per_grid(arm),
+            trials=spec.trials_per_grid(arm) + spec.privacy.retries,
             steps_per_trial=steps,
             sample_rate=q,
             accounting=spec.privacy.accounting,
@@ -497,6 +502,7 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
             distribution_name=dist.name if dist is not None else None,
             max_noise_multiplier=spec.privacy.max_noise_multiplier,
             dataset_size=dataset_size,
+            retries=spec.privacy.retries,
         )
         for arm in spec.arms
         for level in spec.privacy.budgets
@@ -546,9 +552,11 @@ def plan_sweep(spec: Any) -> SweepPlan:
     n = data.n_train + int(data.x_test.shape[0])
     arms = {a.label: a for a in spec.arms}
     b = spec.training.batch_size
+    from sweeper.parallel import pmap
+
     grids = []
-    for req in grid_requests(spec, dataset_size=n, n_train=data.n_train):
-        g = plan_grid(req)
+    requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)
+    for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
         arm = arms[req.arm]
         # A grid axis may set count_noise per trial: the split must hold for every value.
         values = [p.get("count_noise") for p in arm.points()] or [None]

@@ -97,6 +97,12 @@ class PrivacyConfig(_Strict):
     max_noise_multiplier: float = Field(
         default=10.0, gt=0, description="plans needing more noise are refused as infeasible"
     )
+    retries: int = Field(
+        default=0,
+        ge=0,
+        description="extra runs per grid reserved up front for re-running trials interrupted by "
+        "a crash (compose and basic); each grid is planned for its trials plus these runs",
+    )
 
     @field_validator("budgets")
     @classmethod
@@ -115,6 +121,11 @@ class PrivacyConfig(_Strict):
             )
         if self.accounting != "papernot-steinke" and self.distribution is not None:
             raise ValueError("distribution applies only to accounting papernot-steinke")
+        if self.accounting == "papernot-steinke" and self.retries:
+            raise ValueError(
+                "retries do not apply to accounting papernot-steinke: an interrupted random-"
+                "search trial is not re-run (its count is part of the guarantee); set retries: 0"
+            )
         return self
 
 
@@ -189,6 +200,7 @@ class ArmConfig(_Strict):
 class SearchConfig(_Strict):
     method: Literal["grid", "random", "tpe"] = "grid"
     n: int | None = Field(default=None, ge=1, description="trials per grid for random / tpe")
+    seed: int = Field(default=0, description="seeds random and tpe search (not the training)")
 
     @model_validator(mode="after")
     def _n(self) -> SearchConfig:

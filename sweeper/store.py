@@ -78,6 +78,12 @@ class Sweep(Base):
     )
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Canonical hash of the spec: `dpsweep run SPEC` resumes an unfinished sweep of the same spec.
+    spec_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The process driving the sweep ("host:pid") and its last sign of life; a sweep whose
+    # driver is gone may be taken over (resumed) by another process.
+    driver: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep", cascade="all, delete-orphan")
 
@@ -93,6 +99,10 @@ class Trial(Base):
     epsilon_budget: Mapped[float] = mapped_column(Float)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # the grid point (lr, C, gamma, ...)
     seed: Mapped[int] = mapped_column(Integer)
+    # Position in its grid, and the configuration it belongs to (seeds of one configuration
+    # share it; tpe assigns a configuration's params when its first seed starts).
+    number: Mapped[int] = mapped_column(Integer, default=0)
+    config: Mapped[int] = mapped_column(Integer, default=0)
     noise_multiplier: Mapped[float | None] = mapped_column(Float)  # planned sigma
     target_delta: Mapped[float | None] = mapped_column(Float)
     state: Mapped[TrialState] = mapped_column(
@@ -105,6 +115,9 @@ class Trial(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Wall time the worker spent training (inside the trainer); the rest of finished - started
+    # is dpsweep's scheduling overhead.
+    train_seconds: Mapped[float | None] = mapped_column(Float)
 
     sweep: Mapped[Sweep] = relationship(back_populates="trials")
     metrics: Mapped[list[MetricPoint]] = relationship(

@@ -51,10 +51,18 @@ def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     db.require_head(url)
     engine = sa.create_engine(url)
     assert set(sa.inspect(engine).get_table_names()) == TABLES
+    # One step down removes 0002's columns and keeps the data model of 0001.
+    db.downgrade(url, "-1")
+    assert db.current_revision(url) == "0001"
+    cols = {c["name"] for c in sa.inspect(engine).get_columns("sweeps")}
+    assert "heartbeat_at" not in cols and "spec_hash" not in cols
+    assert "number" not in {c["name"] for c in sa.inspect(engine).get_columns("trials")}
     db.downgrade(url, "-1")
     assert set(sa.inspect(engine).get_table_names()) == {db.VERSION_TABLE}
     db.upgrade(url)
     assert set(sa.inspect(engine).get_table_names()) == TABLES
+    cols = {c["name"] for c in sa.inspect(engine).get_columns("trials")}
+    assert {"number", "config", "train_seconds"} <= cols
     engine.dispose()
 
 

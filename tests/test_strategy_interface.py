@@ -138,3 +138,20 @@ def test_an_understated_sensitivity_fails_closed() -> None:
     with pytest.raises(PrivacyError, match="above the strategy's sensitivity"):
         engine.step()
     assert torch.equal(model.flat, theta0)  # nothing was released or applied
+
+
+def test_sensitivity_check_tolerates_diverged_trials_but_not_finite_excess() -> None:
+    import pytest
+
+    from workers.engine import _check_sensitivity
+    from workers.errors import PrivacyError
+
+    sq = torch.tensor([[[4.0], [1.0]], [[1.0], [1.0]]])  # [K=2, B=2, groups=1]
+    sens = torch.tensor([1.0, 1.0])
+    # Trial 0 diverged: NaN weights make its release NaN (no claim is false) -> no error.
+    w = torch.tensor([[[float("nan")], [0.5]], [[1.0], [1.0]]])
+    _check_sensitivity("grad", sq, w, sens)
+    # A finite excess in trial 1 still fails closed, even beside a diverged trial 0.
+    w_bad = torch.tensor([[[float("nan")], [0.5]], [[1.0], [1.5]]])
+    with pytest.raises(PrivacyError, match="trial 1"):
+        _check_sensitivity("grad", sq, w_bad, sens)

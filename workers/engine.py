@@ -289,8 +289,9 @@ def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity
     bound = sensitivity.pow(2).unsqueeze(1) * (1 + _SENSITIVITY_RTOL) ** 2
     bad = ~(contrib <= bound)  # also catches NaN weights
     if bad.any():
-        # Non-finite gradients (a diverged trial) make no claim false; only a finite excess does.
-        finite = torch.isfinite(sq_norms).all(dim=-1)
+        # Non-finite gradients or weights (a diverged trial: its release is non-finite, so its
+        # parameters are too from here on) make no claim false; only a finite excess does.
+        finite = torch.isfinite(sq_norms).all(dim=-1) & torch.isfinite(contrib)
         if (bad & finite).any():
             k = int((bad & finite).any(dim=1).nonzero()[0])
             worst = float(contrib[k].max().sqrt())

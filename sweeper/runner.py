@@ -1,0 +1,1026 @@
+"""The sweep driver: runs a stored sweep's trials on Ray, with the database as the truth.
+
+Why Ray core tasks and not Ray Tune: Tune keeps its own experiment state (trial table,
+checkpoints, resume files under ``storage_path``) and its own idea of which trials ran. Our
+database already holds that state, and the ledger must be charged *before* a trial touches
+data, at a moment the driver controls. With core tasks the driver decides everything (what
+runs, when it is charged, what a crash means) and Ray only executes: one task per *pack* (a
+batch of compatible trials trained as one computation, :mod:`workers.packing`), one CPU each
+(and a GPU fraction on clusters with GPUs). Tasks are Ray *generators*: they stream evaluation
+metrics back as they happen, and the driver alone writes them to the database. Optuna's TPE
+sampler runs in the driver (ask/tell) for ``search: tpe``.
+
+The life of a trial: ``pending`` → claimed (``running``, in one transaction that checks the
+sweep is still running and this process still drives it) → **charged** in the ledger (its
+grid's next run, :mod:`sweeper.charges`) → submitted → ``done`` / ``failed`` (charged either
+way). A trial whose charge is refused never runs.
+
+**Crash and resume policy.** A driver writes a heartbeat. When a sweep is started again and
+its previous driver is gone (its process is dead, or its heartbeat older than
+``stale_after_seconds``), the new driver takes over:
+
+* A ``running`` trial whose last attempt was never charged never touched data: it goes back
+  to ``pending`` at no cost.
+* A charged ``running`` trial is marked ``interrupted``; it stays charged. It is re-run only if
+  its grid's reservation still holds an unused run after every never-started trial of the grid
+  has been given one (``privacy.retries`` reserves such runs up front; the default 0 reserves
+  none). A re-run is charged as the grid's next run. Otherwise the trial is marked ``failed``
+  with the reason. papernot-steinke grids never re-run (their run count is part of the
+  guarantee).
+* ``done`` trials are never run again; their results stay.
+
+**Cancel** (:func:`sweeper.sweeps.cancel_sweep`, from any process) marks the sweep cancelled;
+the driver sees it at its next poll, kills the running tasks (they stay charged) and exits.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, selectinload
+
+from sweeper.charges import ChargeSchedule, exact_sum
+from sweeper.ledger import BudgetLedger, EntryKind, ReservationExceeded
+from sweeper.settings import SweeperSettings
+from sweeper.store import MetricPoint, Sweep, SweepState, Trial, TrialResultRow, TrialState
+from sweeper.sweeps import (
+    TERMINAL_SWEEPS,
+    IllegalState,
+    SweepNotFound,
+    grid_key,
+    hidden_grids,
+    schedules,
+)
+from workers.errors import PrivacyError
+
+# ---------------------------------------------------------------------------------------------
+# The Ray task (runs in a worker process; never touches the database)
+
+
+def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
+    """Train one pack and stream its events: ``started``, ``eval`` (per evaluation),
+    then ``result`` or ``error``."""
+    from workers.errors import PrivacyError as _PrivacyError
+    from workers.trainer import train_pack
+
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def progress(p: Any) -> None:
+        if p.evals is not None:
+            evals = [{k: v for k, v in m.items() if k != "reliability"} for m in p.evals]
+            events.put({"type": "eval", "step": p.step, "total": p.total_steps, "evals": evals})
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            results = train_pack(spec, progress=progress)
+            seconds = time.perf_counter() - t0
+            events.put(
+                {"type": "result", "seconds": seconds, "results": [r.to_dict() for r in results]}
+            )
+        except BaseException as exc:  # reported to the driver, which marks the trials failed
+            events.put(
+                {
+                    "type": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "privacy": isinstance(exc, _PrivacyError),
+                }
+            )
+        finally:
+            events.put(None)
+
+    yield {"type": "started", "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    thread = threading.Thread(target=work, name="dpsweep-pack", daemon=True)
+    thread.start()
+    while (event := events.get()) is not None:
+        yield event
+    thread.join()
+
+
+_REMOTE: Any = None
+
+
+def _remote() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(_pack_task)
+    return _REMOTE
+
+
+@contextmanager
+def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Iterator[None]:
+    """Use the Ray already initialised, else join ``ray_address``, else start a local Ray
+    (capped object store, no dashboard, quiet, listening on 127.0.0.1). Only a Ray started
+    here is shut down here."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    import logging
+
+    # Ray's token authentication stays on (a local cluster is still reachable by other local
+    # users); its notice about it is not news to a dpsweep user.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": "WARNING",
+        "log_to_driver": False,
+        "configure_logging": True,
+    }
+    if settings.ray_address:
+        ray.init(address=settings.ray_address, **kwargs)
+    else:
+        ray.init(
+            num_cpus=workers or settings.workers or os.cpu_count() or 1,
+            object_store_memory=settings.ray_object_store_mb * 2**20,
+            **kwargs,
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(dt: datetime | None) -> datetime | None:
+    # SQLite hands back naive datetimes for timezone-aware columns; they were stored as UTC.
+    if dt is not None and dt.tzinfo is None:
+        return dt.replace(tzinfo=UTC)
+    return dt
+
+
+def _driver_alive(driver: str) -> bool:
+    host, _, pid = driver.rpartition(":")
+    if host != socket.gethostname():
+        return True  # another machine: only its heartbeat can tell
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class _Pending:
+    id: str
+    arm: str
+    strategy: str
+    epsilon_budget: float
+    params: dict[str, Any]
+    seed: int
+    number: int
+    config: int
+    noise_multiplier: float | None
+    target_delta: float | None
+
+    @property
+    def grid(self) -> str:
+        return grid_key(self.arm, self.epsilon_budget)
+
+
+@dataclass
+class _InFlight:
+    gen: Any
+    pack_id: str
+    trials: list[_Pending]
+    submitted: float
+
+
+@dataclass
+class Snapshot:
+    """What a progress display shows. Counts leave out papernot-steinke grids, whose
+    number of runs is secret."""
+
+    counts: dict[str, int]
+    total: int
+    best: dict[str, float]
+    elapsed: float
+    eta: float | None
+    hidden_grids: int
+    metric: str
+    last_event: str = ""
+
+
+@dataclass
+class RunOutcome:
+    sweep_id: str
+    state: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class SweepRunner:
+    """Drive one stored sweep to a terminal state (or until it is cancelled)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        sweep_id: str,
+        *,
+        settings: SweeperSettings | None = None,
+        workers: int | None = None,
+        on_progress: Callable[[Snapshot], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.sweep_id = sweep_id
+        self.settings = settings or SweeperSettings()
+        self.workers_wanted = workers or self.settings.workers
+        self.on_progress = on_progress
+        self.ident = f"{socket.gethostname()}:{os.getpid()}"
+        self.ledger = BudgetLedger(engine)
+        self._inflight: list[_InFlight] = []
+        self._pending: list[_Pending] = []
+        self._runs_used: dict[str, int] = {}
+        self._best: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
+        self._studies: dict[str, Any] = {}
+        self._asked: dict[tuple[str, int], int] = {}
+        self._pack_caps: dict[str, int] = {}
+        self._keys: dict[str, str] = {}
+        self._done_this_run = 0
+        self._t0 = time.monotonic()
+        self._last_beat = 0.0
+        self._last_event = ""
+
+    # -- entry point ---------------------------------------------------------------------------
+
+    def run(self) -> RunOutcome:
+        """Take the sweep over, recover from any crash, run every trial, finish.
+
+        Raises:
+            SweepNotFound: no such sweep.
+            IllegalState: another live process drives the sweep.
+        """
+        if not self._take_over():
+            return self._outcome()
+        self._load()
+        self._ensure_reservation()
+        self._recover()
+        self._load()
+        if not self._pending and not self._any_running():
+            self._finish()
+            return self._outcome()
+        with ray_session(self.settings, workers=self.workers_wanted):
+            import ray
+
+            resources = ray.cluster_resources()
+            self.workers = self.workers_wanted or max(1, int(resources.get("CPU", 1)))
+            self.gpus = float(resources.get("GPU", 0.0)) > 0
+            try:
+                self._loop()
+            finally:
+                for f in self._inflight:
+                    ray.cancel(f.gen, force=True)
+        return self._outcome()
+
+    # -- state in the database -----------------------------------------------------------------
+
+    def _sweep_for_update(self, session: Session) -> Sweep:
+        sweep = session.scalars(
+            select(Sweep).where(Sweep.id == self.sweep_id).with_for_update()
+        ).first()
+        if sweep is None:
+            raise SweepNotFound(f"no sweep {self.sweep_id!r}; `dpsweep sweeps` lists them")
+        return sweep
+
+    def _take_over(self) -> bool:
+        with Session(self.engine) as session, session.begin():
+            sweep = self._sweep_for_update(session)
+            if sweep.state in TERMINAL_SWEEPS:
+                return False
+            beat = _aware(sweep.heartbeat_at)
+            fresh = (
+                beat is not None
+                and (_now() - beat).total_seconds() < self.settings.stale_after_seconds
+            )
+            if (
+                sweep.state == SweepState.running
+                and sweep.driver
+                and sweep.driver != self.ident
+                and fresh
+                and _driver_alive(sweep.driver)
+            ):
+                raise IllegalState(
+                    f"sweep {self.sweep_id} is being run by {sweep.driver} (heartbeat "
+                    f"{beat:%H:%M:%S} UTC); wait for it, cancel it, or if that process is gone "
+                    f"retry after {self.settings.stale_after_seconds:g} s"
+                )
+            sweep.driver = self.ident
+            sweep.heartbeat_at = _now()
+            sweep.state = SweepState.running
+            sweep.started_at = sweep.started_at or _now()
+            self.dataset = sweep.dataset
+            self.spec: dict[str, Any] = sweep.spec
+            self.plan: list[dict[str, Any]] = list(sweep.plan or [])
+            self.schedules: dict[str, ChargeSchedule] = schedules(sweep)
+            self.hidden: set[str] = hidden_grids(sweep)
+        objective = self.spec.get("objective", {})
+        self.metric = objective.get("metric", "accuracy")
+        self.mode = objective.get("mode", "max")
+        return True
+
+    def _load(self) -> None:
+        """Read trials and charges: pending queue, runs used per grid, counts, best so far."""
+        with Session(self.engine) as session:
+            trials = list(
+                session.scalars(
+                    select(Trial)
+                    .where(Trial.sweep_id == self.sweep_id)
+                    .options(selectinload(Trial.result))
+                    .order_by(Trial.number, Trial.arm, Trial.epsilon_budget)
+                )
+            )
+            grid_of = {t.id: grid_key(t.arm, t.epsilon_budget) for t in trials}
+            self._runs_used = {g: 0 for g in self.schedules}
+            self._charges: dict[str, int] = {}
+            for e in self.ledger.entries(self.dataset, self.sweep_id):
+                if e.kind == EntryKind.CHARGE and e.trial_id in grid_of:
+                    self._runs_used[grid_of[e.trial_id]] += 1
+                    self._charges[e.trial_id] = self._charges.get(e.trial_id, 0) + 1
+            self._pending = [
+                _Pending(
+                    id=t.id,
+                    arm=t.arm,
+                    strategy=t.strategy,
+                    epsilon_budget=t.epsilon_budget,
+                    params=dict(t.params or {}),
+                    seed=t.seed,
+                    number=t.number,
+                    config=t.config,
+                    noise_multiplier=t.noise_multiplier,
+                    target_delta=t.target_delta,
+                )
+                for t in trials
+                if t.state == TrialState.pending
+            ]
+            self._counts = {s.value: 0 for s in TrialState}
+            self._best = {}
+            self._trial_rows = {
+                t.id: (grid_of[t.id], t.state, t.attempts, t.config, t.params) for t in trials
+            }
+            for t in trials:
+                if grid_of[t.id] in self.hidden:
+                    continue
+                self._counts[t.state.value] += 1
+                if t.state == TrialState.done and t.result is not None:
+                    self._note_best(t.arm, t.result.metrics.get(self.metric))
+
+    def _any_running(self) -> bool:
+        return any(row[1] == TrialState.running for row in self._trial_rows.values())
+
+    def _ensure_reservation(self) -> None:
+        # A sweep is stored and then reserved; if the creator died in between, reserve now.
+        balance = self.ledger.sweep_balance(self.dataset, sweep_id=self.sweep_id)
+        if balance.reservations:
+            return
+        total_e = exact_sum([s.reserved_epsilon for s in self.schedules.values()])
+        total_d = exact_sum([s.reserved_delta for s in self.schedules.values()])
+        self.ledger.reserve(
+            self.dataset, sweep_id=self.sweep_id, epsilon=total_e, delta=total_d, note="resume"
+        )
+
+    def _recover(self) -> None:
+        """Apply the crash policy to trials a dead driver left ``running``/``interrupted``."""
+        stale = [
+            (tid, row)
+            for tid, row in self._trial_rows.items()
+            if row[1] in (TrialState.running, TrialState.interrupted)
+        ]
+        if not stale:
+            return
+        # Runs each grid still needs: one per pending trial (first runs and queued re-runs).
+        needed: dict[str, int] = {}
+        for grid, state, _, _, _ in self._trial_rows.values():
+            if state == TrialState.pending:
+                needed[grid] = needed.get(grid, 0) + 1
+        now = _now()
+        # Trials that never touched data go back to the queue first: they need runs of their
+        # grid's reservation before any re-run may take one.
+        stale.sort(key=lambda item: self._charges.get(item[0], 0) >= item[1][2])
+        with Session(self.engine) as session, session.begin():
+            for tid, (grid, _state, attempts, _, _) in stale:
+                charged = self._charges.get(tid, 0)
+                trial = session.get(Trial, tid)
+                assert trial is not None
+                if charged < attempts:
+                    # Claimed, but the driver died before charging it: it never touched data.
+                    trial.state = TrialState.pending
+                    trial.attempts = charged
+                    trial.started_at = None
+                    needed[grid] = needed.get(grid, 0) + 1
+                    continue
+                trial.state = TrialState.interrupted
+                sched = self.schedules[grid]
+                free = (
+                    0
+                    if sched.whole_grid
+                    else sched.runs - self._runs_used.get(grid, 0) - needed.get(grid, 0)
+                )
+                if free > 0:
+                    self._runs_used[grid] = self._runs_used.get(grid, 0)
+                    needed[grid] = needed.get(grid, 0) + 1
+                    trial.state = TrialState.pending
+                    trial.error = (
+                        f"interrupted by a crash of the sweep's driver (attempt {attempts}, "
+                        "charged); re-run on a run reserved by privacy.retries"
+                    )
+                elif sched.whole_grid:
+                    trial.state = TrialState.failed
+                    trial.finished_at = now
+                    trial.error = (
+                        "interrupted by a crash of the sweep's driver (charged); "
+                        "papernot-steinke grids do not re-run trials"
+                    )
+                else:
+                    run = self._runs_used.get(grid, 0) + needed.get(grid, 0) + 1
+                    extra = f"; a re-run would be run {run} of a grid that reserved {sched.runs}"
+                    trial.state = TrialState.failed
+                    trial.finished_at = now
+                    trial.error = (
+                        "interrupted by a crash of the sweep's driver; it stays charged and is "
+                        f"not re-run: the grid's reservation has no run left for it{extra} "
+                        "(set privacy.retries to reserve re-runs)"
+                    )
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        import ray
+
+        while True:
+            if not self._heartbeat():
+                return  # cancelled, or taken over by another driver
+            while len(self._inflight) < self.workers and self._pending:
+                if not self._submit_next():
+                    if not self._heartbeat(force=True):
+                        return
+                    break
+            if not self._inflight:
+                if not self._pending:
+                    self._finish()
+                    return
+                continue
+            ready, _ = ray.wait(
+                [f.gen for f in self._inflight],
+                num_returns=1,
+                timeout=self.settings.poll_seconds,
+            )
+            for gen in ready:
+                flight = next(f for f in self._inflight if f.gen is gen)
+                self._advance(flight)
+            self._report()
+
+    def _heartbeat(self, force: bool = False) -> bool:
+        now = time.monotonic()
+        if not force and now - self._last_beat < min(
+            self.settings.heartbeat_seconds, self.settings.poll_seconds * 4
+        ):
+            return True
+        self._last_beat = now
+        with Session(self.engine) as session, session.begin():
+            res = session.execute(
+                update(Sweep)
+                .where(
+                    Sweep.id == self.sweep_id,
+                    Sweep.driver == self.ident,
+                    Sweep.state == SweepState.running,
+                )
+                .values(heartbeat_at=_now())
+            )
+            ok = bool(res.rowcount)  # type: ignore[attr-defined]
+        if not ok:
+            self._last_event = "sweep cancelled"
+        return ok
+
+    def _report(self) -> None:
+        if self.on_progress is None:
+            return
+        elapsed = time.monotonic() - self._t0
+        remaining = self._counts.get("pending", 0) + self._counts.get("running", 0)
+        eta = (
+            elapsed / self._done_this_run * remaining if self._done_this_run and remaining else None
+        )
+        self.on_progress(
+            Snapshot(
+                counts=dict(self._counts),
+                total=sum(self._counts.values()),
+                best=dict(self._best),
+                elapsed=elapsed,
+                eta=eta if remaining else 0.0,
+                hidden_grids=len(self.hidden),
+                metric=self.metric,
+                last_event=self._last_event,
+            )
+        )
+
+    def _note_best(self, arm: str, value: Any) -> None:
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return
+        cur = self._best.get(arm)
+        better = cur is None or (value > cur if self.mode == "max" else value < cur)
+        if better:
+            self._best[arm] = float(value)
+
+    def _count(self, trial: _Pending, old: str | None, new: str) -> None:
+        if trial.grid in self.hidden:
+            return
+        if old is not None:
+            self._counts[old] -= 1
+        self._counts[new] += 1
+
+    # -- forming, claiming, charging, submitting -----------------------------------------------
+
+    def _arm(self, label: str) -> dict[str, Any]:
+        return next(a for a in self.spec["arms"] if (a.get("name") or a["strategy"]) == label)
+
+    def _pack_spec(self, trials: list[_Pending]) -> Any:
+        from workers.datasets import DatasetSpec
+        from workers.models import ModelSpec
+        from workers.trainer import PackSpec, TrialSpec
+
+        d, m, tr = self.spec["dataset"], self.spec["model"], self.spec["training"]
+        grid = next(g for g in self.plan if g["grid"] == trials[0].grid)
+        specs = []
+        for t in trials:
+            arm = self._arm(t.arm)
+            params = {**arm.get("params", {}), **t.params}
+            lr = params.pop("lr", None)
+            specs.append(
+                TrialSpec(
+                    lr=float(lr) if lr is not None else float("nan"),
+                    seed=t.seed,
+                    noise_multiplier=t.noise_multiplier,
+                    target_delta=float(t.target_delta or self.spec["privacy"]["delta"]),
+                    params=params,
+                )
+            )
+        return PackSpec(
+            dataset=DatasetSpec(
+                name=d["name"],
+                path=d.get("path"),
+                labels_path=d.get("labels_path"),
+                label_column=d.get("label_column"),
+                test_fraction=d["test_fraction"],
+                split_seed=d["split_seed"],
+                options=d.get("options", {}),
+            ),
+            model=ModelSpec(m["name"], m.get("options", {})),
+            strategy=trials[0].strategy,
+            trials=specs,
+            batch_size=tr["batch_size"],
+            epochs=tr["epochs"] if tr.get("epochs") is not None else 1.0,
+            steps=tr.get("steps"),
+            optimizer=tr["optimizer"],
+            momentum=tr["momentum"],
+            weight_decay=tr["weight_decay"],
+            eval_every=tr["eval_every"],
+            # Trials report epsilon with the accountant the plan was calibrated with.
+            accountant="pld" if grid["accountant"] == "pld" else "rdp",
+            device="cuda" if self.gpus else "cpu",
+            threads=1,
+        )
+
+    def _pack_key(self, t: _Pending) -> str:
+        from workers.packing import pack_key
+
+        cache_key = f"{t.id}:{sorted(t.params.items())}"
+        if cache_key not in self._keys:
+            try:
+                self._keys[cache_key] = pack_key(self._pack_spec([t]))
+            except Exception:  # invalid params: the trial runs alone, and fails alone
+                self._keys[cache_key] = f"solo:{t.id}"
+        return self._keys[cache_key]
+
+    def _pack_cap(self, key: str, t: _Pending) -> int:
+        if key not in self._pack_caps:
+            from workers.datasets import load_dataset
+            from workers.packing import max_pack_size
+            from workers.settings import WorkerSettings
+
+            cap = 1
+            if not key.startswith("solo:"):
+                try:
+                    spec = self._pack_spec([t])
+                    data = load_dataset(spec.dataset)
+                    cap = max_pack_size(
+                        spec,
+                        input_shape=data.input_shape,
+                        num_classes=data.num_classes,
+                        settings=WorkerSettings(),
+                    )
+                except Exception:
+                    cap = 1
+            if self.settings.max_pack_size:
+                cap = min(cap, self.settings.max_pack_size)
+            self._pack_caps[key] = max(1, cap)
+        return self._pack_caps[key]
+
+    def _next_group(self) -> tuple[str, list[_Pending]]:
+        groups: dict[str, list[_Pending]] = {}
+        for t in self._pending:
+            groups.setdefault(self._pack_key(t), []).append(t)
+        key = max(groups, key=lambda k: (len(groups[k]), k))
+        return key, groups[key]
+
+    def _submit_next(self) -> bool:
+        key, group = self._next_group()
+        cap = self._pack_cap(key, group[0])
+        free = max(1, self.workers - len(self._inflight))
+        # Spread what is left over the free workers, so that both cores work; never above
+        # the memory cap.
+        size = max(1, min(cap, math.ceil(len(self._pending) / max(free, 1)), len(group)))
+        chosen = group[:size]
+        chosen_ids = {t.id for t in chosen}
+        self._pending = [t for t in self._pending if t.id not in chosen_ids]
+        self._assign_tpe(chosen)
+        claimed = self._claim(chosen)
+        if claimed is None:
+            return False
+        charged = self._charge(claimed)
+        if not charged:
+            return True
+        pack_id = charged[0].id
+        gen = (
+            _remote()
+            .options(num_cpus=1, num_gpus=self.settings.gpu_fraction if self.gpus else 0)
+            .remote(self._pack_spec(charged))
+        )
+        self._inflight.append(_InFlight(gen, pack_id, charged, time.monotonic()))
+        self._last_event = f"started {len(charged)} trial(s) of {charged[0].arm}"
+        return True
+
+    def _claim(self, chosen: list[_Pending]) -> list[_Pending] | None:
+        now = _now()
+        claimed: list[_Pending] = []
+        with Session(self.engine) as session, session.begin():
+            sweep = self._sweep_for_update(session)
+            if sweep.state != SweepState.running or sweep.driver != self.ident:
+                return None
+            for t in chosen:
+                res = session.execute(
+                    update(Trial)
+                    .where(Trial.id == t.id, Trial.state == TrialState.pending)
+                    .values(
+                        state=TrialState.running,
+                        attempts=Trial.attempts + 1,
+                        started_at=now,
+                        finished_at=None,
+                        pack_id=chosen[0].id,
+                        params=t.params,
+                    )
+                )
+                if res.rowcount:  # type: ignore[attr-defined]
+                    claimed.append(t)
+                    self._count(t, "pending", "running")
+        return claimed
+
+    def _charge(self, claimed: list[_Pending]) -> list[_Pending]:
+        """Charge each claimed trial its grid's next run; trials refused a charge never run."""
+        ok: list[_Pending] = []
+        for t in claimed:
+            run = self._runs_used.get(t.grid, 0) + 1
+            try:
+                epsilon, delta = self.schedules[t.grid].charge_for_run(run)
+                self.ledger.charge(
+                    self.dataset,
+                    sweep_id=self.sweep_id,
+                    trial_id=t.id,
+                    epsilon=epsilon,
+                    delta=delta,
+                    note=f"run {run} of grid {t.grid}",
+                )
+            except (PrivacyError, ReservationExceeded) as exc:
+                self._end(
+                    t,
+                    TrialState.failed,
+                    f"not run, and not charged: {exc}",
+                    uncharged=True,
+                )
+                continue
+            self._runs_used[t.grid] = run
+            ok.append(t)
+        return ok
+
+    # -- tpe -----------------------------------------------------------------------------------
+
+    def _study(self, grid: str, arm_label: str) -> Any:
+        if grid not in self._studies:
+            import optuna
+
+            from sweeper.search import optuna_distributions
+            from sweeper.spec import ArmConfig
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            arm = ArmConfig.model_validate(self._arm(arm_label))
+            dists = optuna_distributions(arm)
+            seed = int(self.spec["search"].get("seed", 0))
+            study = optuna.create_study(
+                direction="maximize" if self.mode == "max" else "minimize",
+                sampler=optuna.samplers.TPESampler(seed=seed + len(self._studies)),
+            )
+            # Rebuild the history from the database (a resumed sweep keeps what TPE learned).
+            for value, params in self._finished_configs(grid):
+                study.add_trial(
+                    optuna.trial.create_trial(params=params, distributions=dists, value=value)
+                )
+            self._studies[grid] = (study, dists)
+        return self._studies[grid]
+
+    def _finished_configs(self, grid: str) -> list[tuple[float, dict[str, Any]]]:
+        by_config: dict[int, list[Any]] = {}
+        with Session(self.engine) as session:
+            for t in session.scalars(
+                select(Trial)
+                .where(Trial.sweep_id == self.sweep_id)
+                .options(selectinload(Trial.result))
+            ):
+                if grid_key(t.arm, t.epsilon_budget) == grid and t.params:
+                    by_config.setdefault(t.config, []).append(t)
+        out = []
+        for rows in by_config.values():
+            if all(r.state in (TrialState.done, TrialState.failed) for r in rows):
+                vals = [
+                    r.result.metrics.get(self.metric)
+                    for r in rows
+                    if r.state == TrialState.done and r.result is not None
+                ]
+                vals = [v for v in vals if isinstance(v, int | float) and math.isfinite(v)]
+                if vals:
+                    out.append((sum(vals) / len(vals), dict(rows[0].params)))
+        return out
+
+    def _assign_tpe(self, chosen: list[_Pending]) -> None:
+        if self.spec["search"]["method"] != "tpe":
+            return
+        for t in chosen:
+            if t.params:
+                continue
+            sibling = next(
+                (
+                    p
+                    for p in self._pending
+                    if p.grid == t.grid and p.config == t.config and p.params
+                ),
+                None,
+            )
+            known = self._config_params(t)
+            if known:
+                t.params = known
+                continue
+            if sibling is not None:
+                t.params = dict(sibling.params)
+                continue
+            study, dists = self._study(t.grid, t.arm)
+            trial = study.ask(dists)
+            self._asked[(t.grid, t.config)] = trial.number
+            t.params = dict(trial.params)
+            for p in self._pending + chosen:
+                if p.grid == t.grid and p.config == t.config:
+                    p.params = dict(t.params)
+            with Session(self.engine) as session, session.begin():
+                session.execute(
+                    update(Trial)
+                    .where(
+                        Trial.sweep_id == self.sweep_id,
+                        Trial.arm == t.arm,
+                        Trial.epsilon_budget == t.epsilon_budget,
+                        Trial.config == t.config,
+                    )
+                    .values(params=t.params)
+                )
+
+    def _config_params(self, t: _Pending) -> dict[str, Any] | None:
+        with Session(self.engine) as session:
+            for params in session.scalars(
+                select(Trial.params).where(
+                    Trial.sweep_id == self.sweep_id,
+                    Trial.arm == t.arm,
+                    Trial.epsilon_budget == t.epsilon_budget,
+                    Trial.config == t.config,
+                )
+            ):
+                if params:
+                    return dict(params)
+        return None
+
+    def _tell_tpe(self, t: _Pending) -> None:
+        if self.spec["search"]["method"] != "tpe":
+            return
+        key = (t.grid, t.config)
+        if key not in self._asked:
+            return
+        with Session(self.engine) as session:
+            rows = list(
+                session.scalars(
+                    select(Trial)
+                    .where(
+                        Trial.sweep_id == self.sweep_id,
+                        Trial.arm == t.arm,
+                        Trial.epsilon_budget == t.epsilon_budget,
+                        Trial.config == t.config,
+                    )
+                    .options(selectinload(Trial.result))
+                )
+            )
+            if not all(r.state in (TrialState.done, TrialState.failed) for r in rows):
+                return
+            vals = [
+                r.result.metrics.get(self.metric)
+                for r in rows
+                if r.state == TrialState.done and r.result is not None
+            ]
+        import optuna
+
+        study, _ = self._studies[t.grid]
+        number = self._asked.pop(key)
+        good = [v for v in vals if isinstance(v, int | float) and math.isfinite(v)]
+        if good:
+            study.tell(number, sum(good) / len(good))
+        else:
+            study.tell(number, state=optuna.trial.TrialState.FAIL)
+
+    # -- events --------------------------------------------------------------------------------
+
+    def _advance(self, flight: _InFlight) -> None:
+        import ray
+
+        try:
+            ref = next(flight.gen)
+            event = ray.get(ref)
+        except StopIteration:
+            self._inflight.remove(flight)
+            for t in flight.trials:
+                self._end(t, TrialState.failed, "the worker ended without a result")
+            return
+        except Exception as exc:  # the worker process died or the task raised
+            self._inflight.remove(flight)
+            for t in flight.trials:
+                self._end(t, TrialState.failed, f"worker failure: {type(exc).__name__}: {exc}")
+            return
+        kind = event.get("type")
+        if kind == "started":
+            with Session(self.engine) as session, session.begin():
+                session.execute(
+                    update(Trial)
+                    .where(Trial.id.in_([t.id for t in flight.trials]))
+                    .values(worker=event["worker"])
+                )
+        elif kind == "eval":
+            self._write_metrics(flight, event)
+        elif kind == "result":
+            self._inflight.remove(flight)
+            self._write_results(flight, event)
+        elif kind == "error":
+            self._inflight.remove(flight)
+            for t in flight.trials:
+                self._end(t, TrialState.failed, event["error"])
+
+    def _write_metrics(self, flight: _InFlight, event: dict[str, Any]) -> None:
+        step = int(event["step"])
+        with Session(self.engine) as session, session.begin():
+            for t, metrics in zip(flight.trials, event["evals"], strict=True):
+                for name, value in metrics.items():
+                    if isinstance(value, int | float):
+                        v = float(value)
+                        session.add(
+                            MetricPoint(
+                                trial_id=t.id,
+                                step=step,
+                                name=name,
+                                value=v if math.isfinite(v) else None,
+                            )
+                        )
+        self._last_event = f"{flight.trials[0].arm}: step {step}/{event['total']}"
+
+    def _write_results(self, flight: _InFlight, event: dict[str, Any]) -> None:
+        now = _now()
+        seconds = float(event["seconds"])
+        with Session(self.engine) as session, session.begin():
+            for t, r in zip(flight.trials, event["results"], strict=True):
+                res = session.execute(
+                    update(Trial)
+                    .where(Trial.id == t.id, Trial.state == TrialState.running)
+                    .values(
+                        state=TrialState.done,
+                        finished_at=now,
+                        train_seconds=seconds,
+                        error=None,
+                    )
+                )
+                if not res.rowcount:  # type: ignore[attr-defined]
+                    continue  # cancelled meanwhile: its late result is dropped
+                existing = session.get(TrialResultRow, t.id)
+                if existing is not None:
+                    session.delete(existing)
+                    session.flush()
+                m = r["metrics"]
+                session.add(
+                    TrialResultRow(
+                        trial_id=t.id,
+                        metrics={k: v for k, v in m.items() if k != "reliability"},
+                        final_metrics={
+                            k: v for k, v in r["final_metrics"].items() if k != "reliability"
+                        },
+                        epsilon=r["epsilon"],
+                        delta=r["target_delta"],
+                        accountant=r["accountant"],
+                        steps=r["steps"],
+                        best_step=r["best_step"],
+                        reliability=m.get("reliability"),
+                        trajectories=r["trajectories"],
+                        step_time_ms_median=r["step_time_ms_median"],
+                        diverged_at=r["diverged_at"],
+                    )
+                )
+                self._count(t, "running", "done")
+                self._done_this_run += 1
+                if t.grid not in self.hidden:
+                    self._note_best(t.arm, m.get(self.metric))
+        for t in flight.trials:
+            self._tell_tpe(t)
+        self._last_event = f"finished {len(flight.trials)} trial(s) of {flight.trials[0].arm}"
+
+    def _end(self, t: _Pending, state: TrialState, error: str, *, uncharged: bool = False) -> None:
+        with Session(self.engine) as session, session.begin():
+            values: dict[str, Any] = {"state": state, "error": error, "finished_at": _now()}
+            if uncharged:
+                values["attempts"] = Trial.attempts - 1
+            res = session.execute(
+                update(Trial)
+                .where(Trial.id == t.id, Trial.state == TrialState.running)
+                .values(**values)
+            )
+            changed = bool(res.rowcount)  # type: ignore[attr-defined]
+        if changed:
+            self._count(t, "running", state.value)
+            self._done_this_run += 1
+            self._tell_tpe(t)
+        self._last_event = error
+
+    def _finish(self) -> None:
+        with Session(self.engine) as session, session.begin():
+            sweep = self._sweep_for_update(session)
+            if sweep.state != SweepState.running or sweep.driver != self.ident:
+                return
+            states = list(
+                session.scalars(select(Trial.state).where(Trial.sweep_id == self.sweep_id))
+            )
+            if any(s in (TrialState.pending, TrialState.running) for s in states):
+                return
+            failed = bool(states) and all(s == TrialState.failed for s in states)
+            sweep.state = SweepState.failed if failed else SweepState.done
+            if failed:
+                sweep.error = "every trial failed; see the trials' errors"
+            sweep.finished_at = _now()
+            sweep.driver = None
+        self.ledger.release(self.dataset, sweep_id=self.sweep_id, note="sweep finished")
+
+    def _outcome(self) -> RunOutcome:
+        with Session(self.engine) as session:
+            sweep = session.get(Sweep, self.sweep_id)
+            if sweep is None:
+                raise SweepNotFound(f"no sweep {self.sweep_id!r}")
+            counts: dict[str, int] = {}
+            for s in session.scalars(select(Trial.state).where(Trial.sweep_id == self.sweep_id)):
+                counts[s.value] = counts.get(s.value, 0) + 1
+            return RunOutcome(self.sweep_id, sweep.state.value, counts)
+
+
+def run_sweep(
+    engine: Engine,
+    sweep_id: str,
+    *,
+    settings: SweeperSettings | None = None,
+    workers: int | None = None,
+    on_progress: Callable[[Snapshot], None] | None = None,
+) -> RunOutcome:
+    """Run (or resume) a stored sweep to the end; see :class:`SweepRunner`."""
+    return SweepRunner(
+        engine, sweep_id, settings=settings, workers=workers, on_progress=on_progress
+    ).run()

@@ -1,0 +1,36 @@
+"""Settings of a sweep driver process (`dpsweep run`, the server): environment prefix DPSWEEP_."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SweeperSettings(BaseSettings):
+    """``DPSWEEP_RAY_ADDRESS=ray://...`` etc. override the defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore")
+
+    database_url: str | None = Field(default=None, description="default: sqlite:///dpsweep.db")
+    ray_address: str | None = Field(
+        default=None, description="an existing Ray cluster; default: start a local Ray"
+    )
+    workers: int | None = Field(
+        default=None, ge=1, description="concurrent packs; default: the cluster's CPUs"
+    )
+    ray_object_store_mb: int = Field(default=256, ge=64)
+    gpu_fraction: float = Field(
+        default=1.0, gt=0, le=1, description="GPU share of one pack when the cluster has GPUs"
+    )
+    poll_seconds: float = Field(
+        default=0.25, gt=0, description="how often the driver checks for results and cancels"
+    )
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    stale_after_seconds: float = Field(
+        default=20.0,
+        gt=0,
+        description="a driver silent this long is presumed dead and its sweep may be resumed",
+    )
+    max_pack_size: int | None = Field(
+        default=None, ge=1, description="most trials per pack (default: the workers' setting)"
+    )

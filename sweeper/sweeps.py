@@ -1,0 +1,549 @@
+"""Sweeps in the store: create (plan, trials, reservation), read, cancel, release.
+
+The database is the single source of truth for a sweep's state; the runner
+(:mod:`sweeper.runner`), the CLI and the API all go through these functions. Nothing here
+imports torch.
+
+What may be *released* is decided here too: a papernot-steinke grid releases only its
+selected trial (the best by the objective), and never its number of runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, selectinload
+
+from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
+from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
+from sweeper.planner import SweepPlan, plan_sweep
+from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
+from sweeper.search import draw_run_count, random_point, random_points
+from sweeper.spec import ArmConfig, SweepSpec, load_spec
+from sweeper.store import Dataset, Sweep, SweepState, Trial, TrialResultRow, TrialState
+from workers.errors import ConfigError, DpsweepError
+
+TERMINAL_TRIALS = (
+    TrialState.done,
+    TrialState.failed,
+    TrialState.cancelled,
+)
+TERMINAL_SWEEPS = (SweepState.done, SweepState.failed, SweepState.cancelled)
+
+
+class SweepNotFound(DpsweepError):
+    """No sweep with that id."""
+
+
+class IllegalState(DpsweepError):
+    """The sweep is not in a state that allows the operation (HTTP 409)."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """A canonical hash of the spec (defaults filled in), to find a sweep to resume."""
+    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def dataset_key(spec: SweepSpec) -> str:
+    """The ledger's key for the spec's dataset: its name, plus the file for file datasets."""
+    d = spec.dataset
+    return d.name if d.path is None else f"{d.name}:{d.path}"
+
+
+def grid_key(arm: str, epsilon_budget: float) -> str:
+    return f"{arm}@{epsilon_budget:g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Creating a sweep
+
+
+def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trial rows of one grid: params, seed, configuration number."""
+    seeds = spec.seeds
+    method = spec.search.method
+    if spec.privacy.accounting == "papernot-steinke":
+        assert spec.privacy.distribution is not None
+        runs = draw_run_count(spec.privacy.distribution, mean=float(grid["trials"]))
+        rng = random.SystemRandom()
+        points = arm.points() if method == "grid" else None
+        rows = []
+        for j in range(runs):
+            params = rng.choice(points) if points is not None else random_point(arm, rng)
+            rows.append({"params": dict(params), "seed": j % seeds, "config": j})
+        return rows
+    if method == "grid":
+        points = arm.points()
+    elif method == "random":
+        points = random_points(arm, int(spec.search.n or 0), seed=spec.search.seed)
+    else:  # tpe: a configuration's params are proposed when its first seed starts
+        points = [{} for _ in range(int(spec.search.n or 0))]
+    return [
+        {"params": dict(p), "seed": s, "config": c}
+        for c, p in enumerate(points)
+        for s in range(seeds)
+    ]
+
+
+def _check_arms(spec: SweepSpec) -> None:
+    """Every arm names a known strategy, has a learning rate, and only its hyperparameters."""
+    from workers.strategies import get_strategy
+
+    for arm in spec.arms:
+        field = f"arms.{arm.label}"
+        try:
+            strategy = get_strategy(arm.strategy)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), field=f"{field}.strategy") from None
+        if "lr" not in arm.grid and "lr" not in arm.params:
+            raise ConfigError(
+                f"arm {arm.label!r} has no learning rate: add lr to its grid "
+                "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
+                field=f"{field}.grid.lr",
+            )
+        names = (set(arm.grid) | set(arm.params)) - {"lr"}
+        unknown = names - set(strategy.hyperparameters)
+        if unknown:
+            raise ConfigError(
+                f"arm {arm.label!r}: unknown hyperparameter(s) {sorted(unknown)} for strategy "
+                f"{arm.strategy!r}; allowed: {sorted(strategy.hyperparameters) or 'none'}",
+                field=f"{field}.params.{sorted(unknown)[0]}",
+            )
+        if not strategy.private:
+            raise ConfigError(
+                f"arm {arm.label!r}: strategy {arm.strategy!r} is not private; a sweep spends "
+                "privacy budget and runs private strategies only",
+                field=f"{field}.strategy",
+            )
+
+
+def create_sweep(
+    engine: Engine,
+    spec: SweepSpec | dict[str, Any] | str,
+    *,
+    owner: str | None = None,
+    plan: SweepPlan | None = None,
+) -> str:
+    """Plan a spec, store the sweep and its trials, and reserve its whole cost.
+
+    Refuses (before anything is stored) specs that cannot run honestly: infeasible plans,
+    and ``charge_repeats: false`` with several seeds (every seed touches the data here).
+
+    Returns:
+        The new sweep's id.
+
+    Raises:
+        ConfigError: the spec is invalid.
+        InfeasiblePlan: no usable noise multiplier fits a grid's budget.
+        BudgetExhausted: the dataset's lifetime cap cannot cover the sweep (nothing is stored).
+    """
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec)
+    if not spec.privacy.charge_repeats and spec.seeds > 1:
+        raise ConfigError(
+            "privacy.charge_repeats is false, but every seed of a sweep trains on the real data "
+            "and must be charged; set charge_repeats: true (or seeds: 1)",
+            field="privacy.charge_repeats",
+        )
+    _check_arms(spec)
+    plan = plan or plan_sweep(spec)
+    arms = {a.label: a for a in spec.arms}
+    grids: list[dict[str, Any]] = []
+    total_e, total_d = Decimal(0), Decimal(0)
+    from sweeper.parallel import pmap
+
+    for g, sched in zip(plan.grids, pmap(charge_schedule, plan.grids), strict=True):
+        d = g.to_dict()
+        d["planned_trials"] = 0  # set below
+        d["charges"] = sched.to_json()
+        d["grid"] = grid_key(g.arm, g.epsilon_budget)
+        grids.append(d)
+        total_e = exact_sum((total_e, sched.reserved_epsilon))
+        total_d = exact_sum((total_d, sched.reserved_delta))
+    sweep = Sweep(
+        name=spec.name,
+        dataset=dataset_key(spec),
+        spec=spec.model_dump(mode="json"),
+        state=SweepState.pending,
+        owner=owner,
+        spec_hash=spec_hash(spec),
+    )
+    trials: list[Trial] = []
+    for d in grids:
+        arm = arms[d["arm"]]
+        rows = _arm_trials(spec, arm, d)
+        d["planned_trials"] = len(rows)
+        for number, row in enumerate(rows):
+            trials.append(
+                Trial(
+                    arm=arm.label,
+                    strategy=arm.strategy,
+                    epsilon_budget=float(d["epsilon_budget"]),
+                    params=row["params"],
+                    seed=int(row["seed"]),
+                    number=number,
+                    config=int(row["config"]),
+                    noise_multiplier=float(d["noise_multiplier"]),
+                    target_delta=float(d["delta_per_trial"]),
+                    state=TrialState.pending,
+                )
+            )
+    sweep.plan = grids
+    sweep.trials = trials
+    with Session(engine) as session, session.begin():
+        if session.scalars(select(Dataset).where(Dataset.name == sweep.dataset)).first() is None:
+            session.add(Dataset(name=sweep.dataset, config=spec.dataset.model_dump(mode="json")))
+        session.add(sweep)
+        session.flush()
+        sweep_id, dataset = sweep.id, sweep.dataset
+    ledger = BudgetLedger(engine)
+    try:
+        ledger.reserve(
+            dataset,
+            sweep_id=sweep_id,
+            epsilon=total_e,
+            delta=total_d,
+            note=f"sweep {spec.name!r}: {len(grids)} grid(s)",
+        )
+    except BudgetExhausted:
+        # Nothing of a refused sweep stays behind.
+        with Session(engine) as session, session.begin():
+            stored = session.get(Sweep, sweep_id)
+            if stored is not None:
+                session.delete(stored)
+        raise
+    return sweep_id
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def get_sweep(session: Session, sweep_id: str) -> Sweep:
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise SweepNotFound(f"no sweep {sweep_id!r}; `dpsweep sweeps` lists them")
+    return sweep
+
+
+def schedules(sweep: Sweep) -> dict[str, ChargeSchedule]:
+    """Each grid's charge schedule, as stored when the sweep was created."""
+    return {g["grid"]: ChargeSchedule.from_json(g["charges"]) for g in sweep.plan or []}
+
+
+def hidden_grids(sweep: Sweep) -> set[str]:
+    """Grids that release only their selected trial (papernot-steinke)."""
+    return {g["grid"] for g in sweep.plan or [] if g.get("release") == "selected-only"}
+
+
+def trial_record(t: Trial) -> dict[str, Any]:
+    r = t.result
+    return {
+        "id": t.id,
+        "arm": t.arm,
+        "strategy": t.strategy,
+        "epsilon_budget": t.epsilon_budget,
+        "params": t.params,
+        "seed": t.seed,
+        "number": t.number,
+        "state": t.state.value,
+        "attempts": t.attempts,
+        "noise_multiplier": t.noise_multiplier,
+        "error": t.error,
+        "metrics": r.metrics if r is not None else {},
+        "epsilon": r.epsilon if r is not None else None,
+        "delta": r.delta if r is not None else None,
+        "steps": r.steps if r is not None else None,
+        "best_step": r.best_step if r is not None else None,
+        "started_at": t.started_at.isoformat() if t.started_at else None,
+        "finished_at": t.finished_at.isoformat() if t.finished_at else None,
+        "train_seconds": t.train_seconds,
+    }
+
+
+def released_records(sweep: Sweep, *, metric: str, mode: str) -> list[dict[str, Any]]:
+    """Trial records that may be shown: all of them, except that a papernot-steinke grid
+    shows only its selected (best finished) trial, and only once the grid has finished."""
+    hidden = hidden_grids(sweep)
+    out: list[dict[str, Any]] = []
+    by_grid: dict[str, list[Trial]] = {}
+    for t in sweep.trials:
+        by_grid.setdefault(grid_key(t.arm, t.epsilon_budget), []).append(t)
+    for key, trials in sorted(by_grid.items()):
+        if key not in hidden:
+            out.extend(trial_record(t) for t in sorted(trials, key=lambda t: t.number))
+            continue
+        if any(t.state not in TERMINAL_TRIALS for t in trials):
+            continue
+        done = [
+            t
+            for t in trials
+            if t.state == TrialState.done
+            and t.result is not None
+            and isinstance(t.result.metrics.get(metric), int | float)
+        ]
+        if done:
+            sign = 1.0 if mode == "max" else -1.0
+            best = max(done, key=lambda t: (sign * float(t.result.metrics[metric]), -t.number))  # type: ignore[union-attr]
+            out.append(trial_record(best))
+    return out
+
+
+def load_sweep(engine: Engine, sweep_id: str) -> Sweep:
+    """A sweep with its trials and results loaded (detached)."""
+    with Session(engine, expire_on_commit=False) as session:
+        sweep = session.scalars(
+            select(Sweep)
+            .where(Sweep.id == sweep_id)
+            .options(selectinload(Sweep.trials).selectinload(Trial.result))
+        ).first()
+        if sweep is None:
+            raise SweepNotFound(f"no sweep {sweep_id!r}; `dpsweep sweeps` lists them")
+        session.expunge_all()
+        return sweep
+
+
+def list_sweeps(engine: Engine, *, limit: int = 100) -> list[dict[str, Any]]:
+    with Session(engine) as session:
+        rows = session.scalars(select(Sweep).order_by(Sweep.created_at.desc()).limit(limit))
+        return [
+            {
+                "id": s.id,
+                "name": s.name,
+                "dataset": s.dataset,
+                "state": s.state.value,
+                "created_at": s.created_at.isoformat(),
+                "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+            }
+            for s in rows
+        ]
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    results: list[ArmLevelResult]
+    records: list[dict[str, Any]]
+    metric: str
+    mode: str
+
+
+def sweep_results(sweep: Sweep) -> SweepResults:
+    obj = sweep.spec.get("objective", {})
+    metric, mode = obj.get("metric", "accuracy"), obj.get("mode", "max")
+    records = released_records(sweep, metric=metric, mode=mode)
+    return SweepResults(
+        best_per_arm_level(records, metric=metric, mode=mode), records, metric, mode
+    )
+
+
+def summarize(engine: Engine, sweep_id: str) -> dict[str, Any]:
+    """What `dpsweep show --json` and the API return for a sweep."""
+    sweep = load_sweep(engine, sweep_id)
+    res = sweep_results(sweep)
+    hidden = hidden_grids(sweep)
+    counts = {s.value: 0 for s in TrialState}
+    for t in sweep.trials:
+        if grid_key(t.arm, t.epsilon_budget) not in hidden:
+            counts[t.state.value] += 1
+    balance = BudgetLedger(engine).sweep_balance(sweep.dataset, sweep_id=sweep.id)
+    charged = [
+        e
+        for e in BudgetLedger(engine).entries(sweep.dataset, sweep.id)
+        if e.kind == EntryKind.CHARGE
+    ]
+    efront = epsilon_front(res.results, mode=res.mode)
+    cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "dataset": sweep.dataset,
+        "state": sweep.state.value,
+        "owner": sweep.owner,
+        "error": sweep.error,
+        "created_at": sweep.created_at.isoformat(),
+        "started_at": sweep.started_at.isoformat() if sweep.started_at else None,
+        "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
+        "objective": {"metric": res.metric, "mode": res.mode},
+        "arms": [
+            {
+                "name": a.get("name") or a["strategy"],
+                "strategy": a["strategy"],
+                "grid": a.get("grid", {}),
+                "params": a.get("params", {}),
+            }
+            for a in sweep.spec["arms"]
+        ],
+        "plan": [
+            {
+                k: g[k]
+                for k in (
+                    "arm",
+                    "strategy",
+                    "epsilon_budget",
+                    "delta",
+                    "noise_multiplier",
+                    "gradient_noise_multiplier",
+                    "steps_per_trial",
+                    "sample_rate",
+                    "epsilon_total",
+                    "accounting",
+                    "release",
+                    "retries",
+                )
+                if k in g
+            }
+            | ({} if g["grid"] in hidden else {"trials": g["planned_trials"]})
+            for g in sweep.plan or []
+        ],
+        "trials": counts,
+        "budget": {
+            "epsilon_reserved": float(balance.epsilon_reserved),
+            "epsilon_charged": float(balance.epsilon_charged),
+            "epsilon_released": float(balance.epsilon_released),
+            "epsilon_outstanding": float(balance.epsilon_outstanding),
+            "delta_reserved": float(balance.delta_reserved),
+            "delta_charged": float(balance.delta_charged),
+            "charges": len(charged) if not hidden else None,
+        },
+        "results": [r.to_dict() for r in res.results],
+        "pareto": {
+            "epsilon": [
+                {"x": p.x, "y": p.y, "arm": p.label, "dominated": p.dominated} for p in efront
+            ],
+            "calibration": [
+                {
+                    "x": p.x,
+                    "y": p.y,
+                    "arm": p.label,
+                    "trial": p.payload["id"],
+                    "dominated": p.dominated,
+                }
+                for p in cfront
+            ],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Cancelling and finishing
+
+
+def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
+    """Cancel a sweep: unstarted trials release their reservation; running trials stop (the
+    driver kills them when it sees the state) and stay charged.
+
+    Returns:
+        ``{"cancelled_pending": n, "stopped_running": m, "released_epsilon": ...}``.
+
+    Raises:
+        SweepNotFound: no such sweep.
+        IllegalState: the sweep already finished.
+    """
+    with Session(engine) as session, session.begin():
+        sweep = session.scalars(select(Sweep).where(Sweep.id == sweep_id).with_for_update()).first()
+        if sweep is None:
+            raise SweepNotFound(f"no sweep {sweep_id!r}; `dpsweep sweeps` lists them")
+        if sweep.state in TERMINAL_SWEEPS:
+            raise IllegalState(
+                f"sweep {sweep_id} is already {sweep.state.value}; only pending or running "
+                "sweeps can be cancelled"
+            )
+        now = _now()
+        counts = {}
+        for state, note in (
+            (TrialState.pending, "cancelled before it started (not charged)"),
+            (TrialState.interrupted, "cancelled after an interruption (stays charged)"),
+            (TrialState.running, "cancelled while running (stays charged)"),
+        ):
+            res = session.execute(
+                update(Trial)
+                .where(Trial.sweep_id == sweep_id, Trial.state == state)
+                .values(state=TrialState.cancelled, error=note, finished_at=now)
+            )
+            counts[state.value] = int(res.rowcount or 0)  # type: ignore[attr-defined]
+        sweep.state = SweepState.cancelled
+        sweep.finished_at = now
+        dataset = sweep.dataset
+    rec = BudgetLedger(engine).release(dataset, sweep_id=sweep_id, note="sweep cancelled")
+    return {
+        "cancelled_pending": counts["pending"],
+        "stopped_running": counts["running"] + counts["interrupted"],
+        "released_epsilon": float(rec.epsilon) if rec is not None else 0.0,
+    }
+
+
+def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
+    """The newest unfinished sweep of exactly this spec, if any."""
+    with Session(engine) as session:
+        return session.scalars(
+            select(Sweep.id)
+            .where(
+                Sweep.spec_hash == spec_hash(spec),
+                Sweep.state.in_([SweepState.pending, SweepState.running]),
+            )
+            .order_by(Sweep.created_at.desc())
+        ).first()
+
+
+def get_trial_results(engine: Engine, sweep_id: str) -> list[TrialResultRow]:
+    with Session(engine, expire_on_commit=False) as session:
+        return list(
+            session.scalars(select(TrialResultRow).join(Trial).where(Trial.sweep_id == sweep_id))
+        )
+
+
+def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
+    """The sweep's released trials as CSV (one row per trial), or JSON (summary + trials).
+
+    Raises:
+        ConfigError: an unknown format.
+    """
+    if fmt not in ("csv", "json"):
+        raise ConfigError(f"unknown export format {fmt!r}; choose csv or json", field="format")
+    sweep = load_sweep(engine, sweep_id)
+    res = sweep_results(sweep)
+    if fmt == "json":
+        return json.dumps({"sweep": summarize(engine, sweep_id), "trials": res.records}, indent=2)
+    import csv
+    import io
+
+    metric_names = sorted({k for r in res.records for k in (r["metrics"] or {})})
+    param_names = sorted({k for r in res.records for k in (r["params"] or {})})
+    base = [
+        "id",
+        "arm",
+        "strategy",
+        "epsilon_budget",
+        "seed",
+        "state",
+        "attempts",
+        "noise_multiplier",
+        "epsilon",
+        "delta",
+        "steps",
+        "best_step",
+        "train_seconds",
+        "error",
+    ]
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(base + [f"param.{p}" for p in param_names] + metric_names)
+    for r in res.records:
+        writer.writerow(
+            [r.get(k) for k in base]
+            + [r["params"].get(p) for p in param_names]
+            + [(r["metrics"] or {}).get(m) for m in metric_names]
+        )
+    return buf.getvalue()
