@@ -260,3 +260,28 @@ def test_plan_grid_retries_reserve_extra_runs(engine: Any) -> None:
                 }
             )
         )
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "004-protocol.yaml", "digits-clipping.yaml"])
+def test_example_specs_are_valid_sweeps(name: str) -> None:
+    from sweeper.sweeps import _check_arms
+
+    spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / name)
+    _check_arms(spec)  # strategies, learning rates and hyperparameter names
+    if name == "004-protocol.yaml":
+        assert [spec.trials_per_grid(a) for a in spec.arms][::3] == [125, 245, 405]
+        assert spec.privacy.budgets == [3, 5, 7, 9] and spec.seeds == 5
+
+
+def test_the_sweeper_layer_imports_no_torch_ray_or_matplotlib() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, sweeper.runner, sweeper.sweeps, sweeper.cli, sweeper.cli_sweeps, "
+        "sweeper.plots, sweeper.search, sweeper.charges, sweeper.store;"
+        "print([m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -23,7 +23,8 @@ from sweeper.charges import EXACT, ChargeSchedule, exact_sum
 from sweeper.cli import main
 from sweeper.ledger import BudgetLedger, EntryKind
 from sweeper.results import pareto_mask
-from sweeper.runner import run_sweep
+from sweeper.runner import ray_session, run_sweep
+from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import cancel_sweep, create_sweep, grid_key, summarize
 from tests.test_sweep import tiny_spec
@@ -33,22 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def local_ray() -> Any:
+    """One local Ray for the module (the runner reuses an initialised Ray)."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            object_store_memory=256 * 2**20,
-            log_to_driver=False,
-            logging_level="WARNING",
-        )
-    yield ray
-    if started:
-        ray.shutdown()
+    with ray_session(SweeperSettings(), workers=2):
+        yield ray
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
