@@ -38,6 +38,7 @@ test: lint typecheck pytest
 bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/sweep_throughput.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

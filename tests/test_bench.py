@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,31 @@ def test_packing_benchmark_smoke() -> None:
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)["mlp"]
     assert row["trials"] == 25 and row["speedup"] > 0 and row["per_trial_step_vs_nonprivate"] > 0
+
+
+def test_sweep_throughput_benchmark_smoke() -> None:
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "sweep_throughput.py"), "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {
+        "trials",
+        "workers_1_s",
+        "workers_2_s",
+        "speedup",
+        "overhead_mean_s",
+        "overhead_max_s",
+        "targets",
+        "model",
+        "steps",
+        "pack_size",
+    } <= set(out)
+    assert out["targets"] == {"speedup": 1.7, "overhead_s": 0.5}
+    assert out["trials"] == 4 and out["pack_size"] == 1
+    assert out["speedup"] > 0
+    assert isinstance(out["overhead_mean_s"], float) and math.isfinite(out["overhead_mean_s"])
