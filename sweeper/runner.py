@@ -765,44 +765,35 @@ class SweepRunner:
         out = []
         for rows in by_config.values():
             if all(r.state in (TrialState.done, TrialState.failed) for r in rows):
-                vals = [
-                    r.result.metrics.get(self.metric)
-                    for r in rows
-                    if r.state == TrialState.done and r.result is not None
-                ]
-                vals = [v for v in vals if isinstance(v, int | float) and math.isfinite(v)]
-                if vals:
-                    out.append((sum(vals) / len(vals), dict(rows[0].params)))
+                value = self._config_value(rows)
+                if value is not None:
+                    out.append((value, dict(rows[0].params)))
         return out
+
+    def _config_value(self, rows: list[Trial]) -> float | None:
+        """A configuration's objective: the mean over its finished seeds (None if none)."""
+        vals = [
+            r.result.metrics.get(self.metric)
+            for r in rows
+            if r.state == TrialState.done and r.result is not None
+        ]
+        good = [float(v) for v in vals if isinstance(v, int | float) and math.isfinite(v)]
+        return sum(good) / len(good) if good else None
 
     def _assign_tpe(self, chosen: list[_Pending]) -> None:
         if self.spec["search"]["method"] != "tpe":
             return
         for t in chosen:
+            # An asked configuration's params reach the database and every queued sibling at
+            # once (and a resumed driver reads them back), so empty params mean "not asked".
             if t.params:
-                continue
-            sibling = next(
-                (
-                    p
-                    for p in self._pending
-                    if p.grid == t.grid and p.config == t.config and p.params
-                ),
-                None,
-            )
-            known = self._config_params(t)
-            if known:
-                t.params = known
-                continue
-            if sibling is not None:
-                t.params = dict(sibling.params)
                 continue
             study, dists = self._study(t.grid, t.arm)
             trial = study.ask(dists)
             self._asked[(t.grid, t.config)] = trial.number
-            t.params = dict(trial.params)
             for p in self._pending + chosen:
                 if p.grid == t.grid and p.config == t.config:
-                    p.params = dict(t.params)
+                    p.params = dict(trial.params)
             with Session(self.engine) as session, session.begin():
                 session.execute(
                     update(Trial)
@@ -812,22 +803,8 @@ class SweepRunner:
                         Trial.epsilon_budget == t.epsilon_budget,
                         Trial.config == t.config,
                     )
-                    .values(params=t.params)
+                    .values(params=trial.params)
                 )
-
-    def _config_params(self, t: _Pending) -> dict[str, Any] | None:
-        with Session(self.engine) as session:
-            for params in session.scalars(
-                select(Trial.params).where(
-                    Trial.sweep_id == self.sweep_id,
-                    Trial.arm == t.arm,
-                    Trial.epsilon_budget == t.epsilon_budget,
-                    Trial.config == t.config,
-                )
-            ):
-                if params:
-                    return dict(params)
-        return None
 
     def _tell_tpe(self, t: _Pending) -> None:
         if self.spec["search"]["method"] != "tpe":
@@ -850,18 +827,13 @@ class SweepRunner:
             )
             if not all(r.state in (TrialState.done, TrialState.failed) for r in rows):
                 return
-            vals = [
-                r.result.metrics.get(self.metric)
-                for r in rows
-                if r.state == TrialState.done and r.result is not None
-            ]
+            value = self._config_value(rows)
         import optuna
 
         study, _ = self._studies[t.grid]
         number = self._asked.pop(key)
-        good = [v for v in vals if isinstance(v, int | float) and math.isfinite(v)]
-        if good:
-            study.tell(number, sum(good) / len(good))
+        if value is not None:
+            study.tell(number, value)
         else:
             study.tell(number, state=optuna.trial.TrialState.FAIL)
 
@@ -935,10 +907,6 @@ class SweepRunner:
                 )
                 if not res.rowcount:  # type: ignore[attr-defined]
                     continue  # cancelled meanwhile: its late result is dropped
-                existing = session.get(TrialResultRow, t.id)
-                if existing is not None:
-                    session.delete(existing)
-                    session.flush()
                 m = r["metrics"]
                 session.add(
                     TrialResultRow(

@@ -78,3 +78,16 @@ def postgres_url() -> Iterator[str]:
         subprocess.run(
             [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
         )
+
+
+def fresh_postgres_database(base_url: str, key: str) -> str:
+    """A new, empty database on the session's PostgreSQL server; its URL."""
+    import sqlalchemy as sa
+
+    name = f"t{abs(hash(key)) % 10**8}"
+    admin = sa.create_engine(base_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return base_url.rsplit("/", 1)[0] + f"/{name}"

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from sweeper import db
 from sweeper.ledger import BudgetExhausted, BudgetLedger
 from sweeper.store import Dataset, MetricPoint, Sweep, Trial, TrialResultRow, TrialState
+from tests.conftest import fresh_postgres_database
 from workers.errors import ConfigError
 
 TABLES = {
@@ -32,15 +33,8 @@ TABLES = {
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
-    base = request.getfixturevalue("postgres_url")
     # A fresh database per test on the shared server.
-    name = f"t{abs(hash(str(tmp_path))) % 10**8}"
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    return base.rsplit("/", 1)[0] + f"/{name}"
+    return fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
 
 
 def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:

@@ -27,6 +27,7 @@ from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import cancel_sweep, create_sweep, grid_key, summarize
+from tests.conftest import fresh_postgres_database
 from tests.test_sweep import tiny_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,14 +47,7 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'run.db'}"
     else:
-        base = request.getfixturevalue("postgres_url")
-        name = f"r{abs(hash(str(tmp_path))) % 10**8}"
-        admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
-            c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-        admin.dispose()
-        url = base.rsplit("/", 1)[0] + f"/{name}"
+        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
     db.upgrade(url)
     eng = db.make_engine(url)
     eng.info_url = url  # type: ignore[attr-defined]
