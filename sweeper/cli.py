@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -136,7 +136,9 @@ STRATEGY_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
+    """The ``dpsweep`` parser; each extension adds subcommands (the API layer adds ``serve``
+    and ``scheduler`` this way, so this layer never imports it)."""
     parser = argparse.ArgumentParser(
         prog="dpsweep",
         description="Hyperparameter sweeps for differentially private deep learning.",
@@ -230,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     from sweeper.cli_sweeps import add_parsers
 
     add_parsers(sub)
+
+    from sweeper.cli_tokens import add_parsers as add_token_parsers
+
+    add_token_parsers(sub)
+    for extend in extensions:
+        extend(sub)
 
     db = sub.add_parser("db", help="database schema (Alembic migrations)")
     dbsub = db.add_subparsers(dest="db_command", metavar="ACTION")

@@ -533,13 +533,20 @@ def gradient_noise_multiplier(
     return float((noise_multiplier**-2 - second**-2) ** -0.5)
 
 
-def plan_sweep(spec: Any) -> SweepPlan:
-    """Plan every grid of a spec (loads the dataset to learn N; trains nothing)."""
+def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
+    """Plan every grid of a spec (loads the dataset to learn N; trains nothing).
+
+    Args:
+        spec: The sweep spec.
+        dataset: The :class:`workers.datasets.DatasetSpec` to load, when the spec's dataset
+            needs resolving (an upload, :func:`sweeper.catalog.resolve`); default: the spec's.
+    """
     from workers.datasets import DatasetSpec, load_dataset
 
     d = spec.dataset
     data = load_dataset(
-        DatasetSpec(
+        dataset
+        or DatasetSpec(
             name=d.name,
             path=d.path,
             labels_path=d.labels_path,

@@ -50,6 +50,7 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from sweeper import events
 from sweeper.charges import ChargeSchedule, exact_sum
 from sweeper.ledger import BudgetLedger, EntryKind, ReservationExceeded
 from sweeper.settings import SweeperSettings
@@ -174,6 +175,12 @@ def _aware(dt: datetime | None) -> datetime | None:
     return dt
 
 
+def _finite(value: Any) -> float | None:
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    return None
+
+
 def _driver_alive(driver: str) -> bool:
     host, _, pid = driver.rpartition(":")
     if host != socket.gethostname():
@@ -246,8 +253,13 @@ class SweepRunner:
         settings: SweeperSettings | None = None,
         workers: int | None = None,
         on_progress: Callable[[Snapshot], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> None:
         self.engine = engine
+        # Set by a server shutting down: submit nothing new, let what runs finish (for at most
+        # drain_seconds), then give the sweep up for the next driver.
+        self.stop = stop
+        self._stop_deadline: float | None = None
         self.sweep_id = sweep_id
         self.settings = settings or SweeperSettings()
         self.workers_wanted = workers or self.settings.workers
@@ -333,6 +345,8 @@ class SweepRunner:
                 )
             sweep.driver = self.ident
             sweep.heartbeat_at = _now()
+            if sweep.state != SweepState.running:
+                events.emit(session, self.sweep_id, events.SWEEP, {"state": "running"})
             sweep.state = SweepState.running
             sweep.started_at = sweep.started_at or _now()
             self.dataset = sweep.dataset
@@ -424,6 +438,7 @@ class SweepRunner:
         # grid's reservation before any re-run may take one.
         stale.sort(key=lambda item: self._charges.get(item[0], 0) >= item[1][2])
         with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
             for tid, (grid, _state, attempts, _, _) in stale:
                 charged = self._charges.get(tid, 0)
                 trial = session.get(Trial, tid)
@@ -467,6 +482,12 @@ class SweepRunner:
                         f"not re-run: the grid's reservation has no run left for it{extra} "
                         "(set privacy.retries to reserve re-runs)"
                     )
+            session.flush()
+            for tid, (grid, *_rest) in stale:
+                trial = session.get(Trial, tid)
+                assert trial is not None
+                if grid not in self.hidden:
+                    self._emit_trial(session, trial, note="recovered after a driver crash")
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -476,7 +497,18 @@ class SweepRunner:
         while True:
             if not self._heartbeat():
                 return  # cancelled, or taken over by another driver
-            while len(self._inflight) < self.workers and self._pending:
+            if self.stop is not None and self.stop.is_set():
+                if self._stop_deadline is None:
+                    self._stop_deadline = time.monotonic() + self.settings.drain_seconds
+                    self._last_event = "stopping: waiting for running trials"
+                if not self._inflight or time.monotonic() > self._stop_deadline:
+                    # Trials still running now are killed (run()'s finally); they stay
+                    # charged, and the next driver applies the crash policy to them.
+                    self._give_up()
+                    return
+            while (
+                len(self._inflight) < self.workers and self._pending and self._stop_deadline is None
+            ):
                 if not self._submit_next():
                     if not self._heartbeat(force=True):
                         return
@@ -495,6 +527,16 @@ class SweepRunner:
                 flight = next(f for f in self._inflight if f.gen is gen)
                 self._advance(flight)
             self._report()
+
+    def _give_up(self) -> None:
+        """Leave the sweep running with no driver, so that the next one takes it at once."""
+        with Session(self.engine) as session, session.begin():
+            session.execute(
+                update(Sweep)
+                .where(Sweep.id == self.sweep_id, Sweep.driver == self.ident)
+                .values(driver=None)
+            )
+        self._last_event = "stopped; the sweep resumes with the next driver"
 
     def _heartbeat(self, force: bool = False) -> bool:
         now = time.monotonic()
@@ -560,11 +602,10 @@ class SweepRunner:
         return next(a for a in self.spec["arms"] if (a.get("name") or a["strategy"]) == label)
 
     def _pack_spec(self, trials: list[_Pending]) -> Any:
-        from workers.datasets import DatasetSpec
         from workers.models import ModelSpec
         from workers.trainer import PackSpec, TrialSpec
 
-        d, m, tr = self.spec["dataset"], self.spec["model"], self.spec["training"]
+        m, tr = self.spec["model"], self.spec["training"]
         grid = next(g for g in self.plan if g["grid"] == trials[0].grid)
         specs = []
         for t in trials:
@@ -581,15 +622,7 @@ class SweepRunner:
                 )
             )
         return PackSpec(
-            dataset=DatasetSpec(
-                name=d["name"],
-                path=d.get("path"),
-                labels_path=d.get("labels_path"),
-                label_column=d.get("label_column"),
-                test_fraction=d["test_fraction"],
-                split_seed=d["split_seed"],
-                options=d.get("options", {}),
-            ),
+            dataset=self._dataset_spec(),
             model=ModelSpec(m["name"], m.get("options", {})),
             strategy=trials[0].strategy,
             trials=specs,
@@ -605,6 +638,14 @@ class SweepRunner:
             device="cuda" if self.gpus else "cpu",
             threads=1,
         )
+
+    def _dataset_spec(self) -> Any:
+        # Uploads (ds_...) resolve to their stored file; the workers never see the database.
+        if not hasattr(self, "_dataset"):
+            from sweeper.catalog import resolve
+
+            self._dataset = resolve(self.engine, self.spec["dataset"])
+        return self._dataset
 
     def _pack_key(self, t: _Pending) -> str:
         from workers.packing import pack_key
@@ -698,6 +739,14 @@ class SweepRunner:
                 if res.rowcount:  # type: ignore[attr-defined]
                     claimed.append(t)
                     self._count(t, "pending", "running")
+                    if t.grid not in self.hidden:
+                        events.emit(
+                            session,
+                            self.sweep_id,
+                            events.TRIAL,
+                            self._trial_data(t, "running", params=t.params),
+                            trial_id=t.id,
+                        )
         return claimed
 
     def _charge(self, claimed: list[_Pending]) -> list[_Pending]:
@@ -876,7 +925,21 @@ class SweepRunner:
     def _write_metrics(self, flight: _InFlight, event: dict[str, Any]) -> None:
         step = int(event["step"])
         with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
             for t, metrics in zip(flight.trials, event["evals"], strict=True):
+                if t.grid not in self.hidden:
+                    values = {
+                        k: (float(v) if math.isfinite(float(v)) else None)
+                        for k, v in metrics.items()
+                        if isinstance(v, int | float)
+                    }
+                    events.emit(
+                        session,
+                        self.sweep_id,
+                        events.METRIC,
+                        {"trial": t.id, "step": step, "values": values},
+                        trial_id=t.id,
+                    )
                 for name, value in metrics.items():
                     if isinstance(value, int | float):
                         v = float(value)
@@ -894,6 +957,7 @@ class SweepRunner:
         now = _now()
         seconds = float(event["seconds"])
         with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
             for t, r in zip(flight.trials, event["results"], strict=True):
                 res = session.execute(
                     update(Trial)
@@ -924,10 +988,24 @@ class SweepRunner:
                         trajectories=r["trajectories"],
                         step_time_ms_median=r["step_time_ms_median"],
                         diverged_at=r["diverged_at"],
+                        objective=_finite(m.get(self.metric)),
                     )
                 )
                 self._count(t, "running", "done")
                 self._done_this_run += 1
+                if t.grid not in self.hidden:
+                    events.emit(
+                        session,
+                        self.sweep_id,
+                        events.TRIAL,
+                        self._trial_data(
+                            t,
+                            "done",
+                            metrics={k: v for k, v in m.items() if k != "reliability"},
+                            epsilon=r["epsilon"],
+                        ),
+                        trial_id=t.id,
+                    )
                 if t.grid not in self.hidden:
                     self._note_best(t.arm, m.get(self.metric))
         for t in flight.trials:
@@ -936,6 +1014,7 @@ class SweepRunner:
 
     def _end(self, t: _Pending, state: TrialState, error: str, *, uncharged: bool = False) -> None:
         with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
             values: dict[str, Any] = {"state": state, "error": error, "finished_at": _now()}
             if uncharged:
                 values["attempts"] = Trial.attempts - 1
@@ -945,11 +1024,40 @@ class SweepRunner:
                 .values(**values)
             )
             changed = bool(res.rowcount)  # type: ignore[attr-defined]
+            if changed and t.grid not in self.hidden:
+                events.emit(
+                    session,
+                    self.sweep_id,
+                    events.TRIAL,
+                    self._trial_data(t, state.value, error=error),
+                    trial_id=t.id,
+                )
         if changed:
             self._count(t, "running", state.value)
             self._done_this_run += 1
             self._tell_tpe(t)
         self._last_event = error
+
+    def _trial_data(self, t: _Pending, state: str, **extra: Any) -> dict[str, Any]:
+        return events.trial_event(
+            t.id, arm=t.arm, epsilon_budget=t.epsilon_budget, state=state, **extra
+        )
+
+    def _emit_trial(self, session: Session, trial: Trial, *, note: str) -> None:
+        events.emit(
+            session,
+            self.sweep_id,
+            events.TRIAL,
+            events.trial_event(
+                trial.id,
+                arm=trial.arm,
+                epsilon_budget=trial.epsilon_budget,
+                state=trial.state.value,
+                error=trial.error,
+                note=note,
+            ),
+            trial_id=trial.id,
+        )
 
     def _finish(self) -> None:
         with Session(self.engine) as session, session.begin():
@@ -967,6 +1075,12 @@ class SweepRunner:
                 sweep.error = "every trial failed; see the trials' errors"
             sweep.finished_at = _now()
             sweep.driver = None
+            events.emit(
+                session,
+                self.sweep_id,
+                events.SWEEP,
+                {"state": sweep.state.value, "error": sweep.error},
+            )
         self.ledger.release(self.dataset, sweep_id=self.sweep_id, note="sweep finished")
 
     def _outcome(self) -> RunOutcome:
@@ -987,8 +1101,9 @@ def run_sweep(
     settings: SweeperSettings | None = None,
     workers: int | None = None,
     on_progress: Callable[[Snapshot], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> RunOutcome:
     """Run (or resume) a stored sweep to the end; see :class:`SweepRunner`."""
     return SweepRunner(
-        engine, sweep_id, settings=settings, workers=workers, on_progress=on_progress
+        engine, sweep_id, settings=settings, workers=workers, on_progress=on_progress, stop=stop
     ).run()

@@ -31,6 +31,14 @@ class SweeperSettings(BaseSettings):
         gt=0,
         description="a driver silent this long is presumed dead and its sweep may be resumed",
     )
+    drain_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="on shutdown, how long running trials may finish before they are stopped",
+    )
+    max_concurrent_sweeps: int = Field(
+        default=1, ge=1, description="sweeps a scheduler drives at once"
+    )
     max_pack_size: int | None = Field(
         default=None, ge=1, description="most trials per pack (default: the workers' setting)"
     )

@@ -184,6 +184,10 @@ class ArmConfig(_Strict):
     def label(self) -> str:
         return self.name or self.strategy
 
+    def size(self) -> int:
+        """The number of grid points, without building them."""
+        return math.prod(v.k if isinstance(v, Axis) else len(v) for v in self.grid.values())
+
     def points(self) -> list[dict[str, Any]]:
         """Every grid point: the cartesian product of the axes (``lr`` included)."""
         names = list(self.grid)
@@ -239,6 +243,16 @@ class SweepSpec(_Strict):
                 "accounting: compose, or search: random"
             )
         return self
+
+    def planned_trials(self) -> int:
+        """Trials the sweep plans over all its grids (retries included; for papernot-steinke,
+        the mean number of runs), computed without building any grid."""
+        total = 0
+        for arm in self.arms:
+            points = arm.size() if self.search.method == "grid" else int(self.search.n or 0)
+            per_grid = points * (self.seeds if self.privacy.charge_repeats else 1)
+            total += (per_grid + self.privacy.retries) * len(self.privacy.budgets)
+        return total
 
     def trials_per_grid(self, arm: ArmConfig) -> int:
         """K: grid points (or n for random/tpe) times the seeds when repeats are charged."""

@@ -12,7 +12,18 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -48,7 +59,12 @@ class TrialState(enum.StrEnum):
 
 
 class Dataset(Base):
-    """A dataset known to the service. Its lifetime budget lives in the ledger's table."""
+    """A dataset known to the service. Its lifetime budget lives in the ledger's table.
+
+    ``name`` is the ledger's key: a registry name (``digits``), ``name:path`` for a file given
+    by path, or an upload's id (``ds_...``). Uploads also record their owner, format and the
+    file they were stored as; the API never serves the file back.
+    """
 
     __tablename__ = "datasets"
 
@@ -57,6 +73,12 @@ class Dataset(Base):
     config: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     n_examples: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    owner: Mapped[str | None] = mapped_column(String(200), index=True)
+    label: Mapped[str | None] = mapped_column(String(200))
+    format: Mapped[str | None] = mapped_column(String(16))
+    size_bytes: Mapped[int | None] = mapped_column(Integer)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    storage_path: Mapped[str | None] = mapped_column(Text)
 
 
 class Sweep(Base):
@@ -160,5 +182,69 @@ class TrialResultRow(Base):
     trajectories: Mapped[dict[str, Any]] = mapped_column(JSON)
     step_time_ms_median: Mapped[float | None] = mapped_column(Float)
     diverged_at: Mapped[int | None] = mapped_column(Integer)
+    # The sweep's objective metric at the best checkpoint (None if not finite), so trials can
+    # be sorted by it in SQL.
+    objective: Mapped[float | None] = mapped_column(Float)
 
     trial: Mapped[Trial] = relationship(back_populates="result")
+
+
+class SweepEvent(Base):
+    """One event of a sweep's life (state changes, metric points), for the live stream.
+
+    Ids increase in commit order within a sweep: every transaction that appends events first
+    locks the sweep's row (:func:`sweeper.events.lock_sweep`), so a reader that resumes after
+    id ``n`` never misses an event committed later with a smaller id.
+    """
+
+    __tablename__ = "sweep_events"
+    __table_args__ = (Index("ix_sweep_events_sweep_id_id", "sweep_id", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    trial_id: Mapped[str | None] = mapped_column(String(32))
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class ApiToken(Base):
+    """A bearer token of the API. Only a hash of the secret is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)  # the owner of what it creates
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class IdempotencyRecord(Base):
+    """The first response to a request that carried an ``Idempotency-Key``, to replay it."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("owner", "key", name="uq_idempotency_owner_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner: Mapped[str] = mapped_column(String(200))
+    key: Mapped[str] = mapped_column(String(200))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    status: Mapped[int | None] = mapped_column(Integer)  # None while the first is in progress
+    body: Mapped[str | None] = mapped_column(Text)
+    location: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class ServiceHeartbeat(Base):
+    """A long-running process (a scheduler) and its last sign of life, for readiness."""
+
+    __tablename__ = "service_heartbeats"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)

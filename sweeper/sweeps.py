@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from sweeper import events
 from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
 from sweeper.planner import SweepPlan, plan_sweep
@@ -28,7 +29,7 @@ from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_fron
 from sweeper.search import draw_run_count, random_point, random_points
 from sweeper.spec import ArmConfig, SweepSpec, load_spec
 from sweeper.store import Dataset, Sweep, SweepState, Trial, TrialResultRow, TrialState
-from workers.errors import ConfigError, DpsweepError
+from workers.errors import ConfigError, DpsweepError, NotFound
 
 TERMINAL_TRIALS = (
     TrialState.done,
@@ -38,7 +39,7 @@ TERMINAL_TRIALS = (
 TERMINAL_SWEEPS = (SweepState.done, SweepState.failed, SweepState.cancelled)
 
 
-class SweepNotFound(DpsweepError):
+class SweepNotFound(NotFound):
     """No sweep with that id."""
 
 
@@ -129,12 +130,54 @@ def _check_arms(spec: SweepSpec) -> None:
             )
 
 
+@dataclass(frozen=True)
+class PreparedSweep:
+    """The CPU-heavy part of creating a sweep: its plan and each grid's charge schedule.
+
+    Deterministic in the spec (and the dataset's size), so it may be computed elsewhere (the
+    API computes it in a process pool) and cached.
+    """
+
+    plan: SweepPlan
+    schedules: list[ChargeSchedule]
+
+
+def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
+    """Plan a spec and compute its charge schedules (see :class:`PreparedSweep`).
+
+    Raises:
+        ConfigError: the spec is invalid.
+        InfeasiblePlan: no usable noise multiplier fits a grid's budget.
+    """
+    check_spec(spec)
+    plan = plan_sweep(spec, dataset=dataset)
+    from sweeper.parallel import pmap
+
+    return PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """Refuse specs that cannot run honestly, before any planning.
+
+    Raises:
+        ConfigError: with the field to fix.
+    """
+    if not spec.privacy.charge_repeats and spec.seeds > 1:
+        raise ConfigError(
+            "privacy.charge_repeats is false, but every seed of a sweep trains on the real data "
+            "and must be charged; set charge_repeats: true (or seeds: 1)",
+            field="privacy.charge_repeats",
+        )
+    _check_arms(spec)
+
+
 def create_sweep(
     engine: Engine,
     spec: SweepSpec | dict[str, Any] | str,
     *,
     owner: str | None = None,
     plan: SweepPlan | None = None,
+    prepared: PreparedSweep | None = None,
 ) -> str:
     """Plan a spec, store the sweep and its trials, and reserve its whole cost.
 
@@ -151,20 +194,21 @@ def create_sweep(
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
-    if not spec.privacy.charge_repeats and spec.seeds > 1:
-        raise ConfigError(
-            "privacy.charge_repeats is false, but every seed of a sweep trains on the real data "
-            "and must be charged; set charge_repeats: true (or seeds: 1)",
-            field="privacy.charge_repeats",
-        )
-    _check_arms(spec)
-    plan = plan or plan_sweep(spec)
+    check_spec(spec)
+    if prepared is None:
+        if plan is None:
+            from sweeper.catalog import is_upload, resolve
+
+            dataset = resolve(engine, spec.dataset) if is_upload(spec.dataset.name) else None
+            plan = plan_sweep(spec, dataset=dataset)
+        from sweeper.parallel import pmap
+
+        prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+    plan = prepared.plan
     arms = {a.label: a for a in spec.arms}
     grids: list[dict[str, Any]] = []
     total_e, total_d = Decimal(0), Decimal(0)
-    from sweeper.parallel import pmap
-
-    for g, sched in zip(plan.grids, pmap(charge_schedule, plan.grids), strict=True):
+    for g, sched in zip(plan.grids, prepared.schedules, strict=True):
         d = g.to_dict()
         d["planned_trials"] = 0  # set below
         d["charges"] = sched.to_json()
@@ -208,6 +252,7 @@ def create_sweep(
         session.add(sweep)
         session.flush()
         sweep_id, dataset = sweep.id, sweep.dataset
+        events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
     ledger = BudgetLedger(engine)
     try:
         ledger.reserve(
@@ -348,9 +393,10 @@ def sweep_results(sweep: Sweep) -> SweepResults:
     )
 
 
-def summarize(engine: Engine, sweep_id: str) -> dict[str, Any]:
-    """What `dpsweep show --json` and the API return for a sweep."""
-    sweep = load_sweep(engine, sweep_id)
+def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> dict[str, Any]:
+    """What `dpsweep show --json` and the API return for a sweep (``sweep``: already loaded
+    with :func:`load_sweep`)."""
+    sweep = sweep or load_sweep(engine, sweep_id)
     res = sweep_results(sweep)
     hidden = hidden_grids(sweep)
     counts = {s.value: 0 for s in TrialState}
@@ -451,6 +497,19 @@ def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
         SweepNotFound: no such sweep.
         IllegalState: the sweep already finished.
     """
+    return _end_sweep(engine, sweep_id, SweepState.cancelled, error=None)
+
+
+def fail_sweep(engine: Engine, sweep_id: str, *, error: str) -> dict[str, Any]:
+    """End a sweep that cannot be driven (its driver keeps crashing) as ``failed``: like a
+    cancel, unstarted trials release their reservation and started ones stay charged."""
+    return _end_sweep(engine, sweep_id, SweepState.failed, error=error)
+
+
+def _end_sweep(
+    engine: Engine, sweep_id: str, final: SweepState, *, error: str | None
+) -> dict[str, Any]:
+    verb = "cancelled" if final == SweepState.cancelled else "stopped (sweep failed)"
     with Session(engine) as session, session.begin():
         sweep = session.scalars(select(Sweep).where(Sweep.id == sweep_id).with_for_update()).first()
         if sweep is None:
@@ -460,12 +519,20 @@ def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
                 f"sweep {sweep_id} is already {sweep.state.value}; only pending or running "
                 "sweeps can be cancelled"
             )
+        events.lock_sweep(session, sweep_id)
         now = _now()
+        hidden = hidden_grids(sweep)
+        stopping = session.execute(
+            select(Trial.id, Trial.arm, Trial.epsilon_budget).where(
+                Trial.sweep_id == sweep_id,
+                Trial.state.in_([TrialState.pending, TrialState.interrupted, TrialState.running]),
+            )
+        ).all()
         counts = {}
         for state, note in (
-            (TrialState.pending, "cancelled before it started (not charged)"),
-            (TrialState.interrupted, "cancelled after an interruption (stays charged)"),
-            (TrialState.running, "cancelled while running (stays charged)"),
+            (TrialState.pending, f"{verb} before it started (not charged)"),
+            (TrialState.interrupted, f"{verb} after an interruption (stays charged)"),
+            (TrialState.running, f"{verb} while running (stays charged)"),
         ):
             res = session.execute(
                 update(Trial)
@@ -473,10 +540,27 @@ def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
                 .values(state=TrialState.cancelled, error=note, finished_at=now)
             )
             counts[state.value] = int(res.rowcount or 0)  # type: ignore[attr-defined]
-        sweep.state = SweepState.cancelled
+        sweep.state = final
+        sweep.error = error
         sweep.finished_at = now
+        sweep.driver = None
         dataset = sweep.dataset
-    rec = BudgetLedger(engine).release(dataset, sweep_id=sweep_id, note="sweep cancelled")
+        for tid, arm, level in stopping:
+            if grid_key(arm, level) not in hidden:
+                events.emit(
+                    session,
+                    sweep_id,
+                    events.TRIAL,
+                    events.trial_event(tid, arm=arm, epsilon_budget=level, state="cancelled"),
+                    trial_id=tid,
+                )
+        events.emit(
+            session,
+            sweep_id,
+            events.SWEEP,
+            {"state": final.value} | ({"error": error} if error else {}),
+        )
+    rec = BudgetLedger(engine).release(dataset, sweep_id=sweep_id, note=f"sweep {final.value}")
     return {
         "cancelled_pending": counts["pending"],
         "stopped_running": counts["running"] + counts["interrupted"],

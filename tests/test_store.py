@@ -25,6 +25,10 @@ TABLES = {
     "trial_results",
     "dataset_budgets",
     "budget_ledger_entries",
+    "sweep_events",
+    "api_tokens",
+    "idempotency_keys",
+    "service_heartbeats",
     db.VERSION_TABLE,
 }
 
@@ -45,6 +49,15 @@ def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     db.require_head(url)
     engine = sa.create_engine(url)
     assert set(sa.inspect(engine).get_table_names()) == TABLES
+    # Down to 0002 removes the API's tables and the uploads' columns.
+    db.downgrade(url, "0002")
+    assert set(sa.inspect(engine).get_table_names()) == TABLES - {
+        "sweep_events",
+        "api_tokens",
+        "idempotency_keys",
+        "service_heartbeats",
+    }
+    assert "owner" not in {c["name"] for c in sa.inspect(engine).get_columns("datasets")}
     # One step down removes 0002's columns and keeps the data model of 0001.
     db.downgrade(url, "-1")
     assert db.current_revision(url) == "0001"
@@ -58,6 +71,24 @@ def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     cols = {c["name"] for c in sa.inspect(engine).get_columns("trials")}
     assert {"number", "config", "train_seconds"} <= cols
     engine.dispose()
+
+
+def test_migrations_match_the_models(url: str) -> None:
+    """The schema the migrations build is the one the models describe (no drift)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from sweeper.store import metadata
+
+    db.upgrade(url)
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(
+            conn, opts={"version_table": db.VERSION_TABLE, "compare_type": False}
+        )
+        diff = [d for d in compare_metadata(ctx, metadata) if d[0] != "remove_table"]
+    engine.dispose()
+    assert diff == []
 
 
 def test_round_trip_and_cascade(url: str) -> None:

@@ -29,3 +29,11 @@ class PrivacyError(DpsweepError):
 
 class TrainingError(DpsweepError):
     """Training itself failed (for example the loss became non-finite)."""
+
+
+class PermissionDenied(DpsweepError):
+    """The caller is known but may not do this (HTTP 403)."""
+
+
+class NotFound(DpsweepError):
+    """No such object, or one the caller may not see (HTTP 404: ids of others do not leak)."""

@@ -1,0 +1,88 @@
+"""The FastAPI application: ``create_app(settings)``.
+
+Layers: the routes (``api.routes``) are thin; every rule lives in ``sweeper`` (planning,
+budgets, release policy, visibility). The database is the single source of truth: this
+process never runs trials; a scheduler (``sweeper.scheduler``) picks up what it stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from api import errors
+from api.auth import current_viewer
+from api.planning import Planner
+from api.routes import datasets, health, sweeps, trials
+from api.settings import ApiSettings
+from api.views import SummaryCache
+
+API_PREFIX = "/api/v1"
+
+
+def create_app(settings: ApiSettings | None = None, *, database_url: str | None = None) -> FastAPI:
+    """The API app. The database must already be at schema head (``dpsweep db upgrade``)."""
+    from sweeper import db
+    from sweeper.spec import SweepSpec
+
+    settings = settings or ApiSettings()
+    url = db.database_url(database_url or settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db.require_head(url)
+        app.state.engine = _engine(url, settings)
+        app.state.planner = Planner(settings.planner_processes)
+        try:
+            yield
+        finally:
+            app.state.planner.close()
+            app.state.engine.dispose()
+
+    app = FastAPI(
+        title="dpsweep",
+        version="1",
+        summary="Hyperparameter sweeps for differentially private deep learning",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.database_url = url
+    app.state.summaries = SummaryCache()
+    errors.install(app)
+    app.include_router(health.router)
+    secured = [Depends(current_viewer)]
+    for r in (sweeps.router, trials.router, datasets.router):
+        app.include_router(r, prefix=API_PREFIX, dependencies=secured)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            # The spec's model documents POST /sweeps (whose body is read as JSON or YAML).
+            spec_schema = SweepSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps = schema.setdefault("components", {}).setdefault("schemas", {})
+            comps.update(spec_schema.pop("$defs", {}))
+            comps["SweepSpec"] = spec_schema
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+def _engine(url: str, settings: ApiSettings) -> Any:
+    from sqlalchemy import create_engine
+
+    from sweeper.db import make_engine
+
+    if url.startswith("sqlite"):
+        return make_engine(url)
+    return create_engine(
+        url,
+        pool_pre_ping=True,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+    )

@@ -1,0 +1,178 @@
+"""One problem+json error shape (RFC 9457) for every error, mapped from dpsweep's one
+exception hierarchy in one place.
+
+Every error body has ``type``, ``title``, ``status`` and ``detail``; validation errors add
+``errors``: a list of ``{"field": "a.b", "message": ...}``. Stack traces never reach a
+response: an unexpected exception is logged and answered with a bare 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sweeper.ledger import BudgetExhausted
+from sweeper.planner import InfeasiblePlan
+from sweeper.sweeps import IllegalState
+from workers.errors import (
+    ConfigError,
+    DpsweepError,
+    NotFound,
+    PermissionDenied,
+    PrivacyError,
+)
+
+log = logging.getLogger("dpsweep.api")
+
+PROBLEM = "application/problem+json"
+TYPE_BASE = "https://dpsweep.dev/problems/"
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """An error (RFC 9457 problem details)."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] | None = None
+
+
+class ApiError(DpsweepError):
+    """An error raised by the API layer itself, with its HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        title: str | None = None,
+        kind: str | None = None,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.title = title
+        self.kind = kind
+        self.field = field
+        self.headers = headers or {}
+
+
+TITLES = {
+    400: "Bad request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not found",
+    405: "Method not allowed",
+    406: "Not acceptable",
+    409: "Conflict",
+    413: "Content too large",
+    415: "Unsupported media type",
+    422: "Invalid input",
+    500: "Internal server error",
+}
+
+
+def problem(
+    status: int,
+    detail: str,
+    *,
+    title: str | None = None,
+    kind: str | None = None,
+    errors: list[dict[str, str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + (kind or str(status)),
+        "title": title or TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def status_of(exc: DpsweepError) -> tuple[int, str]:
+    """The HTTP status and problem type of a dpsweep exception."""
+    if isinstance(exc, ApiError):
+        return exc.status, exc.kind or str(exc.status)
+    if isinstance(exc, NotFound):
+        return 404, "not-found"
+    if isinstance(exc, PermissionDenied):
+        return 403, "forbidden"
+    if isinstance(exc, IllegalState):
+        return 409, "illegal-state"
+    if isinstance(exc, BudgetExhausted):
+        return 409, "budget-exhausted"
+    if isinstance(exc, InfeasiblePlan):
+        return 422, "infeasible-plan"
+    if isinstance(exc, ConfigError):
+        return 422, "invalid-input"
+    if isinstance(exc, PrivacyError):
+        return 409, "privacy"
+    return 400, "bad-request"
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into a problem+json response."""
+
+    @app.exception_handler(DpsweepError)
+    async def dpsweep_error(request: Request, exc: DpsweepError) -> JSONResponse:
+        status, kind = status_of(exc)
+        field = getattr(exc, "field", None)
+        errors = [{"field": field, "message": str(exc)}] if field else None
+        headers = exc.headers if isinstance(exc, ApiError) else None
+        title = exc.title if isinstance(exc, ApiError) else None
+        return problem(status, str(exc), title=title, kind=kind, errors=errors, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"field": _loc(tuple(e.get("loc", ()))), "message": str(e.get("msg", "invalid"))}
+            for e in exc.errors()
+        ]
+        first = errors[0] if errors else {"field": "request", "message": "invalid"}
+        return problem(
+            422,
+            f"{first['field']}: {first['message']}",
+            kind="invalid-input",
+            errors=errors,
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return problem(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "an internal error occurred; it has been logged")
+
+
+# OpenAPI: every route may answer with these problems.
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {
+        s: {"model": Problem, "content": {PROBLEM: {}}, "description": TITLES.get(s, "Error")}
+        for s in statuses
+    }
+
+
+__all__ = ["PROBLEM", "ApiError", "Problem", "install", "problem", "problem_responses"]

@@ -1,0 +1,79 @@
+"""Planning off the request threads: a small process pool, with a cache.
+
+Planning a sweep is CPU-bound Python (dp_accounting builds privacy-loss distributions), from
+tens of milliseconds to seconds. Run in the server's own threads it would hold the GIL and
+stall every other request, so it runs in spawned processes (spawn, not fork: the server is
+multi-threaded). The result is deterministic in the spec and the dataset, so a plan asked for
+twice (``POST /sweeps:plan``, then ``POST /sweeps``; or thirty identical submissions at once)
+is computed once: concurrent callers share one future.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ProcessPoolExecutor
+from typing import Any
+
+from sweeper.spec import SweepSpec
+from sweeper.sweeps import PreparedSweep, prepare_sweep
+
+CACHE_SIZE = 128
+
+
+def _init_worker() -> None:
+    # One plan per process; the pool gives the parallelism.
+    os.environ["DPSWEEP_PLAN_PROCESSES"] = "1"
+
+
+def _prepare(spec_json: dict[str, Any], dataset: Any) -> PreparedSweep:
+    return prepare_sweep(SweepSpec.model_validate(spec_json), dataset=dataset)
+
+
+class Planner:
+    """Plans (with charge schedules) computed in a process pool and cached."""
+
+    def __init__(self, processes: int = 0) -> None:
+        n = processes or min(4, os.cpu_count() or 1)
+        self._pool = ProcessPoolExecutor(
+            max_workers=n,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+        )
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, Future[PreparedSweep]] = OrderedDict()
+
+    def prepare(self, spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
+        """The spec's plan and schedules (blocking; call from a worker thread).
+
+        Raises:
+            ConfigError / InfeasiblePlan: as :func:`sweeper.sweeps.prepare_sweep`.
+        """
+        spec_json = spec.model_dump(mode="json")
+        key = hashlib.sha256(
+            json.dumps([spec_json, repr(dataset)], sort_keys=True).encode()
+        ).hexdigest()
+        with self._lock:
+            fut = self._cache.get(key)
+            if fut is None:
+                fut = self._pool.submit(_prepare, spec_json, dataset)
+                self._cache[key] = fut
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(key)
+        try:
+            return fut.result()
+        except BaseException:
+            # Errors are not cached: the next try plans again (the dataset may be fixed).
+            with self._lock:
+                if self._cache.get(key) is fut:
+                    del self._cache[key]
+            raise
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

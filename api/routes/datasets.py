@@ -1,0 +1,184 @@
+"""``/api/v1/datasets``: built-in sets and uploads, and their lifetime budgets.
+
+Uploads are multipart (``file`` plus form fields). The size limit is enforced while the body
+streams in, so an oversized upload is refused (413) without being held in memory or stored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from api.deps import EngineDep, SettingsDep, ViewerDep
+from api.errors import ApiError, problem_responses
+from api.schemas import BudgetOut, CapsIn, DatasetList, DatasetOut
+from sweeper import catalog
+from workers.errors import ConfigError
+
+router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "format": {"type": "string", "enum": list(catalog.UPLOAD_FORMATS)},
+                        "label_column": {"type": "string"},
+                        "name": {"type": "string"},
+                        "epsilon_cap": {"type": "number", "minimum": 0},
+                        "delta_cap": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+def _float(form: Any, name: str) -> float | None:
+    raw = form.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(str(raw))
+    except ValueError:
+        raise ConfigError(f"{name} must be a number; got {raw!r}", field=name) from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ConfigError(f"{name} must be finite; got {raw!r}", field=name)
+    return value
+
+
+@router.get(
+    "", response_model=DatasetList, responses=problem_responses(401), summary="Datasets you can use"
+)
+def list_datasets(engine: EngineDep, viewer: ViewerDep) -> Any:
+    return JSONResponse({"items": catalog.list_datasets(engine, viewer)})
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=DatasetOut,
+    openapi_extra=UPLOAD_BODY,
+    responses=problem_responses(401, 413, 415, 422),
+    summary="Upload a CSV or NPZ dataset (multipart), optionally with lifetime caps",
+)
+async def upload(
+    request: Request, engine: EngineDep, settings: SettingsDep, viewer: ViewerDep
+) -> Any:
+    limit = settings.max_upload_bytes
+    declared = request.headers.get("content-length")
+    too_big = ApiError(
+        413,
+        f"the upload is over the limit of {limit} bytes (DPSWEEP_MAX_UPLOAD_BYTES)",
+        kind="too-large",
+    )
+    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
+        raise too_big
+    ctype = request.headers.get("content-type", "")
+    if not ctype.lower().startswith("multipart/form-data"):
+        raise ApiError(
+            415,
+            "upload a dataset as multipart/form-data with a 'file' part (and 'format', "
+            "'label_column' for CSV)",
+            kind="unsupported-media-type",
+        )
+    received = 0
+    receive = request.receive
+
+    async def limited() -> Any:
+        # Count bytes as they arrive: a body without Content-Length is cut off here too.
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit + 64 * 1024:
+                raise too_big
+        return message
+
+    try:
+        form = await Request(request.scope, limited).form(max_files=1, max_fields=16)
+    except ApiError:
+        raise
+    except Exception as exc:  # malformed multipart, or a part over the limit
+        if "size" in str(exc).lower() or "exceed" in str(exc).lower():
+            raise too_big from None
+        raise ConfigError(f"malformed multipart body: {exc}", field="file") from None
+    try:
+        file = form.get("file")
+        if not isinstance(file, UploadFile):
+            raise ConfigError("the upload needs a 'file' part with the data", field="file")
+        content = await file.read(limit + 1)
+        if len(content) > limit:
+            raise too_big
+        filename = (file.filename or "upload").rsplit("/", 1)[-1][:200]
+        fmt = str(form.get("format") or filename.rsplit(".", 1)[-1].lower())
+        label_column = form.get("label_column")
+        name = form.get("name")
+        eps_cap, delta_cap = _float(form, "epsilon_cap"), _float(form, "delta_cap")
+    finally:
+        await form.close()
+    out = await run_in_threadpool(
+        lambda: catalog.store_upload(
+            engine,
+            owner=viewer.owner,
+            content=content,
+            fmt=fmt,
+            data_dir=settings.data_dir,
+            filename=filename,
+            label=str(name) if name else None,
+            label_column=str(label_column) if label_column else None,
+            epsilon_cap=eps_cap,
+            delta_cap=delta_cap,
+        )
+    )
+    return JSONResponse(out, status_code=201, headers={"Location": f"/api/v1/datasets/{out['id']}"})
+
+
+@router.get(
+    "/{dataset_id}",
+    response_model=DatasetOut,
+    responses=problem_responses(401, 404),
+    summary="One dataset (never its data)",
+)
+def get_dataset(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+    return JSONResponse(catalog.describe(engine, dataset_id, viewer))
+
+
+@router.get(
+    "/{dataset_id}/budget",
+    response_model=BudgetOut,
+    responses=problem_responses(401, 404),
+    summary="Lifetime budget: caps, committed, reserved, remaining, and the sweeps that spent it",
+)
+def get_budget(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+    return JSONResponse(catalog.budget(engine, dataset_id, viewer))
+
+
+@router.put(
+    "/{dataset_id}/budget",
+    response_model=BudgetOut,
+    responses=problem_responses(401, 403, 404, 422),
+    summary="Set lifetime caps (null: no cap); never below what is committed and reserved",
+)
+def put_budget(
+    engine: EngineDep, viewer: ViewerDep, dataset_id: str, caps: Annotated[CapsIn, ...]
+) -> Any:
+    return JSONResponse(
+        catalog.set_caps(
+            engine,
+            dataset_id,
+            viewer,
+            epsilon_cap=caps.epsilon_cap,
+            delta_cap=caps.delta_cap,
+        )
+    )

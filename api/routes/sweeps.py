@@ -1,0 +1,449 @@
+"""``/api/v1/sweeps``: submit (and dry-run), list, read, cancel, results, fronts, events."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from api import idempotency
+from api.deps import (
+    Cursor,
+    EngineDep,
+    Limit,
+    PlannerDep,
+    SettingsDep,
+    ViewerDep,
+    page_size,
+)
+from api.errors import PROBLEM, ApiError, problem_responses, status_of
+from api.schemas import (
+    CancelOut,
+    ParetoOut,
+    PlanOut,
+    ResultsOut,
+    SweepOut,
+    SweepPage,
+    TrialPage,
+)
+from api.views import pareto
+from sweeper import catalog, reads
+from sweeper.charges import exact_sum
+from sweeper.events import read_events
+from sweeper.spec import SweepSpec, load_spec
+from sweeper.sweeps import TERMINAL_SWEEPS, cancel_sweep, create_sweep, dataset_key
+from workers.errors import ConfigError, DpsweepError
+
+router = APIRouter(prefix="/sweeps", tags=["sweeps"])
+
+JSON_TYPES = ("application/json",)
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+SPEC_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "a sweep spec (see DESIGN.md), as JSON or YAML",
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
+            "application/yaml": {"schema": {"type": "string"}},
+        },
+    }
+}
+TERMINAL = {s.value for s in TERMINAL_SWEEPS}
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without anchors and aliases: a small document must not expand into a huge one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise ConfigError("YAML aliases (*name) are not accepted in a spec", field="body")
+        return super().compose_node(parent, index)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(
+            413,
+            f"the spec is {int(declared)} bytes; the limit is {limit} (DPSWEEP_MAX_SPEC_BYTES)",
+            kind="too-large",
+        )
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(
+                413,
+                f"the spec is over the limit of {limit} bytes (DPSWEEP_MAX_SPEC_BYTES)",
+                kind="too-large",
+            )
+    return bytes(body)
+
+
+def _parse_spec(content_type: str, body: bytes) -> SweepSpec:
+    ctype = content_type.split(";")[0].strip().lower()
+    try:
+        if ctype in JSON_TYPES or ctype.endswith("+json"):
+            data = json.loads(body)
+        elif ctype in YAML_TYPES:
+            data = yaml.load(body.decode("utf-8"), Loader=_NoAliasLoader)
+        else:
+            raise ApiError(
+                415,
+                f"a spec is sent as application/json or application/yaml, not {ctype or 'nothing'}",
+                kind="unsupported-media-type",
+            )
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        raise ConfigError(f"the body is not valid JSON or YAML: {exc}", field="body") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            "a spec must be a mapping with keys name, dataset, model, privacy, arms",
+            field="body",
+        )
+    return load_spec(data)
+
+
+def _check_limits(spec: SweepSpec, max_trials: int) -> None:
+    n = spec.planned_trials()
+    if n > max_trials:
+        raise ConfigError(
+            f"the sweep plans {n} trials; this server allows at most {max_trials} per sweep "
+            "(DPSWEEP_MAX_TRIALS_PER_SWEEP): use fewer grid points, levels or seeds",
+            field="arms",
+        )
+
+
+def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int) -> Any:
+    _check_limits(spec, max_trials)
+    catalog.check_access(engine, spec.dataset, viewer)
+    dataset = (
+        catalog.resolve(engine, spec.dataset) if catalog.is_upload(spec.dataset.name) else None
+    )
+    return planner.prepare(spec, dataset=dataset)
+
+
+def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
+    return request.app.state.summaries.get(engine, sweep_id, viewer).summary
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SweepOut,
+    openapi_extra=SPEC_BODY,
+    responses=problem_responses(401, 409, 413, 415, 422),
+    summary="Submit a sweep: validate, plan, reserve its budget and queue it",
+)
+async def create(
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    planner: PlannerDep,
+    viewer: ViewerDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(description="retrying with the same key replays the first response"),
+    ] = None,
+) -> Response:
+    body = await _read_body(request, settings.max_spec_bytes)
+    ctype = request.headers.get("content-type", "")
+    key = idempotency.check_key(idempotency_key) if idempotency_key is not None else None
+
+    def work() -> Response:
+        owner = viewer.owner or ""
+        if key is not None:
+            digest = hashlib.sha256(ctype.encode() + b"\0" + body).hexdigest()
+            replay = idempotency.claim(
+                engine,
+                owner=owner,
+                key=key,
+                request_hash=digest,
+                wait_seconds=settings.idempotency_wait_seconds,
+            )
+            if replay is not None:
+                headers = {"Idempotent-Replayed": "true"}
+                if replay.location:
+                    headers["Location"] = replay.location
+                media = "application/json" if replay.status < 400 else PROBLEM
+                return Response(
+                    replay.body, status_code=replay.status, headers=headers, media_type=media
+                )
+        try:
+            spec = _parse_spec(ctype, body)
+            prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
+            sweep_id = create_sweep(engine, spec, owner=viewer.owner, prepared=prepared)
+            summary = _summary(request, engine, sweep_id, viewer)
+        except DpsweepError as exc:
+            if key is not None:
+                status, kind = status_of(exc)
+                field = getattr(exc, "field", None)
+                problem_body: dict[str, Any] = {
+                    "type": f"https://dpsweep.dev/problems/{kind}",
+                    "title": {409: "Conflict", 413: "Content too large"}.get(
+                        status, "Invalid input" if status == 422 else "Error"
+                    ),
+                    "status": status,
+                    "detail": str(exc),
+                }
+                if field:
+                    problem_body["errors"] = [{"field": field, "message": str(exc)}]
+                idempotency.complete(
+                    engine,
+                    owner=owner,
+                    key=key,
+                    status=status,
+                    body=json.dumps(problem_body),
+                    location=None,
+                )
+            raise
+        except BaseException:
+            if key is not None:
+                idempotency.complete(
+                    engine, owner=owner, key=key, status=500, body="", location=None
+                )
+            raise
+        location = f"/api/v1/sweeps/{sweep_id}"
+        text = json.dumps(summary)
+        if key is not None:
+            idempotency.complete(
+                engine, owner=owner, key=key, status=201, body=text, location=location
+            )
+        return Response(
+            text, status_code=201, headers={"Location": location}, media_type="application/json"
+        )
+
+    return await run_in_threadpool(work)
+
+
+@router.post(
+    ":plan",
+    response_model=PlanOut,
+    openapi_extra=SPEC_BODY,
+    responses=problem_responses(401, 413, 415, 422),
+    summary="Dry run: plan a spec (noise per grid, cost) and store nothing",
+)
+async def plan(
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    planner: PlannerDep,
+    viewer: ViewerDep,
+) -> dict[str, Any]:
+    body = await _read_body(request, settings.max_spec_bytes)
+    ctype = request.headers.get("content-type", "")
+
+    def work() -> dict[str, Any]:
+        spec = _parse_spec(ctype, body)
+        prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
+        grids = []
+        for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True):
+            grids.append(
+                {
+                    "arm": g.arm,
+                    "strategy": g.strategy,
+                    "epsilon_budget": g.epsilon_budget,
+                    "delta": g.delta,
+                    "accounting": g.accounting,
+                    "accountant": g.accountant,
+                    "noise_multiplier": g.noise_multiplier,
+                    "gradient_noise_multiplier": g.gradient_noise_multiplier or None,
+                    "steps_per_trial": g.steps_per_trial,
+                    "sample_rate": g.sample_rate,
+                    "trials": g.trials,
+                    "retries": g.retries,
+                    "epsilon_per_trial": g.epsilon_per_trial,
+                    "epsilon_total": g.epsilon_total,
+                    "epsilon_verified": g.epsilon_verified,
+                    "epsilon_reserved": float(sched.reserved_epsilon),
+                    "delta_reserved": float(sched.reserved_delta),
+                }
+            )
+        e: Decimal = exact_sum([s.reserved_epsilon for s in prepared.schedules])
+        d: Decimal = exact_sum([s.reserved_delta for s in prepared.schedules])
+        return {
+            "name": spec.name,
+            "dataset": dataset_key(spec),
+            "grids": grids,
+            "trials": sum(g["trials"] for g in grids),
+            "epsilon_reserved": float(e),
+            "delta_reserved": float(d),
+        }
+
+    return await run_in_threadpool(work)
+
+
+@router.get(
+    "",
+    response_model=SweepPage,
+    responses=problem_responses(401, 422),
+    summary="Your sweeps, newest first",
+)
+def list_sweeps(
+    engine: EngineDep,
+    settings: SettingsDep,
+    viewer: ViewerDep,
+    state: Annotated[str | None, Query(max_length=32)] = None,
+    limit: Limit = None,
+    cursor: Cursor = None,
+) -> dict[str, Any]:
+    page = reads.page_sweeps(
+        engine, viewer, state=state, limit=page_size(limit, settings), cursor=cursor
+    )
+    return {"items": page.items, "next_cursor": page.next_cursor}
+
+
+@router.get("/{sweep_id}", response_model=SweepOut, responses=problem_responses(401, 404))
+def get_sweep(request: Request, engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
+    return JSONResponse(_summary(request, engine, sweep_id, viewer))
+
+
+@router.post(
+    "/{sweep_id}/cancel",
+    response_model=CancelOut,
+    responses=problem_responses(401, 404, 409),
+    summary="Cancel a pending or running sweep (409 once it has finished)",
+)
+def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any]:
+    reads.check_sweep(engine, sweep_id, viewer)
+    out = cancel_sweep(engine, sweep_id)
+    return {"id": sweep_id, "state": "cancelled", **out}
+
+
+@router.get(
+    "/{sweep_id}/results",
+    response_model=ResultsOut,
+    responses=problem_responses(401, 404),
+    summary="The best configuration per arm and epsilon level",
+)
+def results(request: Request, engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
+    s = _summary(request, engine, sweep_id, viewer)
+    return JSONResponse(
+        {"id": sweep_id, "state": s["state"], "objective": s["objective"], "results": s["results"]}
+    )
+
+
+@router.get(
+    "/{sweep_id}/pareto",
+    response_model=ParetoOut,
+    responses=problem_responses(401, 404, 422),
+    summary="A Pareto front: epsilon vs a metric, or a metric vs another (accuracy vs ece)",
+)
+def get_pareto(
+    request: Request,
+    engine: EngineDep,
+    viewer: ViewerDep,
+    sweep_id: str,
+    x: Annotated[str, Query(max_length=64, description="epsilon, or a metric")] = "epsilon",
+    y: Annotated[str | None, Query(max_length=64, description="a metric")] = None,
+) -> Any:
+    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+    return JSONResponse(pareto(entry, sweep_id, x=x, y=y))
+
+
+@router.get(
+    "/{sweep_id}/trials",
+    response_model=TrialPage,
+    responses=problem_responses(401, 404, 422),
+    summary="A sweep's trials: filter by arm, level and state; sort by grid order or objective",
+)
+def list_trials(
+    engine: EngineDep,
+    settings: SettingsDep,
+    viewer: ViewerDep,
+    sweep_id: str,
+    arm: Annotated[str | None, Query(max_length=200)] = None,
+    level: Annotated[float | None, Query(description="epsilon level", allow_inf_nan=False)] = None,
+    state: Annotated[str | None, Query(max_length=32)] = None,
+    sort: Annotated[str, Query(description="number or objective")] = "number",
+    limit: Limit = None,
+    cursor: Cursor = None,
+) -> Any:
+    page = reads.page_trials(
+        engine,
+        sweep_id,
+        viewer,
+        arm=arm,
+        level=level,
+        state=state,
+        sort=sort,
+        limit=page_size(limit, settings),
+        cursor=cursor,
+    )
+    return JSONResponse({"items": page.items, "next_cursor": page.next_cursor})
+
+
+@router.get(
+    "/{sweep_id}/events",
+    responses={
+        200: {
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "description": "server-sent events: sweep, trial and metric",
+        },
+        **problem_responses(401, 404),
+    },
+    summary="Live events (SSE); resume with Last-Event-ID; ends when the sweep ends",
+    response_class=StreamingResponse,
+)
+async def events(
+    request: Request,
+    engine: EngineDep,
+    settings: SettingsDep,
+    viewer: ViewerDep,
+    sweep_id: str,
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    after: Annotated[int | None, Query(ge=0, description="like Last-Event-ID")] = None,
+) -> StreamingResponse:
+    await run_in_threadpool(reads.check_sweep, engine, sweep_id, viewer)
+    start = after or 0
+    if last_event_id:
+        if not last_event_id.strip().isdigit():
+            raise ConfigError(
+                "Last-Event-ID must be the id of an event of this stream",
+                field="Last-Event-ID",
+            )
+        start = int(last_event_id.strip())
+
+    async def stream() -> AsyncIterator[str]:
+        last, quiet_since = start, time.monotonic()
+        yield "retry: 2000\n\n"
+        while True:
+            batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+            ended = False
+            for e in batch:
+                last = e.id
+                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
+                if e.kind == "sweep" and e.data.get("state") in TERMINAL:
+                    ended = True
+            if ended:
+                return
+            if batch:
+                quiet_since = time.monotonic()
+                continue
+            state, _ = await run_in_threadpool(reads.check_sweep, engine, sweep_id, viewer)
+            if state in TERMINAL:
+                # Ended before this stream started (or its end event was already delivered).
+                more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+                if not more:
+                    return
+                continue
+            if await request.is_disconnected():
+                return
+            if time.monotonic() - quiet_since >= settings.sse_keepalive_seconds:
+                quiet_since = time.monotonic()
+                yield ": keep-alive\n\n"
+            await asyncio.sleep(settings.sse_poll_seconds)
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

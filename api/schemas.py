@@ -1,0 +1,239 @@
+"""Response models: the API's contract in its OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SweepItem(_Out):
+    id: str
+    name: str
+    dataset: str
+    state: str
+    owner: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    error: str | None
+
+
+class SweepPage(_Out):
+    items: list[SweepItem]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class Objective(_Out):
+    metric: str
+    mode: str
+
+
+class Pareto(_Out):
+    epsilon: list[dict[str, Any]]
+    calibration: list[dict[str, Any]]
+
+
+class SweepOut(_Out):
+    id: str
+    name: str
+    dataset: str
+    state: str
+    owner: str | None
+    error: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    objective: Objective
+    arms: list[dict[str, Any]]
+    plan: list[dict[str, Any]]
+    trials: dict[str, int] = Field(description="trials by state (papernot-steinke grids left out)")
+    budget: dict[str, float | int | None]
+    results: list[dict[str, Any]]
+    pareto: Pareto
+
+
+class PlanGrid(_Out):
+    arm: str
+    strategy: str
+    epsilon_budget: float
+    delta: float
+    accounting: str
+    accountant: str | None
+    noise_multiplier: float
+    gradient_noise_multiplier: float | None
+    steps_per_trial: int
+    sample_rate: float
+    trials: int = Field(description="planned runs (the mean for papernot-steinke)")
+    retries: int
+    epsilon_per_trial: float | None
+    epsilon_total: float
+    epsilon_verified: float | None
+    epsilon_reserved: float
+    delta_reserved: float
+
+
+class PlanOut(_Out):
+    name: str
+    dataset: str
+    grids: list[PlanGrid]
+    trials: int
+    epsilon_reserved: float
+    delta_reserved: float
+
+
+class CancelOut(_Out):
+    id: str
+    state: str
+    cancelled_pending: int
+    stopped_running: int
+    released_epsilon: float
+
+
+class TrialItem(_Out):
+    id: str
+    sweep: str
+    arm: str
+    strategy: str
+    epsilon_budget: float
+    params: dict[str, Any]
+    seed: int
+    number: int
+    state: str
+    attempts: int
+    noise_multiplier: float | None
+    error: str | None
+    metrics: dict[str, Any]
+    objective: float | None
+    epsilon: float | None
+    delta: float | None
+    steps: int | None
+    best_step: int | None
+    started_at: str | None
+    finished_at: str | None
+    train_seconds: float | None
+
+
+class TrialPage(_Out):
+    items: list[TrialItem]
+    next_cursor: str | None
+
+
+class TrialPrivacy(_Out):
+    charges: list[dict[str, Any]]
+    epsilon_charged: float
+    delta_charged: float
+    epsilon_reported: float | None
+
+
+class TrialDetail(TrialItem):
+    target_delta: float | None
+    worker: str | None
+    planned: dict[str, Any]
+    final_metrics: dict[str, Any]
+    accountant: str | None
+    reliability: list[dict[str, Any]]
+    trajectories: dict[str, Any]
+    step_time_ms_median: float | None
+    diverged_at: int | None
+    privacy: TrialPrivacy
+
+
+class MetricPointOut(_Out):
+    step: int
+    value: float | None
+
+
+class MetricHistory(_Out):
+    trial: str
+    metrics: dict[str, list[MetricPointOut]]
+
+
+class ResultsOut(_Out):
+    id: str
+    state: str
+    objective: Objective
+    results: list[dict[str, Any]]
+
+
+class ParetoPoint(_Out):
+    x: float
+    y: float
+    arm: str
+    dominated: bool
+    epsilon_budget: float
+    trial: str | None = None
+    params: dict[str, Any] | None = None
+
+
+class ParetoOut(_Out):
+    id: str
+    x: str
+    y: str
+    x_mode: str
+    y_mode: str
+    points: list[ParetoPoint]
+
+
+class DatasetOut(_Out):
+    id: str
+    name: str
+    kind: str
+    format: str | None
+    owner: str | None
+    size_bytes: int | None
+    created_at: str | None
+    n_examples: int | None
+    n_train: int | None
+    input_shape: list[int] | None
+    num_classes: int | None
+    sha256: str | None = None
+    label_column: str | None = None
+    kind_of_data: str | None = None
+
+
+class DatasetList(_Out):
+    items: list[DatasetOut]
+
+
+class BudgetSweep(_Out):
+    sweep: str
+    name: str
+    state: str
+    epsilon_charged: float
+    epsilon_reserved: float
+    delta_charged: float
+    delta_reserved: float
+
+
+class BudgetOut(_Out):
+    dataset: str
+    epsilon_cap: float | None
+    delta_cap: float | None
+    epsilon_committed: float
+    delta_committed: float
+    epsilon_reserved: float
+    delta_reserved: float
+    epsilon_remaining: float | None
+    delta_remaining: float | None
+    sweeps: list[BudgetSweep]
+
+
+class CapsIn(_Out):
+    epsilon_cap: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    delta_cap: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+
+
+class Health(_Out):
+    status: str
+
+
+class Ready(_Out):
+    status: str
+    database: str
+    schema_revision: str | None
+    schedulers: int

@@ -1,0 +1,156 @@
+"""``dpsweep serve``: migrations, then the API (uvicorn) and a scheduler in one process tree.
+
+The scheduler is a child process (``python -m sweeper.scheduler``) that exits when this
+process does; on SIGTERM/SIGINT the server stops taking requests and the scheduler drains
+(running trials may finish for ``DPSWEEP_DRAIN_SECONDS``) before it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_parsers(sub: Any) -> None:
+    s = sub.add_parser(
+        "serve",
+        help="run the REST API and a scheduler (SQLite + local Ray by default)",
+        description="Upgrade the database schema, then serve the REST API under /api/v1 and "
+        "run a scheduler that drives submitted sweeps on Ray. DPSWEEP_DATABASE_URL and "
+        "DPSWEEP_RAY_ADDRESS point it at PostgreSQL and a Ray cluster.",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument(
+        "--db", help="database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+    )
+    s.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="no bearer tokens (only on a loopback address): every request acts as the local user",
+    )
+    s.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not upgrade the schema; refuse a database behind head",
+    )
+    s.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="serve the API only (run `dpsweep scheduler` elsewhere)",
+    )
+    s.add_argument("--workers", type=int, help="trials (packs) run at once (default: CPUs)")
+    s.set_defaults(func=cmd_serve, subparser=s)
+
+    sc = sub.add_parser(
+        "scheduler",
+        help="run a scheduler alone: it drives the sweeps submitted to the database",
+    )
+    sc.add_argument("--db", help="database URL (default DPSWEEP_DATABASE_URL)")
+    sc.add_argument("--workers", type=int, help="trials (packs) run at once (default: CPUs)")
+    sc.set_defaults(func=cmd_scheduler, subparser=sc)
+
+
+def cmd_scheduler(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper.scheduler import main
+
+    argv = (["--db", args.db] if args.db else []) + (
+        ["--workers", str(args.workers)] if args.workers else []
+    )
+    return main(argv)
+
+
+def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import uvicorn
+    from rich.console import Console
+
+    from api.app import create_app
+    from api.settings import ApiSettings
+    from sweeper import db
+    from workers.errors import ConfigError
+
+    err = Console(stderr=True)
+    settings = ApiSettings()
+    if args.no_auth:
+        if not _loopback(args.host):
+            parser.error(
+                f"--no-auth is allowed only on a loopback address, not {args.host!r}: "
+                "bind --host 127.0.0.1, or create tokens with `dpsweep token create`"
+            )
+        settings = settings.model_copy(update={"auth": False})
+    url = db.database_url(args.db or settings.database_url)
+    try:
+        if args.no_migrate:
+            db.require_head(url)
+        else:
+            db.upgrade(url)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 1
+    except Exception as exc:  # a driver or connection error: say which database failed
+        err.print(f"[red]error:[/red] {url}: {exc}")
+        return 1
+    if not settings.auth:
+        err.print(
+            "[yellow]auth is OFF[/yellow] (--no-auth): every request to "
+            f"http://{args.host}:{args.port} acts as the local user"
+        )
+    else:
+        from sweeper.db import make_engine
+        from sweeper.tokens import list_tokens
+
+        engine = make_engine(url)
+        if not list_tokens(engine, include_revoked=False):
+            err.print(
+                "no API tokens yet: create one with `dpsweep token create --name NAME` "
+                "(every /api/v1 route needs one)"
+            )
+        engine.dispose()
+    child = None
+    if not args.no_scheduler:
+        cmd = [sys.executable, "-m", "sweeper.scheduler", "--db", url]
+        cmd += ["--parent-pid", str(os.getpid())]
+        if args.workers:
+            cmd += ["--workers", str(args.workers)]
+        child = subprocess.Popen(cmd)
+    app = create_app(settings, database_url=url)
+    err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {url})")
+    # uvicorn re-raises the signal that stopped it once it has shut down; with the default
+    # handler that would kill this process before the scheduler is drained. A no-op handler
+    # lets uvicorn.run return instead.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: None)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        if child is not None:
+            _stop(child)
+    return 0
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    from sweeper.settings import SweeperSettings
+
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=SweeperSettings().drain_seconds + 20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()

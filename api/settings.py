@@ -1,0 +1,42 @@
+"""Settings of the API server process: environment prefix ``DPSWEEP_``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ApiSettings(BaseSettings):
+    """``DPSWEEP_MAX_UPLOAD_BYTES=...`` etc. override the defaults."""
+
+    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore")
+
+    database_url: str | None = Field(default=None, description="default: sqlite:///dpsweep.db")
+    auth: bool = Field(
+        default=True,
+        description="require bearer tokens; off only with `dpsweep serve --no-auth` on loopback",
+    )
+    data_dir: Path = Field(default=Path("dpsweep-data"), description="where uploads are kept")
+    max_spec_bytes: int = Field(default=256 * 1024, ge=1024, description="largest sweep spec")
+    max_trials_per_sweep: int = Field(
+        default=5000, ge=1, description="most trials one sweep may plan"
+    )
+    max_upload_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest dataset upload")
+    page_size: int = Field(default=50, ge=1, le=1000)
+    max_page_size: int = Field(default=500, ge=1, le=10000)
+    planner_processes: int = Field(
+        default=0, ge=0, description="processes that plan sweeps (0: one per CPU, at most 4)"
+    )
+    sse_poll_seconds: float = Field(default=0.25, gt=0)
+    sse_keepalive_seconds: float = Field(default=10.0, gt=0)
+    scheduler_stale_seconds: float = Field(
+        default=20.0, gt=0, description="/ready wants a scheduler heartbeat this recent"
+    )
+    db_pool_size: int = Field(default=20, ge=1)
+    idempotency_wait_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="how long a repeated request waits for the first one with its key",
+    )

@@ -1,0 +1,128 @@
+"""Sweep summaries, results and Pareto fronts, cached by the sweep's version.
+
+A summary reads every trial of a sweep; a finished sweep of thousands of trials is read many
+times (dashboards poll). What a summary shows changes only with an event or a ledger entry of
+the sweep (:func:`sweeper.reads.sweep_version`), so summaries are cached under that version:
+a finished sweep is computed once. Sweeps with papernot-steinke grids are never cached while
+they run (their trials change without events, by design).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+
+from sweeper.catalog import Viewer
+from sweeper.reads import check_sweep, sweep_version
+from sweeper.results import best_per_arm_level, epsilon_front, pareto_mask
+from sweeper.sweeps import TERMINAL_SWEEPS, SweepResults, load_sweep, summarize, sweep_results
+from workers.errors import ConfigError
+
+# Metrics where lower is better; every other metric is maximised.
+LOWER_IS_BETTER = frozenset({"loss", "ece", "mce", "mse", "nll", "brier", "epsilon"})
+TERMINAL = {s.value for s in TERMINAL_SWEEPS}
+
+
+def mode_of(metric: str) -> str:
+    return "min" if metric in LOWER_IS_BETTER else "max"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    version: tuple[int, int]
+    summary: dict[str, Any]
+    results: SweepResults
+
+
+class SummaryCache:
+    def __init__(self, size: int = 64) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, _Entry] = OrderedDict()
+        self._size = size
+
+    def get(self, engine: Engine, sweep_id: str, viewer: Viewer) -> _Entry:
+        """The sweep's summary and results (raises SweepNotFound if not visible)."""
+        state, hidden = check_sweep(engine, sweep_id, viewer)
+        version = sweep_version(engine, sweep_id)
+        cacheable = state in TERMINAL or not hidden
+        with self._lock:
+            entry = self._items.get(sweep_id)
+            if entry is not None and cacheable and entry.version == version:
+                self._items.move_to_end(sweep_id)
+                return entry
+        sweep = load_sweep(engine, sweep_id)
+        entry = _Entry(version, summarize(engine, sweep_id, sweep=sweep), sweep_results(sweep))
+        if cacheable:
+            with self._lock:
+                self._items[sweep_id] = entry
+                while len(self._items) > self._size:
+                    self._items.popitem(last=False)
+        return entry
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def pareto(entry: _Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, Any]:
+    """A Pareto front of the released trials.
+
+    ``x=epsilon``: per arm and ε level, the best configuration by ``y`` (mean over seeds),
+    against the level. Otherwise a front over individual finished trials of metric ``x``
+    against metric ``y`` (e.g. ``x=accuracy&y=ece``, the calibration front).
+    """
+    res = entry.results
+    y = y or res.metric
+    known = {k for r in res.records for k in (r.get("metrics") or {})} | {res.metric}
+    for name, value in (("x", x), ("y", y)):
+        if value != "epsilon" and value not in known:
+            raise ConfigError(
+                f"unknown metric {value!r} for {name}; this sweep has: epsilon, "
+                f"{', '.join(sorted(known))}",
+                field=name,
+            )
+    if y == "epsilon":
+        raise ConfigError("y must be a metric; put epsilon on x", field="y")
+    x_mode, y_mode = mode_of(x), (res.mode if y == res.metric else mode_of(y))
+    points: list[dict[str, Any]] = []
+    if x == "epsilon":
+        results = best_per_arm_level(res.records, metric=y, mode=y_mode)
+        for p in epsilon_front(results, mode=y_mode):
+            points.append(
+                {
+                    "x": p.x,
+                    "y": p.y,
+                    "arm": p.label,
+                    "dominated": p.dominated,
+                    "epsilon_budget": p.x,
+                    "params": p.payload["best_params"],
+                }
+            )
+    else:
+        done = [
+            r
+            for r in res.records
+            if r.get("state") == "done"
+            and _finite((r.get("metrics") or {}).get(x))
+            and _finite((r.get("metrics") or {}).get(y))
+        ]
+        pts = [(float(r["metrics"][x]), float(r["metrics"][y])) for r in done]
+        mask = pareto_mask(pts, x_mode=x_mode, y_mode=y_mode)
+        for (px, py), r, m in zip(pts, done, mask, strict=True):
+            points.append(
+                {
+                    "x": px,
+                    "y": py,
+                    "arm": r["arm"],
+                    "dominated": not m,
+                    "epsilon_budget": r["epsilon_budget"],
+                    "trial": r["id"],
+                    "params": r["params"],
+                }
+            )
+    return {"id": sweep_id, "x": x, "y": y, "x_mode": x_mode, "y_mode": y_mode, "points": points}

@@ -1,0 +1,97 @@
+"""``dpsweep token create | list | revoke``: the API's bearer tokens."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+EXIT_FAILURE = 1
+
+
+def add_parsers(sub: Any) -> None:
+    db_help = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+    t = sub.add_parser("token", help="API bearer tokens: create, list, revoke")
+    tsub = t.add_subparsers(dest="token_command", metavar="ACTION")
+    tsub.required = True
+    c = tsub.add_parser(
+        "create",
+        help="create a token and print it once (only its hash is stored)",
+        description="Create a bearer token for NAME: it sees and creates NAME's sweeps and "
+        "datasets (an --admin token sees everyone's). The token is printed once.",
+    )
+    c.add_argument("--name", required=True, help="the owner name the token acts as")
+    c.add_argument("--admin", action="store_true", help="sees every owner's objects")
+    c.add_argument("--db", help=db_help)
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.set_defaults(func=cmd_token, subparser=c)
+    ls = tsub.add_parser("list", help="list tokens (never their secrets)")
+    ls.add_argument("--db", help=db_help)
+    ls.add_argument("--json", action="store_true", help="print a JSON list")
+    ls.set_defaults(func=cmd_token, subparser=ls)
+    r = tsub.add_parser("revoke", help="revoke a token: requests with it get 401 from now on")
+    r.add_argument("id", help="the token's id (see `dpsweep token list`)")
+    r.add_argument("--db", help=db_help)
+    r.set_defaults(func=cmd_token, subparser=r)
+
+
+def _info(t: Any) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "name": t.name,
+        "admin": t.admin,
+        "created_at": t.created_at.isoformat(),
+        "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
+        "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+    }
+
+
+def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper import db, tokens
+    from workers.errors import DpsweepError
+
+    err = Console(stderr=True)
+    url = db.database_url(args.db)
+    try:
+        db.require_head(url)
+        engine = db.make_engine(url)
+        try:
+            if args.token_command == "create":
+                secret, info = tokens.create_token(engine, name=args.name, admin=args.admin)
+                if args.json:
+                    print(json.dumps({"token": secret, **_info(info)}))
+                else:
+                    print(secret)
+                    kind = "admin token" if info.admin else "token"
+                    err.print(
+                        f"{kind} {info.id} for {info.name!r}: shown once, keep it secret; "
+                        "send it as 'Authorization: Bearer <token>'"
+                    )
+            elif args.token_command == "list":
+                rows = [_info(t) for t in tokens.list_tokens(engine)]
+                if args.json:
+                    print(json.dumps(rows, indent=2))
+                else:
+                    table = Table("id", "name", "admin", "created", "last used", "revoked")
+                    for r in rows:
+                        table.add_row(
+                            r["id"],
+                            r["name"],
+                            "yes" if r["admin"] else "",
+                            r["created_at"][:19],
+                            (r["last_used_at"] or "")[:19],
+                            (r["revoked_at"] or "")[:19],
+                        )
+                    Console().print(table)
+            else:
+                info = tokens.revoke_token(engine, args.id)
+                print(f"revoked token {info.id} ({info.name})")
+        finally:
+            engine.dispose()
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+    return 0

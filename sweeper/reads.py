@@ -1,0 +1,434 @@
+"""Reads for the API: visibility, cursor pages of sweeps and trials, trial details, versions.
+
+Visibility: a viewer sees its own objects (admins and local use see all); anything else is
+"not found", so ids of other owners do not leak. Release policy: a papernot-steinke sweep
+shows only each grid's selected trial, once the grid has finished (:mod:`sweeper.sweeps`);
+its other trials are not found, and their number is never shown.
+
+Pages use opaque keyset cursors (base64 JSON of the last row's sort key), so a page never
+skips or repeats rows when new rows arrive.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, case, func, literal, select, tuple_
+from sqlalchemy.orm import Session
+
+from sweeper.catalog import Viewer
+from sweeper.ledger import LedgerEntry
+from sweeper.store import (
+    MetricPoint,
+    Sweep,
+    SweepEvent,
+    SweepState,
+    Trial,
+    TrialResultRow,
+    TrialState,
+)
+from sweeper.sweeps import (
+    SweepNotFound,
+    grid_key,
+    hidden_grids,
+    load_sweep,
+    released_records,
+    schedules,
+)
+from workers.errors import ConfigError, NotFound
+
+SORTS = ("number", "objective")
+
+
+class TrialNotFound(NotFound):
+    """No trial with that id that the caller may see."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Cursors
+
+
+def encode_cursor(key: list[Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None, *, length: int) -> list[Any] | None:
+    """The key a cursor holds (None for the first page).
+
+    Raises:
+        ConfigError: a cursor this API did not hand out.
+    """
+    if not cursor:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        key = json.loads(raw)
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        key = None
+    if not isinstance(key, list) or len(key) != length:
+        raise ConfigError(
+            "invalid cursor: pass the next_cursor of a previous page unchanged, or omit it",
+            field="cursor",
+        )
+    return key
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps
+
+
+def visible_sweep(session: Session, sweep_id: str, viewer: Viewer) -> Sweep:
+    """The sweep row (trials not loaded), if the viewer may see it.
+
+    Raises:
+        SweepNotFound: no such sweep, or someone else's.
+    """
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None or not viewer.sees(sweep.owner):
+        raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
+    return sweep
+
+
+def check_sweep(engine: Engine, sweep_id: str, viewer: Viewer) -> tuple[str, bool]:
+    """(state, has hidden grids) of a visible sweep; raises SweepNotFound otherwise."""
+    with Session(engine) as session:
+        sweep = visible_sweep(session, sweep_id, viewer)
+        return sweep.state.value, bool(hidden_grids(sweep))
+
+
+def sweep_version(engine: Engine, sweep_id: str) -> tuple[int, int]:
+    """Changes whenever what a sweep's summary shows may have changed: its newest event and
+    its newest ledger entry (charges come without events)."""
+    with Session(engine) as session:
+        ev = session.scalar(select(func.max(SweepEvent.id)).where(SweepEvent.sweep_id == sweep_id))
+        le = session.scalar(
+            select(func.max(LedgerEntry.id)).where(LedgerEntry.sweep_id == sweep_id)
+        )
+    return int(ev or 0), int(le or 0)
+
+
+def sweep_item(s: Sweep) -> dict[str, Any]:
+    return {
+        "id": s.id,
+        "name": s.name,
+        "dataset": s.dataset,
+        "state": s.state.value,
+        "owner": s.owner,
+        "created_at": s.created_at.isoformat(),
+        "started_at": s.started_at.isoformat() if s.started_at else None,
+        "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+        "error": s.error,
+    }
+
+
+def page_sweeps(
+    engine: Engine,
+    viewer: Viewer,
+    *,
+    state: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> Page:
+    """The viewer's sweeps, newest first, ``limit`` at a time."""
+    key = decode_cursor(cursor, length=2)
+    stmt = select(Sweep)
+    if not (viewer.admin or viewer.owner is None):
+        stmt = stmt.where(Sweep.owner == viewer.owner)
+    if state is not None:
+        try:
+            stmt = stmt.where(Sweep.state == SweepState(state))
+        except ValueError:
+            raise ConfigError(
+                f"unknown state {state!r}; choose one of {', '.join(s.value for s in SweepState)}",
+                field="state",
+            ) from None
+    if key is not None:
+        from datetime import datetime
+
+        try:
+            at = datetime.fromisoformat(str(key[0]))
+        except ValueError:
+            raise ConfigError("invalid cursor", field="cursor") from None
+        stmt = stmt.where(tuple_(Sweep.created_at, Sweep.id) < tuple_(literal(at), str(key[1])))
+    stmt = stmt.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit + 1)
+    with Session(engine) as session:
+        rows = list(session.scalars(stmt))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    nxt = encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None
+    return Page([sweep_item(r) for r in rows], nxt)
+
+
+# ---------------------------------------------------------------------------------------------
+# Trials
+
+
+def _record(t: Trial, r: Any) -> dict[str, Any]:
+    return {
+        "id": t.id,
+        "sweep": t.sweep_id,
+        "arm": t.arm,
+        "strategy": t.strategy,
+        "epsilon_budget": t.epsilon_budget,
+        "params": t.params,
+        "seed": t.seed,
+        "number": t.number,
+        "state": t.state.value,
+        "attempts": t.attempts,
+        "noise_multiplier": t.noise_multiplier,
+        "error": t.error,
+        "metrics": (r.metrics if r is not None else None) or {},
+        "objective": r.objective if r is not None else None,
+        "epsilon": r.epsilon if r is not None else None,
+        "delta": r.delta if r is not None else None,
+        "steps": r.steps if r is not None else None,
+        "best_step": r.best_step if r is not None else None,
+        "started_at": t.started_at.isoformat() if t.started_at else None,
+        "finished_at": t.finished_at.isoformat() if t.finished_at else None,
+        "train_seconds": t.train_seconds,
+    }
+
+
+def _mode(sweep: Sweep) -> tuple[str, str]:
+    obj = sweep.spec.get("objective", {})
+    return obj.get("metric", "accuracy"), obj.get("mode", "max")
+
+
+def page_trials(
+    engine: Engine,
+    sweep_id: str,
+    viewer: Viewer,
+    *,
+    arm: str | None = None,
+    level: float | None = None,
+    state: str | None = None,
+    sort: str = "number",
+    limit: int = 50,
+    cursor: str | None = None,
+) -> Page:
+    """A sweep's released trials, filtered, sorted by grid order (``number``: arm, level,
+    number) or by the objective (best first, trials without one last)."""
+    if sort not in SORTS:
+        raise ConfigError(f"unknown sort {sort!r}; choose one of {', '.join(SORTS)}", field="sort")
+    with Session(engine) as session:
+        sweep = visible_sweep(session, sweep_id, viewer)
+        hidden = bool(hidden_grids(sweep))
+        metric, mode = _mode(sweep)
+    if state is not None and state not in {s.value for s in TrialState}:
+        raise ConfigError(
+            f"unknown state {state!r}; choose one of pending, running, done, failed, "
+            "interrupted, cancelled",
+            field="state",
+        )
+    if hidden:
+        return _page_released(
+            engine, sweep_id, arm=arm, level=level, state=state, sort=sort, limit=limit,
+            cursor=cursor, metric=metric, mode=mode,
+        )  # fmt: skip
+    sign = -1.0 if mode == "max" else 1.0
+    missing = case((TrialResultRow.objective.is_(None), 1), else_=0)
+    value = func.coalesce(TrialResultRow.objective * sign, 0.0)
+    if sort == "number":
+        cols: list[Any] = [Trial.arm, Trial.epsilon_budget, Trial.number, Trial.id]
+    else:
+        cols = [missing, value, Trial.id]
+    key = decode_cursor(cursor, length=len(cols))
+    stmt = (
+        select(Trial, TrialResultRow)
+        .outerjoin(TrialResultRow, TrialResultRow.trial_id == Trial.id)
+        .where(Trial.sweep_id == sweep_id)
+    )
+    if arm is not None:
+        stmt = stmt.where(Trial.arm == arm)
+    if level is not None:
+        stmt = stmt.where(Trial.epsilon_budget == float(level))
+    if state is not None:
+        stmt = stmt.where(Trial.state == state)
+    if key is not None:
+        stmt = stmt.where(tuple_(*cols) > tuple_(*[literal(v) for v in key]))
+    stmt = stmt.order_by(*cols).limit(limit + 1)
+    from sqlalchemy.orm import defer
+
+    stmt = stmt.options(
+        defer(TrialResultRow.trajectories),
+        defer(TrialResultRow.reliability),
+        defer(TrialResultRow.final_metrics),
+    )
+    with Session(engine) as session:
+        rows = list(session.execute(stmt).tuples())
+        more = len(rows) > limit
+        rows = rows[:limit]
+        items = [_record(t, r) for t, r in rows]
+    nxt = None
+    if more:
+        last = items[-1]
+        if sort == "number":
+            nxt = encode_cursor([last["arm"], last["epsilon_budget"], last["number"], last["id"]])
+        else:
+            obj = last["objective"]
+            nxt = encode_cursor(
+                [1 if obj is None else 0, 0.0 if obj is None else sign * obj, last["id"]]
+            )
+    return Page(items, nxt)
+
+
+def _page_released(
+    engine: Engine,
+    sweep_id: str,
+    *,
+    arm: str | None,
+    level: float | None,
+    state: str | None,
+    sort: str,
+    limit: int,
+    cursor: str | None,
+    metric: str,
+    mode: str,
+) -> Page:
+    # papernot-steinke: at most one released trial per grid, so the page is built in memory.
+    sweep = load_sweep(engine, sweep_id)
+    records = released_records(sweep, metric=metric, mode=mode)
+    results = {r.trial_id: r for t in sweep.trials if (r := t.result) is not None}
+    items = []
+    for rec in records:
+        t = next(x for x in sweep.trials if x.id == rec["id"])
+        item = _record(t, results.get(t.id))
+        if arm is not None and item["arm"] != arm:
+            continue
+        if level is not None and item["epsilon_budget"] != float(level):
+            continue
+        if state is not None and item["state"] != state:
+            continue
+        items.append(item)
+    sign = -1.0 if mode == "max" else 1.0
+
+    def sort_key(i: dict[str, Any]) -> list[Any]:
+        if sort == "number":
+            return [i["arm"], i["epsilon_budget"], i["number"], i["id"]]
+        obj = i["objective"]
+        return [1 if obj is None else 0, 0.0 if obj is None else sign * obj, i["id"]]
+
+    items.sort(key=sort_key)
+    key = decode_cursor(cursor, length=4 if sort == "number" else 3)
+    if key is not None:
+        items = [i for i in items if sort_key(i) > key]
+    more = len(items) > limit
+    items = items[:limit]
+    return Page(items, encode_cursor(sort_key(items[-1])) if more else None)
+
+
+def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> Trial:
+    trial = session.get(Trial, trial_id)
+    if trial is not None:
+        sweep = session.get(Sweep, trial.sweep_id)
+        if sweep is not None and viewer.sees(sweep.owner):
+            hidden = hidden_grids(sweep)
+            if grid_key(trial.arm, trial.epsilon_budget) not in hidden:
+                return trial
+            metric, mode = _mode(sweep)
+            # A papernot-steinke trial exists for the caller only if it is the selected one.
+            from sqlalchemy.orm import selectinload
+
+            full = session.scalars(
+                select(Sweep)
+                .where(Sweep.id == sweep.id)
+                .options(selectinload(Sweep.trials).selectinload(Trial.result))
+            ).one()
+            if any(r["id"] == trial_id for r in released_records(full, metric=metric, mode=mode)):
+                return trial
+    raise TrialNotFound(f"no trial {trial_id!r}; GET /api/v1/sweeps/{{id}}/trials lists them")
+
+
+def _clean(value: Any) -> Any:
+    """JSON cannot carry NaN or infinities; they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any]:
+    """Everything about one released trial: parameters, planned σ, its privacy charges,
+    best-checkpoint and final metrics, reliability bins and trajectories."""
+    from sweeper.ledger import BudgetLedger, EntryKind
+
+    with Session(engine) as session:
+        trial = _released_trial(session, trial_id, viewer)
+        sweep = session.get(Sweep, trial.sweep_id)
+        assert sweep is not None
+        r = trial.result
+        out = _record(trial, r)
+        grid = grid_key(trial.arm, trial.epsilon_budget)
+        plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
+        sched = schedules(sweep).get(grid)
+        dataset = sweep.dataset
+        out |= {
+            "target_delta": trial.target_delta,
+            "worker": trial.worker,
+            "planned": {
+                "noise_multiplier": trial.noise_multiplier,
+                "gradient_noise_multiplier": plan.get("gradient_noise_multiplier"),
+                "steps": plan.get("steps_per_trial"),
+                "sample_rate": plan.get("sample_rate"),
+                "accountant": plan.get("accountant"),
+                "accounting": plan.get("accounting"),
+                "grid_epsilon_budget": plan.get("epsilon_budget"),
+                "grid_runs_reserved": sched.runs if sched and not sched.whole_grid else None,
+            },
+            "final_metrics": (r.final_metrics if r is not None else None) or {},
+            "accountant": r.accountant if r is not None else None,
+            "reliability": (r.reliability if r is not None else None) or [],
+            "trajectories": (r.trajectories if r is not None else None) or {},
+            "step_time_ms_median": r.step_time_ms_median if r is not None else None,
+            "diverged_at": r.diverged_at if r is not None else None,
+        }
+    charges = [
+        {
+            "kind": e.kind.value,
+            "epsilon": float(e.epsilon),
+            "delta": float(e.delta),
+            "at": e.created_at.isoformat(),
+            "note": e.note,
+        }
+        for e in BudgetLedger(engine).entries(dataset, trial.sweep_id)
+        if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
+    ]
+    out["privacy"] = {
+        "charges": charges,
+        "epsilon_charged": sum(c["epsilon"] for c in charges),
+        "delta_charged": sum(c["delta"] for c in charges),
+        "epsilon_reported": out["epsilon"],
+    }
+    return _clean(out)
+
+
+def metric_history(
+    engine: Engine, trial_id: str, viewer: Viewer, *, name: str | None = None
+) -> dict[str, Any]:
+    """A released trial's evaluation history: ``{name: [{step, value}, ...]}``."""
+    with Session(engine) as session:
+        _released_trial(session, trial_id, viewer)
+        stmt = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
+            MetricPoint.trial_id == trial_id
+        )
+        if name is not None:
+            stmt = stmt.where(MetricPoint.name == name)
+        rows = session.execute(stmt.order_by(MetricPoint.name, MetricPoint.step)).all()
+    series: dict[str, list[dict[str, Any]]] = {}
+    for n, step, value in rows:
+        series.setdefault(n, []).append({"step": step, "value": value})
+    return {"trial": trial_id, "metrics": series}
