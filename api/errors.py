@@ -85,6 +85,25 @@ TITLES = {
 }
 
 
+def problem_body(
+    status: int,
+    detail: str,
+    *,
+    title: str | None = None,
+    kind: str | None = None,
+    errors: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + (kind or str(status)),
+        "title": title or TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
+    if errors is not None:
+        body["errors"] = errors
+    return body
+
+
 def problem(
     status: int,
     detail: str,
@@ -94,15 +113,17 @@ def problem(
     errors: list[dict[str, str]] | None = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {
-        "type": TYPE_BASE + (kind or str(status)),
-        "title": title or TITLES.get(status, "Error"),
-        "status": status,
-        "detail": detail,
-    }
-    if errors is not None:
-        body["errors"] = errors
+    body = problem_body(status, detail, title=title, kind=kind, errors=errors)
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+def exception_body(exc: DpsweepError) -> tuple[int, dict[str, Any]]:
+    """The status and problem body of a dpsweep exception."""
+    status, kind = status_of(exc)
+    field = getattr(exc, "field", None)
+    errors = [{"field": field, "message": str(exc)}] if field else None
+    title = exc.title if isinstance(exc, ApiError) else None
+    return status, problem_body(status, str(exc), title=title, kind=kind, errors=errors)
 
 
 def status_of(exc: DpsweepError) -> tuple[int, str]:
@@ -136,12 +157,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(DpsweepError)
     async def dpsweep_error(request: Request, exc: DpsweepError) -> JSONResponse:
-        status, kind = status_of(exc)
-        field = getattr(exc, "field", None)
-        errors = [{"field": field, "message": str(exc)}] if field else None
+        status, body = exception_body(exc)
         headers = exc.headers if isinstance(exc, ApiError) else None
-        title = exc.title if isinstance(exc, ApiError) else None
-        return problem(status, str(exc), title=title, kind=kind, errors=errors, headers=headers)
+        return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

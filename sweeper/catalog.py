@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sweeper.ledger import BudgetLedger, EntryKind
-from sweeper.store import Dataset, Sweep
+from sweeper.store import Dataset, Sweep, iso
 from workers.errors import ConfigError, DatasetError, DpsweepError, NotFound, PermissionDenied
 
 UPLOAD_PREFIX = "ds_"
@@ -261,7 +261,7 @@ def _upload(row: Dataset) -> dict[str, Any]:
         "size_bytes": row.size_bytes,
         "sha256": row.sha256,
         "label_column": cfg.get("label_column"),
-        "created_at": row.created_at.isoformat() if row.created_at else None,
+        "created_at": iso(row.created_at),
         "n_examples": row.n_examples,
         "n_train": cfg.get("n_train"),
         "input_shape": cfg.get("input_shape"),

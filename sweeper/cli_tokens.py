@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sweeper.store import iso
+
 EXIT_FAILURE = 1
 
 
@@ -43,9 +45,9 @@ def _info(t: Any) -> dict[str, Any]:
         "id": t.id,
         "name": t.name,
         "admin": t.admin,
-        "created_at": t.created_at.isoformat(),
-        "last_used_at": t.last_used_at.isoformat() if t.last_used_at else None,
-        "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+        "created_at": iso(t.created_at),
+        "last_used_at": iso(t.last_used_at),
+        "revoked_at": iso(t.revoked_at),
     }
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from sweeper.store import Sweep, SweepEvent
+from sweeper.store import Sweep, SweepEvent, iso
 
 SWEEP = "sweep"
 TRIAL = "trial"
@@ -67,7 +67,7 @@ class Event:
     id: int
     kind: str
     data: dict[str, Any]
-    created_at: str
+    created_at: str | None
 
 
 def read_events(engine: Engine, sweep_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
@@ -79,7 +79,4 @@ def read_events(engine: Engine, sweep_id: str, *, after: int = 0, limit: int = 5
             .order_by(SweepEvent.id)
             .limit(limit)
         )
-        return [
-            Event(r.id, r.kind, {"sweep": sweep_id, **r.data}, r.created_at.isoformat())
-            for r in rows
-        ]
+        return [Event(r.id, r.kind, {"sweep": sweep_id, **r.data}, iso(r.created_at)) for r in rows]

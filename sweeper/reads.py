@@ -31,6 +31,7 @@ from sweeper.store import (
     Trial,
     TrialResultRow,
     TrialState,
+    iso,
 )
 from sweeper.sweeps import (
     SweepNotFound,
@@ -125,9 +126,9 @@ def sweep_item(s: Sweep) -> dict[str, Any]:
         "dataset": s.dataset,
         "state": s.state.value,
         "owner": s.owner,
-        "created_at": s.created_at.isoformat(),
-        "started_at": s.started_at.isoformat() if s.started_at else None,
-        "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+        "created_at": iso(s.created_at),
+        "started_at": iso(s.started_at),
+        "finished_at": iso(s.finished_at),
         "error": s.error,
     }
 
@@ -194,8 +195,8 @@ def _record(t: Trial, r: Any) -> dict[str, Any]:
         "delta": r.delta if r is not None else None,
         "steps": r.steps if r is not None else None,
         "best_step": r.best_step if r is not None else None,
-        "started_at": t.started_at.isoformat() if t.started_at else None,
-        "finished_at": t.finished_at.isoformat() if t.finished_at else None,
+        "started_at": iso(t.started_at),
+        "finished_at": iso(t.finished_at),
         "train_seconds": t.train_seconds,
     }
 
@@ -401,7 +402,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
             "kind": e.kind.value,
             "epsilon": float(e.epsilon),
             "delta": float(e.delta),
-            "at": e.created_at.isoformat(),
+            "at": iso(e.created_at),
             "note": e.note,
         }
         for e in BudgetLedger(engine).entries(dataset, trial.sweep_id)

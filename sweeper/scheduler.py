@@ -40,7 +40,7 @@ from sqlalchemy import Engine, delete, or_, select
 from sqlalchemy.orm import Session
 
 from sweeper.settings import SweeperSettings
-from sweeper.store import ServiceHeartbeat, Sweep, SweepState
+from sweeper.store import ServiceHeartbeat, Sweep, SweepState, iso
 
 log = logging.getLogger("dpsweep.scheduler")
 
@@ -227,7 +227,7 @@ def live_schedulers(engine: Engine, *, within_seconds: float) -> list[dict[str, 
     with Session(engine) as session:
         rows = list(session.scalars(select(ServiceHeartbeat).where(ServiceHeartbeat.kind == KIND)))
     return [
-        {"name": r.name, "beat_at": r.beat_at.isoformat(), **(r.info or {})}
+        {"name": r.name, "beat_at": iso(r.beat_at), **(r.info or {})}
         for r in rows
         if (b := _aware(r.beat_at)) is not None and b > since
     ]

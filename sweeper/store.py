@@ -37,6 +37,15 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def iso(dt: datetime | None) -> str | None:
+    """ISO 8601 in UTC with its offset (SQLite hands back naive datetimes, stored as UTC)."""
+    if dt is None:
+        return None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).isoformat()
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

@@ -28,7 +28,7 @@ from sweeper.planner import SweepPlan, plan_sweep
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
 from sweeper.spec import ArmConfig, SweepSpec, load_spec
-from sweeper.store import Dataset, Sweep, SweepState, Trial, TrialResultRow, TrialState
+from sweeper.store import Dataset, Sweep, SweepState, Trial, TrialResultRow, TrialState, iso
 from workers.errors import ConfigError, DpsweepError, NotFound
 
 TERMINAL_TRIALS = (
@@ -312,8 +312,8 @@ def trial_record(t: Trial) -> dict[str, Any]:
         "delta": r.delta if r is not None else None,
         "steps": r.steps if r is not None else None,
         "best_step": r.best_step if r is not None else None,
-        "started_at": t.started_at.isoformat() if t.started_at else None,
-        "finished_at": t.finished_at.isoformat() if t.finished_at else None,
+        "started_at": iso(t.started_at),
+        "finished_at": iso(t.finished_at),
         "train_seconds": t.train_seconds,
     }
 
@@ -369,8 +369,8 @@ def list_sweeps(engine: Engine, *, limit: int = 100) -> list[dict[str, Any]]:
                 "name": s.name,
                 "dataset": s.dataset,
                 "state": s.state.value,
-                "created_at": s.created_at.isoformat(),
-                "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+                "created_at": iso(s.created_at),
+                "finished_at": iso(s.finished_at),
             }
             for s in rows
         ]
@@ -418,9 +418,9 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
         "state": sweep.state.value,
         "owner": sweep.owner,
         "error": sweep.error,
-        "created_at": sweep.created_at.isoformat(),
-        "started_at": sweep.started_at.isoformat() if sweep.started_at else None,
-        "finished_at": sweep.finished_at.isoformat() if sweep.finished_at else None,
+        "created_at": iso(sweep.created_at),
+        "started_at": iso(sweep.started_at),
+        "finished_at": iso(sweep.finished_at),
         "objective": {"metric": res.metric, "mode": res.mode},
         "arms": [
             {

@@ -25,7 +25,7 @@ from api.deps import (
     ViewerDep,
     page_size,
 )
-from api.errors import PROBLEM, ApiError, problem_responses, status_of
+from api.errors import PROBLEM, ApiError, exception_body, problem_responses
 from api.schemas import (
     CancelOut,
     ParetoOut,
@@ -184,18 +184,7 @@ async def create(
             summary = _summary(request, engine, sweep_id, viewer)
         except DpsweepError as exc:
             if key is not None:
-                status, kind = status_of(exc)
-                field = getattr(exc, "field", None)
-                problem_body: dict[str, Any] = {
-                    "type": f"https://dpsweep.dev/problems/{kind}",
-                    "title": {409: "Conflict", 413: "Content too large"}.get(
-                        status, "Invalid input" if status == 422 else "Error"
-                    ),
-                    "status": status,
-                    "detail": str(exc),
-                }
-                if field:
-                    problem_body["errors"] = [{"field": field, "message": str(exc)}]
+                status, problem_body = exception_body(exc)
                 idempotency.complete(
                     engine,
                     owner=owner,

@@ -1,0 +1,64 @@
+"""API tokens: created once, stored as a hash, verified, revoked; and their CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from api.cli import main
+from sweeper import db
+from sweeper.tokens import create_token, list_tokens, revoke_token, verify_token
+from workers.errors import ConfigError
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    u = f"sqlite:///{tmp_path / 'tokens.db'}"
+    db.upgrade(u)
+    return u
+
+
+def test_tokens_verify_until_revoked_and_only_a_hash_is_stored(url: str) -> None:
+    engine = db.make_engine(url)
+    secret, info = create_token(engine, name="ada")
+    _, admin = create_token(engine, name="root", admin=True)
+    p = verify_token(engine, secret)
+    assert p is not None and (p.name, p.admin, p.token_id) == ("ada", False, info.id)
+    assert verify_token(engine, secret + "x") is None
+    assert verify_token(engine, "not-a-token") is None
+    with engine.connect() as conn:
+        dump = repr(conn.execute(sa.text("SELECT * FROM api_tokens")).all())
+    assert secret not in dump and secret.split("_")[2] not in dump
+    assert [t.name for t in list_tokens(engine)] == ["ada", "root"] and admin.admin
+    revoke_token(engine, info.id)
+    assert verify_token(engine, secret) is None
+    assert [t.name for t in list_tokens(engine, include_revoked=False)] == ["root"]
+    with pytest.raises(ConfigError, match="not allowed"):
+        create_token(engine, name="bad name!")
+    engine.dispose()
+
+
+def test_token_cli_create_list_revoke(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["token", "create", "--name", "ada", "--db", url, "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["token"].startswith("dps_") and created["name"] == "ada"
+    assert main(["token", "list", "--db", url, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [t["id"] for t in listed] == [created["id"]]
+    assert created["token"] not in json.dumps(listed)
+    assert main(["token", "revoke", created["id"], "--db", url]) == 0
+    engine = db.make_engine(url)
+    assert verify_token(engine, created["token"]) is None
+    engine.dispose()
+    assert main(["token", "revoke", "nope", "--db", url]) == 1
+    assert "no token" in capsys.readouterr().err
+
+
+def test_serve_refuses_no_auth_off_loopback(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--no-auth", "--host", "0.0.0.0", "--db", url])
+    assert exc.value.code == 2
+    assert "loopback" in capsys.readouterr().err
