@@ -499,3 +499,51 @@ def test_restart_mid_sweep_resumes_and_reports_consistently(tmp_path: Path) -> N
         assert all(t["attempts"] == 1 for t in trials)
     finally:
         server.stop()
+
+
+def test_papernot_steinke_sweeps_serve_only_the_selected_trial(
+    server: Server, ada: httpx.Client
+) -> None:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from sweeper.store import Trial
+
+    spec = _spec(
+        name="ps",
+        privacy={
+            "budgets": [4],
+            "delta": 1e-5,
+            "accounting": "papernot-steinke",
+            "distribution": {"name": "poisson"},
+        },
+        search={"method": "random", "n": 3},
+    )
+    engine = db.make_engine(server.db_url)
+    for _ in range(6):  # the number of runs is random (Poisson, mean 3): want at least two
+        r = ada.post("/api/v1/sweeps", json=spec)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        assert "trials" not in r.json()["plan"][0]
+        events = read_sse(ada, f"/api/v1/sweeps/{sid}/events")
+        with Session(engine) as session:
+            ids = list(session.scalars(select(Trial.id).where(Trial.sweep_id == sid)))
+        if len(ids) >= 2:
+            break
+    engine.dispose()
+    assert len(ids) >= 2
+    # Nothing per trial is streamed, counted or charged visibly: only the sweep's own events.
+    assert {e["event"] for e in events} == {"sweep"}
+    s = ada.get(f"/api/v1/sweeps/{sid}").json()
+    assert s["state"] == "done" and sum(s["trials"].values()) == 0
+    assert s["budget"]["charges"] is None
+    items = ada.get(f"/api/v1/sweeps/{sid}/trials").json()["items"]
+    assert len(items) == 1 and items[0]["state"] == "done"
+    chosen = items[0]["id"]
+    assert ada.get(f"/api/v1/trials/{chosen}").status_code == 200
+    assert ada.get(f"/api/v1/trials/{chosen}/metrics").json()["metrics"]
+    for other in set(ids) - {chosen}:
+        assert_problem(ada.get(f"/api/v1/trials/{other}"), 404)
+        assert_problem(ada.get(f"/api/v1/trials/{other}/metrics"), 404)
+    assert ada.get(f"/api/v1/sweeps/{sid}/trials?state=pending").json()["items"] == []
+    assert len(ada.get(f"/api/v1/sweeps/{sid}/pareto?x=accuracy&y=ece").json()["points"]) <= 1
