@@ -66,11 +66,28 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
             comps.update(spec_schema.pop("$defs", {}))
             comps["SweepSpec"] = spec_schema
+            _problems_as_problem_json(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def _problems_as_problem_json(schema: dict[str, Any]) -> None:
+    """Every error response is application/problem+json with the Problem schema, including
+    FastAPI's own 422 (which it documents as HTTPValidationError in application/json)."""
+    problem = {errors.PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for item in schema.get("paths", {}).values():
+        for op in item.values():
+            for status, resp in op.get("responses", {}).items():
+                if errors.PROBLEM in resp.get("content", {}) or status == "422":
+                    resp["content"] = dict(problem)
+                    if status == "422":
+                        resp["description"] = errors.TITLES[422]
+    comps = schema.get("components", {}).get("schemas", {})
+    comps.pop("HTTPValidationError", None)
+    comps.pop("ValidationError", None)
 
 
 def _engine(url: str, settings: ApiSettings) -> Any:

@@ -164,7 +164,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"field": _loc(tuple(e.get("loc", ()))), "message": str(e.get("msg", "invalid"))}
+            {
+                # A body that is not JSON at all has no field; its loc holds a character offset.
+                "field": "body"
+                if e.get("type") == "json_invalid"
+                else _loc(tuple(e.get("loc", ()))),
+                "message": str(e.get("msg", "invalid")),
+            }
             for e in exc.errors()
         ]
         first = errors[0] if errors else {"field": "request", "message": "invalid"}

@@ -48,8 +48,11 @@ def _float(form: Any, name: str) -> float | None:
     raw = form.get(name)
     if raw is None or raw == "":
         return None
+    text = str(raw).strip()
     try:
-        value = float(str(raw))
+        if "_" in text:  # float() accepts 1_0; a cap written so is a typo, not ten
+            raise ValueError
+        value = float(text)
     except ValueError:
         raise ConfigError(f"{name} must be a number; got {raw!r}", field=name) from None
     if value != value or value in (float("inf"), float("-inf")):
@@ -167,7 +170,7 @@ def get_budget(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
 @router.put(
     "/{dataset_id}/budget",
     response_model=BudgetOut,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(400, 401, 403, 404, 422),
     summary="Set lifetime caps (null: no cap); never below what is committed and reserved",
 )
 def put_budget(

@@ -53,7 +53,7 @@ SPEC_BODY = {
         "description": "a sweep spec (see DESIGN.md), as JSON or YAML",
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
-            "application/yaml": {"schema": {"type": "string"}},
+            "application/yaml": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
         },
     }
 }
@@ -374,7 +374,21 @@ def list_trials(
     "/{sweep_id}/events",
     responses={
         200: {
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {
+                "text/event-stream": {
+                    "schema": {
+                        "description": "one event; its data is a JSON object",
+                        "type": "object",
+                        "required": ["data"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "event": {"type": "string", "enum": ["sweep", "trial", "metric"]},
+                            "data": {"type": "string"},
+                            "retry": {"type": "integer"},
+                        },
+                    }
+                }
+            },
             "description": "server-sent events: sweep, trial and metric",
         },
         **problem_responses(401, 404),
@@ -389,12 +403,14 @@ async def events(
     viewer: ViewerDep,
     sweep_id: str,
     last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    after: Annotated[int | None, Query(ge=0, description="like Last-Event-ID")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=2**63 - 1, description="like Last-Event-ID")
+    ] = None,
 ) -> StreamingResponse:
     await run_in_threadpool(reads.check_sweep, engine, sweep_id, viewer)
     start = after or 0
     if last_event_id:
-        if not last_event_id.strip().isdigit():
+        if not last_event_id.strip().isdigit() or int(last_event_id.strip()) > 2**63 - 1:
             raise ConfigError(
                 "Last-Event-ID must be the id of an event of this stream",
                 field="Last-Event-ID",
