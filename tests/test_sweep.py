@@ -278,10 +278,31 @@ def test_the_sweeper_layer_imports_no_torch_ray_or_matplotlib() -> None:
     import sys
 
     code = (
-        "import sys, sweeper.runner, sweeper.sweeps, sweeper.cli, sweeper.cli_sweeps, "
-        "sweeper.plots, sweeper.search, sweeper.charges, sweeper.store;"
+        "import importlib, pkgutil, sys, sweeper, api.app\n"
+        "for m in pkgutil.iter_modules(sweeper.__path__):\n"
+        "    importlib.import_module('sweeper.' + m.name)\n"
         "print([m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_layers_depend_one_way_api_sweeper_workers() -> None:
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    forbidden = {"workers": ("sweeper", "api", "sqlalchemy", "fastapi"), "sweeper": ("api",)}
+    bad = []
+    for layer, banned in forbidden.items():
+        for path in (root / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
+    assert bad == []
