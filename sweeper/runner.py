@@ -700,6 +700,22 @@ class SweepRunner:
         chosen_ids = {t.id for t in chosen}
         self._pending = [t for t in self._pending if t.id not in chosen_ids]
         self._assign_tpe(chosen)
+        try:
+            self._pack_spec(chosen)
+        except Exception as exc:
+            # The workers could not even be told what to run (an uploaded dataset gone, say):
+            # these trials fail before they are charged, instead of charging and crashing.
+            claimed = self._claim(chosen)
+            if claimed is None:
+                return False
+            for t in claimed:
+                self._end(
+                    t,
+                    TrialState.failed,
+                    f"not run, and not charged: {type(exc).__name__}: {exc}",
+                    uncharged=True,
+                )
+            return True
         claimed = self._claim(chosen)
         if claimed is None:
             return False
