@@ -39,6 +39,7 @@ bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/sweep_throughput.py
+	$(BIN)/python bench/api_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

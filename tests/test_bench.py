@@ -90,3 +90,31 @@ def test_sweep_throughput_benchmark_smoke() -> None:
     assert out["trials"] == 4 and out["pack_size"] == 1
     assert out["speedup"] > 0
     assert isinstance(out["overhead_mean_s"], float) and math.isfinite(out["overhead_mean_s"])
+
+
+def test_api_load_benchmark_smoke() -> None:
+    # 200 trials plan faster than 40 (larger grids get more noise, which the PLD accountant
+    # handles faster); a few requests per endpoint, SQLite only.
+    args = ["--json", "--trials", "200", "--clients", "4", "--requests", "3", "--warmup", "2"]
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "api_load.py"), *args, "--backends", "sqlite"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["trials"] == 200 and out["clients"] == 4 and out["backends"] == ["sqlite"]
+    assert out["target_p99_ms"] == 100.0
+    rows = out["sqlite"]
+    assert set(rows) == {
+        "GET /sweeps/{id}/pareto",
+        "GET /sweeps/{id}/trials?limit=100",
+        "GET /sweeps/{id}",
+    }
+    for row in rows.values():
+        assert row["n"] == 12 and row["errors"] == 0
+        assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("p50_ms", "p99_ms", "rps"))
+        assert row["p50_ms"] <= row["p99_ms"] and isinstance(row["meets_target"], bool)
+    assert out["sweeps"]["sqlite"]["trials"] == 200
