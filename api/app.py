@@ -27,6 +27,7 @@ API_PREFIX = "/api/v1"
 def create_app(settings: ApiSettings | None = None, *, database_url: str | None = None) -> FastAPI:
     """The API app. The database must already be at schema head (``dpsweep db upgrade``)."""
     from sweeper import db
+    from sweeper.ledger import read_only
     from sweeper.spec import SweepSpec
 
     settings = settings or ApiSettings()
@@ -36,6 +37,7 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         db.require_head(url)
         app.state.engine = _engine(url, settings)
+        app.state.read_engine = read_only(app.state.engine)
         app.state.planner = Planner(settings.planner_processes)
         try:
             yield
@@ -91,15 +93,7 @@ def _problems_as_problem_json(schema: dict[str, Any]) -> None:
 
 
 def _engine(url: str, settings: ApiSettings) -> Any:
-    from sqlalchemy import create_engine
-
     from sweeper.db import make_engine
 
-    if url.startswith("sqlite"):
-        return make_engine(url)
-    return create_engine(
-        url,
-        pool_pre_ping=True,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
-    )
+    # Enough connections for every request thread (anyio's pool has 40).
+    return make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)

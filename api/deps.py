@@ -17,6 +17,11 @@ def engine(request: Request) -> Engine:
     return request.app.state.engine
 
 
+def read_engine(request: Request) -> Engine:
+    """The engine for routes that only read (no write lock on SQLite)."""
+    return request.app.state.read_engine
+
+
 def settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
@@ -26,6 +31,7 @@ def planner(request: Request) -> Planner:
 
 
 EngineDep = Annotated[Engine, Depends(engine)]
+ReadEngineDep = Annotated[Engine, Depends(read_engine)]
 SettingsDep = Annotated[ApiSettings, Depends(settings)]
 PlannerDep = Annotated[Planner, Depends(planner)]
 ViewerDep = Annotated[Viewer, Depends(current_viewer)]

@@ -9,16 +9,17 @@ they run (their trials change without events, by design).
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
 
 from sweeper.catalog import Viewer
-from sweeper.reads import check_sweep, sweep_version
+from sweeper.reads import sweep_head
 from sweeper.results import best_per_arm_level, epsilon_front, pareto_mask
 from sweeper.sweeps import TERMINAL_SWEEPS, SweepResults, load_sweep, summarize, sweep_results
 from workers.errors import ConfigError
@@ -32,31 +33,44 @@ def mode_of(metric: str) -> str:
     return "min" if metric in LOWER_IS_BETTER else "max"
 
 
-@dataclass(frozen=True)
-class _Entry:
+@dataclass
+class Entry:
+    """A sweep's summary and results at one version, with encoded bodies ready to send."""
+
     version: tuple[int, int]
     summary: dict[str, Any]
     results: SweepResults
+    etag: str | None  # None: not cacheable (may change without a new version)
+    summary_body: bytes = b""
+    bodies: dict[tuple[str, str | None], bytes] = field(default_factory=dict)
+
+    def body(self, key: tuple[str, str | None], make: Any) -> bytes:
+        """The encoded body for ``key``, made once per version."""
+        if key not in self.bodies:
+            self.bodies[key] = json.dumps(make()).encode()
+        return self.bodies[key]
 
 
 class SummaryCache:
     def __init__(self, size: int = 64) -> None:
         self._lock = threading.Lock()
-        self._items: OrderedDict[str, _Entry] = OrderedDict()
+        self._items: OrderedDict[str, Entry] = OrderedDict()
         self._size = size
 
-    def get(self, engine: Engine, sweep_id: str, viewer: Viewer) -> _Entry:
+    def get(self, engine: Engine, sweep_id: str, viewer: Viewer) -> Entry:
         """The sweep's summary and results (raises SweepNotFound if not visible)."""
-        state, hidden = check_sweep(engine, sweep_id, viewer)
-        version = sweep_version(engine, sweep_id)
-        cacheable = state in TERMINAL or not hidden
+        head = sweep_head(engine, sweep_id, viewer)
+        cacheable = head.state in TERMINAL or not head.hidden
         with self._lock:
             entry = self._items.get(sweep_id)
-            if entry is not None and cacheable and entry.version == version:
+            if entry is not None and cacheable and entry.version == head.version:
                 self._items.move_to_end(sweep_id)
                 return entry
         sweep = load_sweep(engine, sweep_id)
-        entry = _Entry(version, summarize(engine, sweep_id, sweep=sweep), sweep_results(sweep))
+        summary = summarize(engine, sweep_id, sweep=sweep)
+        etag = f'W/"{sweep_id}.{head.version[0]}.{head.version[1]}"' if cacheable else None
+        entry = Entry(head.version, summary, sweep_results(sweep), etag)
+        entry.summary_body = json.dumps(summary).encode()
         if cacheable:
             with self._lock:
                 self._items[sweep_id] = entry
@@ -69,7 +83,7 @@ def _finite(v: Any) -> bool:
     return isinstance(v, int | float) and math.isfinite(v)
 
 
-def pareto(entry: _Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, Any]:
+def pareto(entry: Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, Any]:
     """A Pareto front of the released trials.
 
     ``x=epsilon``: per arm and ε level, the best configuration by ``y`` (mean over seeds),

@@ -25,14 +25,19 @@ def database_url(url: str | None = None) -> str:
     return url or os.environ.get("DPSWEEP_DATABASE_URL") or DEFAULT_URL
 
 
-def make_engine(url: str | None = None) -> Engine:
-    """An engine for the store; SQLite URLs get the ledger's locking set-up."""
+def make_engine(url: str | None = None, **engine_kwargs: object) -> Engine:
+    """An engine for the store; SQLite URLs get the ledger's locking set-up.
+
+    Args:
+        url: The database URL (default: :func:`database_url`).
+        **engine_kwargs: For :func:`sqlalchemy.create_engine` (``pool_size``, say).
+    """
     from sweeper.ledger import create_ledger_engine
 
     url = database_url(url)
     if url.startswith("sqlite"):
-        return create_ledger_engine(url)
-    return create_engine(url, pool_pre_ping=True)
+        return create_ledger_engine(url, **engine_kwargs)
+    return create_engine(url, pool_pre_ping=True, **engine_kwargs)
 
 
 def _config(url: str):  # type: ignore[no-untyped-def]

@@ -477,9 +477,17 @@ def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def read_only(engine: Engine) -> Engine:
+    """The same engine for reads only: on SQLite its transactions begin DEFERRED (a snapshot,
+    without the write lock), so readers do not queue behind each other and behind writers."""
+    return engine.execution_options(**{_READ_ONLY_OPTION: True})
+
+
 def _is_sqlite_ready(engine: Engine) -> bool:
-    return event.contains(engine, "connect", _sqlite_connect) and event.contains(
-        engine, "begin", _sqlite_begin
+    # An engine from engine.execution_options() (read_only) shares its parent's listeners.
+    base = getattr(engine, "_proxied", engine)
+    return event.contains(base, "connect", _sqlite_connect) and event.contains(
+        base, "begin", _sqlite_begin
     )
 
 

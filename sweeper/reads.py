@@ -101,22 +101,50 @@ def visible_sweep(session: Session, sweep_id: str, viewer: Viewer) -> Sweep:
     return sweep
 
 
+@dataclass(frozen=True)
+class SweepHead:
+    """What a read needs to know first: the state, whether papernot-steinke grids hide
+    trials, and a version that changes whenever the sweep's summary may change (its newest
+    event and newest ledger entry: charges come without events)."""
+
+    state: str
+    hidden: bool
+    version: tuple[int, int]
+
+
+def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
+    """One query: the :class:`SweepHead` of a visible sweep.
+
+    Raises:
+        SweepNotFound: no such sweep, or someone else's.
+    """
+    ev = (
+        select(func.max(SweepEvent.id))
+        .where(SweepEvent.sweep_id == Sweep.id)
+        .correlate(Sweep)
+        .scalar_subquery()
+    )
+    le = (
+        select(func.max(LedgerEntry.id))
+        .where(LedgerEntry.dataset == Sweep.dataset, LedgerEntry.sweep_id == Sweep.id)
+        .correlate(Sweep)
+        .scalar_subquery()
+    )
+    with Session(engine) as session:
+        row = session.execute(
+            select(Sweep.owner, Sweep.state, Sweep.spec, ev, le).where(Sweep.id == sweep_id)
+        ).first()
+    if row is None or not viewer.sees(row[0]):
+        raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
+    # The planner releases selected trials only (hides the rest) exactly for this accounting.
+    hidden = (row[2] or {}).get("privacy", {}).get("accounting") == "papernot-steinke"
+    return SweepHead(row[1].value, hidden, (int(row[3] or 0), int(row[4] or 0)))
+
+
 def check_sweep(engine: Engine, sweep_id: str, viewer: Viewer) -> tuple[str, bool]:
     """(state, has hidden grids) of a visible sweep; raises SweepNotFound otherwise."""
-    with Session(engine) as session:
-        sweep = visible_sweep(session, sweep_id, viewer)
-        return sweep.state.value, bool(hidden_grids(sweep))
-
-
-def sweep_version(engine: Engine, sweep_id: str) -> tuple[int, int]:
-    """Changes whenever what a sweep's summary shows may have changed: its newest event and
-    its newest ledger entry (charges come without events)."""
-    with Session(engine) as session:
-        ev = session.scalar(select(func.max(SweepEvent.id)).where(SweepEvent.sweep_id == sweep_id))
-        le = session.scalar(
-            select(func.max(LedgerEntry.id)).where(LedgerEntry.sweep_id == sweep_id)
-        )
-    return int(ev or 0), int(le or 0)
+    head = sweep_head(engine, sweep_id, viewer)
+    return head.state, head.hidden
 
 
 def sweep_item(s: Sweep) -> dict[str, Any]:

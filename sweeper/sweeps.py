@@ -18,12 +18,12 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sweeper import events
 from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
-from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
+from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, LedgerEntry
 from sweeper.planner import SweepPlan, plan_sweep
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
@@ -348,11 +348,22 @@ def released_records(sweep: Sweep, *, metric: str, mode: str) -> list[dict[str, 
 
 def load_sweep(engine: Engine, sweep_id: str) -> Sweep:
     """A sweep with its trials and results loaded (detached)."""
+    from sqlalchemy.orm import defer
+
     with Session(engine, expire_on_commit=False) as session:
         sweep = session.scalars(
             select(Sweep)
             .where(Sweep.id == sweep_id)
-            .options(selectinload(Sweep.trials).selectinload(Trial.result))
+            .options(
+                selectinload(Sweep.trials)
+                .selectinload(Trial.result)
+                # Summaries and fronts never read these, and they are most of a result's bytes.
+                .options(
+                    defer(TrialResultRow.trajectories, raiseload=True),
+                    defer(TrialResultRow.reliability, raiseload=True),
+                    defer(TrialResultRow.final_metrics, raiseload=True),
+                )
+            )
         ).first()
         if sweep is None:
             raise SweepNotFound(f"no sweep {sweep_id!r}; `dpsweep sweeps` lists them")
@@ -404,11 +415,14 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
         if grid_key(t.arm, t.epsilon_budget) not in hidden:
             counts[t.state.value] += 1
     balance = BudgetLedger(engine).sweep_balance(sweep.dataset, sweep_id=sweep.id)
-    charged = [
-        e
-        for e in BudgetLedger(engine).entries(sweep.dataset, sweep.id)
-        if e.kind == EntryKind.CHARGE
-    ]
+    with Session(engine) as session:
+        n_charges = session.scalar(
+            select(func.count(LedgerEntry.id)).where(
+                LedgerEntry.dataset == sweep.dataset,
+                LedgerEntry.sweep_id == sweep.id,
+                LedgerEntry.kind == EntryKind.CHARGE,
+            )
+        )
     efront = epsilon_front(res.results, mode=res.mode)
     cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
     return {
@@ -461,7 +475,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             "epsilon_outstanding": float(balance.epsilon_outstanding),
             "delta_reserved": float(balance.delta_reserved),
             "delta_charged": float(balance.delta_charged),
-            "charges": len(charged) if not hidden else None,
+            "charges": int(n_charges or 0) if not hidden else None,
         },
         "results": [r.to_dict() for r in res.results],
         "pareto": {

@@ -206,6 +206,13 @@ def test_results_fronts_trials_and_metric_history(
     assert cal.json()["x_mode"] == "max" and cal.json()["y_mode"] == "min"
     assert len(cal.json()["points"]) == 2
     assert_problem(ada.get(f"/api/v1/sweeps/{sweep_id}/pareto?y=nope"), 422, field="y")
+    # A finished sweep's reads carry an ETag; asking again with it gives 304 and no body.
+    for path in ("", "/results", "/pareto?x=accuracy&y=ece"):
+        first = ada.get(f"/api/v1/sweeps/{sweep_id}{path}")
+        again = ada.get(
+            f"/api/v1/sweeps/{sweep_id}{path}", headers={"If-None-Match": first.headers["etag"]}
+        )
+        assert again.status_code == 304 and again.content == b""
 
     trials = ada.get(f"/api/v1/sweeps/{sweep_id}/trials").json()["items"]
     assert len(trials) == 2 and all(t["state"] == "done" for t in trials)

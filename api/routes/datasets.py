@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.deps import EngineDep, SettingsDep, ViewerDep
+from api.deps import EngineDep, ReadEngineDep, SettingsDep, ViewerDep
 from api.errors import ApiError, problem_responses
 from api.schemas import BudgetOut, CapsIn, DatasetList, DatasetOut
 from sweeper import catalog
@@ -63,7 +63,7 @@ def _float(form: Any, name: str) -> float | None:
 @router.get(
     "", response_model=DatasetList, responses=problem_responses(401), summary="Datasets you can use"
 )
-def list_datasets(engine: EngineDep, viewer: ViewerDep) -> Any:
+def list_datasets(engine: ReadEngineDep, viewer: ViewerDep) -> Any:
     return JSONResponse({"items": catalog.list_datasets(engine, viewer)})
 
 
@@ -153,7 +153,7 @@ async def upload(
     responses=problem_responses(401, 404),
     summary="One dataset (never its data)",
 )
-def get_dataset(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+def get_dataset(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
     return JSONResponse(catalog.describe(engine, dataset_id, viewer))
 
 
@@ -163,7 +163,7 @@ def get_dataset(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
     responses=problem_responses(401, 404),
     summary="Lifetime budget: caps, committed, reserved, remaining, and the sweeps that spent it",
 )
-def get_budget(engine: EngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+def get_budget(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
     return JSONResponse(catalog.budget(engine, dataset_id, viewer))
 
 

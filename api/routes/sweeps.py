@@ -21,6 +21,7 @@ from api.deps import (
     EngineDep,
     Limit,
     PlannerDep,
+    ReadEngineDep,
     SettingsDep,
     ViewerDep,
     page_size,
@@ -58,6 +59,9 @@ SPEC_BODY = {
     }
 }
 TERMINAL = {s.value for s in TERMINAL_SWEEPS}
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "not modified: the client's If-None-Match is this version's ETag"}
+}
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -132,6 +136,7 @@ def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials
 
 
 def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
+    # After a create: the new sweep's summary (and its entry in the cache).
     return request.app.state.summaries.get(engine, sweep_id, viewer).summary
 
 
@@ -277,7 +282,7 @@ async def plan(
     summary="Your sweeps, newest first",
 )
 def list_sweeps(
-    engine: EngineDep,
+    engine: ReadEngineDep,
     settings: SettingsDep,
     viewer: ViewerDep,
     state: Annotated[str | None, Query(max_length=32)] = None,
@@ -290,9 +295,24 @@ def list_sweeps(
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-@router.get("/{sweep_id}", response_model=SweepOut, responses=problem_responses(401, 404))
-def get_sweep(request: Request, engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
-    return JSONResponse(_summary(request, engine, sweep_id, viewer))
+def _cached(request: Request, entry: Any, body: bytes) -> Response:
+    """The body, or 304 when the client already has this version (ETag / If-None-Match)."""
+    headers = {"ETag": entry.etag} if entry.etag else {}
+    if entry.etag and entry.etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.get(
+    "/{sweep_id}",
+    response_model=SweepOut,
+    responses={**NOT_MODIFIED, **problem_responses(401, 404)},
+)
+def get_sweep(
+    request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id: str
+) -> Response:
+    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+    return _cached(request, entry, entry.summary_body)
 
 
 @router.post(
@@ -310,32 +330,44 @@ def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any
 @router.get(
     "/{sweep_id}/results",
     response_model=ResultsOut,
-    responses=problem_responses(401, 404),
+    responses={**NOT_MODIFIED, **problem_responses(401, 404)},
     summary="The best configuration per arm and epsilon level",
 )
-def results(request: Request, engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
-    s = _summary(request, engine, sweep_id, viewer)
-    return JSONResponse(
-        {"id": sweep_id, "state": s["state"], "objective": s["objective"], "results": s["results"]}
+def results(request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
+    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+    s = entry.summary
+    body = entry.body(
+        ("results", None),
+        lambda: {
+            "id": sweep_id,
+            "state": s["state"],
+            "objective": s["objective"],
+            "results": s["results"],
+        },
     )
+    return _cached(request, entry, body)
 
 
 @router.get(
     "/{sweep_id}/pareto",
     response_model=ParetoOut,
-    responses=problem_responses(401, 404, 422),
+    responses={
+        304: {"description": "not modified (If-None-Match)"},
+        **problem_responses(401, 404, 422),
+    },
     summary="A Pareto front: epsilon vs a metric, or a metric vs another (accuracy vs ece)",
 )
 def get_pareto(
     request: Request,
-    engine: EngineDep,
+    engine: ReadEngineDep,
     viewer: ViewerDep,
     sweep_id: str,
     x: Annotated[str, Query(max_length=64, description="epsilon, or a metric")] = "epsilon",
     y: Annotated[str | None, Query(max_length=64, description="a metric")] = None,
 ) -> Any:
     entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-    return JSONResponse(pareto(entry, sweep_id, x=x, y=y))
+    body = entry.body(("pareto", f"{x}\0{y}"), lambda: pareto(entry, sweep_id, x=x, y=y))
+    return _cached(request, entry, body)
 
 
 @router.get(
@@ -345,7 +377,7 @@ def get_pareto(
     summary="A sweep's trials: filter by arm, level and state; sort by grid order or objective",
 )
 def list_trials(
-    engine: EngineDep,
+    engine: ReadEngineDep,
     settings: SettingsDep,
     viewer: ViewerDep,
     sweep_id: str,
@@ -398,7 +430,7 @@ def list_trials(
 )
 async def events(
     request: Request,
-    engine: EngineDep,
+    engine: ReadEngineDep,
     settings: SettingsDep,
     viewer: ViewerDep,
     sweep_id: str,

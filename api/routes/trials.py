@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from api.deps import EngineDep, ViewerDep
+from api.deps import ReadEngineDep, ViewerDep
 from api.errors import problem_responses
 from api.schemas import MetricHistory, TrialDetail
 from sweeper import reads
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/trials", tags=["trials"])
     responses=problem_responses(401, 404),
     summary="A trial: parameters, planned noise, privacy charges, metrics, bins, trajectories",
 )
-def get_trial(engine: EngineDep, viewer: ViewerDep, trial_id: str) -> Any:
+def get_trial(engine: ReadEngineDep, viewer: ViewerDep, trial_id: str) -> Any:
     return JSONResponse(reads.trial_detail(engine, trial_id, viewer))
 
 
@@ -32,7 +32,7 @@ def get_trial(engine: EngineDep, viewer: ViewerDep, trial_id: str) -> Any:
     summary="A trial's evaluation history (one metric with ?name=, else all)",
 )
 def get_metrics(
-    engine: EngineDep,
+    engine: ReadEngineDep,
     viewer: ViewerDep,
     trial_id: str,
     name: Annotated[str | None, Query(max_length=64)] = None,

@@ -19,6 +19,9 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table("trial_results", schema=None) as batch_op:
         batch_op.add_column(sa.Column("objective", sa.Float(), nullable=True))
+    op.create_index(
+        "ix_trials_sweep_order", "trials", ["sweep_id", "arm", "epsilon_budget", "number", "id"]
+    )
     with op.batch_alter_table("datasets", schema=None) as batch_op:
         batch_op.add_column(sa.Column("owner", sa.String(length=200), nullable=True))
         batch_op.add_column(sa.Column("label", sa.String(length=200), nullable=True))
@@ -93,5 +96,6 @@ def downgrade() -> None:
         batch_op.drop_column("format")
         batch_op.drop_column("label")
         batch_op.drop_column("owner")
+    op.drop_index("ix_trials_sweep_order", table_name="trials")
     with op.batch_alter_table("trial_results", schema=None) as batch_op:
         batch_op.drop_column("objective")
