@@ -92,6 +92,11 @@ def _problems_as_problem_json(schema: dict[str, Any]) -> None:
     comps.pop("ValidationError", None)
 
 
+def app_from_env() -> FastAPI:
+    """The app from ``DPSWEEP_*`` settings: uvicorn's factory for several worker processes."""
+    return create_app(ApiSettings())
+
+
 def _engine(url: str, settings: ApiSettings) -> Any:
     from sweeper.db import make_engine
 

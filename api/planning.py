@@ -38,14 +38,19 @@ class Planner:
     """Plans (with charge schedules) computed in a process pool and cached."""
 
     def __init__(self, processes: int = 0) -> None:
-        n = processes or min(4, os.cpu_count() or 1)
-        self._pool = ProcessPoolExecutor(
-            max_workers=n,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_init_worker,
-        )
+        self._processes = processes or min(4, os.cpu_count() or 1)
+        self._pool: ProcessPoolExecutor | None = None  # started on first use
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Future[PreparedSweep]] = OrderedDict()
+
+    def _submit(self, spec_json: dict[str, Any], dataset: Any) -> Future[PreparedSweep]:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self._processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+            )
+        return self._pool.submit(_prepare, spec_json, dataset)
 
     def prepare(self, spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
         """The spec's plan and schedules (blocking; call from a worker thread).
@@ -60,7 +65,7 @@ class Planner:
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
-                fut = self._pool.submit(_prepare, spec_json, dataset)
+                fut = self._submit(spec_json, dataset)
                 self._cache[key] = fut
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
@@ -76,4 +81,5 @@ class Planner:
             raise
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

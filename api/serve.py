@@ -56,6 +56,12 @@ def add_parsers(sub: Any) -> None:
         help="serve the API only (run `dpsweep scheduler` elsewhere)",
     )
     s.add_argument("--workers", type=int, help="trials (packs) run at once (default: CPUs)")
+    s.add_argument(
+        "--api-workers",
+        type=int,
+        default=1,
+        help="API server processes (default 1); more serve more concurrent readers",
+    )
     s.set_defaults(func=cmd_serve, subparser=s)
 
     sc = sub.add_parser(
@@ -129,15 +135,28 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if args.workers:
             cmd += ["--workers", str(args.workers)]
         child = subprocess.Popen(cmd)
-    app = create_app(settings, database_url=url)
+    if args.api_workers < 1:
+        parser.error("--api-workers must be at least 1")
     err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {url})")
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would kill this process before the scheduler is drained. A no-op handler
     # lets uvicorn.run return instead.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: None)
+    common: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "log_level": "warning",
+        "access_log": False,
+    }
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        if args.api_workers == 1:
+            uvicorn.run(create_app(settings, database_url=url), **common)
+        else:
+            # Worker processes build the app from the environment (uvicorn's factory).
+            os.environ["DPSWEEP_DATABASE_URL"] = url
+            os.environ["DPSWEEP_AUTH"] = "true" if settings.auth else "false"
+            uvicorn.run("api.app:app_from_env", factory=True, workers=args.api_workers, **common)
     finally:
         if child is not None:
             _stop(child)

@@ -110,6 +110,8 @@ class SweepHead:
     state: str
     hidden: bool
     version: tuple[int, int]
+    metric: str = "accuracy"
+    mode: str = "max"
 
 
 def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
@@ -137,8 +139,16 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
     if row is None or not viewer.sees(row[0]):
         raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
     # The planner releases selected trials only (hides the rest) exactly for this accounting.
-    hidden = (row[2] or {}).get("privacy", {}).get("accounting") == "papernot-steinke"
-    return SweepHead(row[1].value, hidden, (int(row[3] or 0), int(row[4] or 0)))
+    spec = row[2] or {}
+    hidden = spec.get("privacy", {}).get("accounting") == "papernot-steinke"
+    objective = spec.get("objective", {})
+    return SweepHead(
+        row[1].value,
+        hidden,
+        (int(row[3] or 0), int(row[4] or 0)),
+        objective.get("metric", "accuracy"),
+        objective.get("mode", "max"),
+    )
 
 
 def check_sweep(engine: Engine, sweep_id: str, viewer: Viewer) -> tuple[str, bool]:
@@ -229,6 +239,60 @@ def _record(t: Trial, r: Any) -> dict[str, Any]:
     }
 
 
+_TRIAL_COLUMNS = (
+    Trial.id,
+    Trial.sweep_id,
+    Trial.arm,
+    Trial.strategy,
+    Trial.epsilon_budget,
+    Trial.params,
+    Trial.seed,
+    Trial.number,
+    Trial.state,
+    Trial.attempts,
+    Trial.noise_multiplier,
+    Trial.error,
+    Trial.started_at,
+    Trial.finished_at,
+    Trial.train_seconds,
+)
+_RESULT_COLUMNS = (
+    TrialResultRow.metrics,
+    TrialResultRow.objective,
+    TrialResultRow.epsilon,
+    TrialResultRow.delta,
+    TrialResultRow.steps,
+    TrialResultRow.best_step,
+)
+
+
+def _row_record(r: Any) -> dict[str, Any]:
+    """A trial record from plain columns (a page reads no ORM objects: it is the hot path)."""
+    return {
+        "id": r.id,
+        "sweep": r.sweep_id,
+        "arm": r.arm,
+        "strategy": r.strategy,
+        "epsilon_budget": r.epsilon_budget,
+        "params": r.params,
+        "seed": r.seed,
+        "number": r.number,
+        "state": r.state.value,
+        "attempts": r.attempts,
+        "noise_multiplier": r.noise_multiplier,
+        "error": r.error,
+        "metrics": r.metrics or {},
+        "objective": r.objective,
+        "epsilon": r.epsilon,
+        "delta": r.delta,
+        "steps": r.steps,
+        "best_step": r.best_step,
+        "started_at": iso(r.started_at),
+        "finished_at": iso(r.finished_at),
+        "train_seconds": r.train_seconds,
+    }
+
+
 def _mode(sweep: Sweep) -> tuple[str, str]:
     obj = sweep.spec.get("objective", {})
     return obj.get("metric", "accuracy"), obj.get("mode", "max")
@@ -250,10 +314,8 @@ def page_trials(
     number) or by the objective (best first, trials without one last)."""
     if sort not in SORTS:
         raise ConfigError(f"unknown sort {sort!r}; choose one of {', '.join(SORTS)}", field="sort")
-    with Session(engine) as session:
-        sweep = visible_sweep(session, sweep_id, viewer)
-        hidden = bool(hidden_grids(sweep))
-        metric, mode = _mode(sweep)
+    head = sweep_head(engine, sweep_id, viewer)
+    hidden, metric, mode = head.hidden, head.metric, head.mode
     if state is not None and state not in {s.value for s in TrialState}:
         raise ConfigError(
             f"unknown state {state!r}; choose one of pending, running, done, failed, "
@@ -274,7 +336,7 @@ def page_trials(
         cols = [missing, value, Trial.id]
     key = decode_cursor(cursor, length=len(cols))
     stmt = (
-        select(Trial, TrialResultRow)
+        select(*_TRIAL_COLUMNS, *_RESULT_COLUMNS)
         .outerjoin(TrialResultRow, TrialResultRow.trial_id == Trial.id)
         .where(Trial.sweep_id == sweep_id)
     )
@@ -287,18 +349,10 @@ def page_trials(
     if key is not None:
         stmt = stmt.where(tuple_(*cols) > tuple_(*[literal(v) for v in key]))
     stmt = stmt.order_by(*cols).limit(limit + 1)
-    from sqlalchemy.orm import defer
-
-    stmt = stmt.options(
-        defer(TrialResultRow.trajectories),
-        defer(TrialResultRow.reliability),
-        defer(TrialResultRow.final_metrics),
-    )
     with Session(engine) as session:
-        rows = list(session.execute(stmt).tuples())
-        more = len(rows) > limit
-        rows = rows[:limit]
-        items = [_record(t, r) for t, r in rows]
+        rows = session.execute(stmt).all()
+    more = len(rows) > limit
+    items = [_row_record(r) for r in rows[:limit]]
     nxt = None
     if more:
         last = items[-1]

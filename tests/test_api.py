@@ -466,27 +466,11 @@ def test_restart_mid_sweep_resumes_and_reports_consistently(tmp_path: Path) -> N
     # One trial at a time, so that the stop comes between trials of one sweep.
     env = {"DPSWEEP_DRAIN_SECONDS": "120", "DPSWEEP_MAX_PACK_SIZE": "1"}
     server = start_server(url, tmp_path, workers=1, env=env)
-    me = server.client(server.token("ada"))
-    spec = _spec(
-        name="restart",
-        training={"epochs": 6, "batch_size": 64, "eval_every": 20},
-        arms=[{"strategy": "fixed", "grid": {"lr": [0.1, 0.3, 1.0], "clip": [0.5, 1.0]}}],
-    )
-    r = me.post("/api/v1/sweeps", json=spec)
-    assert r.status_code == 201, r.text
-    sid = r.json()["id"]
-    wait_for(me, sid, lambda s: s["trials"]["done"] >= 1 and s["trials"]["pending"] >= 1)
-    # A graceful stop: the running pack may finish (drain), nothing new starts.
-    assert server.stop(signal.SIGTERM) == 0
-    engine = db.make_engine(url)
-    from sqlalchemy.orm import Session
-
-    from sweeper.store import Sweep
-
-    with Session(engine) as session:
-        row = session.get(Sweep, sid)
-        assert row is not None and row.state.value == "running" and row.driver is None
-    engine.dispose()
+    try:
+        sid = _submit_and_stop_midway(server)
+    finally:
+        server.stop()
+    _check_stopped_cleanly(url, sid)
     server = server.restart()
     try:
         me = server.client(server.token("ada"))
@@ -506,6 +490,34 @@ def test_restart_mid_sweep_resumes_and_reports_consistently(tmp_path: Path) -> N
         assert all(t["attempts"] == 1 for t in trials)
     finally:
         server.stop()
+
+
+def _submit_and_stop_midway(server: Server) -> str:
+    me = server.client(server.token("ada"))
+    spec = _spec(
+        name="restart",
+        training={"epochs": 6, "batch_size": 64, "eval_every": 20},
+        arms=[{"strategy": "fixed", "grid": {"lr": [0.1, 0.3, 1.0], "clip": [0.5, 1.0]}}],
+    )
+    r = me.post("/api/v1/sweeps", json=spec)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    wait_for(me, sid, lambda s: s["trials"]["done"] >= 1 and s["trials"]["pending"] >= 1)
+    # A graceful stop: the running pack may finish (drain), nothing new starts.
+    assert server.stop(signal.SIGTERM) == 0
+    return sid
+
+
+def _check_stopped_cleanly(url: str, sid: str) -> None:
+    from sqlalchemy.orm import Session
+
+    from sweeper.store import Sweep
+
+    engine = db.make_engine(url)
+    with Session(engine) as session:
+        row = session.get(Sweep, sid)
+        assert row is not None and row.state.value == "running" and row.driver is None
+    engine.dispose()
 
 
 def test_papernot_steinke_sweeps_serve_only_the_selected_trial(
