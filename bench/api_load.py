@@ -549,8 +549,10 @@ def measure(
     return [x for lat in latencies for x in lat], wall, sum(errors)
 
 
-def _cpu_seconds(pid: int) -> float | None:
+def _cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of a process so far (Linux ``/proc``; None elsewhere)."""
+    if pid is None:
+        return None
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
@@ -579,7 +581,7 @@ def bench_endpoint(
     name: str,
     path: str,
     args: argparse.Namespace,
-    server_pid: int,
+    server_pid: int | None,
     trials: int,
 ) -> dict[str, Any]:
     with httpx.Client(
@@ -628,14 +630,21 @@ def bench_backend(backend: str, args: argparse.Namespace, log: Any) -> dict[str,
         settle(url)
         log(f"{backend}: loaded {loaded.trials} finished trials in {loaded.seconds:.1f} s")
         with tempfile.TemporaryDirectory(prefix="dpsweep-bench-srv-") as tmp:
-            server = start_server(url, Path(tmp), scheduler=False)
+            server = start_server(url, Path(tmp), scheduler=False, api_workers=args.api_workers)
             try:
                 token = server.token(OWNER)
                 out: dict[str, Any] = {}
                 for name, template in ENDPOINTS.items():
                     path = template.format(id=loaded.id)
                     row = bench_endpoint(
-                        server.base, token, name, path, args, server.proc.pid, loaded.trials
+                        server.base,
+                        token,
+                        name,
+                        path,
+                        args,
+                        # With worker processes the parent only supervises: CPU not measured.
+                        server.proc.pid if args.api_workers == 1 else None,
+                        loaded.trials,
                     )
                     out[name] = row
                     log(
@@ -700,6 +709,12 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(BACKENDS),
         help="comma-separated: sqlite, postgresql (default both)",
     )
+    p.add_argument(
+        "--api-workers",
+        type=int,
+        default=1,
+        help="API server processes (dpsweep serve --api-workers; default 1)",
+    )
     args = p.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(backends) - set(BACKENDS)
@@ -714,6 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "trials": load_spec(sweep_spec(args.trials)).planned_trials(),
         "clients": args.clients,
+        "api_workers": args.api_workers,
         "requests_per_client": args.requests,
         "target_p99_ms": TARGET_P99_MS,
         "target_backend": TARGET_BACKEND,

@@ -107,10 +107,13 @@ def start_server(
     auth: bool = True,
     env: dict[str, str] | None = None,
     ready_timeout: float = 180.0,
+    api_workers: int = 1,
 ) -> Server:
     """Start ``dpsweep serve`` against ``db_url`` and wait until it is ready."""
     port = free_port()
     args = ["serve", "--port", str(port), "--db", db_url, "--workers", str(workers)]
+    if api_workers > 1:
+        args += ["--api-workers", str(api_workers)]
     if not scheduler:
         args.append("--no-scheduler")
     if not auth:
