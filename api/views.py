@@ -2,7 +2,7 @@
 
 A summary reads every trial of a sweep; a finished sweep of thousands of trials is read many
 times (dashboards poll). What a summary shows changes only with an event or a ledger entry of
-the sweep (:func:`sweeper.reads.sweep_version`), so summaries are cached under that version:
+the sweep (:func:`sweeper.reads.sweep_head`), so summaries are cached under that version:
 a finished sweep is computed once. Sweeps with papernot-steinke grids are never cached while
 they run (their trials change without events, by design).
 """

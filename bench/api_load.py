@@ -54,14 +54,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
 import json
 import math
 import os
 import random
-import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -95,6 +91,7 @@ from sweeper.store import (  # noqa: E402
 )
 from sweeper.sweeps import create_sweep, grid_key, schedules  # noqa: E402
 from tests.apiserver import start_server  # noqa: E402
+from tests.pg import PostgresMissing, throwaway_postgres  # noqa: E402
 
 TARGET_P99_MS = 100.0
 TARGET_BACKEND = "postgresql"
@@ -123,75 +120,15 @@ TEST_EXAMPLES = 360  # digits' 20% evaluation split
 # Databases
 
 
-def _pg_bin(name: str) -> str | None:
-    found = shutil.which(name)
-    if found:
-        return found
-    hits = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    return hits[-1] if hits else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def sqlite_database() -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="dpsweep-bench-sqlite-") as tmp:
         yield f"sqlite:///{tmp}/bench.db"
 
 
-@contextlib.contextmanager
-def postgres_database() -> Iterator[str]:
-    """A throwaway PostgreSQL server on 127.0.0.1 (as ``tests/conftest.py`` starts one)."""
-    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
-    if initdb is None or pg_ctl is None:
-        raise RuntimeError(
-            "PostgreSQL server binaries (initdb, pg_ctl) not found; install postgresql, or "
-            "run with --backends sqlite"
-        )
-    base = Path(tempfile.mkdtemp(prefix="dpsweep-bench-pg-"))
-    data, sock = base / "data", base / "sock"
-    sock.mkdir()
-    prefix: list[str] = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        shutil.chown(base, "postgres")
-        shutil.chown(sock, "postgres")
-        prefix = ["runuser", "-u", "postgres", "--"]
-    port = _free_port()
-    started = False
-    try:
-        subprocess.run(
-            [*prefix, initdb, "-D", str(data), "-U", "postgres", "-A", "trust"],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                *prefix,
-                pg_ctl,
-                "-D",
-                str(data),
-                "-l",
-                str(base / "log"),
-                "-w",
-                "-o",
-                f"-c listen_addresses=127.0.0.1 -p {port} -k {sock}",
-                "start",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        started = True
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        if started:
-            subprocess.run(
-                [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True
-            )
-        shutil.rmtree(base, ignore_errors=True)
+def postgres_database() -> contextlib.AbstractContextManager[str]:
+    """A throwaway PostgreSQL server on 127.0.0.1 (:mod:`tests.pg`, as the tests use)."""
+    return throwaway_postgres(prefix="dpsweep-bench-pg-")
 
 
 DATABASES = {"sqlite": sqlite_database, "postgresql": postgres_database}
@@ -745,12 +682,10 @@ def main(argv: list[str] | None = None) -> int:
             result[backend] = {"skipped": f"failed: {exc}"}
             failed = True
             continue
-        except RuntimeError as exc:
-            if backend == "postgresql" and "initdb" in str(exc):
-                log(f"{backend}: skipped: {exc}")
-                result[backend] = {"skipped": str(exc)}
-                continue
-            raise
+        except PostgresMissing as exc:
+            log(f"{backend}: skipped: {exc}")
+            result[backend] = {"skipped": str(exc)}
+            continue
         sweep = rows.pop("_sweep")
         result["trials"] = sweep["trials"]
         result[backend] = rows

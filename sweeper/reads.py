@@ -40,6 +40,7 @@ from sweeper.sweeps import (
     load_sweep,
     released_records,
     schedules,
+    trial_record,
 )
 from workers.errors import ConfigError, NotFound
 
@@ -87,18 +88,6 @@ class Page:
 
 # ---------------------------------------------------------------------------------------------
 # Sweeps
-
-
-def visible_sweep(session: Session, sweep_id: str, viewer: Viewer) -> Sweep:
-    """The sweep row (trials not loaded), if the viewer may see it.
-
-    Raises:
-        SweepNotFound: no such sweep, or someone else's.
-    """
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None or not viewer.sees(sweep.owner):
-        raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
-    return sweep
 
 
 @dataclass(frozen=True)
@@ -213,29 +202,12 @@ def page_sweeps(
 # Trials
 
 
-def _record(t: Trial, r: Any) -> dict[str, Any]:
-    return {
-        "id": t.id,
+def _record(t: Trial) -> dict[str, Any]:
+    """:func:`sweeper.sweeps.trial_record`, plus the sweep and the stored objective."""
+    r = t.result
+    return trial_record(t) | {
         "sweep": t.sweep_id,
-        "arm": t.arm,
-        "strategy": t.strategy,
-        "epsilon_budget": t.epsilon_budget,
-        "params": t.params,
-        "seed": t.seed,
-        "number": t.number,
-        "state": t.state.value,
-        "attempts": t.attempts,
-        "noise_multiplier": t.noise_multiplier,
-        "error": t.error,
-        "metrics": (r.metrics if r is not None else None) or {},
         "objective": r.objective if r is not None else None,
-        "epsilon": r.epsilon if r is not None else None,
-        "delta": r.delta if r is not None else None,
-        "steps": r.steps if r is not None else None,
-        "best_step": r.best_step if r is not None else None,
-        "started_at": iso(t.started_at),
-        "finished_at": iso(t.finished_at),
-        "train_seconds": t.train_seconds,
     }
 
 
@@ -382,11 +354,10 @@ def _page_released(
     # papernot-steinke: at most one released trial per grid, so the page is built in memory.
     sweep = load_sweep(engine, sweep_id)
     records = released_records(sweep, metric=metric, mode=mode)
-    results = {r.trial_id: r for t in sweep.trials if (r := t.result) is not None}
+    by_id = {t.id: t for t in sweep.trials}
     items = []
     for rec in records:
-        t = next(x for x in sweep.trials if x.id == rec["id"])
-        item = _record(t, results.get(t.id))
+        item = _record(by_id[rec["id"]])
         if arm is not None and item["arm"] != arm:
             continue
         if level is not None and item["epsilon_budget"] != float(level):
@@ -454,7 +425,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         sweep = session.get(Sweep, trial.sweep_id)
         assert sweep is not None
         r = trial.result
-        out = _record(trial, r)
+        out = _record(trial)
         grid = grid_key(trial.arm, trial.epsilon_budget)
         plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
         sched = schedules(sweep).get(grid)

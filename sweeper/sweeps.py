@@ -595,13 +595,6 @@ def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
         ).first()
 
 
-def get_trial_results(engine: Engine, sweep_id: str) -> list[TrialResultRow]:
-    with Session(engine, expire_on_commit=False) as session:
-        return list(
-            session.scalars(select(TrialResultRow).join(Trial).where(Trial.sweep_id == sweep_id))
-        )
-
-
 def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     """The sweep's released trials as CSV (one row per trial), or JSON (summary + trials).
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,9 @@ import httpx
 
 from sweeper import db
 from sweeper.tokens import create_token
+from tests.pg import free_port
 
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
