@@ -23,12 +23,21 @@ from sqlalchemy.orm import Session, selectinload
 
 from sweeper import events
 from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
-from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, LedgerEntry
+from sweeper.ledger import BudgetLedger, EntryKind, LedgerEntry
 from sweeper.planner import SweepPlan, plan_sweep
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
 from sweeper.spec import ArmConfig, SweepSpec, load_spec
-from sweeper.store import Dataset, Sweep, SweepState, Trial, TrialResultRow, TrialState, iso
+from sweeper.store import (
+    Dataset,
+    Sweep,
+    SweepState,
+    Trial,
+    TrialResultRow,
+    TrialState,
+    iso,
+    new_id,
+)
 from workers.errors import ConfigError, DpsweepError, NotFound
 
 TERMINAL_TRIALS = (
@@ -246,28 +255,27 @@ def create_sweep(
             )
     sweep.plan = grids
     sweep.trials = trials
-    with Session(engine) as session, session.begin():
-        if session.scalars(select(Dataset).where(Dataset.name == sweep.dataset)).first() is None:
-            session.add(Dataset(name=sweep.dataset, config=spec.dataset.model_dump(mode="json")))
-        session.add(sweep)
-        session.flush()
-        sweep_id, dataset = sweep.id, sweep.dataset
-        events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
+    sweep.id = new_id()
+    sweep_id, dataset = sweep.id, sweep.dataset
     ledger = BudgetLedger(engine)
+    # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
+    # must find its whole reservation in place. A refused reservation stores nothing.
+    ledger.reserve(
+        dataset,
+        sweep_id=sweep_id,
+        epsilon=total_e,
+        delta=total_d,
+        note=f"sweep {spec.name!r}: {len(grids)} grid(s)",
+    )
     try:
-        ledger.reserve(
-            dataset,
-            sweep_id=sweep_id,
-            epsilon=total_e,
-            delta=total_d,
-            note=f"sweep {spec.name!r}: {len(grids)} grid(s)",
-        )
-    except BudgetExhausted:
-        # Nothing of a refused sweep stays behind.
         with Session(engine) as session, session.begin():
-            stored = session.get(Sweep, sweep_id)
-            if stored is not None:
-                session.delete(stored)
+            if session.scalars(select(Dataset).where(Dataset.name == dataset)).first() is None:
+                session.add(Dataset(name=dataset, config=spec.dataset.model_dump(mode="json")))
+            session.add(sweep)
+            session.flush()
+            events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
+    except BaseException:
+        ledger.release(dataset, sweep_id=sweep_id, note="sweep could not be stored")
         raise
     return sweep_id
 
