@@ -14,10 +14,10 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from api import errors
+from api import dashboard, errors
 from api.auth import current_viewer
 from api.planning import Planner
-from api.routes import datasets, health, sweeps, trials
+from api.routes import datasets, health, me, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 
@@ -57,8 +57,9 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     errors.install(app)
     app.include_router(health.router)
     secured = [Depends(current_viewer)]
-    for r in (sweeps.router, trials.router, datasets.router):
+    for r in (sweeps.router, trials.router, datasets.router, me.router):
         app.include_router(r, prefix=API_PREFIX, dependencies=secured)
+    dashboard.install(app)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -11,6 +11,16 @@ class _Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Objective(_Out):
+    metric: str
+    mode: str
+
+
+class BestOfArm(_Out):
+    arm: str
+    objective: float
+
+
 class SweepItem(_Out):
     id: str
     name: str
@@ -21,16 +31,19 @@ class SweepItem(_Out):
     started_at: str | None
     finished_at: str | None
     error: str | None
+    objective: Objective
+    levels: list[float] = Field(description="the per-grid epsilon levels of its plan")
+    trials: dict[str, int] | None = Field(
+        description="trials by state; null for papernot-steinke sweeps (their count is private)"
+    )
+    best: list[BestOfArm] | None = Field(
+        description="per arm, the best finished trial's objective; null for papernot-steinke"
+    )
 
 
 class SweepPage(_Out):
     items: list[SweepItem]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
-
-
-class Objective(_Out):
-    metric: str
-    mode: str
 
 
 class Pareto(_Out):
@@ -166,8 +179,12 @@ class ParetoPoint(_Out):
     arm: str
     dominated: bool
     epsilon_budget: float
-    trial: str | None = None
+    trial: str | None = Field(default=None, description="the trial to open for this point")
     params: dict[str, Any] | None = None
+    y_std: float | None = Field(default=None, description="std of y over seeds (epsilon fronts)")
+    seeds: int | None = None
+    noise_multiplier: float | None = Field(default=None, description="sigma of the trial/grid")
+    epsilon: float | None = Field(default=None, description="epsilon the trial spent")
 
 
 class ParetoOut(_Out):
@@ -177,6 +194,14 @@ class ParetoOut(_Out):
     x_mode: str
     y_mode: str
     points: list[ParetoPoint]
+
+
+class DatasetBudget(_Out):
+    epsilon_cap: float | None
+    delta_cap: float | None
+    epsilon_committed: float
+    epsilon_reserved: float
+    epsilon_remaining: float | None
 
 
 class DatasetOut(_Out):
@@ -194,6 +219,7 @@ class DatasetOut(_Out):
     sha256: str | None = None
     label_column: str | None = None
     kind_of_data: str | None = None
+    budget: DatasetBudget | None = None
 
 
 class DatasetList(_Out):
@@ -226,6 +252,12 @@ class BudgetOut(_Out):
 class CapsIn(_Out):
     epsilon_cap: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     delta_cap: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
+
+
+class Me(_Out):
+    name: str | None = Field(description="the token's name; null when auth is off")
+    admin: bool
+    auth: bool = Field(description="whether this server requires tokens")
 
 
 class Health(_Out):

@@ -105,6 +105,10 @@ def pareto(entry: Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, A
     x_mode, y_mode = mode_of(x), (res.mode if y == res.metric else mode_of(y))
     points: list[dict[str, Any]] = []
     if x == "epsilon":
+        sigma = {
+            (g["arm"], float(g["epsilon_budget"])): g.get("noise_multiplier")
+            for g in entry.summary.get("plan", [])
+        }
         results = best_per_arm_level(res.records, metric=y, mode=y_mode)
         for p in epsilon_front(results, mode=y_mode):
             points.append(
@@ -115,6 +119,10 @@ def pareto(entry: Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, A
                     "dominated": p.dominated,
                     "epsilon_budget": p.x,
                     "params": p.payload["best_params"],
+                    "y_std": p.payload["objective_std"],
+                    "seeds": p.payload["seeds"],
+                    "trial": p.payload["best_trial"],
+                    "noise_multiplier": sigma.get((p.label, p.x)),
                 }
             )
     else:
@@ -137,6 +145,8 @@ def pareto(entry: Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, A
                     "epsilon_budget": r["epsilon_budget"],
                     "trial": r["id"],
                     "params": r["params"],
+                    "noise_multiplier": r.get("noise_multiplier"),
+                    "epsilon": r.get("epsilon"),
                 }
             )
     return {"id": sweep_id, "x": x, "y": y, "x_mode": x_mode, "y_mode": y_mode, "points": points}

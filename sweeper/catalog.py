@@ -294,6 +294,17 @@ def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
         if not (viewer.admin or viewer.owner is None):
             stmt = stmt.where(Dataset.owner == viewer.owner)
         out.extend(_upload(r) for r in session.scalars(stmt.order_by(Dataset.created_at.desc())))
+    ledger = BudgetLedger(engine)
+    for d in out:
+        # One small read per dataset: the dashboard shows every set's budget bar.
+        s = ledger.summary(d["id"])
+        d["budget"] = {
+            "epsilon_cap": _num(s.epsilon_cap),
+            "delta_cap": _num(s.delta_cap),
+            "epsilon_committed": float(s.epsilon_spent),
+            "epsilon_reserved": float(s.epsilon_reserved),
+            "epsilon_remaining": _num(s.remaining.epsilon),
+        }
     return out
 
 

@@ -192,10 +192,67 @@ def page_sweeps(
     stmt = stmt.order_by(Sweep.created_at.desc(), Sweep.id.desc()).limit(limit + 1)
     with Session(engine) as session:
         rows = list(session.scalars(stmt))
-    more = len(rows) > limit
-    rows = rows[:limit]
+        more = len(rows) > limit
+        rows = rows[:limit]
+        progress = _progress(session, rows)
     nxt = encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None
-    return Page([sweep_item(r) for r in rows], nxt)
+    return Page([sweep_item(r) | progress[r.id] for r in rows], nxt)
+
+
+def _progress(session: Session, sweeps: list[Sweep]) -> dict[str, dict[str, Any]]:
+    """For a page of sweeps: trials by state, ε levels and the best trial objective per arm,
+    in two grouped queries.
+
+    Papernot–Steinke sweeps get no counts and no bests: how many trials ran is K, which the
+    release must not reveal (their selected trials are shown on the sweep itself).
+    """
+    ids = [s.id for s in sweeps]
+    counts: dict[str, dict[str, int]] = {i: {st.value: 0 for st in TrialState} for i in ids}
+    best: dict[str, dict[str, float]] = {i: {} for i in ids}
+    modes: dict[str, tuple[str, str]] = {}
+    hidden: set[str] = set()
+    for s in sweeps:
+        objective = (s.spec or {}).get("objective", {})
+        modes[s.id] = (objective.get("metric", "accuracy"), objective.get("mode", "max"))
+        if (s.spec or {}).get("privacy", {}).get("accounting") == "papernot-steinke":
+            hidden.add(s.id)
+    if ids:
+        for sid, state, n in session.execute(
+            select(Trial.sweep_id, Trial.state, func.count())
+            .where(Trial.sweep_id.in_(ids))
+            .group_by(Trial.sweep_id, Trial.state)
+        ):
+            counts[sid][state.value] = int(n)
+        for sid, arm, hi, lo in session.execute(
+            select(
+                Trial.sweep_id,
+                Trial.arm,
+                func.max(TrialResultRow.objective),
+                func.min(TrialResultRow.objective),
+            )
+            .join(TrialResultRow, TrialResultRow.trial_id == Trial.id)
+            .where(Trial.sweep_id.in_(ids), Trial.state == TrialState.done)
+            .group_by(Trial.sweep_id, Trial.arm)
+        ):
+            value = hi if modes[sid][1] == "max" else lo
+            if value is not None:
+                best[sid][arm] = float(value)
+    out: dict[str, dict[str, Any]] = {}
+    for s in sweeps:
+        metric, mode = modes[s.id]
+        levels = sorted({float(g["epsilon_budget"]) for g in s.plan or []})
+        shown = s.id not in hidden
+        out[s.id] = {
+            "objective": {"metric": metric, "mode": mode},
+            "levels": levels,
+            "trials": counts[s.id] if shown else None,
+            "best": (
+                [{"arm": arm, "objective": v} for arm, v in sorted(best[s.id].items())]
+                if shown
+                else None
+            ),
+        }
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,8 @@ class ArmLevelResult:
     seeds: int
     trials_done: int
     trials_failed: int
+    # The best of the best configuration's runs (over seeds): the trial a user opens for it.
+    best_trial: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,6 +124,7 @@ def best_per_arm_level(
                 seeds=len(runs),
                 trials_done=meta[k]["done"],
                 trials_failed=meta[k]["failed"],
+                best_trial=max(runs, key=lambda r: sign * float(r["metrics"][metric])).get("id"),
             )
         )
     out.sort(key=lambda r: (r.arm, r.epsilon_budget))

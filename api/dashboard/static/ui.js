@@ -1,0 +1,149 @@
+// Small DOM, formatting and URL helpers shared by the views.
+
+/** h("div", {class: "x", onclick: fn}, child, ...) builds an element. */
+export function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(el.dataset, v);
+    else if (k === "value") el.value = v;
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+export function num(v, digits = 4) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  if (typeof v !== "number") return String(v);
+  if (Number.isInteger(v) && Math.abs(v) < 1e6) return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2);
+  return Number(v.toPrecision(digits)).toString();
+}
+
+export function when(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+export function params(p) {
+  return Object.entries(p || {}).map(([k, v]) => `${k}=${num(v)}`).join(", ");
+}
+
+export const TERMINAL = new Set(["done", "failed", "cancelled"]);
+
+export function badge(state) {
+  return h("span", { class: `badge s-${state}`, "data-state": state }, state);
+}
+
+/** A done/running/failed progress bar for trial counts by state. */
+export function progress(counts) {
+  if (!counts) return h("span", { class: "muted", title: "Papernot–Steinke: the number of runs is private" }, "hidden");
+  const total = Object.values(counts).reduce((a, b) => a + b, 0);
+  const part = (k) => counts[k] || 0;
+  const failed = part("failed") + part("interrupted");
+  const pct = (n) => (total ? (100 * n) / total : 0);
+  return h("div", { class: "progress", "data-done": part("done"), "data-total": total },
+    h("div", { class: "bar" },
+      h("span", { class: "p-done", style: `width:${pct(part("done"))}%` }),
+      h("span", { class: "p-running", style: `width:${pct(part("running"))}%` }),
+      h("span", { class: "p-failed", style: `width:${pct(failed)}%` })),
+    h("span", { class: "progress-text" },
+      `${part("done")} done · ${part("running")} running · ${failed} failed of ${total}`));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The URL holds the view's state (tab, filters, sort) so that a link reproduces it.
+
+export function query() { return new URLSearchParams(location.search); }
+
+/** Merge values into the query string without a new history entry (null removes a key). */
+export function setQuery(values) {
+  const q = query();
+  for (const [k, v] of Object.entries(values)) {
+    if (v === null || v === undefined || v === "") q.delete(k);
+    else q.set(k, v);
+  }
+  const s = q.toString();
+  history.replaceState(history.state, "", location.pathname + (s ? `?${s}` : ""));
+}
+
+export function navigate(url) {
+  history.pushState({}, "", url);
+  window.dispatchEvent(new Event("dpsweep:navigate"));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+export function errorBox(err) {
+  const items = (err.errors || []).map((e) => h("li", {}, h("code", {}, e.field), ": ", e.message));
+  return h("div", { class: "error", role: "alert" },
+    h("strong", {}, err.problem?.title || "Error"), " ", err.message,
+    items.length ? h("ul", {}, items) : null);
+}
+
+export function confirmDialog(text) {
+  const dlg = document.getElementById("confirm");
+  document.getElementById("confirm-text").textContent = text;
+  return new Promise((resolve) => {
+    dlg.addEventListener("close", () => resolve(dlg.returnValue === "yes"), { once: true });
+    dlg.returnValue = "";
+    dlg.showModal();
+  });
+}
+
+export function toCsv(rows, columns) {
+  const cell = (v) => {
+    if (v === null || v === undefined) return "";
+    const s = typeof v === "object" ? JSON.stringify(v) : String(v);
+    return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+  };
+  return [columns.map((c) => cell(c.label)).join(","),
+    ...rows.map((r) => columns.map((c) => cell(c.get(r))).join(","))].join("\n") + "\n";
+}
+
+export function download(name, text, type = "text/csv") {
+  const url = URL.createObjectURL(new Blob([text], { type }));
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Charts (Plotly.js, vendored)
+
+export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+
+export function plot(el, traces, layout = {}, { onClick } = {}) {
+  const base = {
+    margin: { l: 60, r: 20, t: 30, b: 50 },
+    hovermode: "closest",
+    legend: { orientation: "h", y: -0.2 },
+    font: { family: "system-ui, sans-serif", size: 12 },
+    paper_bgcolor: "rgba(0,0,0,0)",
+    plot_bgcolor: "#fff",
+  };
+  const out = window.Plotly.react(el, traces, { ...base, ...layout },
+    { responsive: true, displaylogo: false });
+  if (onClick) {
+    el.dpClick = onClick;
+    if (!el.dataset.clickBound) {
+      el.dataset.clickBound = "1";
+      el.on("plotly_click", (ev) => {
+        const p = ev.points && ev.points[0];
+        if (p) el.dpClick(p);
+      });
+    }
+  }
+  return out;
+}

@@ -1,0 +1,67 @@
+import { api } from "../api.js";
+import { errorBox, h, num, query, when } from "../ui.js";
+
+/** Built-in and uploaded datasets with their lifetime ε budget, and an upload form. */
+export function datasetsView(el) {
+  let alive = true;
+  const list = h("div", { id: "datasets" }, h("p", { class: "muted" }, "Loading…"));
+  const msg = h("div", { id: "upload-result" });
+  const form = h("form", { class: "card", id: "upload-form" },
+    h("h2", {}, "Upload a dataset"),
+    h("p", { class: "muted small" }, "A CSV with a label column, or an NPZ with arrays x and y. It is parsed as a sweep will read it; nothing of a refused file is kept. Caps bound every sweep's spending on it, for its lifetime."),
+    h("div", { class: "form-grid" },
+      h("label", { for: "up-file" }, "File"), h("input", { type: "file", id: "up-file", name: "file", accept: ".csv,.npz", required: true }),
+      h("label", { for: "up-name" }, "Name"), h("input", { type: "text", id: "up-name", name: "name", placeholder: "optional" }),
+      h("label", { for: "up-label" }, "Label column (CSV)"), h("input", { type: "text", id: "up-label", name: "label_column", placeholder: "label" }),
+      h("label", { for: "up-eps" }, "ε cap"), h("input", { type: "number", id: "up-eps", name: "epsilon_cap", min: "0", step: "any" }),
+      h("label", { for: "up-delta" }, "δ cap"), h("input", { type: "number", id: "up-delta", name: "delta_cap", min: "0", max: "1", step: "any" })),
+    h("button", { type: "submit", class: "primary" }, "Upload"), msg);
+  el.append(h("h1", {}, "Datasets"), list, form);
+
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const fd = new FormData(form);
+    for (const k of ["name", "label_column", "epsilon_cap", "delta_cap"]) if (!fd.get(k)) fd.delete(k);
+    msg.replaceChildren(h("p", { class: "muted" }, "Uploading…"));
+    try {
+      const d = await api("/datasets", { method: "POST", body: fd });
+      msg.replaceChildren(h("div", { class: "info" }, `Stored ${d.name} as `, h("code", {}, d.id),
+        `: ${d.n_examples} examples, ${d.num_classes} classes. Name it in a spec as dataset: {name: ${d.id}}.`));
+      form.reset();
+      load();
+    } catch (e) { msg.replaceChildren(errorBox(e)); }
+  });
+
+  async function load() {
+    let ds;
+    try { ds = await api("/datasets"); } catch (e) { list.replaceChildren(errorBox(e)); return; }
+    if (!alive) return;
+    const focus = query().get("focus");
+    list.replaceChildren(h("table", { class: "grid", id: "datasets-table" },
+      h("thead", {}, h("tr", {}, ["dataset", "kind", "examples", "classes", "ε cap", "spent", "reserved", "remaining", "budget", "added"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, ds.items.map((d) => {
+        const b = d.budget || {};
+        return h("tr", { "data-dataset": d.id, class: focus === d.id ? "focus" : null },
+          h("td", {}, h("strong", {}, d.name), d.id !== d.name ? h("div", { class: "muted small" }, h("code", {}, d.id)) : ""),
+          h("td", {}, d.kind), h("td", {}, d.n_examples ?? "–"), h("td", {}, d.num_classes ?? "–"),
+          h("td", {}, b.epsilon_cap === null ? "uncapped" : num(b.epsilon_cap)),
+          h("td", {}, num(b.epsilon_committed)), h("td", {}, num(b.epsilon_reserved)),
+          h("td", {}, b.epsilon_remaining === null ? "∞" : num(b.epsilon_remaining)),
+          h("td", {}, bar(b)), h("td", {}, when(d.created_at)));
+      }))));
+  }
+
+  load();
+  return () => { alive = false; };
+}
+
+function bar(b) {
+  if (b.epsilon_cap === null || b.epsilon_cap === undefined) {
+    return h("span", { class: "muted small" }, `ε ${num(b.epsilon_committed)} spent, no cap`);
+  }
+  const cap = b.epsilon_cap || 1e-12;
+  const pct = (v) => Math.min(100, (100 * v) / cap);
+  return h("div", { class: "bar budget", title: `spent ${num(b.epsilon_committed)}, reserved ${num(b.epsilon_reserved)} of ${num(b.epsilon_cap)}` },
+    h("span", { class: "p-done", style: `width:${pct(b.epsilon_committed)}%` }),
+    h("span", { class: "p-running", style: `width:${pct(b.epsilon_reserved)}%` }));
+}

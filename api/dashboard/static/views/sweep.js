@@ -1,0 +1,313 @@
+import { api, followEvents } from "../api.js";
+import {
+  badge, COLORS, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
+  setQuery, TERMINAL, when,
+} from "../ui.js";
+import { trialsTable } from "./trials-table.js";
+
+const TABS = [["fronts", "Fronts"], ["plan", "Plan & budget"], ["trials", "Trials"]];
+const CONN = {
+  connecting: "connecting…", live: "live", reconnecting: "reconnecting…",
+  polling: "polling", ended: "finished", static: "finished",
+};
+
+/** One sweep: its fronts, plan and budget, and trials; live while it runs. */
+export function sweepView(el, id) {
+  let alive = true;
+  let summary = null;
+  let stream = null;
+  let poll = null;
+  let pending = null;
+  let lastRefresh = 0;
+  const colors = {};
+
+  const title = h("h1", { id: "sweep-name" }, "…");
+  const stateEl = h("span");
+  const conn = h("span", { class: "conn", id: "conn-state", "data-state": "connecting" }, CONN.connecting);
+  const cancelBtn = h("button", { class: "danger", id: "cancel-sweep", hidden: true, onclick: cancel }, "Cancel sweep");
+  const meta = h("p", { class: "muted", id: "sweep-meta" });
+  const progressEl = h("div", { id: "sweep-progress" });
+  const notice = h("div");
+  const tabBar = h("div", { class: "tabs", role: "tablist" });
+  const panes = {
+    fronts: h("section", { id: "pane-fronts" }),
+    plan: h("section", { id: "pane-plan" }),
+    trials: h("section", { id: "pane-trials" }),
+  };
+  el.append(
+    h("p", { class: "crumbs" }, h("a", { href: "/sweeps" }, "Sweeps"), " / ", id.slice(0, 12)),
+    h("div", { class: "row" }, title, stateEl, h("span", { class: "spacer" }), conn, cancelBtn),
+    meta, progressEl, notice, tabBar, ...Object.values(panes));
+
+  // --- fronts pane ------------------------------------------------------------------------
+  const logBox = h("input", { type: "checkbox", id: "log-eps", checked: query().get("log") === "1" });
+  const epsChart = h("div", { id: "eps-chart", class: "chart" });
+  const calChart = h("div", { id: "cal-chart", class: "chart" });
+  const calNote = h("p", { class: "muted" });
+  const resultsBox = h("div", { id: "results" });
+  panes.fronts.append(
+    h("div", { class: "charts" },
+      h("div", { class: "card" },
+        h("div", { class: "row" }, h("h2", {}, "Privacy–utility front"), h("span", { class: "spacer" }),
+          h("label", {}, logBox, " log ε")),
+        h("p", { class: "muted small" }, "Best configuration per arm and ε level: mean ± std over seeds. ",
+          "★ marks the non-dominated points. Click a point to open its best trial."),
+        epsChart),
+      h("div", { class: "card" },
+        h("h2", {}, "Calibration"),
+        h("p", { class: "muted small" }, "Every finished trial; ringed points are non-dominated. Click to open."),
+        calChart, calNote)),
+    h("div", { class: "card" }, h("h2", {}, "Best per arm and level"), resultsBox));
+  logBox.addEventListener("change", () => { setQuery({ log: logBox.checked ? "1" : null }); drawFronts(); });
+
+  // --- trials pane ------------------------------------------------------------------------
+  let table = null;
+
+  function showTab(name) {
+    for (const [k, pane] of Object.entries(panes)) pane.hidden = k !== name;
+    for (const b of tabBar.children) b.setAttribute("aria-selected", String(b.dataset.tab === name));
+  }
+
+  function selectTab(name) {
+    showTab(name);
+    setQuery({ tab: name === "fronts" ? null : name });
+    draw(name);
+  }
+  tabBar.append(...TABS.map(([k, label]) =>
+    h("button", { role: "tab", class: "tab", "data-tab": k, onclick: () => selectTab(k) }, label)));
+
+  function tab() { const t = query().get("tab"); return TABS.some(([k]) => k === t) ? t : "fronts"; }
+
+  function color(arm) {
+    if (!(arm in colors)) colors[arm] = COLORS[Object.keys(colors).length % COLORS.length];
+    return colors[arm];
+  }
+
+  // --- drawing ----------------------------------------------------------------------------
+  function drawHeader() {
+    const s = summary;
+    title.textContent = s.name;
+    stateEl.replaceChildren(badge(s.state));
+    meta.replaceChildren(
+      `dataset ${s.dataset} · objective ${s.objective.metric} (${s.objective.mode}) · created ${when(s.created_at)}`,
+      s.started_at ? ` · started ${when(s.started_at)}` : "",
+      s.finished_at ? ` · finished ${when(s.finished_at)}` : "");
+    const hidden = s.plan.some((g) => g.release === "selected-only");
+    progressEl.replaceChildren(hidden ? h("p", { class: "muted" },
+      "Papernot–Steinke accounting: only each grid's selected trial is released; the number of runs stays private.")
+      : progress(s.trials));
+    cancelBtn.hidden = TERMINAL.has(s.state);
+    notice.replaceChildren(s.error ? h("div", { class: "error" }, h("strong", {}, "Sweep failed: "), s.error) : "");
+    for (const a of s.arms) color(a.name);
+  }
+
+  async function drawFronts() {
+    const metric = summary.objective.metric;
+    const logX = logBox.checked;
+    const eps = await api(`/sweeps/${id}/pareto?x=epsilon&y=${encodeURIComponent(metric)}`);
+    if (!alive) return;
+    const byArm = {};
+    for (const p of eps.points) (byArm[p.arm] ||= []).push(p);
+    const traces = Object.entries(byArm).map(([arm, pts]) => {
+      pts.sort((a, b) => a.x - b.x);
+      return {
+        type: "scatter", mode: "lines+markers", name: arm, dpRole: "arm",
+        x: pts.map((p) => p.x), y: pts.map((p) => p.y),
+        error_y: { type: "data", array: pts.map((p) => p.y_std || 0), visible: true, thickness: 1 },
+        marker: { size: 9, color: color(arm) }, line: { color: color(arm) },
+        customdata: pts.map((p) => p.trial),
+        text: pts.map((p) => [
+          `<b>${arm}</b> at ε=${num(p.x)}`,
+          `${metric}: ${num(p.y)} ± ${num(p.y_std || 0)} (${p.seeds} seed${p.seeds === 1 ? "" : "s"})`,
+          `params: ${params(p.params)}`, `σ = ${num(p.noise_multiplier)}`,
+        ].join("<br>")),
+        hovertemplate: "%{text}<extra></extra>",
+      };
+    });
+    const front = eps.points.filter((p) => !p.dominated).sort((a, b) => a.x - b.x);
+    traces.push({
+      type: "scatter", mode: "markers", name: "non-dominated", dpRole: "front",
+      x: front.map((p) => p.x), y: front.map((p) => p.y), customdata: front.map((p) => p.trial),
+      marker: { symbol: "star", size: 16, color: "rgba(0,0,0,0)", line: { width: 1.5, color: "#111" } },
+      hoverinfo: "skip",
+    });
+    plot(epsChart, traces, {
+      xaxis: { title: { text: "per-grid ε budget" }, type: logX ? "log" : "linear" },
+      yaxis: { title: { text: metric } },
+    }, { onClick: openPoint });
+    drawResults();
+    drawCalibration(metric);
+  }
+
+  async function drawCalibration(metric) {
+    if (!summary.results.some((r) => r.ece_mean !== null)) {
+      calNote.textContent = summary.results.length ? "This sweep records no ECE." : "No finished trials yet.";
+      window.Plotly.purge(calChart);
+      return;
+    }
+    calNote.textContent = "";
+    let cal;
+    try {
+      cal = await api(`/sweeps/${id}/pareto?x=${encodeURIComponent(metric)}&y=ece`);
+    } catch (e) {
+      if (e.status === 422) { calNote.textContent = "This sweep records no ECE."; return; }
+      throw e;
+    }
+    if (!alive) return;
+    const byArm = {};
+    for (const p of cal.points) (byArm[p.arm] ||= []).push(p);
+    const hover = (p) => [
+      `<b>${p.arm}</b> at ε level ${num(p.epsilon_budget)}`, `params: ${params(p.params)}`,
+      `σ = ${num(p.noise_multiplier)} · ε spent = ${num(p.epsilon)}`,
+      `${metric} = ${num(p.x)} · ECE = ${num(p.y)}`,
+    ].join("<br>");
+    const traces = Object.entries(byArm).map(([arm, pts]) => ({
+      type: "scatter", mode: "markers", name: arm, dpRole: "trials",
+      x: pts.map((p) => p.x), y: pts.map((p) => p.y), customdata: pts.map((p) => p.trial),
+      text: pts.map(hover), hovertemplate: "%{text}<extra></extra>",
+      marker: { size: 7, color: color(arm), opacity: 0.75 },
+    }));
+    const front = cal.points.filter((p) => !p.dominated).sort((a, b) => a.x - b.x);
+    traces.push({
+      type: "scatter", mode: "lines+markers", name: "non-dominated", dpRole: "front",
+      x: front.map((p) => p.x), y: front.map((p) => p.y), customdata: front.map((p) => p.trial),
+      text: front.map(hover), hovertemplate: "%{text}<extra>front</extra>",
+      line: { color: "#111", dash: "dot", width: 1 },
+      marker: { size: 13, color: "rgba(0,0,0,0)", line: { width: 2, color: "#111" } },
+    });
+    calNote.textContent = `${cal.points.length} finished trials, ${front.length} non-dominated.`;
+    plot(calChart, traces, {
+      xaxis: { title: { text: metric } }, yaxis: { title: { text: "ECE (lower is better)" } },
+    }, { onClick: openPoint });
+  }
+
+  function openPoint(p) {
+    const trial = p.customdata;
+    if (trial) navigate(`/trials/${trial}`);
+  }
+
+  function drawResults() {
+    const rows = [...summary.results].sort((a, b) => a.arm.localeCompare(b.arm) || a.epsilon_budget - b.epsilon_budget);
+    resultsBox.replaceChildren(rows.length ? h("table", { class: "grid compact", id: "results-table" },
+      h("thead", {}, h("tr", {}, ["arm", "ε", "best params", summary.objective.metric, "± std", "ECE", "seeds",
+        "done / failed", ""].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows.map((r) => h("tr", {},
+        h("td", {}, h("span", { class: "swatch", style: `background:${color(r.arm)}` }), r.arm),
+        h("td", {}, num(r.epsilon_budget)), h("td", {}, params(r.best_params)),
+        h("td", {}, h("strong", {}, num(r.objective_mean))), h("td", {}, num(r.objective_std)),
+        h("td", {}, num(r.ece_mean)), h("td", {}, r.seeds), h("td", {}, `${r.trials_done} / ${r.trials_failed}`),
+        h("td", {}, r.best_trial ? h("a", { href: `/trials/${r.best_trial}` }, "best trial") : "")))))
+      : h("p", { class: "muted" }, "No finished trials yet."));
+  }
+
+  function drawPlan() {
+    const s = summary;
+    const b = s.budget;
+    const cols = ["arm", "strategy", "ε level", "trials", "σ", "σ gradient", "steps", "q",
+      "ε per trial", "grid ε", "verified ε", "accounting"];
+    panes.plan.replaceChildren(
+      h("div", { class: "card" }, h("h2", {}, "Plan"),
+        h("p", { class: "muted small" }, "Per arm and ε level: the noise every trial of the grid uses, and the ε the grid's runs compose to, verified by a second accountant."),
+        h("table", { class: "grid compact", id: "plan-table" },
+          h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+          h("tbody", {}, s.plan.map((g) => h("tr", { "data-arm": g.arm, "data-level": g.epsilon_budget },
+            h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)),
+            h("td", {}, g.trials ?? h("span", { class: "muted", title: "Papernot–Steinke: the number of runs is private" }, "private")),
+            h("td", {}, num(g.noise_multiplier)),
+            h("td", {}, g.gradient_noise_multiplier && g.gradient_noise_multiplier !== g.noise_multiplier ? num(g.gradient_noise_multiplier) : "="),
+            h("td", {}, g.steps_per_trial), h("td", {}, num(g.sample_rate)),
+            h("td", {}, num(g.epsilon_per_trial)), h("td", {}, num(g.epsilon_total)),
+            h("td", { title: g.verified_by ? `verified by ${g.verified_by}` : "" }, num(g.epsilon_verified),
+              g.verified_by ? h("span", { class: "muted small" }, ` (${g.verified_by})`) : ""),
+            h("td", {}, g.accounting, g.retries ? ` +${g.retries} retries` : "")))))),
+      h("div", { class: "card" }, h("h2", {}, "Budget"),
+        h("dl", { class: "kv", id: "sweep-budget" },
+          h("dt", {}, "ε reserved"), h("dd", {}, num(b.epsilon_reserved)),
+          h("dt", {}, "ε charged"), h("dd", {}, num(b.epsilon_charged)),
+          h("dt", {}, "ε released"), h("dd", {}, num(b.epsilon_released)),
+          h("dt", {}, "ε outstanding"), h("dd", {}, num(b.epsilon_outstanding)),
+          h("dt", {}, "δ reserved / charged"), h("dd", {}, `${num(b.delta_reserved)} / ${num(b.delta_charged)}`),
+          h("dt", {}, "charges"), h("dd", {}, b.charges ?? "private")),
+        h("p", {}, h("a", { href: `/datasets?focus=${encodeURIComponent(s.dataset)}` }, `Dataset ${s.dataset}'s budget`))));
+  }
+
+  function draw(name = tab()) {
+    if (!summary) return;
+    if (name === "fronts") drawFronts().catch(showError);
+    else if (name === "plan") drawPlan();
+    else if (name === "trials") {
+      if (!table) { table = trialsTable(panes.trials, id, summary); } else table.reload(summary);
+    }
+  }
+
+  function showError(e) { if (alive) notice.replaceChildren(errorBox(e)); }
+
+  // --- data and liveness ------------------------------------------------------------------
+  async function refresh() {
+    lastRefresh = Date.now();
+    try {
+      summary = await api(`/sweeps/${id}`);
+    } catch (e) {
+      if (e.status === 404) { el.replaceChildren(h("h1", {}, "Sweep not found"), h("p", {}, h("a", { href: "/sweeps" }, "All sweeps"))); alive = false; return; }
+      showError(e); return;
+    }
+    if (!alive) return;
+    drawHeader();
+    draw();
+    if (TERMINAL.has(summary.state)) {
+      stopLive();
+      setConn("ended");
+    }
+  }
+
+  function soon() {
+    // Events come in bursts (metric steps): redraw at most every 1.5 s.
+    if (pending) return;
+    const wait = Math.max(0, 1500 - (Date.now() - lastRefresh));
+    pending = setTimeout(() => { pending = null; refresh(); }, wait);
+  }
+
+  function setConn(state) {
+    conn.dataset.state = state;
+    conn.textContent = CONN[state];
+    conn.title = state === "polling" ? "The events stream is unavailable; polling every 3 s" : "";
+  }
+
+  function startLive() {
+    setConn("connecting");
+    stream = followEvents(id, {
+      onEvent: () => soon(),
+      onState: (st) => {
+        if (!alive) return;
+        setConn(st);
+        if (st === "polling" && !poll) poll = setInterval(refresh, 3000);
+        if (st === "ended") refresh();
+      },
+    });
+  }
+
+  function stopLive() {
+    if (stream) { stream.close(); stream = null; }
+    if (poll) { clearInterval(poll); poll = null; }
+  }
+
+  async function cancel() {
+    const ok = await confirmDialog(`Cancel sweep “${summary.name}”? Pending trials are dropped and their reserved budget released; running trials stop and stay charged.`);
+    if (!ok) return;
+    try {
+      const out = await api(`/sweeps/${id}/cancel`, { method: "POST" });
+      notice.replaceChildren(h("div", { class: "info", id: "cancel-result" },
+        `Cancelled: ${out.cancelled_pending} pending trials dropped, ${out.stopped_running} running stopped, ε ${num(out.released_epsilon)} released.`));
+      refresh();
+    } catch (e) { showError(e); }
+  }
+
+  (async () => {
+    showTab(tab());
+    await refresh();
+    if (!alive || !summary) return;
+    if (!TERMINAL.has(summary.state)) startLive(); else setConn("static");
+  })();
+
+  return () => { alive = false; stopLive(); clearTimeout(pending); };
+}

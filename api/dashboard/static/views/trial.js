@@ -1,0 +1,103 @@
+import { api } from "../api.js";
+import { badge, h, num, plot, when } from "../ui.js";
+
+/** One trial: learning curves, C_t and learning-rate trajectories, reliability, ledger. */
+export function trialView(el, id) {
+  let alive = true;
+  (async () => {
+    let t;
+    let hist;
+    try {
+      [t, hist] = await Promise.all([api(`/trials/${id}`), api(`/trials/${id}/metrics`)]);
+    } catch (e) {
+      if (!alive) return;
+      el.replaceChildren(h("h1", {}, e.status === 404 ? "Trial not found" : "Could not load the trial"),
+        h("p", {}, e.message), h("p", {}, h("a", { href: "/sweeps" }, "All sweeps")));
+      return;
+    }
+    if (!alive) return;
+    render(t, hist.metrics);
+  })();
+
+  function render(t, metrics) {
+    const curves = h("div", { id: "curves-chart", class: "chart" });
+    const loss = h("div", { id: "loss-chart", class: "chart" });
+    const traj = h("div", { id: "traj-chart", class: "chart" });
+    const rel = h("div", { id: "reliability-chart", class: "chart" });
+    const p = t.privacy;
+    el.replaceChildren(
+      h("p", { class: "crumbs" }, h("a", { href: "/sweeps" }, "Sweeps"), " / ",
+        h("a", { href: `/sweeps/${t.sweep}`, id: "back-to-sweep" }, t.sweep.slice(0, 12)), " / trial #", t.number),
+      h("div", { class: "row" }, h("h1", {}, `${t.arm} · ε ${num(t.epsilon_budget)} · #${t.number}`), badge(t.state)),
+      h("p", { class: "muted" }, `strategy ${t.strategy} · seed ${t.seed} · attempts ${t.attempts}`,
+        t.worker ? ` · worker ${t.worker}` : "", t.started_at ? ` · started ${when(t.started_at)}` : "",
+        t.train_seconds ? ` · ${num(t.train_seconds, 3)} s training` : ""),
+      t.error ? h("div", { class: "error", id: "trial-error" }, h("strong", {}, "Error: "), h("pre", {}, t.error)) : "",
+      h("div", { class: "charts" },
+        h("div", { class: "card" }, h("h2", {}, "Learning curve"), curves),
+        h("div", { class: "card" }, h("h2", {}, "Loss"), loss),
+        h("div", { class: "card" }, h("h2", {}, "Clipping norm Cₜ and learning rate"), traj),
+        h("div", { class: "card" }, h("h2", {}, "Reliability diagram"), rel)),
+      h("div", { class: "charts" },
+        h("div", { class: "card" }, h("h2", {}, "Parameters"), kv({ ...t.params, seed: t.seed })),
+        h("div", { class: "card" }, h("h2", {}, "Metrics at the best checkpoint"),
+          kv({ ...t.metrics, "best step": t.best_step, steps: t.steps, "median step ms": t.step_time_ms_median })),
+        h("div", { class: "card" }, h("h2", {}, "Privacy"),
+          kv({
+            "σ (planned)": t.planned?.noise_multiplier, "σ gradient": t.planned?.gradient_noise_multiplier,
+            "sample rate q": t.planned?.sample_rate, steps: t.planned?.steps,
+            "ε reported": p.epsilon_reported, "ε charged": p.epsilon_charged, "δ charged": p.delta_charged,
+            accountant: t.accountant || t.planned?.accountant, accounting: t.planned?.accounting,
+          }),
+          h("h3", {}, "Ledger"),
+          p.charges.length ? h("table", { class: "grid compact", id: "ledger-table" },
+            h("thead", {}, h("tr", {}, ["kind", "ε", "δ", "at", "note"].map((c) => h("th", {}, c)))),
+            h("tbody", {}, p.charges.map((c) => h("tr", {},
+              h("td", {}, c.kind), h("td", {}, num(c.epsilon)), h("td", {}, num(c.delta)),
+              h("td", {}, when(c.at)), h("td", {}, c.note || "")))))
+            : h("p", { class: "muted" }, "No charges: this trial never started."))));
+
+    const objective = Object.keys(metrics).find((k) => k === "accuracy") || Object.keys(metrics).find((k) => k !== "loss");
+    const series = (name) => ({ x: (metrics[name] || []).map((m) => m.step), y: (metrics[name] || []).map((m) => m.value) });
+    const lines = Object.keys(metrics).filter((k) => k !== "loss").map((k) => ({
+      type: "scatter", mode: "lines+markers", name: k, ...series(k), visible: k === objective || k === "ece" ? true : "legendonly",
+    }));
+    plot(curves, lines, { xaxis: { title: { text: "step" } } });
+    plot(loss, [{ type: "scatter", mode: "lines+markers", name: "loss", ...series("loss") }],
+      { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "eval loss" } }, showlegend: false });
+
+    const tr = t.trajectories || {};
+    const steps = tr.step || [];
+    plot(traj, [
+      { type: "scatter", mode: "lines", name: "Cₜ (clip)", x: steps, y: tr.clip || [] },
+      { type: "scatter", mode: "lines", name: "learning rate", x: steps, y: tr.lr || [], yaxis: "y2" },
+    ], {
+      xaxis: { title: { text: "step" } }, yaxis: { title: { text: "Cₜ" } },
+      yaxis2: { title: { text: "lr" }, overlaying: "y", side: "right" },
+      margin: { l: 60, r: 60, t: 30, b: 50 },
+    });
+
+    const bins = (t.reliability || []).filter((b) => b.count > 0);
+    plot(rel, [
+      { type: "bar", name: "accuracy", x: bins.map((b) => (b.lower + b.upper) / 2), y: bins.map((b) => b.accuracy),
+        width: bins.map((b) => b.upper - b.lower), marker: { color: "#1f77b4", line: { color: "#fff", width: 1 } },
+        customdata: bins.map((b) => b.count),
+        hovertemplate: "confidence %{x:.2f}<br>accuracy %{y:.3f}<br>%{customdata} examples<extra></extra>" },
+      { type: "scatter", mode: "markers", name: "mean confidence", x: bins.map((b) => b.confidence),
+        y: bins.map((b) => b.accuracy), marker: { color: "#d62728", size: 6 } },
+      { type: "scatter", mode: "lines", name: "perfect calibration", x: [0, 1], y: [0, 1],
+        line: { dash: "dash", color: "#888" }, hoverinfo: "skip" },
+    ], {
+      xaxis: { title: { text: "confidence" }, range: [0, 1] }, yaxis: { title: { text: "accuracy" }, range: [0, 1] },
+      bargap: 0,
+    });
+    if (!bins.length) rel.append(h("p", { class: "muted" }, "No reliability bins: the trial has not finished."));
+  }
+
+  return () => { alive = false; };
+}
+
+function kv(obj) {
+  return h("dl", { class: "kv" }, Object.entries(obj).filter(([, v]) => v !== undefined).map(([k, v]) =>
+    [h("dt", {}, k), h("dd", {}, typeof v === "number" ? num(v) : v ?? "–")]));
+}
