@@ -40,6 +40,7 @@ bench: install
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/sweep_throughput.py
 	$(BIN)/python bench/api_load.py
+	$(BIN)/python bench/dashboard_open.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,4 +1,4 @@
-"""The step-overhead benchmark runs and reports every column (figures are not asserted here)."""
+"""The benchmarks run and report every column (figures are not asserted here)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,3 +120,35 @@ def test_api_load_benchmark_smoke() -> None:
         assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("p50_ms", "p99_ms", "rps"))
         assert row["p50_ms"] <= row["p99_ms"] and isinstance(row["meets_target"], bool)
     assert out["sweeps"]["sqlite"]["trials"] == 200
+
+
+@pytest.mark.slow
+def test_dashboard_open_benchmark_smoke() -> None:
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "dashboard_open.py"),
+            "--json",
+            "--trials",
+            "200",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["trials"] == 200
+    first = out["first"]
+    assert set(first) == {
+        "header_ms",
+        "eps_front_ms",
+        "calibration_ms",
+        "trials_first_page_ms",
+        "trials_all_ms",
+    }
+    assert 0 < first["header_ms"] <= first["eps_front_ms"] <= first["calibration_ms"]
+    assert any("pareto?x=accuracy&y=ece" in path for path in out["bytes"])
