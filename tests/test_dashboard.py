@@ -45,8 +45,8 @@ arms:
 RUNNING_SPEC = """\
 name: dash-running
 dataset: {name: digits}
-model: {name: mlp}
-training: {epochs: 6, batch_size: 128, eval_every: 10}
+model: {name: cnn}
+training: {epochs: 4, batch_size: 128, eval_every: 10}
 privacy: {budgets: [240], delta: 1.0e-5, accounting: basic}
 arms:
   - strategy: fixed
@@ -295,6 +295,22 @@ def test_running_sweep_progress_advances_without_reload(
     screenshot(page, "sweep-running")
 
 
+def test_polling_fallback_when_the_events_stream_is_blocked(
+    page: Any, running: dict[str, Any]
+) -> None:
+    """A proxy that drops the event stream: the page says so, polls, and still advances."""
+    sid = running["id"]
+    page.route("**/api/v1/sweeps/*/events*", lambda route: route.abort())
+    page.goto(f"/sweeps/{sid}")
+    page.wait_for_selector("#conn-state[data-state=reconnecting]", timeout=30_000)
+    page.wait_for_selector("#conn-state[data-state=polling]", timeout=30_000)
+    first = int(page.get_attribute("#sweep-progress .progress", "data-done"))
+    page.wait_for_function(
+        f"Number(document.querySelector('#sweep-progress .progress').dataset.done) > {first}",
+        timeout=120_000,
+    )
+
+
 def test_cancel_button_confirms_then_cancels(
     page: Any, api: httpx.Client, running: dict[str, Any]
 ) -> None:
@@ -304,7 +320,8 @@ def test_cancel_button_confirms_then_cancels(
     page.click("#cancel-sweep")
     assert page.is_visible("#confirm")
     page.click("#confirm-yes")
-    page.wait_for_selector("#cancel-result")
+    page.wait_for_selector("#cancel-result, .error", timeout=60_000)
+    assert page.locator("#cancel-result").count() == 1, page.inner_text("main")
     assert api.get(f"/api/v1/sweeps/{sid}").json()["state"] == "cancelled"
     page.wait_for_selector("#sweep-name + span [data-state=cancelled]")
     assert page.is_hidden("#cancel-sweep")

@@ -27,7 +27,8 @@ export function sweepView(el, id) {
   const cancelBtn = h("button", { class: "danger", id: "cancel-sweep", hidden: true, onclick: cancel }, "Cancel sweep");
   const meta = h("p", { class: "muted", id: "sweep-meta" });
   const progressEl = h("div", { id: "sweep-progress" });
-  const notice = h("div");
+  const notice = h("div"); // the sweep's own error, redrawn with every refresh
+  const flash = h("div"); // the outcome of what the user did here (kept across redraws)
   const tabBar = h("div", { class: "tabs", role: "tablist" });
   const panes = {
     fronts: h("section", { id: "pane-fronts" }),
@@ -37,7 +38,7 @@ export function sweepView(el, id) {
   el.append(
     h("p", { class: "crumbs" }, h("a", { href: "/sweeps" }, "Sweeps"), " / ", id.slice(0, 12)),
     h("div", { class: "row" }, title, stateEl, h("span", { class: "spacer" }), conn, cancelBtn),
-    meta, progressEl, notice, tabBar, ...Object.values(panes));
+    meta, progressEl, notice, flash, tabBar, ...Object.values(panes));
 
   // --- fronts pane ------------------------------------------------------------------------
   const logBox = h("input", { type: "checkbox", id: "log-eps", checked: query().get("log") === "1" });
@@ -240,7 +241,7 @@ export function sweepView(el, id) {
     }
   }
 
-  function showError(e) { if (alive) notice.replaceChildren(errorBox(e)); }
+  function showError(e) { if (alive) flash.replaceChildren(errorBox(e)); }
 
   // --- data and liveness ------------------------------------------------------------------
   async function refresh() {
@@ -281,7 +282,13 @@ export function sweepView(el, id) {
         if (!alive) return;
         setConn(st);
         if (st === "polling" && !poll) poll = setInterval(refresh, 3000);
-        if (st === "ended") refresh();
+        if (st === "ended") {
+          // The stream ends with the sweep; if it ended for another reason (a server restart),
+          // follow again.
+          refresh().then(() => {
+            if (alive && summary && !TERMINAL.has(summary.state)) startLive();
+          });
+        }
       },
     });
   }
@@ -296,7 +303,7 @@ export function sweepView(el, id) {
     if (!ok) return;
     try {
       const out = await api(`/sweeps/${id}/cancel`, { method: "POST" });
-      notice.replaceChildren(h("div", { class: "info", id: "cancel-result" },
+      flash.replaceChildren(h("div", { class: "info", id: "cancel-result" },
         `Cancelled: ${out.cancelled_pending} pending trials dropped, ${out.stopped_running} running stopped, ε ${num(out.released_epsilon)} released.`));
       refresh();
     } catch (e) { showError(e); }
