@@ -7,6 +7,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install --disable-pip-version-check -c constraints.txt
 STAMP := $(VENV)/.installed-stamp
+# docker-compose v1 (PyPI) in its own venv: the tests validate docker-compose.yml with
+# `docker-compose config` (no Docker engine needed). Its PyYAML 5 builds only with cython<3.
+COMPOSE_VENV := .venv-compose
+COMPOSE_STAMP := $(COMPOSE_VENV)/.installed-stamp
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
 .PHONY: install demo test lint typecheck pytest bench clean
@@ -19,6 +23,13 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+$(COMPOSE_STAMP):
+	test -x $(COMPOSE_VENV)/bin/python || $(PYTHON) -m venv $(COMPOSE_VENV)
+	$(COMPOSE_VENV)/bin/pip install -q --disable-pip-version-check "cython<3" wheel setuptools
+	$(COMPOSE_VENV)/bin/pip install -q --disable-pip-version-check --no-build-isolation \
+		"docker-compose==1.29.2"
+	touch $(COMPOSE_STAMP)
+
 # A real sweep: plan, reserve, run 45 trials on a local Ray into ./dpsweep.db (SQLite), then
 # print the results and write the Pareto plots under dpsweep-results/.
 demo: install
@@ -30,7 +41,7 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-pytest: install
+pytest: install $(COMPOSE_STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck pytest
@@ -43,4 +54,4 @@ bench: install
 	$(BIN)/python bench/dashboard_open.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(COMPOSE_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -102,6 +102,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"auth": False})
     url = db.database_url(args.db or settings.database_url)
     try:
+        _check_secrets(settings, url)
         if args.no_migrate:
             db.require_head(url)
         else:
@@ -110,7 +111,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/red] {exc}")
         return 1
     except Exception as exc:  # a driver or connection error: say which database failed
-        err.print(f"[red]error:[/red] {url}: {exc}")
+        err.print(f"[red]error:[/red] {db.display_url(url)}: {exc}")
         return 1
     if not settings.auth:
         err.print(
@@ -122,6 +123,14 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from sweeper.tokens import list_tokens
 
         engine = make_engine(url)
+        if settings.admin_token is not None:
+            from sweeper.tokens import ensure_token
+
+            info = ensure_token(
+                engine, name="admin", secret=settings.admin_token.get_secret_value(), admin=True
+            )
+            state = "revoked" if info.revoked_at else "valid"
+            err.print(f"bootstrap admin token (DPSWEEP_ADMIN_TOKEN): id {info.id}, {state}")
         if not list_tokens(engine, include_revoked=False):
             err.print(
                 "no API tokens yet: create one with `dpsweep token create --name NAME` "
@@ -137,7 +146,8 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         child = subprocess.Popen(cmd)
     if args.api_workers < 1:
         parser.error("--api-workers must be at least 1")
-    err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {url})")
+    shown = db.display_url(url)
+    err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {shown})")
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would kill this process before the scheduler is drained. A no-op handler
     # lets uvicorn.run return instead.
@@ -161,6 +171,28 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if child is not None:
             _stop(child)
     return 0
+
+
+def _check_secrets(settings: Any, url: str) -> None:
+    """Outside dev mode, refuse to serve with the example secrets of ``.env.example``."""
+    from sweeper.tokens import EXAMPLE_DB_PASSWORD, EXAMPLE_RAY_TOKEN, check_bootstrap_secret
+    from workers.errors import ConfigError
+
+    if settings.admin_token is not None:
+        check_bootstrap_secret(settings.admin_token.get_secret_value(), dev=settings.dev)
+    if not settings.dev and EXAMPLE_DB_PASSWORD in url:
+        raise ConfigError(
+            "the database password is still the example value from .env.example: set "
+            "POSTGRES_PASSWORD (and DPSWEEP_DATABASE_URL) to your own, or DPSWEEP_DEV=true "
+            "for a throwaway local deployment",
+            field="DPSWEEP_DATABASE_URL",
+        )
+    if not settings.dev and os.environ.get("RAY_AUTH_TOKEN") == EXAMPLE_RAY_TOKEN:
+        raise ConfigError(
+            "RAY_AUTH_TOKEN is still the example value from .env.example: set your own shared "
+            "Ray cluster token, or DPSWEEP_DEV=true for a throwaway local deployment",
+            field="RAY_AUTH_TOKEN",
+        )
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,6 +35,14 @@ class ApiSettings(BaseSettings):
         default=20.0, gt=0, description="/ready wants a scheduler heartbeat this recent"
     )
     db_pool_size: int = Field(default=20, ge=1)
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description="a bootstrap admin token made valid at start (deployments without a shell)",
+    )
+    dev: bool = Field(
+        default=False,
+        description="dev mode: allows the example secrets of .env.example (never in production)",
+    )
     idempotency_wait_seconds: float = Field(
         default=120.0,
         gt=0,

@@ -385,9 +385,10 @@ def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         if args.db_command == "upgrade":
             db.upgrade(url)
-        print(f"{url}: schema revision {db.current_revision(url)} (head {db.head_revision()})")
+        shown = db.display_url(url)
+        print(f"{shown}: schema revision {db.current_revision(url)} (head {db.head_revision()})")
     except Exception as exc:  # a driver or connection error: say which database failed
-        Console(stderr=True).print(f"[red]error:[/red] {url}: {exc}")
+        Console(stderr=True).print(f"[red]error:[/red] {db.display_url(url)}: {exc}")
         return EXIT_FAILURE
     return 0
 

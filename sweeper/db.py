@@ -25,6 +25,16 @@ def database_url(url: str | None = None) -> str:
     return url or os.environ.get("DPSWEEP_DATABASE_URL") or DEFAULT_URL
 
 
+def display_url(url: str) -> str:
+    """``url`` with its password masked, for logs and messages."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy can parse: show nothing of it
+        return "<database url>"
+
+
 def make_engine(url: str | None = None, **engine_kwargs: object) -> Engine:
     """An engine for the store; SQLite URLs get the ledger's locking set-up.
 

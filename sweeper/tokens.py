@@ -26,6 +26,13 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,99}$")
 _TOUCH_EVERY = timedelta(seconds=60)
 
 
+# The placeholders of .env.example: a deployment that still uses one is refused outside dev mode.
+EXAMPLE_ADMIN_TOKEN = "dps_example_admin_token_CHANGE_ME_before_any_deployment"
+EXAMPLE_DB_PASSWORD = "example-password-CHANGE-ME"
+EXAMPLE_RAY_TOKEN = "example-ray-cluster-token-CHANGE-ME"
+MIN_BOOTSTRAP_LENGTH = 32
+
+
 class TokenNotFound(NotFound):
     """No token with that id."""
 
@@ -84,6 +91,45 @@ def create_token(engine: Engine, *, name: str, admin: bool = False) -> tuple[str
     with Session(engine, expire_on_commit=False) as session, session.begin():
         session.add(row)
     return secret, TokenInfo.of(row)
+
+
+def check_bootstrap_secret(secret: str, *, dev: bool) -> None:
+    """Refuse a bootstrap admin token that is the example's or too short (unless ``dev``).
+
+    Raises:
+        ConfigError: naming ``DPSWEEP_ADMIN_TOKEN`` and how to make a good one.
+    """
+    if dev:
+        return
+    if secret == EXAMPLE_ADMIN_TOKEN:
+        raise ConfigError(
+            "DPSWEEP_ADMIN_TOKEN is still the example value from .env.example: set your own "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or set "
+            "DPSWEEP_DEV=true for a throwaway local deployment",
+            field="DPSWEEP_ADMIN_TOKEN",
+        )
+    if len(secret) < MIN_BOOTSTRAP_LENGTH:
+        raise ConfigError(
+            f"DPSWEEP_ADMIN_TOKEN must be at least {MIN_BOOTSTRAP_LENGTH} characters of "
+            "random text (e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)",
+            field="DPSWEEP_ADMIN_TOKEN",
+        )
+
+
+def ensure_token(engine: Engine, *, name: str, secret: str, admin: bool) -> TokenInfo:
+    """Make ``secret`` a valid token of ``name`` (idempotent): how a deployment gets its first
+    admin token from the environment, without a shell in the container.
+
+    A revoked bootstrap token stays revoked: revoking it is how an operator retires it.
+    """
+    check_name(name)
+    digest = _hash(secret)
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+        if row is None:
+            row = ApiToken(id=digest[:12], name=name, admin=admin, token_hash=digest)
+            session.add(row)
+    return TokenInfo.of(row)
 
 
 def list_tokens(engine: Engine, *, include_revoked: bool = True) -> list[TokenInfo]:
