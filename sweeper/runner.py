@@ -29,6 +29,10 @@ its previous driver is gone (its process is dead, or its heartbeat older than
   guarantee).
 * ``done`` trials are never run again; their results stay.
 
+The same policy applies, under a live driver, to a pack whose Ray worker or node dies
+(:meth:`SweepRunner._lost`); Ray itself never retries a pack (``max_retries=0``), because a second
+run under one charge would release more than was paid for.
+
 **Cancel** (:func:`sweeper.sweeps.cancel_sweep`, from any process) marks the sweep cancelled;
 the driver sees it at its next poll, kills the running tasks (they stay charged) and exits.
 """
@@ -101,12 +105,23 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
         finally:
             events.put(None)
 
-    yield {"type": "started", "worker": f"{socket.gethostname()}:{os.getpid()}"}
+    yield {"type": "started", "worker": f"{socket.gethostname()}:{os.getpid()}@{_node_id()}"}
     thread = threading.Thread(target=work, name="dpsweep-pack", daemon=True)
     thread.start()
     while (event := events.get()) is not None:
         yield event
     thread.join()
+
+
+def _node_id() -> str:
+    """The Ray node this worker runs on (its id's first 12 hex digits), to tell the nodes of
+    a cluster apart when several share a host name."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())[:12]
+    except Exception:  # not under Ray (a direct call)
+        return "local"
 
 
 _REMOTE: Any = None
@@ -725,7 +740,15 @@ class SweepRunner:
         pack_id = charged[0].id
         gen = (
             _remote()
-            .options(num_cpus=1, num_gpus=self.settings.gpu_fraction if self.gpus else 0)
+            .options(
+                num_cpus=1,
+                num_gpus=self.settings.gpu_fraction if self.gpus else 0,
+                # Never let Ray re-run a pack on its own after a worker or node died: a second
+                # run under the one charge would release more than was paid for. A lost pack
+                # goes through the crash policy instead (_lost), which charges any re-run.
+                max_retries=0,
+                retry_exceptions=False,
+            )
             .remote(self._pack_spec(charged))
         )
         self._inflight.append(_InFlight(gen, pack_id, charged, time.monotonic()))
@@ -915,10 +938,10 @@ class SweepRunner:
             for t in flight.trials:
                 self._end(t, TrialState.failed, "the worker ended without a result")
             return
-        except Exception as exc:  # the worker process died or the task raised
+        except Exception as exc:  # the worker process or its node died (the task reports
+            # its own errors as events, so anything raised here is the infrastructure's)
             self._inflight.remove(flight)
-            for t in flight.trials:
-                self._end(t, TrialState.failed, f"worker failure: {type(exc).__name__}: {exc}")
+            self._lost(flight, exc)
             return
         kind = event.get("type")
         if kind == "started":
@@ -937,6 +960,69 @@ class SweepRunner:
             self._inflight.remove(flight)
             for t in flight.trials:
                 self._end(t, TrialState.failed, event["error"])
+
+    def _lost(self, flight: _InFlight, exc: Exception) -> None:
+        """The crash policy for a pack whose worker or node died under this driver.
+
+        Its trials were charged, may have touched data, and stay charged. Each is re-run only
+        on a run its grid's reservation still holds after every pending trial of the grid has
+        one (``privacy.retries``); papernot-steinke grids never re-run; the rest fail, saying
+        why. The same rules as :meth:`_recover` applies after a driver crash.
+        """
+        reason = f"its worker was lost ({type(exc).__name__})"
+        needed: dict[str, int] = {}
+        for p in self._pending:
+            needed[p.grid] = needed.get(p.grid, 0) + 1
+        requeue: list[_Pending] = []
+        for t in flight.trials:
+            sched = self.schedules[t.grid]
+            used = self._runs_used.get(t.grid, 0)
+            free = 0 if sched.whole_grid else sched.runs - used - needed.get(t.grid, 0)
+            if free > 0:
+                needed[t.grid] = needed.get(t.grid, 0) + 1
+                requeue.append(t)
+            elif sched.whole_grid:
+                self._end(
+                    t,
+                    TrialState.failed,
+                    f"interrupted: {reason}; it stays charged, and papernot-steinke grids do "
+                    "not re-run trials",
+                )
+            else:
+                run = used + needed.get(t.grid, 0) + 1
+                self._end(
+                    t,
+                    TrialState.failed,
+                    f"interrupted: {reason}; it stays charged and is not re-run: the grid's "
+                    f"reservation has no run left for it; a re-run would be run {run} of a "
+                    f"grid that reserved {sched.runs} (set privacy.retries to reserve re-runs)",
+                )
+        if not requeue:
+            return
+        with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
+            for t in requeue:
+                note = (
+                    f"interrupted: {reason}; it stays charged and is re-run on a run reserved "
+                    "by privacy.retries"
+                )
+                res = session.execute(
+                    update(Trial)
+                    .where(Trial.id == t.id, Trial.state == TrialState.running)
+                    .values(state=TrialState.pending, error=note, started_at=None)
+                )
+                if res.rowcount and t.grid not in self.hidden:  # type: ignore[attr-defined]
+                    events.emit(
+                        session,
+                        self.sweep_id,
+                        events.TRIAL,
+                        self._trial_data(t, TrialState.pending.value, error=note),
+                        trial_id=t.id,
+                    )
+        for t in requeue:
+            self._count(t, "running", "pending")
+        self._pending.extend(requeue)
+        self._last_event = f"{len(requeue)} trial(s) re-queued: {reason}"
 
     def _write_metrics(self, flight: _InFlight, event: dict[str, Any]) -> None:
         step = int(event["step"])
