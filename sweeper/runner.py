@@ -124,6 +124,17 @@ def _node_id() -> str:
         return "local"
 
 
+def gpu_request(trials: int, *, gpus_per_trial: float | None, gpu_fraction: float) -> float:
+    """The GPU share of a pack of ``trials`` on a cluster with GPUs: its trials' shares summed
+    (at most one whole GPU: a pack runs on one device), else the pack's ``gpu_fraction``.
+
+    Example: ``gpu_request(3, gpus_per_trial=0.25, gpu_fraction=1.0) == 0.75``.
+    """
+    if gpus_per_trial is None:
+        return gpu_fraction
+    return min(1.0, round(gpus_per_trial * max(1, trials), 6))
+
+
 _REMOTE: Any = None
 
 
@@ -742,7 +753,7 @@ class SweepRunner:
             _remote()
             .options(
                 num_cpus=1,
-                num_gpus=self.settings.gpu_fraction if self.gpus else 0,
+                num_gpus=self._gpu_request(len(charged)),
                 # Never let Ray re-run a pack on its own after a worker or node died: a second
                 # run under the one charge would release more than was paid for. A lost pack
                 # goes through the crash policy instead (_lost), which charges any re-run.
@@ -754,6 +765,17 @@ class SweepRunner:
         self._inflight.append(_InFlight(gen, pack_id, charged, time.monotonic()))
         self._last_event = f"started {len(charged)} trial(s) of {charged[0].arm}"
         return True
+
+    def _gpu_request(self, trials: int) -> float:
+        """The GPU share a pack of ``trials`` asks Ray for (0 on a cluster without GPUs)."""
+        if not self.gpus:
+            return 0.0
+        per_trial = (self.spec.get("resources") or {}).get("gpus_per_trial")
+        return gpu_request(
+            trials,
+            gpus_per_trial=per_trial if per_trial is not None else self.settings.gpus_per_trial,
+            gpu_fraction=self.settings.gpu_fraction,
+        )
 
     def _claim(self, chosen: list[_Pending]) -> list[_Pending] | None:
         now = _now()

@@ -22,6 +22,13 @@ class SweeperSettings(BaseSettings):
     gpu_fraction: float = Field(
         default=1.0, gt=0, le=1, description="GPU share of one pack when the cluster has GPUs"
     )
+    gpus_per_trial: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="GPU share of one trial (a spec's resources.gpus_per_trial overrides it); "
+        "a pack then asks for its trials' sum, at most one GPU",
+    )
     poll_seconds: float = Field(
         default=0.25, gt=0, description="how often the driver checks for results and cancels"
     )

@@ -218,6 +218,19 @@ class ObjectiveConfig(_Strict):
     mode: Literal["max", "min"] = "max"
 
 
+class ResourcesConfig(_Strict):
+    gpus_per_trial: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "GPU share of one trial (0.25: four trials per GPU); a pack asks for its trials' "
+            "sum, at most one GPU. Default: DPSWEEP_GPUS_PER_TRIAL, else one GPU per pack. "
+            "Ignored on clusters without GPUs (trials run on CPU)"
+        ),
+    )
+
+
 class SweepSpec(_Strict):
     name: str = Field(min_length=1)
     dataset: DatasetConfig
@@ -228,6 +241,7 @@ class SweepSpec(_Strict):
     seeds: int = Field(default=1, ge=1)
     search: SearchConfig = Field(default_factory=SearchConfig)
     objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:

@@ -61,8 +61,12 @@ def _now() -> datetime:
 
 
 def spec_hash(spec: SweepSpec) -> str:
-    """A canonical hash of the spec (defaults filled in), to find a sweep to resume."""
-    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    """A canonical hash of the spec (defaults filled in), to find a sweep to resume.
+
+    ``resources`` (where trials run: GPU shares) is left out: the same sweep resumed on other
+    hardware is the same sweep, and hashes stay those of specs written before it existed.
+    """
+    text = json.dumps(spec.model_dump(mode="json", exclude={"resources"}), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

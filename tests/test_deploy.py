@@ -261,3 +261,32 @@ def test_the_database_password_is_masked_in_messages() -> None:
     )
     assert out.returncode != 0 and "hunter2" not in out.stdout + out.stderr
     assert "u:***@127.0.0.1" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU shares (the CUDA path itself needs a GPU machine; these run everywhere)
+
+
+def test_gpu_request_sums_trial_shares_up_to_one_gpu() -> None:
+    from sweeper.runner import gpu_request
+
+    assert gpu_request(3, gpus_per_trial=0.25, gpu_fraction=1.0) == 0.75
+    assert gpu_request(8, gpus_per_trial=0.25, gpu_fraction=1.0) == 1.0
+    assert gpu_request(1, gpus_per_trial=None, gpu_fraction=0.5) == 0.5
+    assert gpu_request(3, gpus_per_trial=0.1, gpu_fraction=1.0) == 0.3
+
+
+def test_resources_in_the_spec_are_validated_and_do_not_change_the_sweep_hash() -> None:
+    from sweeper.spec import load_spec
+    from sweeper.sweeps import spec_hash
+    from workers.errors import ConfigError
+
+    base = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
+    plain = load_spec(base)
+    gpu = load_spec({**base, "resources": {"gpus_per_trial": 0.25}})
+    assert gpu.resources.gpus_per_trial == 0.25 and plain.resources.gpus_per_trial is None
+    assert spec_hash(gpu) == spec_hash(plain)
+    for bad in (0, 1.5, -1):
+        with pytest.raises(ConfigError) as e:
+            load_spec({**base, "resources": {"gpus_per_trial": bad}})
+        assert e.value.field == "resources.gpus_per_trial"
