@@ -1148,6 +1148,17 @@ class SweepRunner:
                 .values(**values)
             )
             changed = bool(res.rowcount)  # type: ignore[attr-defined]
+            if uncharged and not changed:
+                # Cancelled between its claim and its charge: the cancel marked it "running,
+                # stays charged", but its charge was refused and it never ran. Its books say so.
+                session.execute(
+                    update(Trial)
+                    .where(Trial.id == t.id, Trial.state == TrialState.cancelled)
+                    .values(
+                        attempts=Trial.attempts - 1,
+                        error="cancelled before it ran (never charged)",
+                    )
+                )
             if changed and t.grid not in self.hidden:
                 events.emit(
                     session,

@@ -429,3 +429,34 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
         if t.state == TrialState.cancelled and "before it started" in (t.error or ""):
             assert t.id not in charges
     engine.dispose()
+
+
+def test_cancel_between_claim_and_charge_leaves_exact_books(
+    local_ray: Any, engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that lands after the driver claimed trials but before it charged them: the
+    cancel releases the reservation, so the charges are refused; those trials never run, and
+    their books say so (no attempt, no charge, no "stays charged")."""
+    from sweeper.runner import SweepRunner
+
+    sid = create_sweep(engine, tiny_spec())
+    original = SweepRunner._charge
+    cancelled: list[dict[str, Any]] = []
+
+    def charge_after_a_cancel(self: Any, claimed: list[Any]) -> list[Any]:
+        if not cancelled:
+            cancelled.append(cancel_sweep(engine, sid))
+        return original(self, claimed)
+
+    monkeypatch.setattr(SweepRunner, "_charge", charge_after_a_cancel)
+    out = run_sweep(engine, sid)
+    assert out.state == "cancelled" and cancelled
+    with Session(engine) as s:
+        trials = list(s.scalars(sa.select(Trial).where(Trial.sweep_id == sid)))
+    never_ran = [t for t in trials if t.error == "cancelled before it ran (never charged)"]
+    assert never_ran and all(t.attempts == 0 for t in never_ran)
+    assert all(t.state == TrialState.cancelled for t in trials)
+    assert _charges(engine, "digits", sid) == {}
+    _check_books(engine, sid)
+    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    assert bal.epsilon_charged == 0 and bal.epsilon_released == bal.epsilon_reserved
