@@ -13,7 +13,7 @@ COMPOSE_VENV := .venv-compose
 COMPOSE_STAMP := $(COMPOSE_VENV)/.installed-stamp
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest bench report clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench: install
 	$(BIN)/python bench/sweep_throughput.py
 	$(BIN)/python bench/api_load.py
 	$(BIN)/python bench/dashboard_open.py
+
+# docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
+report: install
+	$(BIN)/python report/make_report.py --scale full --out docs
 
 clean:
 	rm -rf $(VENV) $(COMPOSE_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -152,3 +152,29 @@ def test_dashboard_open_benchmark_smoke() -> None:
     }
     assert 0 < first["header_ms"] <= first["eps_front_ms"] <= first["calibration_ms"]
     assert any("pareto?x=accuracy&y=ece" in path for path in out["bytes"])
+
+
+@pytest.mark.slow
+def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
+    """`make report`'s pipeline, tiny: real sweeps, read back, tables, a figure, markdown."""
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "report" / "make_report.py"),
+            "--scale",
+            "tiny",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    facts = json.loads(p.stdout)["calibration"]
+    assert facts["seconds"] > 0 and len([k for k in facts if k.startswith("ece_")]) == 4
+    md = (tmp_path / "results.md").read_text()
+    assert "| small-C | 3 |" in md and "| large-C | 3 |" in md  # the plan table
+    assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md  # the results table
+    assert (tmp_path / "figures" / "calibration-reliability.png").stat().st_size > 10_000
