@@ -476,37 +476,22 @@ class SweepRunner:
                     trial.started_at = None
                     needed[grid] = needed.get(grid, 0) + 1
                     continue
-                trial.state = TrialState.interrupted
-                sched = self.schedules[grid]
-                free = (
-                    0
-                    if sched.whole_grid
-                    else sched.runs - self._runs_used.get(grid, 0) - needed.get(grid, 0)
-                )
-                if free > 0:
-                    self._runs_used[grid] = self._runs_used.get(grid, 0)
-                    needed[grid] = needed.get(grid, 0) + 1
+                verdict = self._rerun_verdict(grid, needed)
+                if verdict is None:
                     trial.state = TrialState.pending
                     trial.error = (
                         f"interrupted by a crash of the sweep's driver (attempt {attempts}, "
                         "charged); re-run on a run reserved by privacy.retries"
                     )
-                elif sched.whole_grid:
+                else:
                     trial.state = TrialState.failed
                     trial.finished_at = now
                     trial.error = (
                         "interrupted by a crash of the sweep's driver (charged); "
                         "papernot-steinke grids do not re-run trials"
-                    )
-                else:
-                    run = self._runs_used.get(grid, 0) + needed.get(grid, 0) + 1
-                    extra = f"; a re-run would be run {run} of a grid that reserved {sched.runs}"
-                    trial.state = TrialState.failed
-                    trial.finished_at = now
-                    trial.error = (
-                        "interrupted by a crash of the sweep's driver; it stays charged and is "
-                        f"not re-run: the grid's reservation has no run left for it{extra} "
-                        "(set privacy.retries to reserve re-runs)"
+                        if verdict == ""
+                        else "interrupted by a crash of the sweep's driver; it stays charged "
+                        f"and is not re-run: {verdict}"
                     )
             session.flush()
             for tid, (grid, *_rest) in stale:
@@ -983,6 +968,29 @@ class SweepRunner:
             for t in flight.trials:
                 self._end(t, TrialState.failed, event["error"])
 
+    def _rerun_verdict(self, grid: str, needed: dict[str, int]) -> str | None:
+        """Whether a charged, interrupted trial of ``grid`` may run again.
+
+        ``needed`` counts the runs the grid's pending trials (and re-runs granted so far) will
+        take; a re-run may only use a reserved run beyond those (``privacy.retries``).
+
+        Returns:
+            None: re-run it (``needed`` now counts it); ``""``: never, its grid is
+            papernot-steinke; otherwise why not, naming the run it would need.
+        """
+        sched = self.schedules[grid]
+        if sched.whole_grid:
+            return ""
+        used = self._runs_used.get(grid, 0)
+        if sched.runs - used - needed.get(grid, 0) > 0:
+            needed[grid] = needed.get(grid, 0) + 1
+            return None
+        run = used + needed.get(grid, 0) + 1
+        return (
+            f"the grid's reservation has no run left for it; a re-run would be run {run} of a "
+            f"grid that reserved {sched.runs} (set privacy.retries to reserve re-runs)"
+        )
+
     def _lost(self, flight: _InFlight, exc: Exception) -> None:
         """The crash policy for a pack whose worker or node died under this driver.
 
@@ -997,13 +1005,10 @@ class SweepRunner:
             needed[p.grid] = needed.get(p.grid, 0) + 1
         requeue: list[_Pending] = []
         for t in flight.trials:
-            sched = self.schedules[t.grid]
-            used = self._runs_used.get(t.grid, 0)
-            free = 0 if sched.whole_grid else sched.runs - used - needed.get(t.grid, 0)
-            if free > 0:
-                needed[t.grid] = needed.get(t.grid, 0) + 1
+            verdict = self._rerun_verdict(t.grid, needed)
+            if verdict is None:
                 requeue.append(t)
-            elif sched.whole_grid:
+            elif verdict == "":
                 self._end(
                     t,
                     TrialState.failed,
@@ -1011,13 +1016,10 @@ class SweepRunner:
                     "not re-run trials",
                 )
             else:
-                run = used + needed.get(t.grid, 0) + 1
                 self._end(
                     t,
                     TrialState.failed,
-                    f"interrupted: {reason}; it stays charged and is not re-run: the grid's "
-                    f"reservation has no run left for it; a re-run would be run {run} of a "
-                    f"grid that reserved {sched.runs} (set privacy.retries to reserve re-runs)",
+                    f"interrupted: {reason}; it stays charged and is not re-run: {verdict}",
                 )
         if not requeue:
             return

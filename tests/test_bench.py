@@ -13,6 +13,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _script(path: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``ROOT / path`` with this interpreter, as `make bench` / `make report` would."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
 def test_step_overhead_benchmark_smoke() -> None:
     args = [
         "--json",
@@ -25,13 +36,7 @@ def test_step_overhead_benchmark_smoke() -> None:
         "--strategies",
         "quantile,online,bam",
     ]
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "step_overhead.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    p = _script("bench/step_overhead.py", *args)
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)["mlp"]["64"]
     assert set(row) == {
@@ -47,33 +52,14 @@ def test_step_overhead_benchmark_smoke() -> None:
 
 
 def test_packing_benchmark_smoke() -> None:
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "packing.py"),
-            "--json",
-            "--quick",
-            "--models",
-            "mlp",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    p = _script("bench/packing.py", "--json", "--quick", "--models", "mlp")
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)["mlp"]
     assert row["trials"] == 25 and row["speedup"] > 0 and row["per_trial_step_vs_nonprivate"] > 0
 
 
 def test_sweep_throughput_benchmark_smoke() -> None:
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "sweep_throughput.py"), "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    p = _script("bench/sweep_throughput.py", "--quick", "--json")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert {
@@ -98,13 +84,7 @@ def test_api_load_benchmark_smoke() -> None:
     # 200 trials plan faster than 40 (larger grids get more noise, which the PLD accountant
     # handles faster); a few requests per endpoint, SQLite only.
     args = ["--json", "--trials", "200", "--clients", "4", "--requests", "3", "--warmup", "2"]
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "api_load.py"), *args, "--backends", "sqlite"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
+    p = _script("bench/api_load.py", *args, "--backends", "sqlite")
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["trials"] == 200 and out["clients"] == 4 and out["backends"] == ["sqlite"]
@@ -124,21 +104,8 @@ def test_api_load_benchmark_smoke() -> None:
 
 @pytest.mark.slow
 def test_dashboard_open_benchmark_smoke() -> None:
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bench" / "dashboard_open.py"),
-            "--json",
-            "--trials",
-            "200",
-            "--repeats",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    args = ["--json", "--trials", "200", "--repeats", "1"]
+    p = _script("bench/dashboard_open.py", *args, timeout=600)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["trials"] == 200
@@ -157,20 +124,7 @@ def test_dashboard_open_benchmark_smoke() -> None:
 @pytest.mark.slow
 def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     """`make report`'s pipeline, tiny: real sweeps, read back, tables, a figure, markdown."""
-    p = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "report" / "make_report.py"),
-            "--scale",
-            "tiny",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-    )
+    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     facts = json.loads(p.stdout)["calibration"]
     assert facts["seconds"] > 0 and len([k for k in facts if k.startswith("ece_")]) == 4
