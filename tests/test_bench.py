@@ -123,12 +123,40 @@ def test_dashboard_open_benchmark_smoke() -> None:
 
 @pytest.mark.slow
 def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
-    """`make report`'s pipeline, tiny: real sweeps, read back, tables, a figure, markdown."""
-    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), timeout=600)
+    """`make report`'s pipeline, tiny: every experiment's real sweeps, read back, tables,
+    figures and markdown."""
+    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), "--jobs",
+                "3", timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
-    facts = json.loads(p.stdout)["calibration"]
-    assert facts["seconds"] > 0 and len([k for k in facts if k.startswith("ece_")]) == 4
+    facts = json.loads(p.stdout)
+    assert list(facts) == ["strategies", "calibration", "clip-bias", "clipless", "tuning-cost"]
     md = (tmp_path / "results.md").read_text()
-    assert "| small-C | 3 |" in md and "| large-C | 3 |" in md  # the plan table
-    assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md  # the results table
-    assert (tmp_path / "figures" / "calibration-reliability.png").stat().st_size > 10_000
+    heads = [md.index(f"## {i}. ") for i in range(1, 6)]
+    assert heads == sorted(heads)  # sections in the experiments' order
+    # 1: compose and basic per strategy at the tiny levels (1 and 8), basic below compose's σ cap.
+    assert set(facts["strategies"]["seconds"]) == {"digits_compose", "digits_basic"}
+    assert "| fixed | 1 |" in md and "| online | 8 |" in md
+    assert "`privacy.accounting: basic`" in md
+    # 2: calibration's plan and results tables.
+    cal = facts["calibration"]
+    assert cal["seconds"] > 0 and len([k for k in cal if k.startswith("ece_")]) == 4
+    assert "| small-C | 3 |" in md and "| large-C | 3 |" in md
+    assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md
+    # 3: a bias trajectory per arm, measured (finite, positive under heavy clipping).
+    bias = {k: v for k, v in facts["clip-bias"].items() if k.startswith("bias_")}
+    assert {k.removeprefix("bias_") for k in bias} == {
+        f"{m} C={c}" for m in ("dp-sgd", "bam-0.02", "bam-0.1") for c in ("0.1", "5")
+    }
+    assert all(0 < v < math.inf for v in bias.values())
+    # 4: each run's own step time for both networks.
+    steps = {k: v for k, v in facts["clipless"].items() if k.startswith("step_ms_")}
+    assert len(steps) == 2 and all(v > 0 for v in steps.values())
+    # 5: compose and papernot-steinke keep each level's ε; the naive search composes to more,
+    # and the papernot-steinke run count is never shown.
+    tc = facts["tuning-cost"]
+    for level in (1, 8):
+        assert tc[f"compose_epsilon_{level}"] <= level and tc[f"ps_epsilon_{level}"] <= level
+        assert tc[f"naive_epsilon_{level}"] > level
+    assert "hidden" in md.split("## 5. ")[1]
+    for name in ("strategies-accuracy", "calibration-reliability", "clip-bias", "clipless"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name

@@ -251,7 +251,8 @@ class DPEngine:
         clip = self.strategy.clip(ctx)
         true_grad = torch.empty_like(self.grad)
         clipped = torch.empty_like(self.grad)
-        # Unclipped mean gradient at theta (for BAM: at the perturbed points, as released).
+        # The unclipped mean gradient at theta. BAM's released gradients are taken at its
+        # perturbed points, so for BAM the gradients at theta are computed separately.
         base_infos = infos if self.strategy.ascent_scale(ctx) is None else None
         if base_infos is None:
             base_infos, _ = self._grads(xk, tk, mask, None)

@@ -1,0 +1,1 @@
+"""``make report``: the papers' experiments, run with dpsweep, written to ``docs/results.md``."""
