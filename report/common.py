@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 SPECS = ROOT / "examples" / "report"
 READINGS = Path(__file__).resolve().parent / "readings"
 LOCAL = Viewer(owner=None, admin=True)
+_UPGRADE_LOCK = threading.Lock()
 # One colour per arm name across every figure of the report.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
@@ -107,7 +109,8 @@ def run_spec(
     path = work / f"{spec['name']}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     url = f"sqlite:///{work / 'report.db'}"
-    db.upgrade(url)
+    with _UPGRADE_LOCK:  # Alembic's command context is process-global: one upgrade at a time.
+        db.upgrade(url)
     t0 = time.perf_counter()
     cmd = [DPSWEEP, "run", str(path), "--db", url, "--new", "--quiet", "--json",
            "--plots", str(work / "plots")]

@@ -125,8 +125,7 @@ def test_dashboard_open_benchmark_smoke() -> None:
 def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     """`make report`'s pipeline, tiny: every experiment's real sweeps, read back, tables,
     figures and markdown."""
-    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), "--jobs",
-                "3", timeout=900)
+    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     facts = json.loads(p.stdout)
     assert list(facts) == ["strategies", "calibration", "clip-bias", "clipless", "tuning-cost"]
