@@ -32,12 +32,16 @@ def by_config(run: Run) -> dict[str, list[dict[str, Any]]]:
 
 
 def metric_table(run: Run, metrics: list[str]) -> str:
-    rows = ["| arm | params | runs | " + " | ".join(metrics) + " |",
-            "|" + "---|" * (3 + len(metrics))]
+    rows = [
+        "| arm | params | runs | " + " | ".join(metrics) + " |",
+        "|" + "---|" * (3 + len(metrics)),
+    ]
     for arm, ts in by_config(run).items():
         params = ", ".join(f"{k}={v:g}" for k, v in ts[0]["params"].items())
-        cells = [mean_std([float(t["metrics"][m]) for t in ts if t["metrics"].get(m) is not None])
-                 for m in metrics]
+        cells = [
+            mean_std([float(t["metrics"][m]) for t in ts if t["metrics"].get(m) is not None])
+            for m in metrics
+        ]
         rows.append(f"| {arm} | {params} | {len(ts)} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -59,10 +63,22 @@ def reliability_figure(run: Run, path: Path) -> str:
                     acc[3] += b["count"] * b["confidence"]
         lows = sorted(pooled)
         accs = [pooled[lo][2] / pooled[lo][1] for lo in lows]
-        ax.bar(lows, accs, width=[pooled[lo][0] - lo for lo in lows], align="edge",
-               edgecolor="white", label="accuracy")
-        ax.plot([pooled[lo][3] / pooled[lo][1] for lo in lows], accs, "o", color="tab:red",
-                ms=4, label="mean confidence")
+        ax.bar(
+            lows,
+            accs,
+            width=[pooled[lo][0] - lo for lo in lows],
+            align="edge",
+            edgecolor="white",
+            label="accuracy",
+        )
+        ax.plot(
+            [pooled[lo][3] / pooled[lo][1] for lo in lows],
+            accs,
+            "o",
+            color="tab:red",
+            ms=4,
+            label="mean confidence",
+        )
         ax.plot([0, 1], [0, 1], "--", color="grey", lw=1)
         ece = statistics.fmean(float(t["metrics"]["ece"]) for t in ts)
         ax.set_title(f"{arm}: ECE {ece:.3f}", fontsize=10)
@@ -85,8 +101,10 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
     image = reliability_figure(r, figures / "calibration-reliability.png")
     configs = by_config(r)
     ece = {a: statistics.fmean(float(t["metrics"]["ece"]) for t in ts) for a, ts in configs.items()}
-    acc = {a: statistics.fmean(float(t["metrics"]["accuracy"]) for t in ts)
-           for a, ts in configs.items()}
+    acc = {
+        a: statistics.fmean(float(t["metrics"]["accuracy"]) for t in ts)
+        for a, ts in configs.items()
+    }
     text = [
         TITLE,
         "",

@@ -23,14 +23,6 @@ from report.common import (
 TITLE = "## 3. Clipping bias: DP-SGD vs BAM (paper 003, Figure 2)"
 
 
-def by_arm(run: Run) -> dict[str, list[dict[str, Any]]]:
-    """Released, finished trials per arm, in the spec's arm order."""
-    out: dict[str, list[dict[str, Any]]] = {a["name"]: [] for a in run.spec["arms"]}
-    for t in run.done():
-        out[t["arm"]].append(t)
-    return out
-
-
 def series(
     run: Run, trials: list[dict[str, Any]], name: str
 ) -> tuple[list[int], list[list[float]]]:
@@ -52,7 +44,7 @@ def _method(arm: str) -> str:
 
 def bias_figure(run: Run, path: Path) -> str:
     """Bias magnitude over training, one panel per clipping norm, mean ± std over seeds."""
-    arms = by_arm(run)
+    arms = run.done_by_arm()
     clips = sorted({float(t["params"]["clip"]) for ts in arms.values() for t in ts})
     methods = list(dict.fromkeys(_method(a) for a in arms))
     fig = figure(len(clips), width=4.6, height=3.6)
@@ -69,9 +61,14 @@ def bias_figure(run: Run, path: Path) -> str:
             xs = [s for s, _ in pts]
             colour = COLOURS[methods.index(_method(arm))]
             ax.plot(xs, mean, color=colour, lw=1.4, label=_method(arm))
-            ax.fill_between(xs, [m - s for m, s in zip(mean, sd, strict=True)],
-                            [m + s for m, s in zip(mean, sd, strict=True)],
-                            color=colour, alpha=0.15, lw=0)
+            ax.fill_between(
+                xs,
+                [m - s for m, s in zip(mean, sd, strict=True)],
+                [m + s for m, s in zip(mean, sd, strict=True)],
+                color=colour,
+                alpha=0.15,
+                lw=0,
+            )
         ax.set(title=f"C = {clip:g}", xlabel="step", ylabel="bias ‖g_clip − g‖ (eval split)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -79,12 +76,14 @@ def bias_figure(run: Run, path: Path) -> str:
 
 
 def results_table(run: Run) -> str:
-    rows = ["| arm | λ | runs | accuracy (best checkpoint) | accuracy (last step) | ECE | "
-            "mean bias over training | final bias | share clipped | cos(g_priv, g) | "
-            "step time (ms) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| arm | λ | runs | accuracy (best checkpoint) | accuracy (last step) | ECE | "
+        "mean bias over training | final bias | share clipped | cos(g_priv, g) | "
+        "step time (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     lambdas = {a["name"]: (a.get("params") or {}).get("bam_lambda") for a in run.spec["arms"]}
-    for arm, ts in by_arm(run).items():
+    for arm, ts in run.done_by_arm().items():
         det = [run.details[t["id"]] for t in ts]
 
         def traj_mean(d: dict[str, Any], name: str) -> float:
@@ -119,9 +118,16 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
     if len(sigmas) != 1:
         raise RuntimeError(f"every arm should share sigma; the plan gave {sigmas}")
     image = bias_figure(r, figures / "clip-bias.png")
-    bias = {arm: statistics.fmean(
-        float(v) for t in ts for v in r.details[t["id"]]["trajectories"]["clip_bias"]
-        if v is not None) for arm, ts in by_arm(r).items() if ts}
+    bias = {
+        arm: statistics.fmean(
+            float(v)
+            for t in ts
+            for v in r.details[t["id"]]["trajectories"]["clip_bias"]
+            if v is not None
+        )
+        for arm, ts in r.done_by_arm().items()
+        if ts
+    }
     text = [
         TITLE,
         "",

@@ -25,41 +25,48 @@ TITLE = "## 4. Clipless DP-SGD: Lipschitz network vs clipped MLP (paper 002)"
 SPECS = ("clipless-lipschitz", "clipless-mlp")
 
 
-def _levels(run: Run) -> list[float]:
-    return [float(e) for e in run.spec["privacy"]["budgets"]]
-
-
 def step_times(run: Run) -> list[float]:
     """Each released run's median step time (ms)."""
-    return [float(d["step_time_ms_median"]) for d in run.details.values()
-            if d.get("step_time_ms_median") is not None]
+    return [
+        float(d["step_time_ms_median"])
+        for d in run.details.values()
+        if d.get("step_time_ms_median") is not None
+    ]
 
 
 def results_table(runs: dict[str, Run]) -> str:
-    rows = ["| ε | " + " | ".join(f"{n}: accuracy | {n}: best params" for n in runs) + " |",
-            "|---|" + "---|---|" * len(runs)]
+    rows = [
+        "| ε | " + " | ".join(f"{n}: accuracy | {n}: best params" for n in runs) + " |",
+        "|---|" + "---|---|" * len(runs),
+    ]
     first = next(iter(runs.values()))
-    for eps in _levels(first):
+    for eps in first.levels():
         cells = []
         for r in runs.values():
             res = next((v for (a, e), v in r.results().items() if e == eps), None)
             if res is None or res.get("objective_mean") is None:
                 cells += ["–", "–"]
             else:
-                cells += [f"**{res['objective_mean']:.3f}** ± {res['objective_std'] or 0:.3f}",
-                          params_text(res["best_params"])]
+                cells += [
+                    f"**{res['objective_mean']:.3f}** ± {res['objective_std'] or 0:.3f}",
+                    params_text(res["best_params"]),
+                ]
         rows.append(f"| {eps:g} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 def time_table(runs: dict[str, Run]) -> str:
-    rows = ["| model + strategy | runs | median step time (ms) | p10–p90 (ms) | parameters |",
-            "|---|---|---|---|---|"]
+    rows = [
+        "| model + strategy | runs | median step time (ms) | p10–p90 (ms) | parameters |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         ts = sorted(step_times(r))
         q = statistics.quantiles(ts, n=10) if len(ts) > 1 else [ts[0]] * 9
-        rows.append(f"| {name} | {len(ts)} | {statistics.median(ts):.2f} | "
-                    f"{q[0]:.2f}–{q[-1]:.2f} | {r.spec['model']['options']} |")
+        rows.append(
+            f"| {name} | {len(ts)} | {statistics.median(ts):.2f} | "
+            f"{q[0]:.2f}–{q[-1]:.2f} | {r.spec['model']['options']} |"
+        )
     return "\n".join(rows)
 
 
@@ -67,13 +74,24 @@ def clipless_figure(runs: dict[str, Run], path: Path) -> str:
     fig = figure(2, width=4.6, height=3.6)
     ax = fig.add_subplot(1, 2, 1)
     for j, (name, r) in enumerate(runs.items()):
-        pts = sorted((e, v) for (a, e), v in r.results().items()
-                     if v.get("objective_mean") is not None)
-        ax.errorbar([e for e, _ in pts], [v["objective_mean"] for _, v in pts],
-                    yerr=[v["objective_std"] or 0.0 for _, v in pts], fmt="-o", ms=4,
-                    capsize=3, color=COLOURS[j], label=name)
-    ax.set(xlabel="per-grid ε (δ = 1e-5)", ylabel="best-of-grid accuracy",
-           xticks=_levels(next(iter(runs.values()))))
+        pts = sorted(
+            (e, v) for (a, e), v in r.results().items() if v.get("objective_mean") is not None
+        )
+        ax.errorbar(
+            [e for e, _ in pts],
+            [v["objective_mean"] for _, v in pts],
+            yerr=[v["objective_std"] or 0.0 for _, v in pts],
+            fmt="-o",
+            ms=4,
+            capsize=3,
+            color=COLOURS[j],
+            label=name,
+        )
+    ax.set(
+        xlabel="per-grid ε (δ = 1e-5)",
+        ylabel="best-of-grid accuracy",
+        xticks=next(iter(runs.values())).levels(),
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax = fig.add_subplot(1, 2, 2)
@@ -92,8 +110,9 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
             spec = shrink(spec)
         label = f"{spec['model']['name']} + {spec['arms'][0]['strategy']}"
         # One trial per pack, one pack at a time: each run's step time is its own.
-        runs[label] = run_spec(spec, work / name, details=True, workers=1,
-                               env={"DPSWEEP_MAX_PACK_SIZE": "1"})
+        runs[label] = run_spec(
+            spec, work / name, details=True, workers=1, env={"DPSWEEP_MAX_PACK_SIZE": "1"}
+        )
     image = clipless_figure(runs, figures / "clipless.png")
     text = [
         TITLE,
@@ -121,8 +140,9 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
         "",
         image,
         "",
-        "Wall time: " + ", ".join(f"{n} {r.seconds:.0f} s ({len(r.trials)} runs)"
-                                  for n, r in runs.items()) + ".",
+        "Wall time: "
+        + ", ".join(f"{n} {r.seconds:.0f} s ({len(r.trials)} runs)" for n, r in runs.items())
+        + ".",
         "",
         *reading("clipless", scale),
     ]

@@ -54,6 +54,21 @@ class Run:
         """The finished (released) trials."""
         return [t for t in self.trials if t["state"] == "done"]
 
+    def arms(self) -> list[str]:
+        """The arms' names, in the spec's order."""
+        return [a["name"] for a in self.spec["arms"]]
+
+    def levels(self) -> list[float]:
+        """The per-grid ε levels, in the spec's order."""
+        return [float(e) for e in self.spec["privacy"]["budgets"]]
+
+    def done_by_arm(self) -> dict[str, list[dict[str, Any]]]:
+        """The finished (released) trials per arm, in the spec's arm order."""
+        out: dict[str, list[dict[str, Any]]] = {a: [] for a in self.arms()}
+        for t in self.done():
+            out[t["arm"]].append(t)
+        return out
+
     def results(self) -> dict[tuple[str, float], dict[str, Any]]:
         """dpsweep's best configuration per (arm, ε level): mean ± std over its seeds."""
         return {(r["arm"], float(r["epsilon_budget"])): r for r in self.summary["results"]}
@@ -112,8 +127,18 @@ def run_spec(
     with _UPGRADE_LOCK:  # Alembic's command context is process-global: one upgrade at a time.
         db.upgrade(url)
     t0 = time.perf_counter()
-    cmd = [DPSWEEP, "run", str(path), "--db", url, "--new", "--quiet", "--json",
-           "--plots", str(work / "plots")]
+    cmd = [
+        DPSWEEP,
+        "run",
+        str(path),
+        "--db",
+        url,
+        "--new",
+        "--quiet",
+        "--json",
+        "--plots",
+        str(work / "plots"),
+    ]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     out = subprocess.run(
@@ -126,10 +151,12 @@ def run_spec(
     seconds = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"dpsweep run {path.name} failed:\n{out.stderr[-3000:]}")
-    sweep_id = json.loads(out.stdout[out.stdout.index("{"):])["id"]
+    sweep_id = json.loads(out.stdout[out.stdout.index("{") :])["id"]
     exported = subprocess.run(
         [DPSWEEP, "export", sweep_id, "--db", url, "--format", "json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     data = json.loads(exported.stdout)
     run = Run(spec, data["sweep"], data["trials"], seconds)
@@ -166,15 +193,22 @@ def mean_std(values: list[float]) -> str:
 
 def params_text(params: dict[str, Any] | None) -> str:
     """``lr=0.316, clip=1`` (3 significant digits)."""
-    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in (params or {}).items()) or "–"
+    return (
+        ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in (params or {}).items()
+        )
+        or "–"
+    )
 
 
 def plan_table(run: Run) -> str:
     """The plan: per arm and ε level, trials, σ (and the gradient's σ_g after a noise split),
     steps, q, per-trial ε, the grid's ε and its verification by an independent accountant."""
-    rows = ["| arm | ε level | trials | σ | σ_g | steps | q | ε per trial | grid ε | verified ε |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| arm | ε level | trials | σ | σ_g | steps | q | ε per trial | grid ε | verified ε |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for g in run.summary["plan"]:
         rows.append(
             f"| {g['arm']} | {fmt(g['epsilon_budget'])} | {g.get('trials', 'hidden')} | "

@@ -52,17 +52,24 @@ its scale and wall time. Where a finding is not reproduced, the reading says so.
 """
 
 
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=("full", "tiny"), default="full")
     p.add_argument("--out", default=str(ROOT / "docs"), help="where results.md goes")
-    p.add_argument("--only", nargs="+", choices=sorted(EXPERIMENTS),
-                   help="run only these experiments (results.md then holds only them)")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(EXPERIMENTS),
+        help="run only these experiments (results.md then holds only them)",
+    )
     p.add_argument("--keep", help="keep the experiments' databases under this directory")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="experiments run at once (default 1: wall times are then each one's "
-                   "own; more overlaps their start-up, e.g. for --scale tiny)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="experiments run at once (default 1: wall times are then each one's "
+        "own; more overlaps their start-up, e.g. for --scale tiny)",
+    )
     args = p.parse_args(argv)
     out = Path(args.out)
     figures = out / "figures"

@@ -63,28 +63,27 @@ def basic_variant(spec: dict[str, Any], work: Path) -> tuple[dict[str, Any], str
     for arm in s["arms"]:
         if arm["strategy"] == "quantile":
             arm.setdefault("params", {})["count_noise"] = count_noise
-    change = (f"`privacy.accounting: basic`, `privacy.max_noise_multiplier: {BASIC_MAX_NOISE:g}`, "
-              f"and quantile's `count_noise: {count_noise:g}`")
+    change = (
+        f"`privacy.accounting: basic`, `privacy.max_noise_multiplier: {BASIC_MAX_NOISE:g}`, "
+        f"and quantile's `count_noise: {count_noise:g}`"
+    )
     return s, change
-
-
-def _arms(run: Run) -> list[str]:
-    return [a["name"] for a in run.spec["arms"]]
-
-
-def _levels(run: Run) -> list[float]:
-    return [float(e) for e in run.spec["privacy"]["budgets"]]
 
 
 def results_table(compose: Run, basic: Run) -> str:
     """Best-of-grid accuracy per strategy and ε: mean ± std over the best configuration's
     seeds, its parameters, and the same under basic accounting."""
-    arms = _arms(compose)
-    head = "| ε | " + " | ".join(f"{a} (compose)" for a in arms) + " | " + " | ".join(
-        f"{a} (basic)" for a in arms) + " |"
+    arms = compose.arms()
+    head = (
+        "| ε | "
+        + " | ".join(f"{a} (compose)" for a in arms)
+        + " | "
+        + " | ".join(f"{a} (basic)" for a in arms)
+        + " |"
+    )
     rows = [head, "|---|" + "---|" * (2 * len(arms))]
     rc, rb = compose.results(), basic.results()
-    for eps in _levels(compose):
+    for eps in compose.levels():
         cells = []
         for res in (rc, rb):
             for a in arms:
@@ -106,16 +105,27 @@ def accuracy_figure(pairs: dict[str, tuple[Run, Run]], path: Path) -> str:
     fig = figure(len(pairs), width=4.8, height=3.8)
     for i, (dataset, (compose, basic)) in enumerate(pairs.items()):
         ax = fig.add_subplot(1, len(pairs), i + 1)
-        for j, arm in enumerate(_arms(compose)):
+        for j, arm in enumerate(compose.arms()):
             for run, style, label in ((compose, "-o", "compose"), (basic, "--s", "basic")):
                 res = run.results()
-                pts = [(e, res[(arm, e)]) for e in _levels(run)
-                       if (arm, e) in res and res[(arm, e)].get("objective_mean") is not None]
-                ax.errorbar([e for e, _ in pts], [r["objective_mean"] for _, r in pts],
-                            yerr=[r["objective_std"] or 0.0 for _, r in pts], fmt=style,
-                            color=COLOURS[j], ms=4, capsize=3, lw=1.2,
-                            alpha=1.0 if label == "compose" else 0.6, label=f"{arm}, {label}")
-        ax.set(title=dataset, xlabel="per-grid ε (δ = 1e-5)", xticks=_levels(compose))
+                pts = [
+                    (e, res[(arm, e)])
+                    for e in run.levels()
+                    if (arm, e) in res and res[(arm, e)].get("objective_mean") is not None
+                ]
+                ax.errorbar(
+                    [e for e, _ in pts],
+                    [r["objective_mean"] for _, r in pts],
+                    yerr=[r["objective_std"] or 0.0 for _, r in pts],
+                    fmt=style,
+                    color=COLOURS[j],
+                    ms=4,
+                    capsize=3,
+                    lw=1.2,
+                    alpha=1.0 if label == "compose" else 0.6,
+                    label=f"{arm}, {label}",
+                )
+        ax.set(title=dataset, xlabel="per-grid ε (δ = 1e-5)", xticks=compose.levels())
         ax.set_ylabel("best-of-grid accuracy")
         ax.grid(alpha=0.3)
         if i == 0:
@@ -134,8 +144,11 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
         basic_spec, changes[name] = basic_variant(spec, work / name)
         pairs[name] = (run_spec(spec, work / name), run_spec(basic_spec, work / name))
     image = accuracy_figure(pairs, figures / "strategies-accuracy.png")
-    seconds = {f"{n}_{kind}": r.seconds for n, (c, b) in pairs.items()
-               for kind, r in (("compose", c), ("basic", b))}
+    seconds = {
+        f"{n}_{kind}": r.seconds
+        for n, (c, b) in pairs.items()
+        for kind, r in (("compose", c), ("basic", b))
+    }
     first = next(iter(pairs.values()))[0]
     seeds = first.spec.get("seeds", 1)
     runs = {g["arm"]: g["trials"] for g in first.summary["plan"]}
@@ -146,7 +159,7 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
         f"Scale: {scale}. The 004 protocol: fixed (lr × C, {points.get('fixed')} points), "
         f"quantile (lr × γ, {points.get('quantile')} points) and online (lr only, "
         f"{points.get('online')} points; it adapts C and lr itself), each with {seeds} seeds, "
-        f"at per-grid ε ∈ {{{', '.join(f'{e:g}' for e in _levels(first))}}} and δ = 1e-5. Every "
+        f"at per-grid ε ∈ {{{', '.join(f'{e:g}' for e in first.levels())}}} and δ = 1e-5. Every "
         "seed trains on the real data, so every run is charged (004 does not charge its seeds): "
         f"a fixed or quantile grid is {runs.get('fixed')} runs, an online grid "
         f"{runs.get('online')}. The best configuration of each "

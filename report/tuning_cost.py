@@ -34,12 +34,14 @@ def naive(spec: dict[str, Any]) -> dict[str, Any]:
         names = list(arm["grid"])
         for values in itertools.product(*(arm["grid"][n] for n in names)):
             point = dict(zip(names, values, strict=True))
-            arms.append({
-                "name": "-".join(f"{n}{v:g}" for n, v in point.items()),
-                "strategy": arm["strategy"],
-                "grid": {n: [v] for n, v in point.items()},
-                **({"params": arm["params"]} if arm.get("params") else {}),
-            })
+            arms.append(
+                {
+                    "name": "-".join(f"{n}{v:g}" for n, v in point.items()),
+                    "strategy": arm["strategy"],
+                    "grid": {n: [v] for n, v in point.items()},
+                    **({"params": arm["params"]} if arm.get("params") else {}),
+                }
+            )
     s["arms"] = arms
     return s
 
@@ -47,8 +49,11 @@ def naive(spec: dict[str, Any]) -> dict[str, Any]:
 def _best(run: Run, eps: float) -> dict[str, Any] | None:
     """The best released run at this level by the sweep's objective, whatever its arm."""
     metric = run.summary["objective"]["metric"]
-    done = [t for t in run.done()
-            if float(t["epsilon_budget"]) == eps and t["metrics"].get(metric) is not None]
+    done = [
+        t
+        for t in run.done()
+        if float(t["epsilon_budget"]) == eps and t["metrics"].get(metric) is not None
+    ]
     best = max(done, key=lambda t: float(t["metrics"][metric])) if done else None
     return None if best is None else {**best, "objective": float(best["metrics"][metric])}
 
@@ -57,9 +62,11 @@ def cost_table(compose: Run, ps: Run, nv: Run, facts: dict[str, Any]) -> str:
     """One row per level and search: σ, runs, ε per run, the whole search's ε, what may be
     released and the best released accuracy; ``facts`` gets each level's ε of the whole
     search per method."""
-    rows = ["| ε level | search | σ per run | runs | ε per run | ε of the whole search "
-            "(what is licensed) | may be released | best accuracy released | its params |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| ε level | search | σ per run | runs | ε per run | ε of the whole search "
+        "(what is licensed) | may be released | best accuracy released | its params |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     delta = compose.spec["privacy"]["delta"]
     for eps in [float(e) for e in compose.spec["privacy"]["budgets"]]:
         for label, run in (("compose", compose), ("papernot-steinke", ps), ("naive", nv)):
@@ -70,11 +77,17 @@ def cost_table(compose: Run, ps: Run, nv: Run, facts: dict[str, Any]) -> str:
             if label == "naive":
                 # Each configuration was planned alone at ε; the search composes all of them.
                 runs = str(len(grids))
-                tight = pld_epsilon(noise_multiplier=sigma, sample_rate=q,
-                                    steps=steps * len(grids), target_delta=delta)
+                tight = pld_epsilon(
+                    noise_multiplier=sigma,
+                    sample_rate=q,
+                    steps=steps * len(grids),
+                    target_delta=delta,
+                )
                 charged = sum(x["epsilon_total"] for x in grids)
-                total = (f"**{tight:.3g}** (tight PLD composition of the {len(grids)} runs; "
-                         f"dpsweep charges {charged:.3g}, the sum over its one-run grids)")
+                total = (
+                    f"**{tight:.3g}** (tight PLD composition of the {len(grids)} runs; "
+                    f"dpsweep charges {charged:.3g}, the sum over its one-run grids)"
+                )
                 released = "all, at the whole search's ε (not the ε per run)"
                 facts[f"naive_epsilon_{eps:g}"] = tight
             elif label == "compose":
@@ -84,17 +97,23 @@ def cost_table(compose: Run, ps: Run, nv: Run, facts: dict[str, Any]) -> str:
                 facts[f"compose_epsilon_{eps:g}"] = g["epsilon_total"]
             else:
                 # The mean is the spec's (public); the number actually run is never shown.
-                mean = next(x["trials"] for x in compose.summary["plan"]
-                            if float(x["epsilon_budget"]) == eps)
+                mean = next(
+                    x["trials"]
+                    for x in compose.summary["plan"]
+                    if float(x["epsilon_budget"]) == eps
+                )
                 runs = f"random (logarithmic, mean {mean}); hidden"
                 total = f"**{g['epsilon_total']:.3g}** (verified {g['epsilon_verified']:.3g})"
                 released = "only the selected best run"
                 facts[f"ps_epsilon_{eps:g}"] = g["epsilon_total"]
             per_run = g.get("epsilon_per_trial")
-            outcome = (f"{best['objective']:.3f} | {params_text(best['params'])}"
-                       if best else "– | –")
-            rows.append(f"| {eps:g} | {label} | {sigma:.3g} | {runs} | {per_run:.3g} | {total} | "
-                        f"{released} | {outcome} |")
+            outcome = (
+                f"{best['objective']:.3f} | {params_text(best['params'])}" if best else "– | –"
+            )
+            rows.append(
+                f"| {eps:g} | {label} | {sigma:.3g} | {runs} | {per_run:.3g} | {total} | "
+                f"{released} | {outcome} |"
+            )
     return "\n".join(rows)
 
 

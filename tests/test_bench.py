@@ -141,12 +141,17 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     assert cal["seconds"] > 0 and len([k for k in cal if k.startswith("ece_")]) == 4
     assert "| small-C | 3 |" in md and "| large-C | 3 |" in md
     assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md
-    # 3: a bias trajectory per arm, measured (finite, positive under heavy clipping).
-    bias = {k: v for k, v in facts["clip-bias"].items() if k.startswith("bias_")}
-    assert {k.removeprefix("bias_") for k in bias} == {
+    # 3: a bias trajectory per arm, measured: finite everywhere, positive under heavy clipping
+    # (C = 0.1 clips every example). At C = 5 two tiny epochs may clip nothing, and then plain
+    # DP-SGD's bias is exactly 0, which is the right answer.
+    bias = {
+        k.removeprefix("bias_"): v for k, v in facts["clip-bias"].items() if k.startswith("bias_")
+    }
+    assert set(bias) == {
         f"{m} C={c}" for m in ("dp-sgd", "bam-0.02", "bam-0.1") for c in ("0.1", "5")
     }
-    assert all(0 < v < math.inf for v in bias.values())
+    assert all(0 <= v < math.inf for v in bias.values()), bias
+    assert all(v > 0 for arm, v in bias.items() if arm.endswith("C=0.1")), bias
     # 4: each run's own step time for both networks.
     steps = {k: v for k, v in facts["clipless"].items() if k.startswith("step_ms_")}
     assert len(steps) == 2 and all(v > 0 for v in steps.values())

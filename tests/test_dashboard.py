@@ -382,9 +382,7 @@ def test_trials_table_filters_columns_sort_and_csv(
     )
 
 
-def test_plan_and_budget_panel_matches_the_stored_plan(
-    page: Any, finished: dict[str, Any]
-) -> None:
+def test_plan_and_budget_panel_matches_the_stored_plan(page: Any, finished: dict[str, Any]) -> None:
     page.goto(f"/sweeps/{finished['id']}?tab=plan")
     page.wait_for_selector("#plan-table tbody tr")
     rows = page.locator("#plan-table tbody tr")

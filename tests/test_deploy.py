@@ -50,9 +50,7 @@ def _config(*files: str) -> dict[str, Any]:
     args = [_compose(), "--env-file", ".env.example"]
     for f in files:
         args += ["-f", f]
-    out = subprocess.run(
-        [*args, "config"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    out = subprocess.run([*args, "config"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return dict(yaml.safe_load(out.stdout))
 
@@ -152,7 +150,7 @@ def test_compose_refuses_to_run_without_the_secrets() -> None:
 def test_dockerfile_picks_the_torch_build_and_bakes_no_secret() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^ARG TORCH_VARIANT=cpu$", text, flags=re.M)
-    assert 'download.pytorch.org/whl/${TORCH_VARIANT}' in text
+    assert "download.pytorch.org/whl/${TORCH_VARIANT}" in text
     assert re.search(r"^USER dpsweep$", text, flags=re.M)
     for line in text.splitlines():
         if line.startswith(("ENV", "ARG")) or line.strip().startswith(("DPSWEEP_", "RAY_")):

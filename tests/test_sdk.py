@@ -101,8 +101,16 @@ def test_idempotent_resubmission_returns_the_same_sweep_and_cancel(client: Clien
         "name": "sdk-idem",
         "dataset": {"name": "digits"},
         "model": {"name": "mlp"},
-        "training": {"epochs": 3, "batch_size": 128},
-        "privacy": {"budgets": [48], "delta": 1e-5, "accounting": "basic"},
+        # Long trials, so that none can finish before the cancel below: with 3 epochs a warm
+        # Ray can finish a pack first and the count falls short of 24 (one CI failure, whose
+        # output we did not keep, fits that).
+        "training": {"epochs": 300, "batch_size": 128},
+        "privacy": {
+            "budgets": [48],
+            "delta": 1e-5,
+            "accounting": "basic",
+            "max_noise_multiplier": 1000,
+        },
         "arms": [{"strategy": "fixed", "grid": {"lr": [0.1, 0.3, 1.0], "clip": [0.5, 1.0]}}],
         "seeds": 4,
     }
