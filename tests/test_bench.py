@@ -152,9 +152,9 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     }
     assert all(0 <= v < math.inf for v in bias.values()), bias
     assert all(v > 0 for arm, v in bias.items() if arm.endswith("C=0.1")), bias
-    # 4: each run's own step time for both networks.
+    # 4: each run's own step time, for the default and tuned Lipschitz networks and the MLP.
     steps = {k: v for k, v in facts["clipless"].items() if k.startswith("step_ms_")}
-    assert len(steps) == 2 and all(v > 0 for v in steps.values())
+    assert len(steps) == 3 and all(v > 0 for v in steps.values())
     # 5: compose and papernot-steinke keep each level's ε; the naive search composes to more,
     # and the papernot-steinke run count is never shown.
     tc = facts["tuning-cost"]
