@@ -15,7 +15,6 @@ from report.common import (
     reading,
     run_spec,
     save,
-    shrink,
     spec_block,
 )
 
@@ -91,9 +90,7 @@ def reliability_figure(run: Run, path: Path) -> str:
 
 
 def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
-    spec = load("calibration")
-    if scale == "tiny":
-        spec = shrink(spec)
+    spec = load("calibration", scale)
     r = run_spec(spec, work, details=True)
     sigmas = {g["arm"]: g["noise_multiplier"] for g in r.summary["plan"]}
     if len(set(sigmas.values())) != 1:

@@ -16,7 +16,6 @@ from report.common import (
     reading,
     run_spec,
     save,
-    shrink,
     spec_block,
 )
 
@@ -109,9 +108,7 @@ def results_table(run: Run) -> str:
 
 
 def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
-    spec = load("clip-bias")
-    if scale == "tiny":
-        spec = shrink(spec)
+    spec = load("clip-bias", scale)
     # One trial per pack and one pack at a time: each trial's step time is its own.
     r = run_spec(spec, work, details=True, workers=1, env={"DPSWEEP_MAX_PACK_SIZE": "1"})
     sigmas = {g["noise_multiplier"] for g in r.summary["plan"]}

@@ -17,7 +17,6 @@ from report.common import (
     reading,
     run_spec,
     save,
-    shrink,
     spec_block,
 )
 
@@ -110,9 +109,7 @@ def clipless_figure(runs: dict[str, Run], path: Path) -> str:
 def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
     runs: dict[str, Run] = {}
     for name, label in SPECS.items():
-        spec = load(name)
-        if scale == "tiny":
-            spec = shrink(spec)
+        spec = load(name, scale)
         # One trial per pack, one pack at a time: each run's step time is its own.
         runs[label] = run_spec(
             spec, work / name, details=True, workers=1, env={"DPSWEEP_MAX_PACK_SIZE": "1"}

@@ -74,10 +74,10 @@ class Run:
         return {(r["arm"], float(r["epsilon_budget"])): r for r in self.summary["results"]}
 
 
-def load(name: str) -> dict[str, Any]:
-    """The spec ``examples/report/<name>.yaml`` as a dict."""
+def load(name: str, scale: str) -> dict[str, Any]:
+    """The spec ``examples/report/<name>.yaml`` as a dict, :func:`shrink`-ed at tiny scale."""
     spec: dict[str, Any] = yaml.safe_load((SPECS / f"{name}.yaml").read_text())
-    return spec
+    return shrink(spec) if scale == "tiny" else spec
 
 
 def shrink(spec: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from report.common import (
     reading,
     run_spec,
     save,
-    shrink,
     spec_block,
 )
 
@@ -138,9 +137,7 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
     changes: dict[str, str] = {}
     # Tiny scale checks the pipeline on the first dataset only (same code for the second).
     for name in DATASETS if scale == "full" else DATASETS[:1]:
-        spec = load(f"strategies-{name}")
-        if scale == "tiny":
-            spec = shrink(spec)
+        spec = load(f"strategies-{name}", scale)
         basic_spec, changes[name] = basic_variant(spec, work / name)
         pairs[name] = (run_spec(spec, work / name), run_spec(basic_spec, work / name))
     image = accuracy_figure(pairs, figures / "strategies-accuracy.png")

@@ -8,7 +8,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
-from report.common import Run, load, params_text, plan_table, reading, run_spec, shrink, spec_block
+from report.common import Run, load, params_text, plan_table, reading, run_spec, spec_block
 from workers.accounting import pld_epsilon
 
 TITLE = "## 5. What tuning costs: compose vs Papernot–Steinke vs naive per-run ε"
@@ -118,9 +118,8 @@ def cost_table(compose: Run, ps: Run, nv: Run, facts: dict[str, Any]) -> str:
 
 
 def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
-    spec = load("tuning-cost")
+    spec = load("tuning-cost", scale)
     if scale == "tiny":
-        spec = shrink(spec)
         spec["seeds"] = 1
     compose = run_spec(spec, work / "compose")
     ps = run_spec(papernot_steinke(spec), work / "papernot-steinke")
