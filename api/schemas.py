@@ -31,6 +31,10 @@ class SweepItem(_Out):
     started_at: str | None
     finished_at: str | None
     error: str | None
+    randomness: str = Field(
+        description="secret: each trial drew its batches and noise from a fresh OS secret; "
+        "reproducible: from the public seed, so NOT private against anyone who knows the seed"
+    )
     objective: Objective
     levels: list[float] = Field(description="the per-grid epsilon levels of its plan")
     trials: dict[str, int] | None = Field(
@@ -61,6 +65,14 @@ class SweepOut(_Out):
     created_at: str
     started_at: str | None
     finished_at: str | None
+    randomness: str = Field(
+        description="secret: each trial drew its batches and noise from a fresh OS secret; "
+        "reproducible: from the public seed, so NOT private against anyone who knows the seed"
+    )
+    warning: str | None = Field(
+        description="set for reproducible sweeps: their results are not private against anyone "
+        "who knows the seed"
+    )
     objective: Objective
     arms: list[dict[str, Any]]
     plan: list[dict[str, Any]]
@@ -102,9 +114,18 @@ class PlanOut(_Out):
 class CancelOut(_Out):
     id: str
     state: str
-    cancelled_pending: int
-    stopped_running: int
+    cancelled_pending: int = Field(
+        description="unstarted trials dropped (papernot-steinke grids not counted)"
+    )
+    stopped_running: int = Field(
+        description="running trials stopped; they stay charged (papernot-steinke not counted)"
+    )
     released_epsilon: float
+    papernot_steinke: str | None = Field(
+        default=None,
+        description="for sweeps with papernot-steinke grids, what the cancel means for them "
+        "(their number of runs is secret, so they are not counted)",
+    )
 
 
 class TrialItem(_Out):
@@ -115,7 +136,7 @@ class TrialItem(_Out):
     epsilon_budget: float
     params: dict[str, Any]
     seed: int
-    number: int
+    number: int = Field(description="position in its grid (0 for papernot-steinke trials)")
     state: str
     attempts: int
     noise_multiplier: float | None
@@ -126,9 +147,13 @@ class TrialItem(_Out):
     delta: float | None
     steps: int | None
     best_step: int | None
-    started_at: str | None
-    finished_at: str | None
-    train_seconds: float | None
+    started_at: str | None = Field(description="null for papernot-steinke trials")
+    finished_at: str | None = Field(description="null for papernot-steinke trials")
+    train_seconds: float | None = Field(description="null for papernot-steinke trials")
+    randomness: str = Field(
+        description="secret: each trial drew its batches and noise from a fresh OS secret; "
+        "reproducible: from the public seed, so NOT private against anyone who knows the seed"
+    )
 
 
 class TrialPage(_Out):

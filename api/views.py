@@ -5,6 +5,11 @@ times (dashboards poll). What a summary shows changes only with an event or a le
 the sweep (:func:`sweeper.reads.sweep_head`), so summaries are cached under that version:
 a finished sweep is computed once. Sweeps with papernot-steinke grids are never cached while
 they run (their trials change without events, by design).
+
+What a papernot-steinke grid releases (its selected trial, only once its search completed
+without a cancel) is decided by :func:`sweeper.sweeps.released_records`, which every summary,
+result and front here is built from; a cancel ends the sweep with an event, so a cached entry
+never outlives it.
 """
 
 from __future__ import annotations

@@ -385,8 +385,20 @@ class Sweep:
     @property
     def counts(self) -> dict[str, int] | None:
         """Trials by state (None for papernot-steinke sweeps, whose count is private)."""
+        if self.runs_private:
+            return None
         c = self.data.get("trials")
         return dict(c) if isinstance(c, dict) else None
+
+    @property
+    def runs_private(self) -> bool:
+        """Whether the sweep's number of runs is secret (papernot-steinke accounting): it
+        then shows no trial counts or progress, and each grid releases only its selected
+        trial, once its search has completed without a cancel."""
+        plan = self.data.get("plan")
+        if isinstance(plan, list):
+            return any(g.get("release") == "selected-only" for g in plan)
+        return "trials" in self.data and self.data["trials"] is None
 
     @property
     def url(self) -> str:
@@ -415,9 +427,7 @@ class Sweep:
         ``pareto(x="accuracy", y="ece")`` for calibration.
         """
         params = {"x": x} | ({"y": y} if y else {})
-        return list(
-            self._client._json("GET", f"/sweeps/{self.id}/pareto", params=params)["points"]
-        )
+        return list(self._client._json("GET", f"/sweeps/{self.id}/pareto", params=params)["points"])
 
     def trials(
         self,
@@ -448,6 +458,10 @@ class Sweep:
     def cancel(self) -> dict[str, Any]:
         """Cancel the sweep: pending trials are dropped and their reservation released;
         running ones stop and stay charged.
+
+        The counts (``cancelled_pending``, ``stopped_running``) leave papernot-steinke grids
+        out; for those, ``papernot_steinke`` says: grids whose search had started stay charged
+        in full and release nothing unless their search had already completed.
 
         Raises:
             Conflict: the sweep has already finished.
@@ -629,7 +643,8 @@ def _flat_trial(t: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Bar:
-    """A rich progress bar of a sweep's trials (indeterminate when the count is private)."""
+    """A rich progress bar of a sweep's trials; for a papernot-steinke sweep (whose number
+    of runs is private) only the elapsed time, no counts."""
 
     def __init__(self, sweep: Sweep) -> None:
         from rich.console import Console
@@ -637,24 +652,29 @@ class _Bar:
             BarColumn,
             MofNCompleteColumn,
             Progress,
+            ProgressColumn,
             TextColumn,
             TimeElapsedColumn,
         )
 
         self.sweep = sweep
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[extra]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
+        self.private = sweep.runs_private
+        columns: list[ProgressColumn | str] = [TextColumn("[bold]{task.description}")]
+        if not self.private:
+            columns += [BarColumn(), MofNCompleteColumn()]
+        columns += [TextColumn("{task.fields[extra]}"), TimeElapsedColumn()]
+        self.progress = Progress(*columns, console=Console(stderr=True), transient=False)
         self.progress.start()
         self.task = self.progress.add_task(sweep.id[:12], total=None, extra="")
 
     def update(self) -> None:
+        if self.private:
+            self.progress.update(
+                self.task,
+                description=f"{self.sweep.name} ({self.sweep.state})",
+                extra="papernot-steinke: the number of runs is private; elapsed",
+            )
+            return
         c = self.sweep.counts or {}
         total = sum(c.values()) or None
         failed = c.get("failed", 0) + c.get("interrupted", 0)

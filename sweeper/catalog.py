@@ -59,6 +59,9 @@ def _worker_spec(d: Any, *, path: str | None, name: str, label_column: str | Non
     from workers.datasets import DatasetSpec
 
     get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
+    # The scaling settings travel with the dataset: every loader (planner, upload check,
+    # workers) must bound the inputs the same way. JSON gives the bounds back as a list.
+    bounds, feature_clip = get("input_bounds"), get("feature_clip")
     return DatasetSpec(
         name=name,
         path=path,
@@ -67,6 +70,8 @@ def _worker_spec(d: Any, *, path: str | None, name: str, label_column: str | Non
         test_fraction=float(get("test_fraction", 0.2)),
         split_seed=int(get("split_seed", 0)),
         options=dict(get("options", {}) or {}),
+        input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
+        feature_clip=5.0 if feature_clip is None else float(feature_clip),
     )
 
 

@@ -13,7 +13,9 @@ j-th run of a grid has been charged, the grid has spent ``epsilon[j-1]`` in tota
   run on (the composed guarantee of any prefix holds at that delta).
 * ``basic``: each run costs epsilon/K' and delta/K' exactly (K' = runs planned).
 * ``papernot-steinke``: the guarantee covers the whole random search, whatever the number of
-  runs, so the first run is charged the grid's whole total and later runs nothing.
+  runs, so the first run is charged the grid's whole total and later runs nothing. The driver
+  writes one ledger entry for such a grid (its first run, :func:`ps_charge_note`) and none
+  for later runs: the number of entries would otherwise be the secret number of runs.
 
 The last cumulative value is what the grid reserves; it is checked against the grid's budget
 (fail closed). Amounts are exact decimals of the floats computed, kept as strings in the plan so
@@ -171,3 +173,13 @@ def charge_schedule(plan: Any) -> ChargeSchedule:
     return ChargeSchedule(
         tuple(eps), tuple(delta), whole_grid=plan.accounting == "papernot-steinke"
     )
+
+
+def ps_charge_note(grid: str) -> str:
+    """The note of a papernot-steinke grid's one ledger charge.
+
+    It names the grid and no run: the grid is charged once, at its first run, for the whole
+    random search, and its later runs write nothing (an entry per run, or a run index in a
+    note, would reveal the secret number of runs).
+    """
+    return f"papernot-steinke grid {grid}: whole search charged at its first run"

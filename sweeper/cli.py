@@ -183,6 +183,12 @@ def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
     )
     p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
     p.add_argument("--accountant", default="rdp", help="rdp (default) or prv")
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="draw batches and noise from --seed instead of a fresh OS secret: same seed, same "
+        "result (for debugging). NOT private against anyone who knows the seed",
+    )
     for flag, dest, kind, text in STRATEGY_FLAGS:
         p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
     p.add_argument(
@@ -356,6 +362,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             accountant=args.accountant,
             device=args.device,
             threads=args.threads,
+            randomness="reproducible" if args.reproducible else "secret",
         )
         show_bar = not args.json or err.is_terminal
         result = _run_with_progress(spec, data, show_bar=show_bar, console=err)
@@ -432,6 +439,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "accountant",
             "verified_by",
             "release",
+            "input_scaling",
         )
         print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
         return 0
@@ -470,6 +478,10 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         f"whole sweep: epsilon {plan.epsilon_total:.4g}, delta {plan.delta_total:.3g} "
         f"(what a dataset budget is charged); verified by {rows[0]['verified_by']}"
     )
+    if rows[0].get("input_scaling"):
+        from sweeper.cli_sweeps import describe_scaling
+
+        console.print(describe_scaling(rows[0]["input_scaling"]))
     return 0
 
 
@@ -522,7 +534,7 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
         ("MCE", s["mce"]),
         ("best step", s["best_step"]),
         ("steps", s["steps"]),
-        ("epsilon", s["epsilon"] if s["private"] else "inf (non-private)"),
+        ("epsilon (this run)", s["epsilon"] if s["private"] else "inf (non-private)"),
         ("delta", s["delta"]),
         ("noise multiplier", s["noise_multiplier"]),
         ("sample rate", s["sample_rate"]),
@@ -531,6 +543,7 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
         ("final learning rate", s["lr_final"]),
         ("step time (median ms)", s["step_time_ms_median"]),
         ("device", s["device"]),
+        ("randomness", s["randomness"]),
     ]
     for name, v in rows:
         if v is not None:
@@ -538,6 +551,8 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
     if s.get("diverged_at") is not None:
         table.add_row("diverged at step", str(s["diverged_at"]))
     console.print(table)
+    if s.get("warning"):
+        console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,12 @@ def add_parsers(sub: Any) -> None:
     )
     r.add_argument("--json", action="store_true", help="print `show --json` output at the end")
     r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="set privacy.reproducible: batches and noise from the public seeds (same spec, "
+        "same result; for debugging). NOT private against anyone who knows the seeds",
+    )
     r.set_defaults(func=cmd_run, subparser=r)
 
     ls = sub.add_parser("sweeps", help="list sweeps")
@@ -85,6 +91,22 @@ def _fail(exc: Exception) -> int:
 
 
 def _progress_view(snap: Any, name: str) -> Group:
+    """The live progress of ``dpsweep run``.
+
+    A sweep with papernot-steinke grids shows elapsed time and which searches are under way,
+    never done/running/failed counts or an ETA: each would follow the secret number of runs.
+    """
+    if snap.hidden_grids:
+        from sweeper.runner import format_elapsed
+
+        head = Table.grid(padding=(0, 2))
+        head.add_row(f"[bold]{name}[/bold]", f"elapsed {format_elapsed(snap.elapsed)}")
+        return Group(
+            head,
+            f"[dim]{snap.hidden_grids} papernot-steinke grid(s): the number of runs is private; "
+            "each grid releases its selected trial when its search completes[/dim]",
+            f"[dim]{snap.last_event}[/dim]",
+        )
     c = snap.counts
     head = Table.grid(padding=(0, 2))
     eta = "—" if snap.eta is None else f"{snap.eta:,.0f} s"
@@ -104,11 +126,6 @@ def _progress_view(snap: Any, name: str) -> Group:
     parts: list[Any] = [head]
     if snap.best:
         parts.append(best)
-    if snap.hidden_grids:
-        parts.append(
-            f"[dim]{snap.hidden_grids} papernot-steinke grid(s): counts and results withheld "
-            "until they finish[/dim]"
-        )
     parts.append(f"[dim]{snap.last_event}[/dim]")
     return Group(*parts)
 
@@ -126,6 +143,12 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         spec = load_spec(args.spec)
     except ConfigError as exc:
         parser.error(str(exc))
+    if args.reproducible:
+        spec.privacy.reproducible = True
+    if spec.privacy.reproducible:
+        from workers.randomness import REPRODUCIBLE_WARNING
+
+        console.print(f"[bold yellow]warning:[/bold yellow] {REPRODUCIBLE_WARNING}")
     try:
         engine = _engine(args.db, migrate=True)
         sweep_id = None if args.new else find_resumable(engine, spec)
@@ -180,6 +203,12 @@ def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:
     return write_pareto_plots(res.records, out=out, metric=res.metric, mode=res.mode)
 
 
+def describe_scaling(scaling: dict[str, Any]) -> str:
+    """One line on how a dataset's inputs are scaled and bounded (``Dataset.input_scaling``)."""
+    lo, hi = scaling["clip"]
+    return f"inputs: {scaling['method']}, clipped to [{lo:g}, {hi:g}] ({scaling['source']})"
+
+
 def print_results(console: Console, s: dict[str, Any]) -> None:
     """The results table of a sweep summary (`show` and the end of `run`)."""
     obj = s["objective"]
@@ -192,6 +221,13 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
         f"privacy: ε reserved {b['epsilon_reserved']:.4g}, charged {b['epsilon_charged']:.4g}, "
         f"released {b['epsilon_released']:.4g}, outstanding {b['epsilon_outstanding']:.4g}"
     )
+    scaling = next(
+        (g["input_scaling"] for g in s.get("plan") or [] if g.get("input_scaling")), None
+    )
+    if scaling:  # sweeps planned before inputs were bounded have none
+        console.print(describe_scaling(scaling))
+    if s.get("warning"):
+        console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
     front = {(p["arm"], p["x"]) for p in s["pareto"]["epsilon"] if not p["dominated"]}
     table = Table(title=f"best configuration per arm and ε ({obj['metric']}, {obj['mode']})")
     for col in ("arm", "strategy", "ε", "best params", obj["metric"], "± std", "ECE", "seeds"):
@@ -230,7 +266,7 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         print(json.dumps(rows))
         return 0
     table = Table(title="sweeps")
-    for col in ("id", "name", "dataset", "state", "created", "finished"):
+    for col in ("id", "name", "dataset", "state", "created", "finished", "randomness"):
         table.add_column(col)
     for r in rows:
         table.add_row(
@@ -240,6 +276,7 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
             r["state"],
             r["created_at"][:19],
             (r["finished_at"] or "")[:19],
+            r["randomness"],
         )
     (Console() if sys.stdout.isatty() else Console(width=160)).print(table)
     return 0
@@ -284,9 +321,22 @@ def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         r = cancel_sweep(_engine(args.db), args.sweep_id)
     except DpsweepError as exc:
         return _fail(exc)
-    Console().print(
-        f"cancelled sweep {args.sweep_id}: {r['cancelled_pending']} unstarted trial(s) "
+    Console().print(cancel_message(args.sweep_id, r))
+    return 0
+
+
+def cancel_message(sweep_id: str, r: dict[str, Any]) -> str:
+    """What ``dpsweep cancel`` prints. Its counts leave papernot-steinke grids out (their
+    number of runs is secret); for those it states the rule instead."""
+    note = r.get("papernot_steinke")
+    if note and not (r["cancelled_pending"] or r["stopped_running"]):
+        return (
+            f"cancelled sweep {sweep_id}: ε {r['released_epsilon']:.4g} released (grids whose "
+            f"search had not started); papernot-steinke: {note}"
+        )
+    text = (
+        f"cancelled sweep {sweep_id}: {r['cancelled_pending']} unstarted trial(s) "
         f"released ε {r['released_epsilon']:.4g}; {r['stopped_running']} running trial(s) "
         "stopped (they stay charged)"
     )
-    return 0
+    return text + (f"; papernot-steinke grids (not counted): {note}" if note else "")

@@ -7,8 +7,10 @@ the order they took ids from the sequence, so event ids grow in commit order wit
 a reader resuming after id ``n`` (``Last-Event-ID``) never misses an event. (SQLite serialises
 writers anyway.) Taking the lock first also keeps the lock order sweep → trials everywhere.
 
-Papernot–Steinke grids emit nothing per trial: the number of their runs is part of the privacy
-guarantee and must stay secret; only the sweep's own events say how it goes.
+Papernot–Steinke grids emit nothing per trial (no state changes, metric points or cancels):
+the number of their runs is part of the privacy guarantee and must stay secret, and a stream of
+per-run events would count it; only the sweep's own events (pending, running, its end) say how
+it goes. Event ids are global, so per-run events would show up as gaps in other streams too.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from scipy.stats import norm
@@ -85,6 +85,9 @@ class GridPlan:
     gradient_noise_multiplier: float = 0.0
     # Of ``trials``, runs reserved for re-running interrupted trials (privacy.retries).
     retries: int = 0
+    # How the dataset's inputs are scaled and bounded (workers.datasets.Dataset.input_scaling):
+    # method, clip range and source, shown with the plan so users see what the model gets.
+    input_scaling: dict[str, Any] | None = field(default=None, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -536,6 +539,9 @@ def gradient_noise_multiplier(
 def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     """Plan every grid of a spec (loads the dataset to learn N; trains nothing).
 
+    Loading also checks the data (NaN and inf are refused, naming the file and rows) and gives
+    each grid the dataset's ``input_scaling``.
+
     Args:
         spec: The sweep spec.
         dataset: The :class:`workers.datasets.DatasetSpec` to load, when the spec's dataset
@@ -554,6 +560,8 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             test_fraction=d.test_fraction,
             split_seed=d.split_seed,
             options=d.options,
+            input_bounds=d.input_bounds,
+            feature_clip=d.feature_clip,
         )
     )
     n = data.n_train + int(data.x_test.shape[0])
@@ -576,5 +584,7 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             )
             for v in values
         )
-        grids.append(replace(g, gradient_noise_multiplier=sigma_g))
+        grids.append(
+            replace(g, gradient_noise_multiplier=sigma_g, input_scaling=dict(data.input_scaling))
+        )
     return SweepPlan(grids)

@@ -2,8 +2,11 @@
 
 Visibility: a viewer sees its own objects (admins and local use see all); anything else is
 "not found", so ids of other owners do not leak. Release policy: a papernot-steinke sweep
-shows only each grid's selected trial, once the grid has finished (:mod:`sweeper.sweeps`);
-its other trials are not found, and their number is never shown.
+shows only each grid's selected trial, once the grid's search has completed without a cancel
+(:func:`sweeper.sweeps.released_records`); its other trials are not found, and their number
+is never shown. The released trial itself shows no position, timestamps, durations or worker
+(see :func:`sweeper.sweeps.trial_record`), and its privacy charges are the grid's one
+whole-search charge: each of those could tell how many runs went before or beside it.
 
 Pages use opaque keyset cursors (base64 JSON of the last row's sort key), so a page never
 skips or repeats rows when new rows arrive.
@@ -22,7 +25,9 @@ from sqlalchemy import Engine, case, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from sweeper.catalog import Viewer
+from sweeper.charges import exact_sum, ps_charge_note
 from sweeper.ledger import LedgerEntry
+from sweeper.spec import randomness_label
 from sweeper.store import (
     MetricPoint,
     Sweep,
@@ -101,6 +106,7 @@ class SweepHead:
     version: tuple[int, int]
     metric: str = "accuracy"
     mode: str = "max"
+    randomness: str = "secret"
 
 
 def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
@@ -137,6 +143,7 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
         (int(row[3] or 0), int(row[4] or 0)),
         objective.get("metric", "accuracy"),
         objective.get("mode", "max"),
+        randomness_label(spec),
     )
 
 
@@ -157,6 +164,7 @@ def sweep_item(s: Sweep) -> dict[str, Any]:
         "started_at": iso(s.started_at),
         "finished_at": iso(s.finished_at),
         "error": s.error,
+        "randomness": randomness_label(s.spec or {}),
     }
 
 
@@ -259,10 +267,11 @@ def _progress(session: Session, sweeps: list[Sweep]) -> dict[str, dict[str, Any]
 # Trials
 
 
-def _record(t: Trial) -> dict[str, Any]:
-    """:func:`sweeper.sweeps.trial_record`, plus the sweep and the stored objective."""
+def _record(t: Trial, *, selected_only: bool = False) -> dict[str, Any]:
+    """:func:`sweeper.sweeps.trial_record`, plus the sweep and the stored objective
+    (``selected_only``: a papernot-steinke grid's released trial)."""
     r = t.result
-    return trial_record(t) | {
+    return trial_record(t, selected_only=selected_only) | {
         "sweep": t.sweep_id,
         "objective": r.objective if r is not None else None,
     }
@@ -352,10 +361,11 @@ def page_trials(
             field="state",
         )
     if hidden:
-        return _page_released(
+        page = _page_released(
             engine, sweep_id, arm=arm, level=level, state=state, sort=sort, limit=limit,
             cursor=cursor, metric=metric, mode=mode,
         )  # fmt: skip
+        return Page([i | {"randomness": head.randomness} for i in page.items], page.next_cursor)
     sign = -1.0 if mode == "max" else 1.0
     missing = case((TrialResultRow.objective.is_(None), 1), else_=0)
     value = func.coalesce(TrialResultRow.objective * sign, 0.0)
@@ -381,7 +391,7 @@ def page_trials(
     with Session(engine) as session:
         rows = session.execute(stmt).all()
     more = len(rows) > limit
-    items = [_row_record(r) for r in rows[:limit]]
+    items = [_row_record(r) | {"randomness": head.randomness} for r in rows[:limit]]
     nxt = None
     if more:
         last = items[-1]
@@ -414,7 +424,7 @@ def _page_released(
     by_id = {t.id: t for t in sweep.trials}
     items = []
     for rec in records:
-        item = _record(by_id[rec["id"]])
+        item = _record(by_id[rec["id"]], selected_only=True)
         if arm is not None and item["arm"] != arm:
             continue
         if level is not None and item["epsilon_budget"] != float(level):
@@ -439,14 +449,21 @@ def _page_released(
     return Page(items, encode_cursor(sort_key(items[-1])) if more else None)
 
 
-def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> Trial:
+def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> tuple[Trial, bool]:
+    """The trial, if the viewer may see it, and whether it is a papernot-steinke grid's
+    selected trial (shown without its position, timestamps and worker).
+
+    Raises:
+        TrialNotFound: no such trial, someone else's, or a papernot-steinke trial that is not
+            (or not yet) released.
+    """
     trial = session.get(Trial, trial_id)
     if trial is not None:
         sweep = session.get(Sweep, trial.sweep_id)
         if sweep is not None and viewer.sees(sweep.owner):
             hidden = hidden_grids(sweep)
             if grid_key(trial.arm, trial.epsilon_budget) not in hidden:
-                return trial
+                return trial, False
             metric, mode = _mode(sweep)
             # A papernot-steinke trial exists for the caller only if it is the selected one.
             from sqlalchemy.orm import selectinload
@@ -457,7 +474,7 @@ def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> Trial:
                 .options(selectinload(Sweep.trials).selectinload(Trial.result))
             ).one()
             if any(r["id"] == trial_id for r in released_records(full, metric=metric, mode=mode)):
-                return trial
+                return trial, True
     raise TrialNotFound(f"no trial {trial_id!r}; GET /api/v1/sweeps/{{id}}/trials lists them")
 
 
@@ -478,18 +495,35 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
     from sweeper.ledger import BudgetLedger, EntryKind
 
     with Session(engine) as session:
-        trial = _released_trial(session, trial_id, viewer)
+        trial, selected_only = _released_trial(session, trial_id, viewer)
         sweep = session.get(Sweep, trial.sweep_id)
         assert sweep is not None
         r = trial.result
-        out = _record(trial)
+        out = _record(trial, selected_only=selected_only)
+        out["randomness"] = randomness_label(sweep.spec or {})
         grid = grid_key(trial.arm, trial.epsilon_budget)
+        # A papernot-steinke grid's trials, whose one charge (held by whichever trial ran
+        # first) is the released trial's: who paid says whether it ran first.
+        grid_trials = (
+            set(
+                session.scalars(
+                    select(Trial.id).where(
+                        Trial.sweep_id == trial.sweep_id,
+                        Trial.arm == trial.arm,
+                        Trial.epsilon_budget == trial.epsilon_budget,
+                    )
+                )
+            )
+            if selected_only
+            else set()
+        )
         plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
         sched = schedules(sweep).get(grid)
         dataset = sweep.dataset
         out |= {
             "target_delta": trial.target_delta,
-            "worker": trial.worker,
+            # Which worker process ran a papernot-steinke run hints at how many ran before.
+            "worker": None if selected_only else trial.worker,
             "planned": {
                 "noise_multiplier": trial.noise_multiplier,
                 "gradient_noise_multiplier": plan.get("gradient_noise_multiplier"),
@@ -504,20 +538,43 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
             "accountant": r.accountant if r is not None else None,
             "reliability": (r.reliability if r is not None else None) or [],
             "trajectories": (r.trajectories if r is not None else None) or {},
-            "step_time_ms_median": r.step_time_ms_median if r is not None else None,
+            # A packed run's step time is its pack's, and pack sizes follow the number of runs.
+            "step_time_ms_median": (
+                r.step_time_ms_median if r is not None and not selected_only else None
+            ),
             "diverged_at": r.diverged_at if r is not None else None,
         }
-    charges = [
-        {
-            "kind": e.kind.value,
-            "epsilon": float(e.epsilon),
-            "delta": float(e.delta),
-            "at": iso(e.created_at),
-            "note": e.note,
-        }
-        for e in BudgetLedger(engine).entries(dataset, trial.sweep_id)
-        if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
-    ]
+    entries = BudgetLedger(engine).entries(dataset, trial.sweep_id)
+    if selected_only:
+        # The grid's whole-search charge, whoever holds it, without its time (the time of
+        # the grid's first run). Summed, so that sweeps stored when every run wrote an entry
+        # (zero after the first) still show one.
+        mine = [e for e in entries if e.kind == EntryKind.CHARGE and e.trial_id in grid_trials]
+        charges = (
+            [
+                {
+                    "kind": EntryKind.CHARGE.value,
+                    "epsilon": float(exact_sum([e.epsilon for e in mine])),
+                    "delta": float(exact_sum([e.delta for e in mine])),
+                    "at": None,
+                    "note": ps_charge_note(grid),
+                }
+            ]
+            if mine
+            else []
+        )
+    else:
+        charges = [
+            {
+                "kind": e.kind.value,
+                "epsilon": float(e.epsilon),
+                "delta": float(e.delta),
+                "at": iso(e.created_at),
+                "note": e.note,
+            }
+            for e in entries
+            if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
+        ]
     out["privacy"] = {
         "charges": charges,
         "epsilon_charged": sum(c["epsilon"] for c in charges),
@@ -532,7 +589,7 @@ def metric_history(
 ) -> dict[str, Any]:
     """A released trial's evaluation history: ``{name: [{step, value}, ...]}``."""
     with Session(engine) as session:
-        _released_trial(session, trial_id, viewer)
+        _released_trial(session, trial_id, viewer)  # raises unless released
         stmt = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
             MetricPoint.trial_id == trial_id
         )

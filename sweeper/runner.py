@@ -27,6 +27,12 @@ its previous driver is gone (its process is dead, or its heartbeat older than
   none). A re-run is charged as the grid's next run. Otherwise the trial is marked ``failed``
   with the reason. papernot-steinke grids never re-run (their run count is part of the
   guarantee).
+* papernot-steinke grids write a single ledger charge, at their first run, for the whole
+  search: per-run entries would count the secret number of runs. Their later runs therefore
+  leave no trace of "charged" in the ledger, so once a grid's search has started, any of its
+  claimed trials found ``running`` is taken to have touched data and is failed, never re-run
+  (a claimed trial that never ran is failed too: a data-independent failure, which the
+  guarantee covers, where a second run would not be).
 * ``done`` trials are never run again; their results stay.
 
 The same policy applies, under a live driver, to a pack whose Ray worker or node dies
@@ -55,7 +61,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sweeper import events
-from sweeper.charges import ChargeSchedule, exact_sum
+from sweeper.charges import ChargeSchedule, exact_sum, ps_charge_note
 from sweeper.ledger import BudgetLedger, EntryKind, ReservationExceeded
 from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, SweepState, Trial, TrialResultRow, TrialState
@@ -248,8 +254,13 @@ class _InFlight:
 
 @dataclass
 class Snapshot:
-    """What a progress display shows. Counts leave out papernot-steinke grids, whose
-    number of runs is secret."""
+    """What a progress display shows.
+
+    Counts, bests and the ETA leave out papernot-steinke grids, whose number of runs is
+    secret: for a sweep with such grids ``eta`` is None and ``last_event`` only says which
+    grids' searches are under way (a search starts with its grid's charge and ends with its
+    release, both visible anyway) and the elapsed time, never a per-run event.
+    """
 
     counts: dict[str, int]
     total: int
@@ -259,10 +270,15 @@ class Snapshot:
     hidden_grids: int
     metric: str
     last_event: str = ""
+    # papernot-steinke grids whose search has started and not yet ended.
+    searching: tuple[str, ...] = ()
 
 
 @dataclass
 class RunOutcome:
+    """How a driver left a sweep: its state and trials by state (papernot-steinke grids left
+    out, as everywhere their count could be seen, logs included)."""
+
     sweep_id: str
     state: str
     counts: dict[str, int] = field(default_factory=dict)
@@ -303,6 +319,8 @@ class SweepRunner:
         self._keys: dict[str, str] = {}
         self._done_this_run = 0
         self._t0 = time.monotonic()
+        # When each papernot-steinke grid's search started (as this driver saw it).
+        self._search_t0: dict[str, float] = {}
         self._last_beat = 0.0
         self._last_event = ""
 
@@ -393,7 +411,7 @@ class SweepRunner:
                     select(Trial)
                     .where(Trial.sweep_id == self.sweep_id)
                     .options(selectinload(Trial.result))
-                    .order_by(Trial.number, Trial.arm, Trial.epsilon_budget)
+                    .order_by(Trial.number, Trial.arm, Trial.epsilon_budget, Trial.id)
                 )
             )
             grid_of = {t.id: grid_key(t.arm, t.epsilon_budget) for t in trials}
@@ -419,13 +437,23 @@ class SweepRunner:
                 for t in trials
                 if t.state == TrialState.pending
             ]
+            for grid in self.hidden:
+                if self._runs_used.get(grid, 0):
+                    self._search_t0.setdefault(grid, self._t0)
             self._counts = {s.value: 0 for s in TrialState}
             self._best = {}
             self._trial_rows = {
                 t.id: (grid_of[t.id], t.state, t.attempts, t.config, t.params) for t in trials
             }
             for t in trials:
-                if grid_of[t.id] in self.hidden:
+                grid = grid_of[t.id]
+                if grid in self.hidden and self._runs_used.get(grid, 0) and t.attempts:
+                    # A papernot-steinke grid's later runs write no ledger entry (only the
+                    # first pays, for the whole search), so "charged" cannot be read back per
+                    # trial: once the search has started, a claimed trial may have touched
+                    # data, and must count as charged (never put back to pending).
+                    self._charges[t.id] = max(self._charges.get(t.id, 0), t.attempts)
+                if grid in self.hidden:
                     continue
                 self._counts[t.state.value] += 1
                 if t.state == TrialState.done and t.result is not None:
@@ -571,24 +599,55 @@ class SweepRunner:
             self._last_event = "sweep cancelled"
         return ok
 
+    def _searching(self) -> tuple[str, ...]:
+        """papernot-steinke grids whose search has started (charged) and not ended (some of
+        its trials still queued or in flight): the two ends users see anyway, as the grid's
+        charge and its release."""
+        live = {t.grid for t in self._pending} | {t.grid for f in self._inflight for t in f.trials}
+        return tuple(sorted(g for g in self.hidden if g in live and self._runs_used.get(g, 0) > 0))
+
     def _report(self) -> None:
         if self.on_progress is None:
             return
-        elapsed = time.monotonic() - self._t0
-        remaining = self._counts.get("pending", 0) + self._counts.get("running", 0)
-        eta = (
-            elapsed / self._done_this_run * remaining if self._done_this_run and remaining else None
-        )
+        now = time.monotonic()
+        elapsed = now - self._t0
+        searching = self._searching() if self.hidden else ()
+        if self.hidden:
+            # No counts, no per-run events, no ETA: each would be a function of the secret
+            # number of runs. Only which searches are under way, and for how long.
+            eta: float | None = None
+            if searching:
+                start = min(self._search_t0.get(g, self._t0) for g in searching)
+                names = ", ".join(searching)
+                grids = "grid" if len(searching) == 1 else "grids"
+                message = (
+                    f"papernot-steinke {grids} {names} running "
+                    f"(elapsed {format_elapsed(now - start)})"
+                )
+            else:
+                message = f"papernot-steinke: no search running (elapsed {format_elapsed(elapsed)})"
+            if self._last_event:
+                message += f"; {self._last_event}"
+        else:
+            remaining = self._counts.get("pending", 0) + self._counts.get("running", 0)
+            eta = (
+                elapsed / self._done_this_run * remaining
+                if self._done_this_run and remaining
+                else None
+            )
+            eta = eta if remaining else 0.0
+            message = self._last_event
         self.on_progress(
             Snapshot(
                 counts=dict(self._counts),
                 total=sum(self._counts.values()),
                 best=dict(self._best),
                 elapsed=elapsed,
-                eta=eta if remaining else 0.0,
+                eta=eta,
                 hidden_grids=len(self.hidden),
                 metric=self.metric,
-                last_event=self._last_event,
+                last_event=message,
+                searching=searching,
             )
         )
 
@@ -599,6 +658,10 @@ class SweepRunner:
         better = cur is None or (value > cur if self.mode == "max" else value < cur)
         if better:
             self._best[arm] = float(value)
+
+    def _all_hidden(self, trials: list[_Pending]) -> bool:
+        """Whether every one of ``trials`` belongs to a papernot-steinke grid."""
+        return all(t.grid in self.hidden for t in trials)
 
     def _count(self, trial: _Pending, old: str | None, new: str) -> None:
         if trial.grid in self.hidden:
@@ -648,6 +711,9 @@ class SweepRunner:
             accountant="pld" if grid["accountant"] == "pld" else "rdp",
             device="cuda" if self.gpus else "cpu",
             threads=1,
+            # Secret per-trial randomness unless the spec opted into reproducible mode (a spec
+            # stored before that option existed runs its remaining trials with secrets too).
+            randomness="reproducible" if self.spec["privacy"].get("reproducible") else "secret",
         )
 
     def _dataset_spec(self) -> Any:
@@ -697,7 +763,9 @@ class SweepRunner:
         groups: dict[str, list[_Pending]] = {}
         for t in self._pending:
             groups.setdefault(self._pack_key(t), []).append(t)
-        key = max(groups, key=lambda k: (len(groups[k]), k))
+        # papernot-steinke: group sizes count secret runs; which grid's search starts first
+        # (visible as its charge) must not depend on them, so take groups in key order.
+        key = min(groups) if self.hidden else max(groups, key=lambda k: (len(groups[k]), k))
         return key, groups[key]
 
     def _submit_next(self) -> bool:
@@ -748,7 +816,10 @@ class SweepRunner:
             .remote(self._pack_spec(charged))
         )
         self._inflight.append(_InFlight(gen, pack_id, charged, time.monotonic()))
-        self._last_event = f"started {len(charged)} trial(s) of {charged[0].arm}"
+        shown = [t for t in charged if t.grid not in self.hidden]
+        if shown:
+            # Not for papernot-steinke trials: "started N trial(s)" counts their runs.
+            self._last_event = f"started {len(shown)} trial(s) of {shown[0].arm}"
         return True
 
     def _gpu_request(self, trials: int) -> float:
@@ -796,20 +867,39 @@ class SweepRunner:
         return claimed
 
     def _charge(self, claimed: list[_Pending]) -> list[_Pending]:
-        """Charge each claimed trial its grid's next run; trials refused a charge never run."""
+        """Charge each claimed trial its grid's next run; trials refused a charge never run.
+
+        A papernot-steinke grid (``whole_grid`` schedule) writes exactly one entry, at its
+        first run, for the whole search, with a note naming the grid and no run index; its
+        later runs cost nothing and write nothing: one zero entry per run would count the
+        secret number of runs for anyone who reads the ledger. Other grids' run counts are
+        public, so their notes say "run j of grid G".
+        """
         ok: list[_Pending] = []
         for t in claimed:
             run = self._runs_used.get(t.grid, 0) + 1
+            sched = self.schedules[t.grid]
             try:
-                epsilon, delta = self.schedules[t.grid].charge_for_run(run)
-                self.ledger.charge(
-                    self.dataset,
-                    sweep_id=self.sweep_id,
-                    trial_id=t.id,
-                    epsilon=epsilon,
-                    delta=delta,
-                    note=f"run {run} of grid {t.grid}",
-                )
+                epsilon, delta = sched.charge_for_run(run)
+                if not sched.whole_grid:
+                    self.ledger.charge(
+                        self.dataset,
+                        sweep_id=self.sweep_id,
+                        trial_id=t.id,
+                        epsilon=epsilon,
+                        delta=delta,
+                        note=f"run {run} of grid {t.grid}",
+                    )
+                elif run == 1:
+                    self.ledger.charge(
+                        self.dataset,
+                        sweep_id=self.sweep_id,
+                        trial_id=t.id,
+                        epsilon=epsilon,
+                        delta=delta,
+                        note=ps_charge_note(t.grid),
+                    )
+                    self._search_t0.setdefault(t.grid, time.monotonic())
             except (PrivacyError, ReservationExceeded) as exc:
                 self._end(
                     t,
@@ -1077,7 +1167,9 @@ class SweepRunner:
                                 value=v if math.isfinite(v) else None,
                             )
                         )
-        self._last_event = f"{flight.trials[0].arm}: step {step}/{event['total']}"
+        if not self._all_hidden(flight.trials):
+            # (A papernot-steinke run's steps would count its runs: _report says it instead.)
+            self._last_event = f"{flight.trials[0].arm}: step {step}/{event['total']}"
 
     def _write_results(self, flight: _InFlight, event: dict[str, Any]) -> None:
         now = _now()
@@ -1118,8 +1210,8 @@ class SweepRunner:
                     )
                 )
                 self._count(t, "running", "done")
-                self._done_this_run += 1
                 if t.grid not in self.hidden:
+                    self._done_this_run += 1  # (the ETA's rate: shown grids only)
                     events.emit(
                         session,
                         self.sweep_id,
@@ -1136,7 +1228,9 @@ class SweepRunner:
                     self._note_best(t.arm, m.get(self.metric))
         for t in flight.trials:
             self._tell_tpe(t)
-        self._last_event = f"finished {len(flight.trials)} trial(s) of {flight.trials[0].arm}"
+        shown = [t for t in flight.trials if t.grid not in self.hidden]
+        if shown:
+            self._last_event = f"finished {len(shown)} trial(s) of {shown[0].arm}"
 
     def _end(self, t: _Pending, state: TrialState, error: str, *, uncharged: bool = False) -> None:
         with Session(self.engine) as session, session.begin():
@@ -1171,9 +1265,12 @@ class SweepRunner:
                 )
         if changed:
             self._count(t, "running", state.value)
-            self._done_this_run += 1
+            if t.grid not in self.hidden:
+                self._done_this_run += 1
             self._tell_tpe(t)
-        self._last_event = error
+        if t.grid not in self.hidden:
+            # A papernot-steinke run's error is not shown: how many there are counts runs.
+            self._last_event = error
 
     def _trial_data(self, t: _Pending, state: str, **extra: Any) -> dict[str, Any]:
         return events.trial_event(
@@ -1225,10 +1322,28 @@ class SweepRunner:
             sweep = session.get(Sweep, self.sweep_id)
             if sweep is None:
                 raise SweepNotFound(f"no sweep {self.sweep_id!r}")
+            hidden = hidden_grids(sweep)
             counts: dict[str, int] = {}
-            for s in session.scalars(select(Trial.state).where(Trial.sweep_id == self.sweep_id)):
-                counts[s.value] = counts.get(s.value, 0) + 1
+            for arm, level, s in session.execute(
+                select(Trial.arm, Trial.epsilon_budget, Trial.state).where(
+                    Trial.sweep_id == self.sweep_id
+                )
+            ):
+                if grid_key(arm, level) not in hidden:
+                    counts[s.value] = counts.get(s.value, 0) + 1
             return RunOutcome(self.sweep_id, sweep.state.value, counts)
+
+
+def format_elapsed(seconds: float) -> str:
+    """``80.4`` -> ``"1m20s"``, ``3725`` -> ``"1h02m05s"``, ``7`` -> ``"7s"``."""
+    total = max(0, int(seconds))
+    h, rest = divmod(total, 3600)
+    m, sec = divmod(rest, 60)
+    if h:
+        return f"{h}h{m:02d}m{sec:02d}s"
+    if m:
+        return f"{m}m{sec:02d}s"
+    return f"{sec}s"
 
 
 def run_sweep(

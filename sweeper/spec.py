@@ -40,6 +40,28 @@ class DatasetConfig(_Strict):
         "preprocessing statistics, clipping diagnostics)",
     )
     options: dict[str, Any] = Field(default_factory=dict)
+    input_bounds: tuple[float, float] | None = Field(
+        default=None,
+        description="bounds of every raw input value, declared by the data owner (e.g. [0, 255] "
+        "for pixels); values outside are clipped. Omitted: images with a known pixel format use "
+        "it, everything else is scaled with robust statistics of the public evaluation split",
+    )
+    feature_clip: float = Field(
+        default=5.0,
+        gt=0,
+        description="after scaling by public statistics, every tabular feature is clipped to "
+        "[-feature_clip, feature_clip], so no record, however extreme, moves a model more than "
+        "any other",
+    )
+
+    @field_validator("input_bounds")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is not None and not (math.isfinite(v[0]) and math.isfinite(v[1]) and v[0] < v[1]):
+            raise ValueError(
+                f"input_bounds must be two finite numbers [lo, hi] with lo < hi; got {list(v)}"
+            )
+        return v
 
 
 class ModelConfig(_Strict):
@@ -96,6 +118,12 @@ class PrivacyConfig(_Strict):
     )
     max_noise_multiplier: float = Field(
         default=10.0, gt=0, description="plans needing more noise are refused as infeasible"
+    )
+    reproducible: bool = Field(
+        default=False,
+        description="draw noise and Poisson sampling from the public seed instead of a fresh "
+        "OS secret per trial: same seed, same result, for debugging and tests. NOT private "
+        "against anyone who knows the seed; results are labelled so everywhere",
     )
     retries: int = Field(
         default=0,
@@ -272,6 +300,16 @@ class SweepSpec(_Strict):
         """K: grid points (or n for random/tpe) times the seeds when repeats are charged."""
         points = len(arm.points()) if self.search.method == "grid" else int(self.search.n or 0)
         return points * (self.seeds if self.privacy.charge_repeats else 1)
+
+
+def randomness_label(spec: dict[str, Any]) -> str:
+    """How a stored sweep's batches and noise were drawn: ``secret`` or ``reproducible``.
+
+    Specs stored before secret randomness existed have no ``privacy.reproducible`` key; their
+    trials drew noise from public seeds, so they are labelled ``reproducible`` (fail closed).
+    """
+    reproducible = (spec.get("privacy") or {}).get("reproducible", True)
+    return "reproducible" if reproducible else "secret"
 
 
 def _first_error(exc: Exception) -> str:

@@ -6,6 +6,21 @@ imports torch.
 
 What may be *released* is decided here too: a papernot-steinke grid releases only its
 selected trial (the best by the objective), and never its number of runs.
+
+**Papernot-Steinke secrecy.** The guarantee of a papernot-steinke grid (Papernot & Steinke
+2022) holds only while its number of runs K stays secret: nothing a user sees may depend on K
+except through the one released trial. So, for such grids:
+
+* every trial row has ``number == config == 0`` and a seed drawn independently of its position
+  (the run index j would bound K from below);
+* the released trial carries no timestamps and no durations (its start relative to the
+  sweep's would tell how many runs went before it; its ``train_seconds`` and step time are its
+  pack's, and packs grow with the number of runs);
+* counts (summaries, cancel responses, progress) leave the grid's trials out;
+* a grid releases its selected trial only if its search *completed*: every run reached a
+  terminal state without a cancel. A cancel cuts K down to the K' runs that happened to finish
+  first, a number chosen by the user's timing, which the analysis does not cover; such a grid
+  stays charged in full (its first run paid for the whole search) and releases nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +42,7 @@ from sweeper.ledger import BudgetLedger, EntryKind, LedgerEntry
 from sweeper.planner import SweepPlan, plan_sweep
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
-from sweeper.spec import ArmConfig, SweepSpec, load_spec
+from sweeper.spec import ArmConfig, SweepSpec, load_spec, randomness_label
 from sweeper.store import (
     Dataset,
     Sweep,
@@ -39,6 +54,7 @@ from sweeper.store import (
     new_id,
 )
 from workers.errors import ConfigError, DpsweepError, NotFound
+from workers.randomness import REPRODUCIBLE_WARNING
 
 TERMINAL_TRIALS = (
     TrialState.done,
@@ -58,6 +74,16 @@ class IllegalState(DpsweepError):
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def randomness_fields(spec: dict[str, Any]) -> dict[str, Any]:
+    """How a sweep's batches and noise were drawn, and the warning a reproducible one carries
+    wherever its results are shown."""
+    label = randomness_label(spec)
+    return {
+        "randomness": label,
+        "warning": REPRODUCIBLE_WARNING if label == "reproducible" else None,
+    }
 
 
 def spec_hash(spec: SweepSpec) -> str:
@@ -85,7 +111,14 @@ def grid_key(arm: str, epsilon_budget: float) -> str:
 
 
 def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
-    """The trial rows of one grid: params, seed, configuration number."""
+    """The trial rows of one grid: params, seed, configuration number (and, for
+    papernot-steinke, the position ``number``).
+
+    A papernot-steinke grid's rows must not encode their position j in the grid (0..K-1):
+    a released ``number`` or ``config`` of 40, or a seed equal to ``j % seeds``, would bound
+    the secret K. So every row gets ``number == config == 0`` and a seed drawn uniformly with
+    the same CSPRNG, independently of j (each run is an independent draw of the search anyway).
+    """
     seeds = spec.seeds
     method = spec.search.method
     if spec.privacy.accounting == "papernot-steinke":
@@ -94,9 +127,11 @@ def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[d
         rng = random.SystemRandom()
         points = arm.points() if method == "grid" else None
         rows = []
-        for j in range(runs):
+        for _ in range(runs):
             params = rng.choice(points) if points is not None else random_point(arm, rng)
-            rows.append({"params": dict(params), "seed": j % seeds, "config": j})
+            rows.append(
+                {"params": dict(params), "seed": rng.randrange(seeds), "config": 0, "number": 0}
+            )
         return rows
     if method == "grid":
         points = arm.points()
@@ -242,7 +277,7 @@ def create_sweep(
         arm = arms[d["arm"]]
         rows = _arm_trials(spec, arm, d)
         d["planned_trials"] = len(rows)
-        for number, row in enumerate(rows):
+        for position, row in enumerate(rows):
             trials.append(
                 Trial(
                     arm=arm.label,
@@ -250,7 +285,8 @@ def create_sweep(
                     epsilon_budget=float(d["epsilon_budget"]),
                     params=row["params"],
                     seed=int(row["seed"]),
-                    number=number,
+                    # Grid order, except for papernot-steinke rows (always 0, see _arm_trials).
+                    number=int(row.get("number", position)),
                     config=int(row["config"]),
                     noise_multiplier=float(d["noise_multiplier"]),
                     target_delta=float(d["delta_per_trial"]),
@@ -305,7 +341,19 @@ def hidden_grids(sweep: Sweep) -> set[str]:
     return {g["grid"] for g in sweep.plan or [] if g.get("release") == "selected-only"}
 
 
-def trial_record(t: Trial) -> dict[str, Any]:
+def trial_record(t: Trial, *, selected_only: bool = False) -> dict[str, Any]:
+    """A trial as users see it.
+
+    Args:
+        t: The trial (with its result loaded).
+        selected_only: ``t`` is the released trial of a papernot-steinke grid. Its position,
+            its start and end times and its duration are left out (``number`` 0, the rest
+            None): when workers are few, when a run started says how many runs went before
+            it; and a run trains packed with others of its grid (pack sizes follow the number
+            of runs left), so its ``train_seconds``, the whole pack's wall time, grows with
+            how many ran beside it, and a cold worker's first pack is slower still. Each
+            would bound the secret number of runs.
+    """
     r = t.result
     return {
         "id": t.id,
@@ -314,7 +362,8 @@ def trial_record(t: Trial) -> dict[str, Any]:
         "epsilon_budget": t.epsilon_budget,
         "params": t.params,
         "seed": t.seed,
-        "number": t.number,
+        # Stored as 0 for papernot-steinke trials; masked here too, for sweeps stored before.
+        "number": 0 if selected_only else t.number,
         "state": t.state.value,
         "attempts": t.attempts,
         "noise_multiplier": t.noise_multiplier,
@@ -324,15 +373,52 @@ def trial_record(t: Trial) -> dict[str, Any]:
         "delta": r.delta if r is not None else None,
         "steps": r.steps if r is not None else None,
         "best_step": r.best_step if r is not None else None,
-        "started_at": iso(t.started_at),
-        "finished_at": iso(t.finished_at),
-        "train_seconds": t.train_seconds,
+        "started_at": None if selected_only else iso(t.started_at),
+        "finished_at": None if selected_only else iso(t.finished_at),
+        "train_seconds": None if selected_only else t.train_seconds,
     }
+
+
+def search_completed(trials: list[Trial]) -> bool:
+    """Whether a papernot-steinke grid's random search completed, so that it may release.
+
+    Every run must have reached a terminal state *without a cancel*: ``done`` or ``failed``
+    (a failed run is part of the search's random outcome, like a bad one). A ``cancelled``
+    trial means the search was cut short at K' < K runs, a number the user's timing chose;
+    the Papernot-Steinke analysis covers the best of the random K runs, not of K', so such a
+    grid releases nothing (it stays charged in full). A grid with no runs (K = 0) has nothing
+    to release either way.
+    """
+    return all(t.state in (TrialState.done, TrialState.failed) for t in trials)
+
+
+def selected_trial(trials: list[Trial], *, metric: str, mode: str) -> Trial | None:
+    """The trial a papernot-steinke grid releases, or None (see :func:`search_completed`).
+
+    The best finished run by the objective. Ties are broken by the trial id (a random uuid4),
+    not by the run's position: a position-based tie-break would make the choice depend on the
+    order of the runs.
+    """
+    if not search_completed(trials):
+        return None
+    done = [
+        t
+        for t in trials
+        if t.state == TrialState.done
+        and t.result is not None
+        and isinstance(t.result.metrics.get(metric), int | float)
+    ]
+    if not done:
+        return None
+    sign = 1.0 if mode == "max" else -1.0
+    return max(done, key=lambda t: (sign * float(t.result.metrics[metric]), t.id))  # type: ignore[union-attr]
 
 
 def released_records(sweep: Sweep, *, metric: str, mode: str) -> list[dict[str, Any]]:
     """Trial records that may be shown: all of them, except that a papernot-steinke grid
-    shows only its selected (best finished) trial, and only once the grid has finished."""
+    shows only its selected trial (:func:`selected_trial`), only once its search completed
+    without a cancel (:func:`search_completed`), and without its position or timestamps
+    (:func:`trial_record`)."""
     hidden = hidden_grids(sweep)
     out: list[dict[str, Any]] = []
     by_grid: dict[str, list[Trial]] = {}
@@ -342,19 +428,9 @@ def released_records(sweep: Sweep, *, metric: str, mode: str) -> list[dict[str, 
         if key not in hidden:
             out.extend(trial_record(t) for t in sorted(trials, key=lambda t: t.number))
             continue
-        if any(t.state not in TERMINAL_TRIALS for t in trials):
-            continue
-        done = [
-            t
-            for t in trials
-            if t.state == TrialState.done
-            and t.result is not None
-            and isinstance(t.result.metrics.get(metric), int | float)
-        ]
-        if done:
-            sign = 1.0 if mode == "max" else -1.0
-            best = max(done, key=lambda t: (sign * float(t.result.metrics[metric]), -t.number))  # type: ignore[union-attr]
-            out.append(trial_record(best))
+        best = selected_trial(trials, metric=metric, mode=mode)
+        if best is not None:
+            out.append(trial_record(best, selected_only=True))
     return out
 
 
@@ -394,6 +470,7 @@ def list_sweeps(engine: Engine, *, limit: int = 100) -> list[dict[str, Any]]:
                 "state": s.state.value,
                 "created_at": iso(s.created_at),
                 "finished_at": iso(s.finished_at),
+                "randomness": randomness_label(s.spec or {}),
             }
             for s in rows
         ]
@@ -447,6 +524,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
         "created_at": iso(sweep.created_at),
         "started_at": iso(sweep.started_at),
         "finished_at": iso(sweep.finished_at),
+        **randomness_fields(sweep.spec),
         "objective": {"metric": res.metric, "mode": res.mode},
         "arms": [
             {
@@ -477,6 +555,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
                     "accounting",
                     "release",
                     "retries",
+                    "input_scaling",
                 )
                 if k in g
             }
@@ -516,12 +595,25 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
 # Cancelling and finishing
 
 
+PS_CANCEL_NOTE = (
+    "grids whose search had started stay charged in full and release nothing unless their "
+    "search had already completed"
+)
+
+
 def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
     """Cancel a sweep: unstarted trials release their reservation; running trials stop (the
     driver kills them when it sees the state) and stay charged.
 
+    papernot-steinke grids are not counted (their number of runs is secret). A grid whose
+    search had started was charged in full at its first run and stays so; it releases its
+    selected trial only if every one of its runs had already finished (see
+    :func:`search_completed`); a grid that had not started releases its reservation.
+
     Returns:
-        ``{"cancelled_pending": n, "stopped_running": m, "released_epsilon": ...}``.
+        ``{"cancelled_pending": n, "stopped_running": m, "released_epsilon": ...,
+        "papernot_steinke": note or None}``: n and m count trials of the other grids only;
+        ``papernot_steinke`` states the rule above when the sweep has such grids.
 
     Raises:
         SweepNotFound: no such sweep.
@@ -553,29 +645,36 @@ def _end_sweep(
         now = _now()
         hidden = hidden_grids(sweep)
         stopping = session.execute(
-            select(Trial.id, Trial.arm, Trial.epsilon_budget).where(
+            select(Trial.id, Trial.arm, Trial.epsilon_budget, Trial.state).where(
                 Trial.sweep_id == sweep_id,
                 Trial.state.in_([TrialState.pending, TrialState.interrupted, TrialState.running]),
             )
         ).all()
-        counts = {}
+        # Counted from the rows read under the sweep's lock (the updates below change the
+        # same rows), leaving papernot-steinke grids out: how many of their trials were
+        # pending or running is a function of their secret number of runs.
+        counts = {
+            s.value: 0 for s in (TrialState.pending, TrialState.interrupted, TrialState.running)
+        }
+        for _tid, arm, level, state in stopping:
+            if grid_key(arm, level) not in hidden:
+                counts[state.value] += 1
         for state, note in (
             (TrialState.pending, f"{verb} before it started (not charged)"),
             (TrialState.interrupted, f"{verb} after an interruption (stays charged)"),
             (TrialState.running, f"{verb} while running (stays charged)"),
         ):
-            res = session.execute(
+            session.execute(
                 update(Trial)
                 .where(Trial.sweep_id == sweep_id, Trial.state == state)
                 .values(state=TrialState.cancelled, error=note, finished_at=now)
             )
-            counts[state.value] = int(res.rowcount or 0)  # type: ignore[attr-defined]
         sweep.state = final
         sweep.error = error
         sweep.finished_at = now
         sweep.driver = None
         dataset = sweep.dataset
-        for tid, arm, level in stopping:
+        for tid, arm, level, _state in stopping:
             if grid_key(arm, level) not in hidden:
                 events.emit(
                     session,
@@ -595,6 +694,7 @@ def _end_sweep(
         "cancelled_pending": counts["pending"],
         "stopped_running": counts["running"] + counts["interrupted"],
         "released_epsilon": float(rec.epsilon) if rec is not None else 0.0,
+        "papernot_steinke": PS_CANCEL_NOTE if hidden else None,
     }
 
 
@@ -622,7 +722,9 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     sweep = load_sweep(engine, sweep_id)
     res = sweep_results(sweep)
     if fmt == "json":
-        return json.dumps({"sweep": summarize(engine, sweep_id), "trials": res.records}, indent=2)
+        label = randomness_label(sweep.spec)
+        trials = [r | {"randomness": label} for r in res.records]
+        return json.dumps({"sweep": summarize(engine, sweep_id), "trials": trials}, indent=2)
     import csv
     import io
 
@@ -643,11 +745,14 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
         "best_step",
         "train_seconds",
         "error",
+        "randomness",
     ]
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(base + [f"param.{p}" for p in param_names] + metric_names)
+    label = randomness_label(sweep.spec)
     for r in res.records:
+        r = r | {"randomness": label}
         writer.writerow(
             [r.get(k) for k in base]
             + [r["params"].get(p) for p in param_names]

@@ -42,6 +42,7 @@ def test_step_overhead_benchmark_smoke() -> None:
     assert set(row) == {
         "nonprivate_ms",
         "fixed",
+        "fixed_plain_noise",
         "opacus_hooks",
         "opacus_ghost",
         "quantile",

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from tests.streams import noise_stream, sample_stream
 from tests.test_per_sample import packed_infos
 from workers.accounting import calibrate_noise_multiplier
 from workers.datasets import DatasetSpec, load_dataset
@@ -370,8 +371,8 @@ def test_engine_step_releases_with_the_bound() -> None:
         task="classification",
         sample_rate=0.1,
         noise_multiplier=torch.tensor([1.0]),
-        sample_generators=[torch.Generator().manual_seed(0)],
-        noise=NoiseSource([torch.Generator().manual_seed(1)], model.device),
+        sample_streams=[sample_stream(0)],
+        noise=NoiseSource([noise_stream(1)], model.device),
     )
     for _ in range(5):
         s = strategy.state()["sensitivity"].double()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.streams import noise_stream, sample_stream
 from workers.datasets import DatasetSpec
 from workers.engine import DPEngine
 from workers.models import ModelSpec, build_model
@@ -46,15 +47,18 @@ CASES = [
 def spec_for(strategy: str, model: str, trials: list[TrialSpec]) -> PackSpec:
     # Convolution kernels for a pack of K round differently (~1e-8) from those for a pack of
     # one, and non-smooth layers (max-pool ties, ReLU at 0) can turn that into a discrete flip
-    # after enough steps; 16 steps stay short of any flip for these seeds.
+    # after enough steps; 12 steps stay short of any flip for these seeds.
     return PackSpec(
         dataset=DatasetSpec("digits"),
         model=ModelSpec(model),
         strategy=strategy,
         trials=trials,
         batch_size=32,
-        steps=16 if model == "cnn" else 24,
+        steps=12 if model == "cnn" else 24,
         eval_every=8,
+        # Packed equals alone only when both draw the same batches and noise: the public-seed
+        # mode. (With secret randomness every run draws fresh ones; see tests/test_randomness.)
+        randomness="reproducible",
     )
 
 
@@ -69,7 +73,10 @@ def test_a_trial_packed_equals_the_trial_alone(strategy: str, model: str, hps: l
         alone = train_trial(spec_for(strategy, model, [t]))
         assert res.epsilon == alone.epsilon and res.best_step == alone.best_step
         assert res.checkpoint is not None and alone.checkpoint is not None
-        torch.testing.assert_close(res.checkpoint, alone.checkpoint, rtol=1e-4, atol=1e-5)
+        # Convolutions packed round ~1e-8 differently; where that crosses a boundary of the
+        # noise's snapping grid (2**-12 noise standard deviations) a weight moves by one cell.
+        atol = 2e-4 if model == "cnn" else 1e-5
+        torch.testing.assert_close(res.checkpoint, alone.checkpoint, rtol=1e-4, atol=atol)
         for hp, ha in zip(res.history, alone.history, strict=True):
             assert hp["accuracy"] == pytest.approx(ha["accuracy"], abs=1e-9)
             assert hp["loss"] == pytest.approx(ha["loss"], rel=1e-4, abs=1e-6)
@@ -97,8 +104,8 @@ def _engine(k: int, seeds: list[int], strategy: str = "fixed") -> DPEngine:
         task="classification",
         sample_rate=0.1,
         noise_multiplier=torch.ones(k),
-        sample_generators=[torch.Generator().manual_seed(100 + s) for s in seeds],
-        noise=NoiseSource([torch.Generator().manual_seed(200 + s) for s in seeds], model.device),
+        sample_streams=[sample_stream(100 + s) for s in seeds],
+        noise=NoiseSource([noise_stream(200 + s) for s in seeds], model.device),
     )
 
 
@@ -108,10 +115,9 @@ def test_padding_and_masking_change_nothing() -> None:
     pad = torch.randint(200, (2, 7))  # extra padded slots pointing at arbitrary real examples
     idx_p = torch.cat([idx, pad], dim=1)
     mask_p = torch.cat([mask, torch.zeros(2, 7)], dim=1)
-    states = [g.get_state() for g in engine.noise.generators]
     plain = {k: v.clone() for k, v in engine._releases(idx, mask).items()}
-    for g, s in zip(engine.noise.generators, states, strict=True):
-        g.set_state(s)  # replay the same noise
+    # Replay the same noise: fresh streams of the same (public) seeds.
+    engine.noise = NoiseSource([noise_stream(200 + s) for s in (1, 2)], engine.device)
     padded = engine._releases(idx_p, mask_p)
     for k in plain:
         torch.testing.assert_close(padded[k], plain[k], rtol=1e-5, atol=1e-7)

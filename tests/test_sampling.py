@@ -9,13 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.streams import sample_stream
 from workers.sampling import poisson_sample
 
 
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(0, 3000), q=st.floats(1e-4, 1.0), seed=st.integers(0, 2**31))
 def test_sample_is_sorted_unique_and_in_range(n: int, q: float, seed: int) -> None:
-    idx = poisson_sample(n, q, torch.Generator().manual_seed(seed))
+    idx = poisson_sample(n, q, sample_stream(seed))
     assert idx.dtype == torch.long
     if len(idx):
         assert idx.min() >= 0 and idx.max() < n
@@ -26,7 +27,7 @@ def test_sample_is_sorted_unique_and_in_range(n: int, q: float, seed: int) -> No
 
 def test_inclusion_frequencies_and_size_distribution() -> None:
     n, q, draws = 200, 0.07, 4000
-    gen = torch.Generator().manual_seed(0)
+    gen = sample_stream(0)
     counts = torch.zeros(n)
     sizes = []
     for _ in range(draws):
@@ -49,7 +50,7 @@ def test_inclusion_frequencies_and_size_distribution() -> None:
 
 
 def test_long_populations_need_several_chunks() -> None:
-    gen = torch.Generator().manual_seed(1)
+    gen = sample_stream(1)
     n, q = 100_000, 0.5
     idx = poisson_sample(n, q, gen)
     assert abs(len(idx) - n * q) < 6 * math.sqrt(n * q * (1 - q))
@@ -64,11 +65,9 @@ def test_pack_rows_equal_single_samples(monkeypatch: pytest.MonkeyPatch, chunk: 
         monkeypatch.setattr(sampling, "_chunk", lambda n, q: chunk)
     for n, q in [(500, 0.05), (40, 0.3), (7, 0.9)]:
         seeds = [11, 12, 13, 14]
-        idx, mask = sampling.poisson_sample_pack(
-            n, q, [torch.Generator().manual_seed(s) for s in seeds]
-        )
+        idx, mask = sampling.poisson_sample_pack(n, q, [sample_stream(s) for s in seeds])
         for row, s in enumerate(seeds):
-            alone = poisson_sample(n, q, torch.Generator().manual_seed(s))
+            alone = poisson_sample(n, q, sample_stream(s))
             m = mask[row] > 0
             assert torch.equal(idx[row][m], alone)
             assert int(m.sum()) == len(alone) and bool(m[: len(alone)].all())

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from tests.streams import noise_stream, noised, normals, sample_stream
 from tests.test_per_sample import reference_per_sample
-from workers.engine import DPEngine
+from workers.engine import _ENFORCED, DPEngine
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
@@ -47,8 +48,8 @@ def make_engine(
         task="classification",
         sample_rate=sample_rate,
         noise_multiplier=torch.tensor([noise_multiplier]),
-        sample_generators=[torch.Generator().manual_seed(SAMPLE_SEED)],
-        noise=NoiseSource([torch.Generator().manual_seed(NOISE_SEED)], model.device),
+        sample_streams=[sample_stream(SAMPLE_SEED)],
+        noise=NoiseSource([noise_stream(NOISE_SEED)], model.device),
     )
 
 
@@ -69,8 +70,8 @@ def flat_params(m: nn.Module) -> torch.Tensor:
 def expected_batch_and_noise(
     n_params: int, sample_rate: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = poisson_sample(N, sample_rate, torch.Generator().manual_seed(SAMPLE_SEED))
-    xi = torch.randn(1, n_params, generator=torch.Generator().manual_seed(NOISE_SEED))[0]
+    idx = poisson_sample(N, sample_rate, sample_stream(SAMPLE_SEED))
+    (xi,) = normals(NOISE_SEED, n_params)
     return idx, xi
 
 
@@ -103,7 +104,7 @@ def test_fixed_step_equals_hand_computation(style: str) -> None:
         for p in parts:
             assert ((torch.clamp(c_r / p.norm(dim=1), max=1.0) * p.norm(dim=1)) <= c_r + 1e-6).all()
     b = q * N
-    expected = theta0 - lr * (clipped + sigma * clip * xi) / b
+    expected = theta0 - lr * noised(clipped / b, xi, sigma * clip / b)
     torch.testing.assert_close(engine.model.flat[0], expected, rtol=1e-5, atol=1e-6)
 
 
@@ -129,7 +130,8 @@ def test_fixed_step_equals_opacus_dpoptimizer(monkeypatch: pytest.MonkeyPatch) -
     chunks = iter(torch.split(xi, [p.numel() for p in op_module.parameters()]))
 
     def same_noise(std: float, reference: torch.Tensor, **_: object) -> torch.Tensor:
-        return std * next(chunks).reshape(reference.shape)
+        # dpsweep scales the noise to the sensitivity it enforces (C times 1 + 1e-4).
+        return (std * _ENFORCED * next(chunks)).reshape(reference.shape).float()
 
     monkeypatch.setattr(opacus_optimizer, "_generate_noise", same_noise)
     opt = DPOptimizer(
@@ -140,7 +142,9 @@ def test_fixed_step_equals_opacus_dpoptimizer(monkeypatch: pytest.MonkeyPatch) -
     )
     assert q * N == int(q * N)
     opt.step()
-    torch.testing.assert_close(engine.model.flat[0], flat_params(op_module), rtol=1e-5, atol=1e-6)
+    # dpsweep's release is snapped to a grid of 2**-12 noise standard deviations: at most
+    # lr * 2**-13 * sigma * C / b = 4e-7 away from Opacus's unsnapped one.
+    torch.testing.assert_close(engine.model.flat[0], flat_params(op_module), rtol=1e-5, atol=2e-6)
 
 
 def test_empty_batch_releases_pure_noise() -> None:
@@ -150,8 +154,45 @@ def test_empty_batch_releases_pure_noise() -> None:
     engine = make_engine(module, x, y, sample_rate=q, noise_multiplier=0.7, lr=0.1)
     engine.step()
     _, xi = expected_batch_and_noise(theta0.numel(), q)
-    expected = theta0 - 0.1 * (0.7 * 0.3 * xi) / (q * N)
+    expected = theta0 - 0.1 * noised(torch.zeros(theta0.numel()), xi, 0.7 * 0.3 / (q * N))
     torch.testing.assert_close(engine.model.flat[0], expected, rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), 1e37])
+def test_an_example_with_a_non_finite_gradient_gets_weight_zero(poison: float) -> None:
+    """A record whose gradient is not finite is dropped from the step: the release equals the
+    one without it (same noise), so a poisoned record cannot make a run fail."""
+    module, x, y = tiny_problem()
+    ref_module = build_model(
+        ModelSpec("mlp", {"hidden": [5]}), input_shape=(D,), num_classes=C_OUT, seed=5
+    )
+    theta0 = flat_params(ref_module)
+    x_poisoned = x.clone()
+    x_poisoned[3] = poison
+    if poison == 1e37:
+        x_poisoned[3, 1:] = -1e37  # overflows the first layer to inf - inf = nan
+    q, sigma, clip, lr = 1.0, 0.7, 0.3, 0.1  # q = 1: every example is in the batch
+    engine = make_engine(module, x_poisoned, y, params={"clip": clip}, sample_rate=q)
+    engine.step()
+    others = [i for i in range(N) if i != 3]
+    g = reference_per_sample(ref_module, x[others], y[others], "classification")
+    clipped = (torch.clamp(clip / g.norm(dim=1, keepdim=True), max=1.0) * g).sum(0)
+    (xi,) = normals(NOISE_SEED, theta0.numel())
+    b = q * N  # the expected batch size is public and unchanged
+    expected = theta0 - lr * noised(clipped / b, xi, sigma * clip / b)
+    assert torch.isfinite(engine.model.flat).all()
+    torch.testing.assert_close(engine.model.flat[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_sensitivity_errors_carry_no_private_value() -> None:
+    """The fail-closed check names the release and trial, never a norm from private data."""
+    from workers.engine import _check_sensitivity
+    from workers.errors import PrivacyError
+
+    sq = torch.tensor([[[4.0], [9.0]]])  # norms 2 and 3
+    with pytest.raises(PrivacyError) as err:
+        _check_sensitivity("grad", sq, torch.ones(1, 2, 1), torch.tensor([1.0]))
+    assert not any(v in str(err.value) for v in ("2", "3", "1.0"))
 
 
 def test_nonprivate_step_is_plain_sgd() -> None:

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.streams import noise_stream, sample_stream
 from tests.test_per_sample import packed_infos, reference_per_sample
 from workers.accounting import calibrate_noise_multiplier
 from workers.datasets import DatasetSpec, load_dataset
@@ -179,8 +180,8 @@ def test_measured_release_noise_matches_the_split(name: str) -> None:
         task="classification",
         sample_rate=q,
         noise_multiplier=torch.tensor([sigma]),
-        sample_generators=[torch.Generator().manual_seed(1)],
-        noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
+        sample_streams=[sample_stream(1)],
+        noise=NoiseSource([noise_stream(2)], model.device),
     )
     b = q * len(x)
     grads, seconds = [], []
@@ -264,8 +265,8 @@ def test_online_grows_c_and_lr_on_a_consistent_problem() -> None:
         task="classification",
         sample_rate=0.25,
         noise_multiplier=torch.tensor([1e-6]),
-        sample_generators=[torch.Generator().manual_seed(1)],
-        noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
+        sample_streams=[sample_stream(1)],
+        noise=NoiseSource([noise_stream(2)], model.device),
     )
     for _ in range(20):
         engine.step()
@@ -299,8 +300,8 @@ def test_bam_gradients_are_taken_at_the_perturbed_points(name: str, shape: tuple
         task=task,
         sample_rate=1.0,
         noise_multiplier=torch.tensor([1.0]),
-        sample_generators=[torch.Generator().manual_seed(1)],
-        noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
+        sample_streams=[sample_stream(1)],
+        noise=NoiseSource([noise_stream(2)], model.device),
     )
     target = y.unsqueeze(0) if task == "classification" else x.unsqueeze(0)
     infos, sq, _ = engine.per_sample(x.unsqueeze(0), target, torch.ones(1, 4))
@@ -337,8 +338,8 @@ def test_diagnostics_match_a_hand_computation_on_the_eval_batch() -> None:
         task="classification",
         sample_rate=0.3,
         noise_multiplier=torch.tensor([1.0]),
-        sample_generators=[torch.Generator().manual_seed(1)],
-        noise=NoiseSource([torch.Generator().manual_seed(2)], model.device),
+        sample_streams=[sample_stream(1)],
+        noise=NoiseSource([noise_stream(2)], model.device),
     )
     d = engine.diagnostics(x_eval, y_eval, [torch.Generator().manual_seed(5)])
     g = reference_per_sample(module, x_eval, y_eval, "classification")

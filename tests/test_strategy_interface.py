@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from tests.streams import noise_stream, noised, normals, sample_stream
 from tests.test_per_sample import reference_per_sample
 from tests.test_step import NOISE_SEED, SAMPLE_SEED, tiny_problem
 from workers.engine import DPEngine
@@ -80,20 +81,19 @@ def test_every_hook_is_honoured() -> None:
         task="classification",
         sample_rate=q,
         noise_multiplier=torch.tensor([sigma]),
-        sample_generators=[torch.Generator().manual_seed(SAMPLE_SEED)],
-        noise=NoiseSource([torch.Generator().manual_seed(NOISE_SEED)], model.device),
+        sample_streams=[sample_stream(SAMPLE_SEED)],
+        noise=NoiseSource([noise_stream(NOISE_SEED)], model.device),
     )
     engine.step()
 
-    idx = poisson_sample(len(x), q, torch.Generator().manual_seed(SAMPLE_SEED))
-    gen = torch.Generator().manual_seed(NOISE_SEED)
-    xi_grad = torch.randn(1, theta0.numel(), generator=gen)[0]  # drawn first
-    xi_dir = torch.randn(1, theta0.numel(), generator=gen)[0]  # then the extra release
+    idx = poisson_sample(len(x), q, sample_stream(SAMPLE_SEED))
+    # The gradient's noise is drawn first, then the extra release's.
+    xi_grad, xi_dir = normals(NOISE_SEED, theta0.numel(), theta0.numel())
     g = reference_per_sample(ref, x[idx], y[idx], "classification")
     n = g.norm(dim=1, keepdim=True)
     b = q * len(x)
-    grad = ((torch.clamp(0.3 / n, max=1.0) * g).sum(0) + 2.0 * sigma * 0.3 * xi_grad) / b
-    direction = ((g / n).sum(0) + 3.0 * 1.0 * xi_dir) / b
+    grad = noised((torch.clamp(0.3 / n, max=1.0) * g).sum(0) / b, xi_grad, 2.0 * sigma * 0.3 / b)
+    direction = noised((g / n).sum(0) / b, xi_dir, 3.0 * 1.0 / b)
 
     assert len(strat.seen) == 1 and strat.projections == 1
     torch.testing.assert_close(strat.seen[0]["grad"], grad.unsqueeze(0), rtol=1e-5, atol=1e-6)
@@ -132,10 +132,10 @@ def test_an_understated_sensitivity_fails_closed() -> None:
         task="classification",
         sample_rate=0.5,
         noise_multiplier=torch.tensor([1.0]),
-        sample_generators=[torch.Generator().manual_seed(SAMPLE_SEED)],
-        noise=NoiseSource([torch.Generator().manual_seed(NOISE_SEED)], model.device),
+        sample_streams=[sample_stream(SAMPLE_SEED)],
+        noise=NoiseSource([noise_stream(NOISE_SEED)], model.device),
     )
-    with pytest.raises(PrivacyError, match="above the strategy's sensitivity"):
+    with pytest.raises(PrivacyError, match="exceeds the strategy's claimed sensitivity"):
         engine.step()
     assert torch.equal(model.flat, theta0)  # nothing was released or applied
 

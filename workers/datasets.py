@@ -4,10 +4,22 @@ Every loader returns raw arrays; :func:`load_dataset` then splits them determini
 ``split_seed`` and normalises the inputs.
 
 Privacy note on normalisation: preprocessing must not depend on the *private* training split,
-otherwise the released model leaks statistics that no noise covers. Image pixels are mapped to
-[0, 1] with a constant known from the file format (no data involved). Tabular features are
-standardised with the mean and standard deviation of the *evaluation* split, which dpsweep
-treats as public (the same split that picks the best checkpoint).
+otherwise the released model leaks statistics that no noise covers. And every scaled input must
+be *bounded*: DP-SGD bounds a record's gradient by clipping, but a record whose features are
+huge can still overflow float32 and turn a whole trial into NaN, so whether a trial fails would
+reveal whether that record is in the data. Inputs are therefore scaled in float64 by rules that
+use no training record, then clipped to a fixed range, then cast to float32:
+
+1. bounds declared by the data owner (``input_bounds``): clip to them, map to [0, 1] (images)
+   or [-1, 1] (tabular);
+2. images with a known pixel format (``pixel_max``: 255 for uint8, 16 for digits): divide, clip
+   to [0, 1];
+3. other float images: a robust range from the public evaluation split, clip to [0, 1];
+4. other tabular data: robust standardisation (median, IQR) from the public evaluation split,
+   clip to [-feature_clip, feature_clip].
+
+Robust statistics keep one extreme *evaluation* record from squashing every feature to ~0.
+Non-finite values (NaN, inf) are refused with their positions, for the data owner to fix.
 
 This module needs numpy (and scikit-learn for the built-in sets) but not torch.
 """
@@ -43,6 +55,10 @@ class DatasetSpec:
         split_seed: seed of the train/test split; shared by every trial of a sweep.
         options: loader-specific options (for ``synthetic``: ``n_samples``, ``n_features``,
             ``n_classes``, ``n_informative``, ``seed``).
+        input_bounds: bounds ``(lo, hi)`` of every raw input value, declared by the data owner;
+            values outside are clipped. None: scale by the file format or public statistics.
+        feature_clip: tabular features scaled by public statistics are clipped to
+            ``[-feature_clip, feature_clip]``.
     """
 
     name: str
@@ -52,25 +68,37 @@ class DatasetSpec:
     test_fraction: float = 0.2
     split_seed: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    input_bounds: tuple[float, float] | None = None
+    feature_clip: float = 5.0
 
 
 @dataclass
 class RawData:
-    """What a loader returns before splitting and normalisation."""
+    """What a loader returns before splitting and normalisation.
+
+    ``x`` keeps the file's dtype (uint8 stays uint8, floats stay as read): casting to float32
+    before scaling would turn a finite extreme value into inf.
+    """
 
     x: np.ndarray
     y: np.ndarray
     kind: Kind
     # Constant that maps pixels to [0, 1] (from the format, never from the data).
     pixel_max: float | None = None
+    # For messages about bad values: the CSV line of each row and the feature column names.
+    lines: list[int] | None = None
+    columns: list[str] | None = None
 
 
 @dataclass
 class Dataset:
     """A split, normalised dataset ready for training.
 
-    ``x_*`` are float32 arrays shaped ``[N, *input_shape]``; ``y_*`` are int64 class indices.
-    Images always carry a channel axis (``[C, H, W]``).
+    ``x_*`` are float32 arrays shaped ``[N, *input_shape]``, every value inside
+    ``input_scaling["clip"]``; ``y_*`` are int64 class indices. Images always carry a channel
+    axis (``[C, H, W]``). ``input_scaling`` says how inputs were scaled (method, clip range,
+    source); it holds no record's values and nothing computed from the training split, so it
+    may be shown with the plan.
     """
 
     name: str
@@ -81,6 +109,7 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     classes: list[str]
+    input_scaling: dict[str, Any] = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -121,7 +150,7 @@ def _digits(spec: DatasetSpec) -> RawData:
 
     d = load_digits()
     # 8x8 images with intensities 0..16 (a property of the data set's format).
-    return RawData(x=d.images.astype(np.float32), y=d.target, kind="image", pixel_max=16.0)
+    return RawData(x=d.images, y=d.target, kind="image", pixel_max=16.0)
 
 
 @register_dataset("breast_cancer")
@@ -129,7 +158,7 @@ def _breast_cancer(spec: DatasetSpec) -> RawData:
     from sklearn.datasets import load_breast_cancer
 
     d = load_breast_cancer()
-    return RawData(x=d.data.astype(np.float32), y=d.target, kind="tabular")
+    return RawData(x=d.data, y=d.target, kind="tabular")
 
 
 @register_dataset("wine")
@@ -137,7 +166,7 @@ def _wine(spec: DatasetSpec) -> RawData:
     from sklearn.datasets import load_wine
 
     d = load_wine()
-    return RawData(x=d.data.astype(np.float32), y=d.target, kind="tabular")
+    return RawData(x=d.data, y=d.target, kind="tabular")
 
 
 _SYNTHETIC_DEFAULTS: dict[str, int] = {
@@ -172,7 +201,7 @@ def _synthetic(spec: DatasetSpec) -> RawData:
         )
     except ValueError as exc:
         raise ConfigError(f"invalid options for dataset 'synthetic': {exc}") from exc
-    return RawData(x=x.astype(np.float32), y=y, kind="tabular")
+    return RawData(x=x, y=y, kind="tabular")
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +283,7 @@ def _idx(spec: DatasetSpec) -> RawData:
     is_image = images.ndim >= 3
     pixel_max = float(np.iinfo(images.dtype).max) if images.dtype == np.uint8 else None
     return RawData(
-        x=images.astype(np.float32),
+        x=images,
         y=labels,
         kind="image" if is_image else "tabular",
         pixel_max=pixel_max,
@@ -283,11 +312,11 @@ def _npz(spec: DatasetSpec) -> RawData:
         )
     if x.ndim < 2:
         raise DatasetError(f"{path}: 'x' must be [N, D] or images [N, H, W] / [N, C, H, W]")
-    if not np.issubdtype(x.dtype, np.number):
-        raise DatasetError(f"{path}: 'x' must be numeric; got dtype {x.dtype}")
+    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+        raise DatasetError(f"{path}: 'x' must be real numbers; got dtype {x.dtype}")
     pixel_max = 255.0 if x.dtype == np.uint8 else None
     return RawData(
-        x=x.astype(np.float32),
+        x=x,
         y=y,
         kind="image" if x.ndim >= 3 else "tabular",
         pixel_max=pixel_max,
@@ -317,6 +346,7 @@ def _csv(spec: DatasetSpec) -> RawData:
     li = header.index(spec.label_column)
     rows_x: list[list[float]] = []
     labels: list[str] = []
+    lines: list[int] = []
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not c.strip() for c in row):
             continue
@@ -324,7 +354,15 @@ def _csv(spec: DatasetSpec) -> RawData:
             raise DatasetError(
                 f"{path}: line {lineno} has {len(row)} fields, header has {len(header)}"
             )
-        labels.append(row[li].strip())
+        label = row[li].strip()
+        if not label or (_is_float(label) and not np.isfinite(float(label))):
+            # An empty or NaN label is a missing value, not a class of its own.
+            raise DatasetError(
+                f"{path}: line {lineno}: missing label ({row[li]!r}) in column "
+                f"{spec.label_column!r}; give every row a label or drop the row"
+            )
+        labels.append(label)
+        lines.append(lineno)
         try:
             rows_x.append([float(c) for j, c in enumerate(row) if j != li])
         except ValueError:
@@ -338,7 +376,14 @@ def _csv(spec: DatasetSpec) -> RawData:
         raise DatasetError(
             f"{path}: needs at least one feature column besides {spec.label_column!r}"
         )
-    return RawData(x=np.asarray(rows_x, dtype=np.float32), y=np.asarray(labels), kind="tabular")
+    # float64: a value such as 1e300 is finite here (it would be inf in float32).
+    return RawData(
+        x=np.asarray(rows_x, dtype=np.float64),
+        y=np.asarray(labels),
+        kind="tabular",
+        lines=lines,
+        columns=[h for j, h in enumerate(header) if j != li],
+    )
 
 
 def _is_float(s: str) -> bool:
@@ -353,12 +398,21 @@ def _is_float(s: str) -> bool:
 # Splitting and normalisation.
 
 
+# Rows are scaled in chunks of about this many values, so the float64 working copy stays small
+# (~32 MiB) whatever the size of the dataset.
+_CHUNK_VALUES = 1 << 22
+# How many offending positions a refusal of non-finite values lists.
+_SHOW_BAD = 5
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
 def load_dataset(spec: DatasetSpec) -> Dataset:
     """Load, split (deterministically by ``spec.split_seed``) and normalise a dataset.
 
     Raises:
         ConfigError: unknown name or invalid settings (the message lists what is allowed).
-        DatasetError: a missing or malformed file (the message names the file).
+        DatasetError: a missing or malformed file, or NaN / inf values (the message names the
+            file and where the values are).
     """
     if spec.name not in DATASETS:
         raise ConfigError(
@@ -371,31 +425,68 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
             field="dataset.test_fraction",
         )
     raw = DATASETS[spec.name](spec)
-    x = raw.x
-    if not np.all(np.isfinite(x)):
-        raise DatasetError(
-            f"dataset {spec.name!r} ({spec.path or 'built-in'}) contains NaN or inf values"
-        )
+    _check_finite(raw, spec)
     classes, y = np.unique(raw.y, return_inverse=True)
     if len(classes) < 2:
         raise DatasetError(
             f"dataset {spec.name!r} ({spec.path or 'built-in'}) has fewer than two classes"
         )
+    x = raw.x
     if raw.kind == "image" and x.ndim == 3:
         x = x[:, None, :, :]  # add the channel axis
     train_idx, test_idx = _split(len(x), y, spec.test_fraction, spec.split_seed)
-    x_train, x_test = x[train_idx], x[test_idx]
-    x_train, x_test = _normalise(raw, x_train, x_test)
+    x_train, x_test, scaling = _normalise(raw, spec, x[train_idx], x[test_idx])
     return Dataset(
         name=spec.name,
         kind=raw.kind,
-        x_train=np.ascontiguousarray(x_train, dtype=np.float32),
+        x_train=x_train,
         y_train=y[train_idx].astype(np.int64),
-        x_test=np.ascontiguousarray(x_test, dtype=np.float32),
+        x_test=x_test,
         y_test=y[test_idx].astype(np.int64),
         num_classes=len(classes),
         classes=[str(c) for c in classes],
+        input_scaling=scaling,
     )
+
+
+def _check_finite(raw: RawData, spec: DatasetSpec) -> None:
+    """Refuse NaN and inf in the inputs or labels, saying where they are.
+
+    A non-finite value cannot be clipped to anything meaningful, and silently replacing it would
+    hide a broken file; finite extremes (1e300) are accepted and clipped by :func:`_normalise`.
+    The message is for the data owner, who may see their own rows.
+
+    Raises:
+        DatasetError: naming the file, how many values, and the first few positions.
+    """
+    where = spec.path or f"built-in dataset {spec.name!r}"
+    for arr, what in ((raw.x, "input"), (raw.y, "label")):
+        if not np.issubdtype(arr.dtype, np.inexact):
+            continue  # integers and strings are always finite
+        rows = arr.reshape(len(arr), -1)
+        bad_rows = np.flatnonzero(~np.isfinite(rows).all(axis=1))
+        if not len(bad_rows):
+            continue
+        count = int(np.count_nonzero(~np.isfinite(rows)))
+        shown = []
+        for r in bad_rows[:_SHOW_BAD]:
+            c = int(np.flatnonzero(~np.isfinite(rows[r]))[0])
+            shown.append(f"{_position(raw, arr, int(r), c, what)}: {rows[r, c]}")
+        raise DatasetError(
+            f"{where}: {count} non-finite {what} value(s) (NaN or inf) in {len(bad_rows)} "
+            f"row(s), first at {'; '.join(shown)}. Replace them with finite numbers or drop "
+            "those rows: dpsweep refuses NaN and inf (finite extreme values are clipped)"
+        )
+
+
+def _position(raw: RawData, arr: np.ndarray, row: int, col: int, what: str) -> str:
+    """Where a value is, in the file's own terms (CSV line and column, or array index)."""
+    if what == "input" and raw.lines is not None and raw.columns is not None:
+        return f"line {raw.lines[row]}, column {raw.columns[col]!r}"
+    if arr.ndim == 1:
+        return f"row {row}"
+    idx = tuple(int(i) for i in np.unravel_index(col, arr.shape[1:]))
+    return f"row {row}, position {idx if len(idx) > 1 else idx[0]}"
 
 
 def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -415,17 +506,142 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
 
 
 def _normalise(
-    raw: RawData, x_train: np.ndarray, x_test: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    if raw.kind == "image":
-        if raw.pixel_max is not None:
-            return x_train / raw.pixel_max, x_test / raw.pixel_max
-        # Float images of unknown range: min-max from the public evaluation split.
-        lo, hi = float(x_test.min()), float(x_test.max())
-        scale = hi - lo if hi > lo else 1.0
-        return np.clip((x_train - lo) / scale, 0.0, 1.0), np.clip((x_test - lo) / scale, 0.0, 1.0)
-    # Tabular: standardise with statistics of the public evaluation split only.
-    mean = x_test.mean(axis=0)
-    std = x_test.std(axis=0)
-    std = np.where(std > 1e-12, std, 1.0)
-    return (x_train - mean) / std, (x_test - mean) / std
+    raw: RawData, spec: DatasetSpec, x_train: np.ndarray, x_test: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Scale both splits by one rule that uses no training record, and bound the result.
+
+    Returns:
+        float32 ``x_train`` and ``x_test`` with every value inside ``scaling["clip"]``, and
+        ``scaling``: the method, that clip range and where the scaling came from. It holds no
+        record's values (only declared bounds or a format's constant), so it can be shown.
+
+    Raises:
+        ConfigError: ``input_bounds`` that are not two finite numbers lo < hi.
+    """
+    image = raw.kind == "image"
+    out: tuple[float, float] = (0.0, 1.0) if image else (-1.0, 1.0)
+    centre: float | np.ndarray
+    scale: float | np.ndarray
+    raw_clip: tuple[float, float] | None = None
+    # Only constants that are no record's value: declared bounds or a format's pixel maximum.
+    extra: dict[str, Any] = {}
+    if spec.input_bounds is not None:
+        lo, hi = (float(v) for v in spec.input_bounds)
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi and np.isfinite(hi - lo)):
+            raise ConfigError(
+                f"input_bounds must be two finite numbers [lo, hi] with lo < hi; got "
+                f"{list(spec.input_bounds)}",
+                field="dataset.input_bounds",
+            )
+        # Data-independent: clip to the owner's bounds, then map them onto the output range.
+        raw_clip = (lo, hi)
+        centre, scale = (lo, hi - lo) if image else (lo / 2 + hi / 2, (hi - lo) / 2)
+        method, source, extra = "declared", "data owner", {"bounds": [lo, hi]}
+    elif image and raw.pixel_max is not None:
+        # Data-independent: the pixel format's constant; a pixel above it is clipped too.
+        centre, scale = 0.0, float(raw.pixel_max)
+        method, source, extra = "pixel", "file format", {"pixel_max": scale}
+    else:
+        if not (0 < spec.feature_clip < float("inf")):
+            raise ConfigError(
+                f"feature_clip must be a finite number > 0; got {spec.feature_clip}",
+                field="dataset.feature_clip",
+            )
+        if image:
+            lo, hi = _public_image_range(x_test)
+            centre, scale = lo, _finite_scale(hi - lo)
+        else:
+            out = (-float(spec.feature_clip), float(spec.feature_clip))
+            centre, scale = _robust_centre_scale(x_test)
+        # The statistics are left out of the record: per feature they can be many numbers,
+        # and each is an order statistic, i.e. one evaluation record's value.
+        method, source = "public-robust", "public evaluation split"
+    scaling = {"method": method, "clip": list(out), "source": source, **extra}
+    return (
+        _scale(x_train, centre, scale, out, raw_clip),
+        _scale(x_test, centre, scale, out, raw_clip),
+        scaling,
+    )
+
+
+def _scale(
+    x: np.ndarray,
+    centre: float | np.ndarray,
+    scale: float | np.ndarray,
+    out: tuple[float, float],
+    raw_clip: tuple[float, float] | None,
+) -> np.ndarray:
+    """``clip((clip(x, raw_clip) - centre) / scale, out)`` in float64, chunked, as float32.
+
+    ``centre`` and ``scale`` are finite (scale > 0), so an extreme ``x`` gives at worst +-inf,
+    never NaN, and the final clip bounds it before the float32 cast.
+    """
+    result = np.empty(x.shape, dtype=np.float32)
+    n = len(x)
+    src, dst = x.reshape(n, -1), result.reshape(n, -1)
+    step = max(1, _CHUNK_VALUES // max(1, src.shape[1]))
+    with np.errstate(over="ignore"):
+        for i in range(0, n, step):
+            z = src[i : i + step].astype(np.float64)
+            if raw_clip is not None:
+                np.clip(z, raw_clip[0], raw_clip[1], out=z)
+            z -= centre
+            z /= scale
+            np.clip(z, out[0], out[1], out=z)
+            dst[i : i + step] = z
+    return result
+
+
+def _inner_rank(n: int, q: float) -> int:
+    """0-based rank of the ``q``-quantile of ``n`` sorted values, kept off both ends (n >= 3).
+
+    Interpolated quantiles of a small split are dominated by one record (with n = 3, the 75th
+    percentile is half the maximum); an order statistic at least one step inside the ends moves
+    by at most one rank whatever a single record holds.
+    """
+    r = round(q * (n - 1))
+    return min(max(r, 1), n - 2) if n >= 3 else r
+
+
+def _sorted_median(s: np.ndarray) -> np.ndarray:
+    """Median along axis 0 of values already sorted along it (halves first: no overflow)."""
+    n = len(s)
+    return np.asarray(s[(n - 1) // 2] / 2 + s[n // 2] / 2)
+
+
+def _finite_scale(scale: Any) -> Any:
+    """A spread made usable as a divisor: 0 becomes 1, an overflowed one the largest float."""
+    scale = np.where(scale > 0, scale, 1.0)
+    return np.where(np.isfinite(scale), scale, _FLOAT_MAX)
+
+
+def _robust_centre_scale(x_public: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature centre (median) and scale (IQR / 1.349) of the public split.
+
+    Where the IQR is 0, the median absolute deviation * 1.4826; where that is 0 too, 1. Both
+    are robust: one extreme evaluation record moves them by at most one order statistic, so it
+    cannot squash every other record's features to ~0 (as it would a mean and a std).
+    """
+    n = len(x_public)
+    s = np.sort(x_public.reshape(n, -1).astype(np.float64), axis=0)
+    centre = np.clip(_sorted_median(s), -_FLOAT_MAX, _FLOAT_MAX)
+    with np.errstate(over="ignore"):
+        iqr = s[_inner_rank(n, 0.75)] - s[_inner_rank(n, 0.25)]
+        mad = _sorted_median(np.sort(np.abs(s - centre), axis=0)) * 1.4826
+    scale = np.where(iqr > 0, iqr / 1.349, mad)
+    return centre, _finite_scale(scale)
+
+
+def _public_image_range(x_public: np.ndarray) -> tuple[float, float]:
+    """A robust raw range [lo, hi] of float images, from the public split only.
+
+    Order statistics of the per-record minima and maxima (about the 5th and 95th percentile,
+    see :func:`_inner_rank`): a record counts once however many of its pixels are extreme, so
+    one record of 1e37 moves the range by at most one rank.
+    """
+    n = len(x_public)
+    flat = x_public.reshape(n, -1)
+    lows = np.sort(flat.min(axis=1).astype(np.float64))
+    highs = np.sort(flat.max(axis=1).astype(np.float64))
+    lo, hi = float(lows[_inner_rank(n, 0.05)]), float(highs[_inner_rank(n, 0.95)])
+    return (lo, hi) if hi > lo else (lo, lo + 1.0)

@@ -6,11 +6,21 @@ Per step and per trial k (all trials at once):
    largest one in the pack and masked, so padding contributes zero weight.
 2. Forward with capture, one ``autograd.grad`` for ``dL/dz`` of every layer, per-sample norms.
 3. The strategy maps norms to weights and a sensitivity S (and optional extra releases).
-4. Release ``(sum_i w_i g_i + sigma_g S xi) / b`` with xi from trial k's own noise generator and
-   b = qN the *expected* batch size (the realised size is private under Poisson sampling).
+4. Release ``(sum_i w_i g_i + sigma_g S xi) / b`` with xi from trial k's own noise stream and
+   b = qN the *expected* batch size (the realised size is private under Poisson sampling). The
+   noise is floating-point safe (:func:`workers.randomness.add_snapped_noise`), and its scale
+   covers the sensitivity the engine actually enforces (S times 1 + the check's tolerance).
 5. The strategy observes the noised releases; the optimizer steps; the strategy post-processes.
 
-Nothing computed from the private batch leaves this module without noise.
+Batches and noise come from each trial's own :class:`~workers.randomness.TrialRandomness`: a
+fresh OS secret per trial, or the public seed in the labelled reproducible mode.
+
+An example whose gradient (or, for strategies without per-example norms, whose loss) is not
+finite gets weight 0: removing one example stays within the sensitivity, and so a poisoned
+record cannot make a run fail, which would reveal whether it was sampled.
+
+Nothing computed from the private batch leaves this module without noise, including error
+messages: they name the release and the trial, never a norm or a count.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ from torch import Tensor
 from workers.errors import PrivacyError
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
+from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.sampling import poisson_sample, poisson_sample_pack
-from workers.strategies.base import ClippingStrategy, NoiseSource, StepContext
+from workers.strategies.base import ClippingStrategy, StepContext
 
 Task = Literal["classification", "reconstruction"]
 
@@ -52,8 +63,8 @@ class DPEngine:
         task: ``classification`` or ``reconstruction``.
         sample_rate: Poisson sampling rate q.
         noise_multiplier: ``[K]`` planned noise multipliers (ignored by non-private strategies).
-        sample_generators: one CPU generator per trial for Poisson sampling.
-        noise: per-trial Gaussian noise source.
+        sample_streams: one random stream per trial for Poisson sampling.
+        noise: per-trial Gaussian noise source (each trial's own noise stream).
     """
 
     def __init__(
@@ -67,7 +78,7 @@ class DPEngine:
         task: Task,
         sample_rate: float,
         noise_multiplier: Tensor,
-        sample_generators: Sequence[torch.Generator],
+        sample_streams: Sequence[RandomStream],
         noise: NoiseSource,
     ) -> None:
         self.model = model
@@ -79,7 +90,7 @@ class DPEngine:
         self.n = int(x.shape[0])
         self.sample_rate = float(sample_rate)
         self.expected_batch_size = self.sample_rate * self.n
-        self.sample_generators = list(sample_generators)
+        self.sample_streams = list(sample_streams)
         self.noise = noise
         self.k = model.k
         self.device = model.device
@@ -94,10 +105,10 @@ class DPEngine:
     def sample(self) -> tuple[Tensor, Tensor]:
         """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
         if self.k == 1:
-            idx = poisson_sample(self.n, self.sample_rate, self.sample_generators[0]).unsqueeze(0)
+            idx = poisson_sample(self.n, self.sample_rate, self.sample_streams[0]).unsqueeze(0)
             mask = torch.ones(1, idx.shape[1])
         else:
-            idx, mask = poisson_sample_pack(self.n, self.sample_rate, self.sample_generators)
+            idx, mask = poisson_sample_pack(self.n, self.sample_rate, self.sample_streams)
         if self.device.type == "cpu":
             return idx, mask
         return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
@@ -118,22 +129,47 @@ class DPEngine:
         """Per-layer gradient info, squared norms and the strategy's context for a batch.
 
         Strategies asking for an ascent (BAM) get the gradients at the perturbed points.
+        Examples whose gradient norm (or loss, for strategies without norms) is not finite are
+        removed: their mask and weight become 0 and their gradients are recomputed from a zero
+        input, so no NaN reaches the weighted sums.
         """
+        infos, sq, ctx, bad = self._per_sample_once(xb, target, mask)
+        if bad is not None and bool(bad.any()):
+            # A trial whose parameters are no longer finite (it diverged, from its noised
+            # updates alone) has nothing to save; recomputing for it would only cost time.
+            bad = bad & torch.isfinite(self.model.flat).all(dim=1, keepdim=True)
+        if bad is not None and bool(bad.any()):
+            keep = bad.logical_not()
+            mask = mask * keep.to(mask.dtype)
+            shape = (*keep.shape, *([1] * (xb.dim() - 2)))
+            xb = torch.where(keep.view(shape), xb, torch.zeros((), dtype=xb.dtype))
+            if self.y is None:  # reconstruction: the target is the input
+                target = xb
+            infos, sq, ctx, _ = self._per_sample_once(xb, target, mask)
+        return infos, sq, ctx
+
+    def _per_sample_once(
+        self, xb: Tensor, target: Tensor, mask: Tensor
+    ) -> tuple[list[Any], Tensor | None, StepContext, Tensor | None]:
         strategy = self.strategy
-        infos, sq = self._grads(xb, target, mask, None)
+        infos, sq, loss = self._grads(xb, target, mask, None)
         ctx = StepContext(
             sq_norms=sq, mask=mask, expected_batch_size=self.expected_batch_size, noise=self.noise
         )
         scale = strategy.ascent_scale(ctx)
+        first_bad = _non_finite(sq, loss, mask)
         if scale is not None:
-            infos, sq = self._grads(xb, target, mask, (infos, scale * mask))
+            if first_bad is not None and bool(first_bad.any()):
+                return infos, sq, ctx, first_bad  # remove them before the ascent
+            infos, sq, loss = self._grads(xb, target, mask, (infos, scale * mask))
             ctx = StepContext(
                 sq_norms=sq,
                 mask=mask,
                 expected_batch_size=self.expected_batch_size,
                 noise=self.noise,
             )
-        return infos, sq, ctx
+            return infos, sq, ctx, _non_finite(sq, loss, mask)
+        return infos, sq, ctx, first_bad
 
     def _grads(
         self,
@@ -141,7 +177,7 @@ class DPEngine:
         target: Tensor,
         mask: Tensor,
         perturb: tuple[list[Any], Tensor] | None,
-    ) -> tuple[list[Any], Tensor | None]:
+    ) -> tuple[list[Any], Tensor | None, Tensor]:
         out, cap = self.model.forward(xb, capture=True, perturb=perturb)
         assert cap is not None
         loss = per_sample_loss(out, target, self.task)
@@ -151,7 +187,7 @@ class DPEngine:
             loss = loss * mask
         infos = self.model.layer_grads(loss.sum(), cap)
         sq = self.model.sq_norms(infos) if self.strategy.needs_norms else None
-        return infos, sq
+        return infos, sq, loss.detach()
 
     def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
         strategy = self.strategy
@@ -204,9 +240,10 @@ class DPEngine:
         for extra, buf in zip(clip.extra, bufs[1:], strict=True):
             releases[extra.name] = self._add_noise(buf, extra.sensitivity, extra.noise_multiplier)
         for sc in clip.scalars:
-            xi = self.noise.standard_normal(1)[:, 0]
-            total = sc.values.sum(dim=1) + sc.noise_multiplier * sc.sensitivity * xi
-            releases[sc.name] = total / self.expected_batch_size
+            xi = self.noise.standard_normal(1)
+            total = sc.values.sum(dim=1, keepdim=True).to(torch.float64)
+            add_snapped_noise(total, xi, sc.noise_multiplier * (sc.sensitivity * _ENFORCED))
+            releases[sc.name] = (total[:, 0] / self.expected_batch_size).to(sc.values.dtype)
         return releases
 
     def _weighted_sum(self, out: Tensor, infos: list[Any] | None, weights: Tensor) -> None:
@@ -216,18 +253,15 @@ class DPEngine:
             self.model.weighted_sum_into(out, infos, weights)
 
     def _add_noise(self, buf: Tensor, sensitivity: Tensor, multiplier: Tensor) -> Tensor:
-        """Turn ``buf`` = ``sum_i w_i g_i / b`` into ``(sum_i w_i g_i + m S xi) / b`` in place.
+        """Turn ``buf`` = ``sum_i w_i g_i / b`` into ``(sum_i w_i g_i + m S' xi) / b`` in place.
 
         The 1/b is folded into the ``[K, B]`` weights and the noise scale, so the ``[K, P]``
-        buffer is touched once by the noise and never rescaled.
+        buffer is touched once by the noise and never rescaled. ``S'`` is the sensitivity the
+        engine enforces (:data:`_SENSITIVITY_RTOL` above the strategy's claim).
         """
         xi = self.noise.standard_normal(buf.shape[1])
-        scale = multiplier * sensitivity / self.expected_batch_size
-        if self.k == 1:
-            buf.add_(xi, alpha=float(scale))
-        else:
-            buf.addcmul_(xi, scale.unsqueeze(1))
-        return buf
+        std = multiplier * (sensitivity * _ENFORCED) / self.expected_batch_size
+        return add_snapped_noise(buf, xi, std)
 
     def diagnostics(
         self, x: Tensor, target: Tensor, generators: Sequence[torch.Generator]
@@ -255,7 +289,7 @@ class DPEngine:
         # perturbed points, so for BAM the gradients at theta are computed separately.
         base_infos = infos if self.strategy.ascent_scale(ctx) is None else None
         if base_infos is None:
-            base_infos, _ = self._grads(xk, tk, mask, None)
+            base_infos, _, _ = self._grads(xk, tk, mask, None)
         self.model.weighted_sum_into(true_grad, base_infos, mask.unsqueeze(-1) / m)
         self.model.weighted_sum_into(clipped, infos, clip.weights / m)
         w = clip.weights
@@ -274,7 +308,17 @@ class DPEngine:
 
 
 # Relative slack for float32 rounding in w_i * ||g_i|| <= S (a clipped norm lands on S exactly).
+# The check lets contributions reach S (1 + this), so the noise is scaled to that bound.
 _SENSITIVITY_RTOL = 1e-4
+_ENFORCED = 1.0 + _SENSITIVITY_RTOL
+
+
+def _non_finite(sq_norms: Tensor | None, loss: Tensor, mask: Tensor) -> Tensor | None:
+    """``[K, B]`` sampled examples whose gradient norm (or, without norms, loss) is not finite."""
+    real = mask > 0
+    if sq_norms is not None:
+        return torch.isfinite(sq_norms).all(dim=-1).logical_not() & real
+    return torch.isfinite(loss).logical_not() & real
 
 
 def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity: Tensor) -> None:
@@ -282,12 +326,14 @@ def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity
 
     The noise is calibrated to the sensitivity a strategy *claims*; this check makes a strategy
     bug raise instead of silently under-noising a release. Padded slots have zero gradients.
+    The message names the release and the trial only: a norm computed from a private example
+    must not leave without noise, not even in an error.
     """
     if weights.shape[-1] == 1:
         contrib = weights[..., 0].pow(2) * sq_norms.sum(dim=-1)
     else:
         contrib = (weights.pow(2) * sq_norms).sum(dim=-1)
-    bound = sensitivity.pow(2).unsqueeze(1) * (1 + _SENSITIVITY_RTOL) ** 2
+    bound = sensitivity.pow(2).unsqueeze(1) * _ENFORCED**2
     bad = ~(contrib <= bound)  # also catches NaN weights
     if bad.any():
         # Non-finite gradients or weights (a diverged trial: its release is non-finite, so its
@@ -295,16 +341,15 @@ def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity
         finite = torch.isfinite(sq_norms).all(dim=-1) & torch.isfinite(contrib)
         if (bad & finite).any():
             k = int((bad & finite).any(dim=1).nonzero()[0])
-            worst = float(contrib[k].max().sqrt())
             raise PrivacyError(
-                f"release {name!r} of trial {k}: a per-example contribution has norm {worst:.6g} "
-                f"above the strategy's sensitivity {float(sensitivity[k]):.6g}; refusing to release"
+                f"release {name!r} of trial {k}: a per-example contribution exceeds the "
+                "strategy's claimed sensitivity (a strategy bug); refusing to release"
             )
 
 
 def _check_scalar(name: str, values: Tensor, sensitivity: Tensor) -> None:
     """Fail closed: every example's contribution to a scalar release is within its sensitivity."""
-    bound = sensitivity.unsqueeze(1) * (1 + _SENSITIVITY_RTOL)
+    bound = sensitivity.unsqueeze(1) * _ENFORCED
     if not (values.abs() <= bound).all():
         raise PrivacyError(
             f"scalar release {name!r}: a per-example contribution exceeds the strategy's "

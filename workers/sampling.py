@@ -4,23 +4,29 @@ The amplification-by-subsampling analysis behind the accountants assumes exactly
 batch size is random (possibly zero). Indices are generated as a Bernoulli process through its
 geometric gaps, which costs O(qN) per step instead of O(N) coin flips and has exactly the same
 distribution.
+
+The gaps come from each trial's own :class:`~workers.randomness.RandomStream` (a secret
+keystream, or the public seed's in reproducible mode), never from torch's global generator.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from workers.randomness import RandomStream
 
-def poisson_sample(n: int, sample_rate: float, generator: torch.Generator) -> Tensor:
+
+def poisson_sample(n: int, sample_rate: float, stream: RandomStream) -> Tensor:
     """Sorted int64 indices of a Poisson sample of ``range(n)`` at rate ``sample_rate``."""
     if sample_rate >= 1.0:
         return torch.arange(n)
     if n == 0 or sample_rate <= 0.0:
         return torch.empty(0, dtype=torch.long)
-    return _continue(n, sample_rate, generator, [], -1)
+    return _continue(n, sample_rate, stream, [], -1)
 
 
 def _chunk(n: int, sample_rate: float) -> int:
@@ -29,14 +35,14 @@ def _chunk(n: int, sample_rate: float) -> int:
 
 
 def _continue(
-    n: int, sample_rate: float, generator: torch.Generator, parts: list[Tensor], last: int
+    n: int, sample_rate: float, stream: RandomStream, parts: list[Tensor], last: int
 ) -> Tensor:
     """Draw chunks of gaps until the process passes n (``parts`` holds what was kept so far)."""
     chunk = _chunk(n, sample_rate)
     while True:
         # Gaps between successive successes of a Bernoulli(q) process are i.i.d. Geometric(q)
         # on {1, 2, ...}.
-        gaps = torch.empty(chunk, dtype=torch.long).geometric_(sample_rate, generator=generator)
+        gaps = torch.from_numpy(stream.geometric(chunk, sample_rate))
         pos = torch.cumsum(gaps, 0).add_(last)
         keep = pos[pos < n]
         parts.append(keep)
@@ -47,21 +53,18 @@ def _continue(
 
 
 def poisson_sample_pack(
-    n: int, sample_rate: float, generators: list[torch.Generator]
+    n: int, sample_rate: float, streams: list[RandomStream]
 ) -> tuple[Tensor, Tensor]:
     """Independent Poisson samples for K trials, padded: indices and mask ``[K, B_max]``.
 
-    Row k is exactly ``poisson_sample(n, sample_rate, generators[k])`` (each row draws its gaps
-    from its own generator in the same chunks), followed by zero-weight padding; only the
+    Row k is exactly ``poisson_sample(n, sample_rate, streams[k])`` (each row draws its gaps
+    from its own stream in the same chunks), followed by zero-weight padding; only the
     cumulative sums and the padding are batched across trials.
     """
-    k = len(generators)
     if sample_rate >= 1.0 or n == 0 or sample_rate <= 0.0:
-        return _pad([poisson_sample(n, sample_rate, g) for g in generators])
+        return _pad([poisson_sample(n, sample_rate, g) for g in streams])
     chunk = _chunk(n, sample_rate)
-    gaps = torch.empty(k, chunk, dtype=torch.long)
-    for row, g in zip(gaps, generators, strict=True):
-        row.geometric_(sample_rate, generator=g)
+    gaps = torch.from_numpy(np.stack([g.geometric(chunk, sample_rate) for g in streams]))
     pos = torch.cumsum(gaps, dim=1).sub_(1)
     valid = pos < n
     unfinished = valid[:, -1]
@@ -71,7 +74,7 @@ def poisson_sample_pack(
             _continue(n, sample_rate, g, [pos[r]], int(pos[r, -1]))
             if bool(unfinished[r])
             else pos[r][valid[r]]
-            for r, g in enumerate(generators)
+            for r, g in enumerate(streams)
         ]
         return _pad(picks)
     b_max = int(valid.sum(dim=1).max())

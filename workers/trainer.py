@@ -25,9 +25,10 @@ from workers.metrics import classification_metrics, reconstruction_metrics
 from workers.models import ModelSpec, build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
+from workers.randomness import REPRODUCIBLE_WARNING, NoiseSource, Randomness, TrialRandomness
 from workers.schedule import plan_steps
 from workers.seeding import stream_seed
-from workers.strategies import NoiseSource, get_strategy
+from workers.strategies import get_strategy
 
 # Size of the evaluation-split batch on which clipping diagnostics are measured.
 DIAGNOSTIC_BATCH = 512
@@ -39,7 +40,8 @@ class TrialSpec:
 
     Args:
         lr: learning rate.
-        seed: seeds initial weights, Poisson sampling and noise (separate streams).
+        seed: the public seed: initial weights (and, in reproducible mode only, Poisson
+            sampling and noise).
         noise_multiplier: planned sigma (required for private strategies).
         target_delta: the delta the trial's epsilon is reported at.
         params: strategy hyperparameters (e.g. ``{"clip": 1.0}``).
@@ -70,6 +72,9 @@ class PackSpec:
     accountant: str = "rdp"
     device: str = "auto"
     threads: int = 1
+    # "secret": every trial draws a fresh OS secret for its batches and noise when it starts.
+    # "reproducible": they come from the public seed (not private against anyone who knows it).
+    randomness: Randomness = "secret"
 
 
 @dataclass
@@ -106,6 +111,7 @@ class TrialResult:
     step_time_ms_median: float
     diverged_at: int | None = None
     device: str = "cpu"
+    randomness: Randomness = "secret"
     # Flat weights of the best checkpoint (CPU); not part of the serialised result.
     checkpoint: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
@@ -138,6 +144,8 @@ class TrialResult:
             "private": self.private,
             "diverged_at": self.diverged_at,
             "device": self.device,
+            "randomness": self.randomness,
+            **({"warning": REPRODUCIBLE_WARNING} if self.randomness == "reproducible" else {}),
             "reliability": m.get("reliability"),
             "clip_final": self.trajectories.get("clip", [None])[-1],
             "lr_final": self.trajectories["lr"][-1] if self.trajectories.get("lr") else None,
@@ -171,6 +179,11 @@ def train_pack(
         raise ConfigError("a pack needs at least one trial", field="trials")
     if spec.eval_every < 1:
         raise ConfigError("eval_every must be >= 1", field="training.eval_every")
+    if spec.randomness not in ("secret", "reproducible"):
+        raise ConfigError(
+            f"randomness must be 'secret' or 'reproducible'; got {spec.randomness!r}",
+            field="privacy.reproducible",
+        )
     strategy_cls = get_strategy(spec.strategy)
     task = model_task(spec.model.name)
     device = resolve_device(spec.device)
@@ -226,13 +239,9 @@ def train_pack(
     y_train = torch.from_numpy(data.y_train).to(device) if task == "classification" else None
     x_test = torch.from_numpy(data.x_test).to(device)
     y_test = torch.from_numpy(data.y_test).to(device)
-    sample_gens = [
-        torch.Generator().manual_seed(stream_seed(t.seed, "sample")) for t in spec.trials
-    ]
-    noise_gens = [
-        torch.Generator(device=device).manual_seed(stream_seed(t.seed, "noise"))
-        for t in spec.trials
-    ]
+    # Each trial's batches and noise: a fresh OS secret drawn now, as the trial starts (a re-run
+    # draws a new one), held only by this task's local objects; never returned or logged.
+    rands = [TrialRandomness.for_mode(spec.randomness, seed=t.seed) for t in spec.trials]
     engine = DPEngine(
         model=model,
         strategy=strategy,
@@ -242,9 +251,10 @@ def train_pack(
         task=task,
         sample_rate=q,
         noise_multiplier=torch.tensor(sigmas, device=device),
-        sample_generators=sample_gens,
-        noise=NoiseSource(noise_gens, device),
+        sample_streams=[r.sample for r in rands],
+        noise=NoiseSource([r.noise for r in rands], device),
     )
+    del rands
 
     # Clipping diagnostics use a fixed batch of the public evaluation split (never training data).
     n_diag = min(int(x_test.shape[0]), DIAGNOSTIC_BATCH)
@@ -348,6 +358,7 @@ def train_pack(
                 step_time_ms_median=median_ms,
                 diverged_at=diverged_at[i],
                 device=str(device),
+                randomness=spec.randomness,
                 checkpoint=best_flat[i].detach().cpu(),
             )
         )

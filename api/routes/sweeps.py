@@ -322,6 +322,12 @@ def get_sweep(
     summary="Cancel a pending or running sweep (409 once it has finished)",
 )
 def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any]:
+    """Unstarted trials release their reservation; running ones stop and stay charged.
+
+    papernot-steinke grids are not counted (their number of runs is secret): those whose
+    search had started stay charged in full and release nothing unless their search had
+    already completed; ``papernot_steinke`` says so.
+    """
     reads.check_sweep(engine, sweep_id, viewer)
     out = cancel_sweep(engine, sweep_id)
     return {"id": sweep_id, "state": "cancelled", **out}

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from workers.errors import ConfigError
+from workers.randomness import NoiseSource
 
 if TYPE_CHECKING:
     from workers.packed import PackedModel
@@ -47,27 +48,6 @@ class HParam:
     shared: bool = False
     help: str = ""
     optional: bool = False  # ``None`` is allowed and means "derive it" (e.g. from b)
-
-
-class NoiseSource:
-    """Gaussian noise drawn from each trial's own generator, in a fixed order per trial.
-
-    A trial's noise therefore depends only on its seed and on the sequence of draws its own
-    strategy makes, never on which other trials share its pack.
-    """
-
-    def __init__(self, generators: Sequence[torch.Generator], device: torch.device) -> None:
-        self.generators = list(generators)
-        self.device = device
-
-    def standard_normal(self, n: int) -> Tensor:
-        """``[K, n]`` standard normal draws, row k from trial k's generator."""
-        if len(self.generators) == 1:
-            return torch.randn(1, n, generator=self.generators[0], device=self.device)
-        out = torch.empty(len(self.generators), n, device=self.device)
-        for k, g in enumerate(self.generators):
-            torch.randn(n, generator=g, device=self.device, out=out[k])
-        return out
 
 
 @dataclass

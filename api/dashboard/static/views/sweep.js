@@ -98,7 +98,9 @@ export function sweepView(el, id) {
       "Papernot–Steinke accounting: only each grid's selected trial is released; the number of runs stays private.")
       : progress(s.trials));
     cancelBtn.hidden = TERMINAL.has(s.state);
-    notice.replaceChildren(s.error ? h("div", { class: "error" }, h("strong", {}, "Sweep failed: "), s.error) : "");
+    notice.replaceChildren(
+      s.warning ? h("div", { class: "warning", id: "randomness-warning" }, h("strong", {}, "Reproducible mode: "), s.warning) : "",
+      s.error ? h("div", { class: "error" }, h("strong", {}, "Sweep failed: "), s.error) : "");
     for (const a of s.arms) color(a.name);
   }
 
@@ -299,12 +301,20 @@ export function sweepView(el, id) {
   }
 
   async function cancel() {
-    const ok = await confirmDialog(`Cancel sweep “${summary.name}”? Pending trials are dropped and their reserved budget released; running trials stop and stay charged.`);
+    const ps = summary.plan.some((g) => g.release === "selected-only");
+    const ok = await confirmDialog(`Cancel sweep “${summary.name}”? Pending trials are dropped and their reserved budget released; running trials stop and stay charged.` +
+      (ps ? " Papernot–Steinke grids whose search has started stay charged in full and release nothing unless their search has already completed." : ""));
     if (!ok) return;
     try {
       const out = await api(`/sweeps/${id}/cancel`, { method: "POST" });
+      // Papernot–Steinke grids are not counted (their number of runs is private): the
+      // response states what the cancel means for them instead.
+      const counted = out.cancelled_pending || out.stopped_running || !out.papernot_steinke;
       flash.replaceChildren(h("div", { class: "info", id: "cancel-result" },
-        `Cancelled: ${out.cancelled_pending} pending trials dropped, ${out.stopped_running} running stopped, ε ${num(out.released_epsilon)} released.`));
+        counted
+          ? `Cancelled: ${out.cancelled_pending} pending trials dropped, ${out.stopped_running} running stopped, ε ${num(out.released_epsilon)} released.`
+          : `Cancelled: ε ${num(out.released_epsilon)} released.`,
+        out.papernot_steinke ? ` Papernot–Steinke grids: ${out.papernot_steinke}.` : ""));
       refresh();
     } catch (e) { showError(e); }
   }

@@ -25,13 +25,20 @@ export function trialView(el, id) {
     const traj = h("div", { id: "traj-chart", class: "chart" });
     const rel = h("div", { id: "reliability-chart", class: "chart" });
     const p = t.privacy;
+    // A Papernot–Steinke grid's released trial has no position (its run index would bound the
+    // private number of runs): it is "the selected trial" of its grid.
+    const ps = t.planned?.accounting === "papernot-steinke";
+    const label = ps ? "selected trial" : `#${t.number}`;
     el.replaceChildren(
       h("p", { class: "crumbs" }, h("a", { href: "/sweeps" }, "Sweeps"), " / ",
-        h("a", { href: `/sweeps/${t.sweep}`, id: "back-to-sweep" }, t.sweep.slice(0, 12)), " / trial #", t.number),
-      h("div", { class: "row" }, h("h1", {}, `${t.arm} · ε ${num(t.epsilon_budget)} · #${t.number}`), badge(t.state)),
+        h("a", { href: `/sweeps/${t.sweep}`, id: "back-to-sweep" }, t.sweep.slice(0, 12)), ` / trial ${label}`),
+      h("div", { class: "row" }, h("h1", {}, `${t.arm} · ε ${num(t.epsilon_budget)} · ${label}`), badge(t.state)),
       h("p", { class: "muted" }, `strategy ${t.strategy} · seed ${t.seed} · attempts ${t.attempts}`,
         t.worker ? ` · worker ${t.worker}` : "", t.started_at ? ` · started ${when(t.started_at)}` : "",
         t.train_seconds ? ` · ${num(t.train_seconds, 3)} s training` : ""),
+      t.randomness === "reproducible" ? h("div", { class: "warning", id: "randomness-warning" },
+        h("strong", {}, "Reproducible mode: "),
+        "batches and noise came from the public seed; not private against anyone who knows the seed") : "",
       t.error ? h("div", { class: "error", id: "trial-error" }, h("strong", {}, "Error: "), h("pre", {}, t.error)) : "",
       h("div", { class: "charts" },
         h("div", { class: "card" }, h("h2", {}, "Learning curve"), curves),
@@ -48,6 +55,7 @@ export function trialView(el, id) {
             "sample rate q": t.planned?.sample_rate, steps: t.planned?.steps,
             "ε reported": p.epsilon_reported, "ε charged": p.epsilon_charged, "δ charged": p.delta_charged,
             accountant: t.accountant || t.planned?.accountant, accounting: t.planned?.accounting,
+            randomness: t.randomness,
           }),
           h("h3", {}, "Ledger"),
           p.charges.length ? h("table", { class: "grid compact", id: "ledger-table" },
@@ -55,7 +63,8 @@ export function trialView(el, id) {
             h("tbody", {}, p.charges.map((c) => h("tr", {},
               h("td", {}, c.kind), h("td", {}, num(c.epsilon)), h("td", {}, num(c.delta)),
               h("td", {}, when(c.at)), h("td", {}, c.note || "")))))
-            : h("p", { class: "muted" }, "No charges: this trial never started."))));
+            : h("p", { class: "muted" }, "No charges: this trial never started."),
+          ps ? h("p", { class: "muted small" }, "Papernot–Steinke: the grid is charged once, at its first run, for its whole search; the number of runs is private.") : "")));
 
     const objective = Object.keys(metrics).find((k) => k === "accuracy") || Object.keys(metrics).find((k) => k !== "loss");
     const series = (name) => ({ x: (metrics[name] || []).map((m) => m.step), y: (metrics[name] || []).map((m) => m.value) });

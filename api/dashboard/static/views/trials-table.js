@@ -8,6 +8,8 @@ const SHOW = 200; // rows drawn before "show all"
  * sort and search over the loaded rows, CSV export of what is shown. State lives in the URL.
  */
 export function trialsTable(el, sweepId, summary) {
+  // Papernot–Steinke sweeps list only each grid's selected trial, with no position or times.
+  const hidden = summary.plan.some((g) => g.release === "selected-only");
   let rows = [];
   let all = false;
   let loading = null;
@@ -115,7 +117,8 @@ export function trialsTable(el, sweepId, summary) {
       shown.map((c) => {
         if (c.cell) return h("td", {}, c.cell(r));
         const v = c.get(r);
-        if (c.key === "number") return h("td", {}, h("a", { href: `/trials/${r.id}` }, `#${v}`));
+        // Papernot–Steinke: the released trial has no position (see the sweep's plan).
+        if (c.key === "number") return h("td", {}, h("a", { href: `/trials/${r.id}` }, hidden ? "selected" : `#${v}`));
         return h("td", { title: c.key === "error" ? v || "" : null }, typeof v === "number" ? num(v) : v ?? "–");
       }))));
     table.replaceChildren(head, body);
