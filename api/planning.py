@@ -34,6 +34,19 @@ def _prepare(spec_json: dict[str, Any], dataset: Any) -> PreparedSweep:
     return prepare_sweep(SweepSpec.model_validate(spec_json), dataset=dataset)
 
 
+def _file_stamps(dataset: Any) -> list[list[Any]]:
+    """(path, size, mtime, inode) of each file a dataset reads; (path, -1, ...) if missing."""
+    stamps: list[list[Any]] = []
+    for path in (getattr(dataset, "path", None), getattr(dataset, "labels_path", None)):
+        if path:
+            try:
+                st = os.stat(path)
+                stamps.append([str(path), st.st_size, st.st_mtime_ns, st.st_ino])
+            except OSError:
+                stamps.append([str(path), -1, -1, -1])
+    return stamps
+
+
 class Planner:
     """Plans (with charge schedules) computed in a process pool and cached."""
 
@@ -59,8 +72,11 @@ class Planner:
             ConfigError / InfeasiblePlan: as :func:`sweeper.sweeps.prepare_sweep`.
         """
         spec_json = spec.model_dump(mode="json")
+        # The files' identity is part of the key: a data file edited since the last plan gets
+        # a new plan (with its new content hash), never the cached one.
+        files = _file_stamps(dataset or spec.dataset)
         key = hashlib.sha256(
-            json.dumps([spec_json, repr(dataset)], sort_keys=True).encode()
+            json.dumps([spec_json, repr(dataset), files], sort_keys=True).encode()
         ).hexdigest()
         with self._lock:
             fut = self._cache.get(key)

@@ -77,6 +77,12 @@ class SweepOut(_Out):
     arms: list[dict[str, Any]]
     plan: list[dict[str, Any]]
     trials: dict[str, int] = Field(description="trials by state (papernot-steinke grids left out)")
+    privacy: dict[str, Any] | None = Field(
+        default=None,
+        description="one epsilon per release, each with what it covers: grids (releasing "
+        "every trial of a grid), sweep (all grids composed tightly), dataset_lifetime (the "
+        "ledger's spend on these records), and the evaluation statement",
+    )
     budget: dict[str, float | int | None]
     results: list[dict[str, Any]]
     pareto: Pareto
@@ -95,11 +101,20 @@ class PlanGrid(_Out):
     sample_rate: float
     trials: int = Field(description="planned runs (the mean for papernot-steinke)")
     retries: int
-    epsilon_per_trial: float | None
-    epsilon_total: float
+    epsilon_per_trial: float | None = Field(
+        description="what one run alone would cost (a single run's epsilon, not a spend)"
+    )
+    epsilon_total: float = Field(description="the grid's epsilon: releasing all its trials")
     epsilon_verified: float | None
     epsilon_reserved: float
     delta_reserved: float
+    count_noise: float | None = Field(
+        default=None, description="quantile: the count noise sigma_b chosen (spec left it out)"
+    )
+    warnings: list[str] = Field(
+        default_factory=list, description="judgements to read (e.g. high noise), not refusals"
+    )
+    input_scaling: dict[str, Any] | None = None
 
 
 class PlanOut(_Out):
@@ -143,7 +158,11 @@ class TrialItem(_Out):
     error: str | None
     metrics: dict[str, Any]
     objective: float | None
-    epsilon: float | None
+    single_run_epsilon: float | None = Field(
+        description="what this run alone would cost, were it the only release from the data; "
+        "NOT what was spent: the trial's grid spent epsilon_budget for all its trials "
+        "(the sweep's privacy block says what each release covers)"
+    )
     delta: float | None
     steps: int | None
     best_step: int | None
@@ -165,7 +184,9 @@ class TrialPrivacy(_Out):
     charges: list[dict[str, Any]]
     epsilon_charged: float
     delta_charged: float
-    epsilon_reported: float | None
+    single_run_epsilon: float | None = Field(
+        description="what this run alone would cost (a single run's epsilon, not a spend)"
+    )
 
 
 class TrialDetail(TrialItem):
@@ -209,7 +230,10 @@ class ParetoPoint(_Out):
     y_std: float | None = Field(default=None, description="std of y over seeds (epsilon fronts)")
     seeds: int | None = None
     noise_multiplier: float | None = Field(default=None, description="sigma of the trial/grid")
-    epsilon: float | None = Field(default=None, description="epsilon the trial spent")
+    single_run_epsilon: float | None = Field(
+        default=None,
+        description="what this trial's run alone would cost (not a spend: its grid's budget is)",
+    )
 
 
 class ParetoOut(_Out):

@@ -151,7 +151,7 @@ def pareto(entry: Entry, sweep_id: str, *, x: str, y: str | None) -> dict[str, A
                     "trial": r["id"],
                     "params": r["params"],
                     "noise_multiplier": r.get("noise_multiplier"),
-                    "epsilon": r.get("epsilon"),
+                    "single_run_epsilon": r.get("single_run_epsilon"),
                 }
             )
     return {"id": sweep_id, "x": x, "y": y, "x_mode": x_mode, "y_mode": y_mode, "points": points}

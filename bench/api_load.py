@@ -223,7 +223,8 @@ def load_finished_sweep(url: str, trials: int, *, seed: int = 0) -> LoadedSweep:
             events.lock_sweep(session, sweep_id)
             sweep = session.get(Sweep, sweep_id)
             assert sweep is not None and sweep.plan is not None
-            dataset, plan = sweep.dataset, {g["grid"]: g for g in sweep.plan}
+            # The ledger is keyed by the records' identity (sweeps.ledger_key), not the name.
+            dataset, plan = sweep.ledger_key or sweep.dataset, {g["grid"]: g for g in sweep.plan}
             scheds = schedules(sweep)
             every = int(sweep.spec["training"]["eval_every"])
             rows = session.execute(

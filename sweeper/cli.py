@@ -222,6 +222,12 @@ def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
         default=1,
         help="CPU threads for this trial (default 1)",
     )
+    t.add_argument(
+        "--db",
+        help="database whose privacy ledger this run is charged to (default "
+        "DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db): the run spends the dataset's lifetime "
+        "budget like a one-trial grid, and is refused if the cap would be exceeded",
+    )
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.set_defaults(func=cmd_train, subparser=t)
 
@@ -238,6 +244,10 @@ def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
     from sweeper.cli_sweeps import add_parsers
 
     add_parsers(sub)
+
+    from sweeper.cli_datasets import add_parsers as add_dataset_parsers
+
+    add_dataset_parsers(sub)
 
     from sweeper.cli_tokens import add_parsers as add_token_parsers
 
@@ -274,6 +284,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.errors import ConfigError, DpsweepError
     from workers.models import MODELS, ModelSpec, model_names
     from workers.optim import OPTIMIZERS
+    from workers.plan_check import PlannedRun
     from workers.strategies import STRATEGIES, strategy_names
     from workers.trainer import PackSpec, TrialSpec, plan_steps
 
@@ -331,6 +342,13 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         q, steps = plan_steps(
             n_train=data.n_train, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps
         )
+        n_records = data.n_train + int(data.x_test.shape[0])
+        if args.delta >= 1.0 / n_records:
+            usage(
+                f"--delta {args.delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
+                "such a guarantee allows releasing an example outright; use --delta "
+                f"{10 ** math.floor(math.log10(0.1 / n_records)):g} or smaller"
+            )
         sigma = args.noise_multiplier
         if strategy_cls.private and args.epsilon is not None:
             sigma = calibrate_noise_multiplier(
@@ -340,6 +358,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 steps=steps,
                 accountant=args.accountant,
             )
+        charge = _charge_training_run(args, dataset_spec, data, q=q, steps=steps, sigma=sigma)
         spec = PackSpec(
             dataset=dataset_spec,
             model=ModelSpec(args.model, model_options),
@@ -363,6 +382,16 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             device=args.device,
             threads=args.threads,
             randomness="reproducible" if args.reproducible else "secret",
+            # The run refuses to start unless it is exactly what was charged.
+            planned=PlannedRun(
+                strategy=args.strategy,
+                sample_rate=q,
+                steps=steps,
+                noise_multiplier=sigma,
+                dataset_sha256=data.content_sha256,
+            )
+            if strategy_cls.private
+            else None,
         )
         show_bar = not args.json or err.is_terminal
         result = _run_with_progress(spec, data, show_bar=show_bar, console=err)
@@ -374,6 +403,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return EXIT_FAILURE
 
     summary = result.summary()
+    summary["ledger"] = charge
     if args.json:
         summary.pop("reliability", None)
         summary.update(
@@ -383,6 +413,73 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     else:
         _print_summary(Console(), summary, args)
     return 0
+
+
+def _charge_training_run(
+    args: argparse.Namespace, dataset_spec: Any, data: Any, *, q: float, steps: int, sigma: Any
+) -> dict[str, Any] | None:
+    """Charge a `dpsweep train` run to its dataset's ledger, like a one-trial grid.
+
+    The run reserves and is charged, before it touches the data, the epsilon of its own
+    noise, rate and steps; a cap that cannot cover it refuses the run (BudgetExhausted). A
+    non-private run has no finite epsilon to record, so it is refused on a dataset with an
+    epsilon cap and, elsewhere, runs uncharged (the summary says so).
+
+    Returns:
+        What was charged (``None`` for a non-private run).
+    """
+    from sweeper.catalog import bind_name
+    from sweeper.cli_sweeps import _engine
+    from sweeper.ledger import BudgetLedger
+    from sweeper.store import new_id
+    from workers.accounting import compute_epsilon
+    from workers.errors import PrivacyError
+
+    name = (
+        dataset_spec.name
+        if dataset_spec.path is None
+        else f"{dataset_spec.name}:{dataset_spec.path}"
+    )
+    engine = _engine(args.db, migrate=True)
+    try:
+        binding = bind_name(
+            engine,
+            name,
+            data.content_sha256,
+            new_row={"config": {"name": dataset_spec.name, "path": dataset_spec.path}},
+        )
+        ledger = BudgetLedger(engine)
+        key = binding.ledger_key
+        if sigma is None:
+            if ledger.summary(key).epsilon_cap is not None:
+                raise PrivacyError(
+                    f"dataset {name!r} has a lifetime epsilon cap, and a non-private run would "
+                    "spend without bound; train it with a private strategy"
+                )
+            return None
+        epsilon = compute_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps,
+            target_delta=args.delta,
+            accountant=args.accountant,
+        )
+        run_id = f"train_{new_id()}"
+        note = f"dpsweep train: one {args.strategy} run on {name!r}"
+        ledger.reserve(key, sweep_id=run_id, epsilon=epsilon, delta=args.delta, note=note)
+        ledger.charge(
+            key, sweep_id=run_id, trial_id=run_id, epsilon=epsilon, delta=args.delta, note=note
+        )
+        return {
+            "run": run_id,
+            "dataset": name,
+            "epsilon_charged": epsilon,
+            "delta_charged": args.delta,
+            "covers": "this one training run (a one-trial grid), charged to the dataset's "
+            "lifetime budget",
+        }
+    finally:
+        engine.dispose()
 
 
 def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -440,6 +537,10 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "verified_by",
             "release",
             "input_scaling",
+            "count_noise",
+            "warnings",
+            "n_train",
+            "n_eval",
         )
         print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
         return 0
@@ -474,14 +575,30 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     console = Console() if sys.stdout.isatty() else Console(width=160)
     console.print(table)
+    from sweeper.releases import evaluation_statement, sweep_release
+
+    whole = sweep_release(rows)
+    assert whole is not None
     console.print(
-        f"whole sweep: epsilon {plan.epsilon_total:.4g}, delta {plan.delta_total:.3g} "
-        f"(what a dataset budget is charged); verified by {rows[0]['verified_by']}"
+        f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
+        f"({whole['method']}; the grids' sum, which the dataset's ledger is charged, is "
+        f"{plan.epsilon_total:.4g}); grids verified by {rows[0]['verified_by']}"
     )
+    for r in rows:
+        if r.get("count_noise") is not None:
+            console.print(
+                f"{r['arm']} at ε {r['epsilon_budget']:g}: quantile count noise sigma_b = "
+                f"{r['count_noise']:.4g} (chosen: the spec leaves count_noise out)"
+            )
+        for w in r.get("warnings") or ():
+            console.print(
+                f"[bold yellow]warning[/bold yellow] ({r['arm']} at ε {r['epsilon_budget']:g}): {w}"
+            )
     if rows[0].get("input_scaling"):
         from sweeper.cli_sweeps import describe_scaling
 
         console.print(describe_scaling(rows[0]["input_scaling"]))
+    console.print(evaluation_statement(rows)["statement"])
     return 0
 
 
@@ -534,7 +651,7 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
         ("MCE", s["mce"]),
         ("best step", s["best_step"]),
         ("steps", s["steps"]),
-        ("epsilon (this run)", s["epsilon"] if s["private"] else "inf (non-private)"),
+        ("epsilon (this run alone)", s["epsilon"] if s["private"] else "inf (non-private)"),
         ("delta", s["delta"]),
         ("noise multiplier", s["noise_multiplier"]),
         ("sample rate", s["sample_rate"]),
@@ -551,6 +668,14 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
     if s.get("diverged_at") is not None:
         table.add_row("diverged at step", str(s["diverged_at"]))
     console.print(table)
+    ledger = s.get("ledger")
+    if ledger:
+        console.print(
+            f"charged ε {ledger['epsilon_charged']:.4g}, δ {ledger['delta_charged']:g} to the "
+            f"lifetime budget of {ledger['dataset']} (run {ledger['run']})"
+        )
+    elif s["private"] is False:
+        console.print("not private: nothing could be charged to the dataset's ledger")
     if s.get("warning"):
         console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
 

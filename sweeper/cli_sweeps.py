@@ -209,6 +209,30 @@ def describe_scaling(scaling: dict[str, Any]) -> str:
     return f"inputs: {scaling['method']}, clipped to [{lo:g}, {hi:g}] ({scaling['source']})"
 
 
+def print_privacy(console: Console, p: dict[str, Any] | None) -> None:
+    """One line per release: each epsilon with what it covers (sweeper/releases.py)."""
+    if not p:
+        return
+    sw = p.get("sweep")
+    if sw:
+        console.print(
+            f"ε {sw['epsilon']:.4g} (δ {sw['delta']:.2g}) for the whole sweep: {sw['covers']} "
+            f"[{sw['method']}; the grids' sum is {sw['epsilon_summed']:.4g}]"
+        )
+    for g in p.get("grids") or []:
+        console.print(f"  ε {g['epsilon']:.4g} for grid {g['grid']}: {g['covers']}")
+    life = p.get("dataset_lifetime")
+    if life:
+        cap = "no cap" if life["epsilon_cap"] is None else f"cap {life['epsilon_cap']:.4g}"
+        console.print(
+            f"ε {life['epsilon_spent']:.4g} spent over the dataset's lifetime ({cap}): "
+            f"{life['covers']}"
+        )
+    ev = p.get("evaluation")
+    if ev:
+        console.print(f"[bold]evaluation:[/bold] {ev['statement']}")
+
+
 def print_results(console: Console, s: dict[str, Any]) -> None:
     """The results table of a sweep summary (`show` and the end of `run`)."""
     obj = s["objective"]
@@ -221,6 +245,7 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
         f"privacy: ε reserved {b['epsilon_reserved']:.4g}, charged {b['epsilon_charged']:.4g}, "
         f"released {b['epsilon_released']:.4g}, outstanding {b['epsilon_outstanding']:.4g}"
     )
+    print_privacy(console, s.get("privacy"))
     scaling = next(
         (g["input_scaling"] for g in s.get("plan") or [] if g.get("input_scaling")), None
     )

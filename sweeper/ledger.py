@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -82,6 +82,7 @@ from sqlalchemy import (
     create_engine,
     event,
     select,
+    update,
 )
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError
@@ -91,9 +92,11 @@ from sqlalchemy.types import TypeDecorator, TypeEngine
 from workers.errors import ConfigError, PrivacyError
 
 __all__ = [
+    "IDENTITY_PREFIX",
     "BudgetExhausted",
     "BudgetLedger",
     "BudgetSummary",
+    "CarriedOver",
     "DatasetBudget",
     "EntryKind",
     "LedgerBase",
@@ -105,11 +108,17 @@ __all__ = [
     "SweepBalance",
     "create_ledger_engine",
     "create_ledger_tables",
+    "identity_key",
     "summed_entries",
+    "writable",
 ]
 
 #: Longest dataset key, sweep id or trial id accepted (the columns are ``VARCHAR(200)``).
 KEY_MAX_LENGTH = 200
+
+#: Prefix of ledger keys that are a dataset's content identity (``sha256:<64 hex digits>``,
+#: see :func:`workers.datasets.content_sha256`) rather than a name.
+IDENTITY_PREFIX = "sha256:"
 
 #: Seconds a writer waits for SQLite's write lock before giving up with "database is locked".
 #: Ledger transactions are a handful of small statements, so a wait this long means something
@@ -443,6 +452,26 @@ class SweepBalance:
         return _sub(_sub(self.delta_reserved, self.delta_charged), self.delta_released)
 
 
+@dataclass(frozen=True)
+class CarriedOver:
+    """What :meth:`BudgetLedger.carry_over` moved from one ledger key to another."""
+
+    source: str
+    target: str
+    entries: int
+    """How many entries moved (their notes say where they came from)."""
+    epsilon_spent: Decimal
+    delta_spent: Decimal
+    epsilon_reserved: Decimal
+    delta_reserved: Decimal
+    """The source's totals, now added to the target's."""
+    summary: BudgetSummary
+    """The target after the move."""
+    cap_clamped: bool
+    """The stricter cap was below what both keys had committed together: it was set to that
+    total (nothing is left) instead, since spent budget cannot be un-spent."""
+
+
 # --------------------------------------------------------------------------------------------
 # Engine set-up
 # --------------------------------------------------------------------------------------------
@@ -483,9 +512,18 @@ def read_only(engine: Engine) -> Engine:
     return engine.execution_options(**{_READ_ONLY_OPTION: True})
 
 
+def writable(engine: Engine) -> Engine:
+    """The same engine for writes, also when ``engine`` came from :func:`read_only` (its
+    SQLite transactions then begin IMMEDIATE again, taking the write lock before they read)."""
+    return engine.execution_options(**{_READ_ONLY_OPTION: False})
+
+
 def _is_sqlite_ready(engine: Engine) -> bool:
-    # An engine from engine.execution_options() (read_only) shares its parent's listeners.
-    base = getattr(engine, "_proxied", engine)
+    # An engine from engine.execution_options() (read_only, writable) shares its parent's
+    # listeners; such engines may wrap each other.
+    base = engine
+    while hasattr(base, "_proxied"):
+        base = base._proxied
     return event.contains(base, "connect", _sqlite_connect) and event.contains(
         base, "begin", _sqlite_begin
     )
@@ -615,6 +653,30 @@ def _key(value: object, field: str) -> str:
     return value
 
 
+def identity_key(content_sha256: str) -> str:
+    """The ledger key of a dataset's records: ``sha256:<hex>``.
+
+    Raises:
+        ConfigError: If ``content_sha256`` is not 64 lowercase hex digits.
+    """
+    if (
+        not isinstance(content_sha256, str)
+        or len(content_sha256) != 64
+        or any(c not in "0123456789abcdef" for c in content_sha256)
+    ):
+        raise ConfigError("a content identity is 64 lowercase hex digits", field="content_sha256")
+    return IDENTITY_PREFIX + content_sha256
+
+
+def _dataset_label(key: str) -> str:
+    """How messages name a ledger key. Never a content identity: messages reach analysts
+    (a refused sweep, a trial's error), and the hash of every record lets anyone who knows all
+    records but one test guesses of the last. The caller knows which name was meant."""
+    if key.startswith(IDENTITY_PREFIX):
+        return "the dataset"
+    return f"dataset {key!r}"
+
+
 def _note(value: object) -> str:
     if not isinstance(value, str):
         raise ConfigError(f"note must be a string, got {type(value).__name__}", field="note")
@@ -638,6 +700,15 @@ def _checked(op: Any, a: Decimal, b: Decimal) -> Decimal:
         raise PrivacyError(f"ledger arithmetic would round ({a} and {b}); refusing") from exc
     assert isinstance(result, Decimal)
     return result
+
+
+def _stricter(a: Decimal | None, b: Decimal | None) -> Decimal | None:
+    """The smaller cap (``None``, no cap, is the loosest)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
 
 
 def _left(cap: Decimal | None, spent: Decimal, reserved: Decimal) -> Decimal | None:
@@ -805,7 +876,7 @@ class BudgetLedger:
             cap: Decimal | None = getattr(budget, f"{name}_cap")
             if spent < 0 or reserved < 0 or (cap is not None and _add(spent, reserved) > cap):
                 raise PrivacyError(
-                    f"ledger for dataset {budget.dataset!r} would become inconsistent "
+                    f"ledger for {_dataset_label(budget.dataset)} would become inconsistent "
                     f"({name}: spent {spent}, reserved {reserved}, cap {cap}); refusing"
                 )
 
@@ -847,13 +918,64 @@ class BudgetLedger:
                 committed = _add(spent, reserved)
                 if cap is not None and cap < committed:
                     raise ConfigError(
-                        f"{field}={_show(cap)} for dataset {dataset!r} is below what is already "
-                        f"committed ({_show(spent)} spent + {_show(reserved)} reserved); release "
-                        "or finish the outstanding sweeps first",
+                        f"{field}={_show(cap)} for {_dataset_label(dataset)} is below what is "
+                        f"already committed ({_show(spent)} spent + {_show(reserved)} "
+                        "reserved); release or finish the outstanding sweeps first",
                         field=field,
                     )
             budget.epsilon_cap = epsilon
             budget.delta_cap = delta
+            budget.updated_at = _utcnow()
+            self._check_totals(budget)
+            return _summary_of(budget)
+
+    def tighten_caps(
+        self,
+        dataset: str,
+        *,
+        epsilon_cap: float | Decimal | None = None,
+        delta_cap: float | Decimal | None = None,
+    ) -> BudgetSummary:
+        """Lower a dataset's caps to these values where that is stricter; never raise them.
+
+        For caps given by someone who is not the only holder of the data (an upload of
+        records that are already known): they may add a restriction, never lift one.
+
+        Args:
+            dataset: The dataset key.
+            epsilon_cap: An ε cap to apply if stricter than the current one (``None``: leave).
+            delta_cap: A δ cap to apply if stricter than the current one (``None``: leave).
+
+        Returns:
+            The dataset's summary after the change.
+
+        Raises:
+            ConfigError: If a value is invalid or the resulting cap is below spent + reserved.
+        """
+        dataset = _key(dataset, "dataset")
+        epsilon = None if epsilon_cap is None else _epsilon(epsilon_cap, "epsilon_cap")
+        delta = None if delta_cap is None else _delta(delta_cap, "delta_cap")
+        with self._write() as session:
+            budget = self._lock_budget(session, dataset, create=True)
+            assert budget is not None
+            caps = {
+                "epsilon_cap": _stricter(budget.epsilon_cap, epsilon),
+                "delta_cap": _stricter(budget.delta_cap, delta),
+            }
+            for field, spent, reserved in (
+                ("epsilon_cap", budget.epsilon_spent, budget.epsilon_reserved),
+                ("delta_cap", budget.delta_spent, budget.delta_reserved),
+            ):
+                cap = caps[field]
+                committed = _add(spent, reserved)
+                if cap is not None and cap < committed:
+                    raise ConfigError(
+                        f"{field}={_show(cap)} for {_dataset_label(dataset)} is below what is "
+                        f"already committed ({_show(spent)} spent + {_show(reserved)} "
+                        "reserved)",
+                        field=field,
+                    )
+            budget.epsilon_cap, budget.delta_cap = caps["epsilon_cap"], caps["delta_cap"]
             budget.updated_at = _utcnow()
             self._check_totals(budget)
             return _summary_of(budget)
@@ -903,7 +1025,7 @@ class BudgetLedger:
                 if left is not None and asked > left:
                     shown_asked, shown_left = _show_pair(asked, left)
                     raise BudgetExhausted(
-                        f"dataset {dataset!r}: sweep {sweep_id!r} asked for {quantity}="
+                        f"{_dataset_label(dataset)}: sweep {sweep_id!r} asked for {quantity}="
                         f"{shown_asked} but only {shown_left} remains of the lifetime cap "
                         f"{_show(cap or ZERO)} ({_show(spent)} spent, {_show(reserved)} reserved "
                         "by running sweeps)",
@@ -976,7 +1098,7 @@ class BudgetLedger:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
                 raise ReservationExceeded(
-                    f"dataset {dataset!r}: sweep {sweep_id!r} has no reservation, so trial "
+                    f"{_dataset_label(dataset)}: sweep {sweep_id!r} has no reservation, so trial "
                     f"{trial_id!r} cannot be charged and must not run",
                     dataset=dataset,
                     sweep_id=sweep_id,
@@ -991,8 +1113,8 @@ class BudgetLedger:
                 if asked > outstanding:
                     shown_asked, shown_left = _show_pair(asked, outstanding)
                     raise ReservationExceeded(
-                        f"dataset {dataset!r}: trial {trial_id!r} of sweep {sweep_id!r} would "
-                        f"be charged {quantity}={shown_asked} but the sweep holds only "
+                        f"{_dataset_label(dataset)}: trial {trial_id!r} of sweep {sweep_id!r} "
+                        f"would be charged {quantity}={shown_asked} but the sweep holds only "
                         f"{shown_left} in reservation (reserved "
                         f"{_show(_reserved(balance, quantity))}, already charged "
                         f"{_show(_charged(balance, quantity))}, released "
@@ -1063,6 +1185,127 @@ class BudgetLedger:
                 delta=dlt,
                 note=note,
             )
+
+    def carry_over(
+        self,
+        source: str,
+        target: str,
+        *,
+        note: str = "",
+        within: Callable[[Session], None] | None = None,
+    ) -> CarriedOver | None:
+        """Move everything recorded under ``source`` to ``target``, atomically, and drop the
+        ``source`` row: spent and reserved add up, every entry moves (so each sweep's balance
+        moves with it), and the stricter of the two caps applies (per quantity; no cap counts
+        as the loosest). Nothing spent is lost.
+
+        For keys that turned out to name the same records (a dataset's old name key and its
+        content identity). If the stricter cap is below what the two have committed together,
+        the cap becomes that total: the data is then exhausted, never over its cap.
+
+        Args:
+            source: The key to empty and remove.
+            target: The key that receives it (created if missing).
+            note: Appended to every moved entry's note, for the audit trail.
+            within: Called with the session inside the same transaction (to re-point other
+                rows at ``target`` in the same commit).
+
+        Returns:
+            What moved, or ``None`` when ``source`` has no row (``within`` still ran).
+
+        Raises:
+            ConfigError: If a key is invalid, or both are the same.
+        """
+        source = _key(source, "source")
+        target = _key(target, "target")
+        note = _note(note)
+        if source == target:
+            raise ConfigError("carry_over needs two different keys", field="target")
+        with self._write() as session:
+            # Lock both rows in key order, so two carry-overs sharing a key never deadlock.
+            rows = {
+                key: self._lock_budget(session, key, create=False)
+                for key in sorted((source, target))
+            }
+            old = rows[source]
+            if old is None:
+                if within is not None:
+                    within(session)
+                return None
+            new = rows[target] or self._lock_budget(session, target, create=True)
+            assert new is not None
+            clamped = False
+            for name in ("epsilon", "delta"):
+                spent = _add(getattr(new, f"{name}_spent"), getattr(old, f"{name}_spent"))
+                reserved = _add(getattr(new, f"{name}_reserved"), getattr(old, f"{name}_reserved"))
+                cap = _stricter(getattr(new, f"{name}_cap"), getattr(old, f"{name}_cap"))
+                committed = _add(spent, reserved)
+                if cap is not None and committed > cap:
+                    cap, clamped = committed, True
+                setattr(new, f"{name}_spent", spent)
+                setattr(new, f"{name}_reserved", reserved)
+                setattr(new, f"{name}_cap", cap)
+            new.updated_at = _utcnow()
+            session.flush()  # the target row exists before entries point at it (foreign key)
+            moved = session.execute(
+                update(LedgerEntry)
+                .where(LedgerEntry.dataset == source)
+                .values(dataset=target, note=LedgerEntry.note + note)
+                .execution_options(synchronize_session=False)
+            ).rowcount  # type: ignore[attr-defined]
+            moved_totals = (
+                old.epsilon_spent,
+                old.delta_spent,
+                old.epsilon_reserved,
+                old.delta_reserved,
+            )
+            session.delete(old)
+            self._check_totals(new)
+            if within is not None:
+                within(session)
+            session.flush()
+            return CarriedOver(
+                source,
+                target,
+                int(moved or 0),
+                *moved_totals,
+                summary=_summary_of(new),
+                cap_clamped=clamped,
+            )
+
+    def inherit_caps(self, source: str, target: str) -> BudgetSummary | None:
+        """Give ``target`` the caps of ``source`` when ``target`` has no ledger row yet.
+
+        For a name that now holds other records (an edited file): the new records have a
+        ledger of their own (nothing spent on the old ones moves), but the cap the data owner
+        set for the name must not vanish with the edit.
+
+        Returns:
+            ``target``'s summary if caps were given, else ``None`` (``target`` already has a
+            row, with its own caps, or ``source`` has no cap).
+        """
+        source = _key(source, "source")
+        target = _key(target, "target")
+        if source == target:
+            return None
+        with self._write() as session:
+            rows = {
+                key: self._lock_budget(session, key, create=False)
+                for key in sorted((source, target))
+            }
+            old, new = rows[source], rows[target]
+            if new is not None or old is None:
+                return None
+            if old.epsilon_cap is None and old.delta_cap is None:
+                return None
+            new = self._lock_budget(session, target, create=True)
+            assert new is not None
+            if any((new.epsilon_spent, new.delta_spent, new.epsilon_reserved, new.delta_reserved)):
+                return None  # another writer created and used the row first: it has its own
+            new.epsilon_cap, new.delta_cap = old.epsilon_cap, old.delta_cap
+            new.updated_at = _utcnow()
+            self._check_totals(new)
+            return _summary_of(new)
 
     # -- reads -------------------------------------------------------------------------------
 

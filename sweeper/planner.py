@@ -12,9 +12,12 @@ sample rate q (Mohapatra et al. 2022, the protocol of 004). Methods (stable regi
   dp_accounting's RdpAccountant on a RepeatAndSelectDpEvent. Only the selected trial may be
   released.
 
-Every plan is then **verified** by an independent recomputation (a finer PLD grid for compose
-and basic, RDP from scratch for papernot-steinke); a grid whose verified epsilon exceeds its
-budget is rejected. Strategies with a second query (quantile, online) split the planned sigma
+Every plan is then **verified** by a second accountant that shares no code with the first
+(:func:`verify_plan`, :mod:`workers.accounting_audit`): Gopi et al. (2021)'s PRV accountant
+for compose and basic, an independent Rényi-DP implementation of Papernot & Steinke's theorems
+for papernot-steinke. A plan is refused when the two disagree beyond their stated errors (the
+planner under-states, or a PLD figure lies far above the PRV's upper bound) or when either
+exceeds the budget. Strategies with a second query (quantile, online) split the planned sigma
 themselves, so a step still costs one Gaussian of multiplier sigma. Nothing here imports torch.
 """
 
@@ -29,8 +32,17 @@ from typing import Any
 from scipy.stats import norm
 
 from workers.accounting import dp_rdp_epsilon, pld_epsilon
+from workers.accounting_audit import EpsilonBounds
+from workers.count_noise import auto_count_noise
 from workers.errors import ConfigError, PrivacyError
 
+# Above this sigma a plan carries a warning with an expected-utility hint: many models learn
+# slowly or not at all there, yet some strategies (online clipping on digits) still do, so it
+# is a judgement for the user, not a refusal. A spec may set a hard maximum.
+HIGH_NOISE_MULTIPLIER = 10.0
+# Without a hard maximum in the spec, plans above this are refused: at sigma = 100 the noise
+# on a batch of 1000 clipped gradients is still 10x the largest possible signal per coordinate.
+NO_SIGNAL_NOISE_MULTIPLIER = 100.0
 # Calibrated grids land within this fraction below their budget (never above).
 CALIBRATION_SLACK = 0.01
 # The verifying PLD uses dp_accounting's default grid, finer than the calibrating one.
@@ -88,9 +100,30 @@ class GridPlan:
     # How the dataset's inputs are scaled and bounded (workers.datasets.Dataset.input_scaling):
     # method, clip range and source, shown with the plan so users see what the model gets.
     input_scaling: dict[str, Any] | None = field(default=None, hash=False)
+    # Quantile grids: the count noise sigma_b chosen when the spec leaves it out
+    # (workers.count_noise); None where the spec sets it or the strategy has no count.
+    count_noise: float | None = None
+    # Judgements the user should see (high noise, with an expected-utility hint); no refusal.
+    warnings: tuple[str, ...] = ()
+    # Records the epsilon covers (training) and the evaluation carve-out (public sizes).
+    n_train: int | None = None
+    n_eval: int | None = None
+    # The second accountant of verify_plan (name and version) and its error bars around
+    # epsilon_verified (its estimate): for the PRV accountant, rigorous bounds on the true
+    # epsilon; for the independent RDP, the order-grid agreement tolerance.
+    verifier: str = ""
+    epsilon_verified_lower: float | None = None
+    epsilon_verified_upper: float | None = None
+    # papernot-steinke: RepeatAndSelect's shape of the distribution of the number of trials
+    # (whose mean is ``trials``), so the plan can be re-verified from its own fields.
+    # math.inf (Poisson) is written "inf" by to_dict: JSON has no infinity.
+    distribution_shape: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["distribution_shape"] is not None and math.isinf(d["distribution_shape"]):
+            d["distribution_shape"] = "inf"  # float("inf") reads it back
+        return d
 
 
 Planner = Callable[[GridRequest], GridPlan]
@@ -119,14 +152,99 @@ def plan_grid(req: GridRequest) -> GridPlan:
             f"unknown accounting {req.accounting!r}; choose one of: {', '.join(PLANNERS)}",
             field="privacy.accounting",
         )
-    plan = PLANNERS[req.accounting](req)
-    bound = req.epsilon_budget * (1 + 1e-9)
-    if not plan.epsilon_verified <= bound:
+    return verify_plan(PLANNERS[req.accounting](req))
+
+
+def verify_plan(plan: GridPlan) -> GridPlan:
+    """Recompute a plan's epsilon with a second, independent accountant; refuse disagreement.
+
+    Only the plan's own fields are used (sigma, q, T, K, delta, accounting, accountant and the
+    papernot-steinke shape; the mean number of trials is ``trials``), so a stored or hand-made
+    plan is checked for what it says, not for how it was made:
+
+    * compose: Gopi et al.'s PRV accountant on K*T steps at delta;
+    * basic: the PRV accountant on one trial's T steps at delta/K, times K;
+    * papernot-steinke: :func:`workers.accounting_audit.papernot_steinke_bounds`.
+
+    Tolerance rules (the figures are upper bounds with different error models):
+
+    * Every plan: its epsilon_total (and for basic K * epsilon_per_trial, what the ledger
+      charges) must not lie below the verifier's lower bound. PRV's bounds are rigorous
+      (once its mean is computed right, see workers.accounting_audit._prv_bounds), so a
+      figure below them under-states the cost. The independent RDP bound optimises over a
+      superset of dp_accounting's orders with exact Rényi moments, so dp_accounting's figure
+      can only be higher; its lower bar is the order-grid tolerance RDP_AGREEMENT (2 %).
+    * PLD-calibrated compose and basic plans must also not lie above the PRV's upper bound
+      by more than the PLD's own stated over-statement
+      (:func:`workers.accounting_audit.pld_overstatement`): such a figure does not describe
+      the plan's sigma. RDP-calibrated plans (accountant rdp, and papernot-steinke) are only
+      loose upper bounds, so the upper side does not apply to them.
+    * epsilon_total, and the verifier's lower bound, must both fit the budget.
+
+    Returns:
+        The plan with ``epsilon_verified`` (the verifier's estimate), its lower and upper
+        bounds, ``verifier`` (name and version) and ``verified_by`` filled in.
+
+    Raises:
+        PrivacyError: the accountants disagree, the budget is exceeded, or the verifier
+            cannot compute (fail closed). The message names the arm, both figures, both
+            accountants and the error bars.
+    """
+    from workers.accounting_audit import PLD_STATED_ERROR, pld_overstatement
+
+    bounds, verified_by = _verify_grid(plan)
+    where = f"arm {plan.arm!r} at epsilon {plan.epsilon_budget:g} ({plan.accounting})"
+    claimed = [plan.epsilon_total]
+    if plan.accounting == "basic":
+        claimed.append(plan.trials * plan.epsilon_per_trial)
+    calibrator = _calibrator_name(plan)
+    second = bounds.accountant + (", per trial times K" if plan.accounting == "basic" else "")
+    figures = (
+        f"the plan states epsilon {plan.epsilon_total:.4f} ({calibrator}) but {second} gives "
+        f"{bounds.estimate:.4f}, bounds {bounds.lower:.4f} to {bounds.upper:.4f}, at sigma "
+        f"{plan.noise_multiplier:.6g}, q {plan.sample_rate:.6g}, {plan.trials} trial(s) of "
+        f"{plan.steps_per_trial} steps, delta {plan.delta:.3g}"
+    )
+    if not min(claimed) >= bounds.lower:
         raise PrivacyError(
-            f"arm {req.arm!r} at epsilon {req.epsilon_budget}: independently verified epsilon "
-            f"{plan.epsilon_verified:.4f} exceeds the budget; plan rejected"
+            f"{where}: {figures}: the plan under-states its privacy cost (below the verifier's "
+            "lower bound); plan refused"
         )
-    return plan
+    if plan.accountant == "pld" and plan.accounting in ("compose", "basic"):
+        if plan.accounting == "compose":
+            slack = pld_overstatement(
+                epsilon=bounds.upper, steps=plan.trials * plan.steps_per_trial
+            )
+        else:  # K separate PLD figures, each with its own over-statement
+            slack = plan.trials * pld_overstatement(
+                epsilon=bounds.upper / plan.trials, steps=plan.steps_per_trial
+            )
+        if not max(claimed) <= bounds.upper + slack:
+            raise PrivacyError(
+                f"{where}: {figures}: the plan's PLD figure exceeds the verifier's upper bound "
+                f"by more than the PLD's stated over-statement ({slack:.3g}: "
+                f"{PLD_STATED_ERROR:.0%} plus the grid's share), so it does not describe this "
+                "noise multiplier; plan refused"
+            )
+    budget = plan.epsilon_budget * (1 + 1e-9)
+    if not max(claimed) <= budget:
+        raise PrivacyError(
+            f"{where}: the plan's epsilon {max(claimed):.4f} ({calibrator}) exceeds the budget; "
+            "plan refused"
+        )
+    if not bounds.lower <= budget:
+        raise PrivacyError(
+            f"{where}: independently verified epsilon {bounds.lower:.4f} (the lower bound of "
+            f"{second}) exceeds the budget; plan rejected"
+        )
+    return replace(
+        plan,
+        epsilon_verified=bounds.estimate,
+        epsilon_verified_lower=bounds.lower,
+        epsilon_verified_upper=bounds.upper,
+        verifier=bounds.accountant,
+        verified_by=verified_by,
+    )
 
 
 def _validate(req: GridRequest) -> None:
@@ -147,12 +265,57 @@ def _validate(req: GridRequest) -> None:
         raise ConfigError("sample rate must be in (0, 1]", field="training.batch_size")
 
 
-def _verify_grid(req: GridRequest) -> float:
-    # A PLD-calibrated plan is verified on a finer PLD grid; an RDP-calibrated one by PLD at
-    # the standard grid, already a different accountant. Both are pessimistic upper bounds.
-    from workers.accounting import PLD_DISCRETIZATION
+def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
+    """The second accountant's epsilon bounds for a plan, and a readable name for it."""
+    from workers import accounting_audit as audit
 
-    return VERIFY_DISCRETIZATION if req.accountant == "pld" else PLD_DISCRETIZATION
+    sigma, q, steps, k = (
+        plan.noise_multiplier,
+        plan.sample_rate,
+        plan.steps_per_trial,
+        plan.trials,
+    )
+    if plan.accounting == "compose":
+        bounds = audit.prv_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=k * steps,
+            target_delta=plan.delta,
+            eps_error=audit.prv_error(plan.epsilon_total),
+        )
+        return bounds, "PRV accountant, Gopi et al. 2021"
+    if plan.accounting == "basic":
+        each = audit.prv_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps,
+            target_delta=plan.delta / k,
+            # K times each trial's bars: the total gets compose's bars (2 %, at least 0.01).
+            eps_error=audit.prv_error(plan.epsilon_total) / k,
+        )
+        return each.scaled(k), "PRV accountant, Gopi et al. 2021; per trial, times K"
+    if plan.accounting == "papernot-steinke":
+        if plan.distribution_shape is None:
+            raise PrivacyError(
+                f"arm {plan.arm!r}: the papernot-steinke plan does not record its distribution's "
+                "shape, so its epsilon cannot be verified; plan refused"
+            )
+        bounds = audit.papernot_steinke_bounds(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps,
+            mean_trials=float(k),
+            shape=float(plan.distribution_shape),
+            target_delta=plan.delta,
+        )
+        return bounds, "independent RDP, Papernot & Steinke 2022"
+    raise PrivacyError(f"arm {plan.arm!r}: no verifier for accounting {plan.accounting!r}")
+
+
+def _calibrator_name(plan: GridPlan) -> str:
+    if plan.accounting == "papernot-steinke":
+        return "dp_accounting RDP, RepeatAndSelect"
+    return "dp_accounting PLD" if plan.accountant == "pld" else "dp_accounting RDP"
 
 
 def _suggest_delta(n: int) -> float:
@@ -312,13 +475,7 @@ def _compose(req: GridRequest) -> GridPlan:
     if sigma > req.max_noise_multiplier:
         _infeasible(req, sigma, lambda k: k * req.steps_per_trial)
     total = _epsilon(sigma, req.sample_rate, total_steps, req.delta, req.accountant)
-    verified = pld_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=req.sample_rate,
-        steps=total_steps,
-        target_delta=req.delta,
-        discretization=_verify_grid(req),
-    )
+    # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return _grid_plan(
         req,
         sigma,
@@ -327,10 +484,10 @@ def _compose(req: GridRequest) -> GridPlan:
         ),
         delta_per_trial=req.delta,
         epsilon_total=total,
-        epsilon_verified=verified,
+        epsilon_verified=math.nan,
         accounting="compose",
         accountant=req.accountant,
-        verified_by="dp_accounting PLD",
+        verified_by="unverified",
         release="all",
     )
 
@@ -353,23 +510,17 @@ def _basic(req: GridRequest) -> GridPlan:
             "accounting or a smaller grid"
         )
     per = _epsilon(sigma, req.sample_rate, req.steps_per_trial, delta_t, req.accountant)
-    verified_each = pld_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=req.sample_rate,
-        steps=req.steps_per_trial,
-        target_delta=delta_t,
-        discretization=_verify_grid(req),
-    )
+    # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return _grid_plan(
         req,
         sigma,
         epsilon_per_trial=per,
         delta_per_trial=delta_t,
         epsilon_total=req.trials * per,
-        epsilon_verified=req.trials * verified_each,
+        epsilon_verified=math.nan,
         accounting="basic",
         accountant=req.accountant,
-        verified_by="dp_accounting PLD (per trial, summed)",
+        verified_by="unverified",
         release="all",
     )
 
@@ -441,14 +592,8 @@ def _papernot_steinke(req: GridRequest) -> GridPlan:
             f"{sigma:.3g} > {req.max_noise_multiplier:g}; shrink the search or raise the budget"
         )
     total = _ps_epsilon(sigma, req.sample_rate, req.steps_per_trial, mean, shape, req.delta)
-    verified = repeat_and_select_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=req.sample_rate,
-        steps=req.steps_per_trial,
-        mean_trials=mean,
-        shape=shape,
-        target_delta=req.delta,
-    )
+    # plan_grid fills the epsilon_verified fields in with verify_plan's independent RDP (the
+    # old check repeated this very dp_accounting call, which could not catch its bugs).
     return _grid_plan(
         req,
         sigma,
@@ -457,17 +602,29 @@ def _papernot_steinke(req: GridRequest) -> GridPlan:
         ),
         delta_per_trial=req.delta,
         epsilon_total=total,
-        epsilon_verified=verified,
+        epsilon_verified=math.nan,
         accounting="papernot-steinke",
         accountant="rdp (RepeatAndSelect)",
-        verified_by="dp_accounting RDP (recomputed)",
+        verified_by="unverified",
         release="selected-only",
+        distribution_shape=shape,
     )
 
 
 @dataclass(frozen=True)
 class SweepPlan:
+    """Every grid's plan, and the identity of the data they were planned for.
+
+    ``dataset_sha256`` is :attr:`workers.datasets.Dataset.content_sha256` of the loaded data
+    (hex): the sweep reserves from the ledger of that content (``sha256:<hex>``), and every
+    trial checks that it trains on the same records. ``None`` only for plans made without
+    loading the data.
+    """
+
     grids: list[GridPlan]
+    dataset_sha256: str | None = None
+    # The number of examples N (train + evaluation); public, as the planner treats it.
+    n_examples: int | None = None
 
     @property
     def epsilon_total(self) -> float:
@@ -503,13 +660,24 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
             accountant="pld" if spec.privacy.accountant == "prv" else spec.privacy.accountant,
             distribution_shape=dist.shape if dist is not None else None,
             distribution_name=dist.name if dist is not None else None,
-            max_noise_multiplier=spec.privacy.max_noise_multiplier,
+            max_noise_multiplier=spec.privacy.max_noise_multiplier or NO_SIGNAL_NOISE_MULTIPLIER,
             dataset_size=dataset_size,
             retries=spec.privacy.retries,
         )
         for arm in spec.arms
         for level in spec.privacy.budgets
     ]
+
+
+def high_noise_warning(noise_multiplier: float, *, expected_batch_size: float) -> str:
+    """The warning (with an expected-utility hint) a plan above HIGH_NOISE_MULTIPLIER gets."""
+    return (
+        f"sigma = {noise_multiplier:.3g} is high: each step adds noise of std "
+        f"{noise_multiplier / expected_batch_size:.3g} x C per coordinate to the averaged "
+        f"gradient (b = {expected_batch_size:g}), so many models learn slowly or not at all. "
+        "Larger batches, fewer trials or more epsilon lower it; online (adaptive) clipping has "
+        "still learnt at such noise. Set privacy.max_noise_multiplier to refuse such plans"
+    )
 
 
 def gradient_noise_multiplier(
@@ -521,13 +689,16 @@ def gradient_noise_multiplier(
         InfeasiblePlan: quantile's count would need the whole budget (sigma >= 2 sigma_b).
     """
     if strategy == "quantile":
-        sigma_b = params.get("count_noise") or expected_batch_size / 20
+        sigma_b = params.get("count_noise") or auto_count_noise(
+            noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size
+        )
         second = 2.0 * float(sigma_b)
         if noise_multiplier >= second:
             raise InfeasiblePlan(
                 f"quantile: sigma = {noise_multiplier:.4g} is >= 2*sigma_b = {second:.4g}, so "
                 "the quantile count would use the whole budget; set count_noise above "
-                f"{noise_multiplier / 2:.4g} or use a larger batch (the default sigma_b is b/20)"
+                f"{noise_multiplier / 2:.4g}, leave it out (it is then chosen for you), or use "
+                "a larger batch"
             )
     elif strategy == "online":
         second = float(params.get("direction_noise_ratio", 7.124)) * noise_multiplier
@@ -584,7 +755,23 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             )
             for v in values
         )
+        count_noise = None
+        if arm.strategy == "quantile" and any(v is None for v in values):
+            count_noise = auto_count_noise(
+                noise_multiplier=g.noise_multiplier, expected_batch_size=b
+            )
+        warnings: list[str] = []
+        if spec.privacy.max_noise_multiplier is None and g.noise_multiplier > HIGH_NOISE_MULTIPLIER:
+            warnings.append(high_noise_warning(g.noise_multiplier, expected_batch_size=b))
         grids.append(
-            replace(g, gradient_noise_multiplier=sigma_g, input_scaling=dict(data.input_scaling))
+            replace(
+                g,
+                gradient_noise_multiplier=sigma_g,
+                input_scaling=dict(data.input_scaling),
+                count_noise=count_noise,
+                warnings=tuple(warnings),
+                n_train=data.n_train,
+                n_eval=int(data.x_test.shape[0]),
+            )
         )
-    return SweepPlan(grids)
+    return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)

@@ -123,7 +123,11 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
     )
     le = (
         select(func.max(LedgerEntry.id))
-        .where(LedgerEntry.dataset == Sweep.dataset, LedgerEntry.sweep_id == Sweep.id)
+        .where(
+            # The sweep's ledger key (its name for sweeps stored before identities).
+            LedgerEntry.dataset == func.coalesce(Sweep.ledger_key, Sweep.dataset),
+            LedgerEntry.sweep_id == Sweep.id,
+        )
         .correlate(Sweep)
         .scalar_subquery()
     )
@@ -321,7 +325,7 @@ def _row_record(r: Any) -> dict[str, Any]:
         "error": r.error,
         "metrics": r.metrics or {},
         "objective": r.objective,
-        "epsilon": r.epsilon,
+        "single_run_epsilon": r.epsilon,
         "delta": r.delta,
         "steps": r.steps,
         "best_step": r.best_step,
@@ -519,7 +523,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         )
         plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
         sched = schedules(sweep).get(grid)
-        dataset = sweep.dataset
+        dataset = sweep.ledger_key or sweep.dataset
         out |= {
             "target_delta": trial.target_delta,
             # Which worker process ran a papernot-steinke run hints at how many ran before.
@@ -579,7 +583,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         "charges": charges,
         "epsilon_charged": sum(c["epsilon"] for c in charges),
         "delta_charged": sum(c["delta"] for c in charges),
-        "epsilon_reported": out["epsilon"],
+        "single_run_epsilon": out["single_run_epsilon"],
     }
     return _clean(out)
 

@@ -73,7 +73,7 @@ from sweeper.sweeps import (
     hidden_grids,
     schedules,
 )
-from workers.errors import PrivacyError
+from workers.errors import ConfigError, PrivacyError
 
 # ---------------------------------------------------------------------------------------------
 # The Ray task (runs in a worker process; never touches the database)
@@ -393,7 +393,9 @@ class SweepRunner:
                 events.emit(session, self.sweep_id, events.SWEEP, {"state": "running"})
             sweep.state = SweepState.running
             sweep.started_at = sweep.started_at or _now()
-            self.dataset = sweep.dataset
+            # The ledger key (the records' identity); the name for sweeps stored before
+            # ledgers were keyed by content.
+            self.dataset = sweep.ledger_key or sweep.dataset
             self.spec: dict[str, Any] = sweep.spec
             self.plan: list[dict[str, Any]] = list(sweep.plan or [])
             self.schedules: dict[str, ChargeSchedule] = schedules(sweep)
@@ -677,6 +679,7 @@ class SweepRunner:
 
     def _pack_spec(self, trials: list[_Pending]) -> Any:
         from workers.models import ModelSpec
+        from workers.plan_check import PlannedRun
         from workers.trainer import PackSpec, TrialSpec
 
         m, tr = self.spec["model"], self.spec["training"]
@@ -714,6 +717,14 @@ class SweepRunner:
             # Secret per-trial randomness unless the spec opted into reproducible mode (a spec
             # stored before that option existed runs its remaining trials with secrets too).
             randomness="reproducible" if self.spec["privacy"].get("reproducible") else "secret",
+            # The worker refuses to run anything but what the grid's reservation covers.
+            planned=PlannedRun(
+                strategy=grid["strategy"],
+                sample_rate=float(grid["sample_rate"]),
+                steps=int(grid["steps_per_trial"]),
+                noise_multiplier=float(grid["noise_multiplier"]),
+                dataset_sha256=grid.get("dataset_sha256"),
+            ),
         )
 
     def _dataset_spec(self) -> Any:
@@ -723,6 +734,51 @@ class SweepRunner:
 
             self._dataset = resolve(self.engine, self.spec["dataset"])
         return self._dataset
+
+    def _plan_mismatch(self, trials: list[_Pending]) -> str | None:
+        """Why ``trials`` would not run as planned (see :mod:`workers.plan_check`), or None."""
+        from workers.plan_check import PlanMismatch, check_plan
+        from workers.schedule import plan_steps
+
+        spec = self._pack_spec(trials)
+        assert spec.planned is not None
+        data = self._current_data(spec.dataset)
+        try:
+            q, steps = plan_steps(
+                n_train=data.n_train,
+                batch_size=spec.batch_size,
+                epochs=spec.epochs,
+                steps=spec.steps,
+            )
+            check_plan(
+                spec.planned,
+                strategy=spec.strategy,
+                sample_rate=q,
+                steps=steps,
+                noise_multipliers=[t.noise_multiplier for t in spec.trials],
+                dataset_sha256=data.content_sha256,
+            )
+        except (PlanMismatch, ConfigError) as exc:
+            return str(exc)
+        return None
+
+    def _current_data(self, dataset: Any) -> Any:
+        """The dataset as it is now on disk, reloaded whenever one of its files changed."""
+        from workers.datasets import load_dataset
+
+        stamp = []
+        for path in (dataset.path, dataset.labels_path):
+            if path:
+                try:
+                    st = os.stat(path)
+                    stamp.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+                except OSError:
+                    stamp.append((path, -1, -1, -1))
+        key = (repr(dataset), tuple(stamp))
+        cached = getattr(self, "_data_cache", None)
+        if cached is None or cached[0] != key:
+            self._data_cache = (key, load_dataset(dataset))
+        return self._data_cache[1]
 
     def _pack_key(self, t: _Pending) -> str:
         from workers.packing import pack_key
@@ -737,7 +793,6 @@ class SweepRunner:
 
     def _pack_cap(self, key: str, t: _Pending) -> int:
         if key not in self._pack_caps:
-            from workers.datasets import load_dataset
             from workers.packing import max_pack_size
             from workers.settings import WorkerSettings
 
@@ -745,7 +800,7 @@ class SweepRunner:
             if not key.startswith("solo:"):
                 try:
                     spec = self._pack_spec([t])
-                    data = load_dataset(spec.dataset)
+                    data = self._current_data(spec.dataset)
                     cap = max_pack_size(
                         spec,
                         input_shape=data.input_shape,
@@ -793,6 +848,18 @@ class SweepRunner:
                     TrialState.failed,
                     f"not run, and not charged: {type(exc).__name__}: {exc}",
                     uncharged=True,
+                )
+            return True
+        mismatch = self._plan_mismatch(chosen)
+        if mismatch is not None:
+            # The data (or a trial row) no longer matches what the budget was reserved for:
+            # refuse before charging. The worker checks again on the data it loads.
+            claimed = self._claim(chosen)
+            if claimed is None:
+                return False
+            for t in claimed:
+                self._end(
+                    t, TrialState.failed, f"not run, and not charged: {mismatch}", uncharged=True
                 )
             return True
         claimed = self._claim(chosen)

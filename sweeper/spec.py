@@ -116,8 +116,12 @@ class PrivacyConfig(_Strict):
     distribution: SearchDistribution | None = Field(
         default=None, description="papernot-steinke: the distribution of the number of trials"
     )
-    max_noise_multiplier: float = Field(
-        default=10.0, gt=0, description="plans needing more noise are refused as infeasible"
+    max_noise_multiplier: float | None = Field(
+        default=None,
+        gt=0,
+        description="a hard maximum: plans needing more noise are refused as infeasible. Left "
+        "out, a plan above sigma = 10 is accepted with a warning and an expected-utility hint "
+        "(some strategies still learn there), and only sigma > 100 is refused",
     )
     reproducible: bool = Field(
         default=False,

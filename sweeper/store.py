@@ -50,6 +50,12 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
+def sweep_ledger_key(sweep: Sweep) -> str:
+    """The ledger key a sweep reserved and charges under (its name for sweeps stored before
+    ledgers were keyed by content)."""
+    return sweep.ledger_key or sweep.dataset
+
+
 class SweepState(enum.StrEnum):
     pending = "pending"
     running = "running"
@@ -68,11 +74,17 @@ class TrialState(enum.StrEnum):
 
 
 class Dataset(Base):
-    """A dataset known to the service. Its lifetime budget lives in the ledger's table.
+    """A name of a dataset known to the service, bound to the identity of its records.
 
-    ``name`` is the ledger's key: a registry name (``digits``), ``name:path`` for a file given
-    by path, or an upload's id (``ds_...``). Uploads also record their owner, format and the
-    file they were stored as; the API never serves the file back.
+    ``name`` is what specs and users say: a registry name (``digits``), ``name:path`` for a
+    file given by path, an upload's id (``ds_...``), or a name registered with ``dpsweep
+    datasets register``. ``content_sha256`` is the identity of the records the name was last
+    seen with (:func:`workers.datasets.content_sha256`); the lifetime budget lives in the
+    ledger under ``sha256:<content_sha256>``, so several names of the same records share one
+    cap and one ledger, and deleting a name deletes no budget. ``NULL`` for rows stored before
+    identities existed, until the name is next used (:func:`sweeper.catalog.bind_name`).
+    Uploads and registered files also record their format and the file they are read from
+    (uploads also their owner); the API never serves the file back.
     """
 
     __tablename__ = "datasets"
@@ -88,6 +100,7 @@ class Dataset(Base):
     size_bytes: Mapped[int | None] = mapped_column(Integer)
     sha256: Mapped[str | None] = mapped_column(String(64))
     storage_path: Mapped[str | None] = mapped_column(Text)
+    content_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class Sweep(Base):
@@ -115,6 +128,10 @@ class Sweep(Base):
     # driver is gone may be taken over (resumed) by another process.
     driver: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The ledger key the sweep reserved under: ``sha256:<hex>`` of its data's records. NULL for
+    # sweeps stored before ledgers were keyed by content; those use ``dataset`` (the name).
+    # ``dataset`` stays the name users gave and see.
+    ledger_key: Mapped[str | None] = mapped_column(String(200), index=True)
 
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep", cascade="all, delete-orphan")
 

@@ -38,13 +38,18 @@ from sqlalchemy.orm import Session, selectinload
 
 from sweeper import events
 from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
-from sweeper.ledger import BudgetLedger, EntryKind, LedgerEntry
+from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, LedgerEntry
 from sweeper.planner import SweepPlan, plan_sweep
+from sweeper.releases import (
+    evaluation_statement,
+    grid_releases,
+    lifetime_release,
+    sweep_release,
+)
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
 from sweeper.spec import ArmConfig, SweepSpec, load_spec, randomness_label
 from sweeper.store import (
-    Dataset,
     Sweep,
     SweepState,
     Trial,
@@ -52,6 +57,7 @@ from sweeper.store import (
     TrialState,
     iso,
     new_id,
+    sweep_ledger_key,
 )
 from workers.errors import ConfigError, DpsweepError, NotFound
 from workers.randomness import REPRODUCIBLE_WARNING
@@ -97,9 +103,19 @@ def spec_hash(spec: SweepSpec) -> str:
 
 
 def dataset_key(spec: SweepSpec) -> str:
-    """The ledger's key for the spec's dataset: its name, plus the file for file datasets."""
+    """The name of the spec's dataset as users see it (``sweeps.dataset``): its name, plus
+    the file for file datasets. Not the ledger's key: the ledger is keyed by the identity of
+    the records (``sweeps.ledger_key``, see :mod:`sweeper.catalog`)."""
     d = spec.dataset
     return d.name if d.path is None else f"{d.name}:{d.path}"
+
+
+def _content_of(engine: Engine, spec: SweepSpec) -> str:
+    """The identity of the spec's records, for plans made without it (loads the data)."""
+    from sweeper.catalog import resolve
+    from workers.datasets import dataset_content_sha256
+
+    return dataset_content_sha256(resolve(engine, spec.dataset))
 
 
 def grid_key(arm: str, epsilon_budget: float) -> str:
@@ -245,14 +261,17 @@ def create_sweep(
     check_spec(spec)
     if prepared is None:
         if plan is None:
-            from sweeper.catalog import is_upload, resolve
+            from sweeper.catalog import in_catalog, resolve
 
-            dataset = resolve(engine, spec.dataset) if is_upload(spec.dataset.name) else None
+            dataset = resolve(engine, spec.dataset) if in_catalog(spec.dataset.name) else None
             plan = plan_sweep(spec, dataset=dataset)
         from sweeper.parallel import pmap
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
+    # The ledger is keyed by the records, not by the name: the same records under any name,
+    # path or format share one lifetime budget.
+    content = plan.dataset_sha256 or _content_of(engine, spec)
     arms = {a.label: a for a in spec.arms}
     grids: list[dict[str, Any]] = []
     total_e, total_d = Decimal(0), Decimal(0)
@@ -261,6 +280,8 @@ def create_sweep(
         d["planned_trials"] = 0  # set below
         d["charges"] = sched.to_json()
         d["grid"] = grid_key(g.arm, g.epsilon_budget)
+        # Trials check that they train on these records (what the reservation covers).
+        d["dataset_sha256"] = content
         grids.append(d)
         total_e = exact_sum((total_e, sched.reserved_epsilon))
         total_d = exact_sum((total_d, sched.reserved_delta))
@@ -296,26 +317,46 @@ def create_sweep(
     sweep.plan = grids
     sweep.trials = trials
     sweep.id = new_id()
-    sweep_id, dataset = sweep.id, sweep.dataset
+    sweep_id, name = sweep.id, sweep.dataset
+    from sweeper.catalog import bind_name
+
+    # Bind the name to its records before reserving: a cap or spend still kept under the name
+    # (from before ledgers were keyed by content) must apply to this reservation.
+    key = bind_name(
+        engine,
+        name,
+        content,
+        new_row={"config": spec.dataset.model_dump(mode="json"), "n_examples": plan.n_examples},
+    ).ledger_key
+    sweep.ledger_key = key
     ledger = BudgetLedger(engine)
     # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
     # must find its whole reservation in place. A refused reservation stores nothing.
-    ledger.reserve(
-        dataset,
-        sweep_id=sweep_id,
-        epsilon=total_e,
-        delta=total_d,
-        note=f"sweep {spec.name!r}: {len(grids)} grid(s)",
-    )
+    try:
+        ledger.reserve(
+            key,
+            sweep_id=sweep_id,
+            epsilon=total_e,
+            delta=total_d,
+            note=f"sweep {spec.name!r} on {name!r}: {len(grids)} grid(s)",
+        )
+    except BudgetExhausted as exc:
+        # Name the dataset as the user did (the message never holds the identity).
+        raise BudgetExhausted(
+            f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')} (the lifetime cap "
+            "is that of its records, shared by every name of the same records)",
+            dataset=name,
+            quantity=exc.quantity,
+            requested=exc.requested,
+            remaining=exc.remaining,
+        ) from None
     try:
         with Session(engine) as session, session.begin():
-            if session.scalars(select(Dataset).where(Dataset.name == dataset)).first() is None:
-                session.add(Dataset(name=dataset, config=spec.dataset.model_dump(mode="json")))
             session.add(sweep)
             session.flush()
             events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
     except BaseException:
-        ledger.release(dataset, sweep_id=sweep_id, note="sweep could not be stored")
+        ledger.release(key, sweep_id=sweep_id, note="sweep could not be stored")
         raise
     return sweep_id
 
@@ -369,7 +410,9 @@ def trial_record(t: Trial, *, selected_only: bool = False) -> dict[str, Any]:
         "noise_multiplier": t.noise_multiplier,
         "error": t.error,
         "metrics": r.metrics if r is not None else {},
-        "epsilon": r.epsilon if r is not None else None,
+        # What this run alone would cost, were it the only release (labelled as such
+        # everywhere): not what was spent. Its grid's budget (epsilon_budget) is.
+        "single_run_epsilon": r.epsilon if r is not None else None,
         "delta": r.delta if r is not None else None,
         "steps": r.steps if r is not None else None,
         "best_step": r.best_step if r is not None else None,
@@ -503,17 +546,28 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
     for t in sweep.trials:
         if grid_key(t.arm, t.epsilon_budget) not in hidden:
             counts[t.state.value] += 1
-    balance = BudgetLedger(engine).sweep_balance(sweep.dataset, sweep_id=sweep.id)
+    key = sweep_ledger_key(sweep)
+    balance = BudgetLedger(engine).sweep_balance(key, sweep_id=sweep.id)
     with Session(engine) as session:
         n_charges = session.scalar(
             select(func.count(LedgerEntry.id)).where(
-                LedgerEntry.dataset == sweep.dataset,
+                LedgerEntry.dataset == key,
                 LedgerEntry.sweep_id == sweep.id,
                 LedgerEntry.kind == EntryKind.CHARGE,
             )
         )
     efront = epsilon_front(res.results, mode=res.mode)
     cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
+    plan = list(sweep.plan or [])
+    # One epsilon per release, each saying what it covers (sweeper/releases.py). Grid and
+    # sweep figures are public (planned from public quantities); the lifetime figure is the
+    # ledger's, and the hash-derived ledger key itself is never shown.
+    privacy = {
+        "grids": grid_releases(plan),
+        "sweep": sweep_release(plan),
+        "dataset_lifetime": lifetime_release(BudgetLedger(engine).summary(key)),
+        "evaluation": evaluation_statement(plan),
+    }
     return {
         "id": sweep.id,
         "name": sweep.name,
@@ -556,6 +610,10 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
                     "release",
                     "retries",
                     "input_scaling",
+                    "count_noise",
+                    "warnings",
+                    "n_train",
+                    "n_eval",
                 )
                 if k in g
             }
@@ -563,6 +621,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             for g in sweep.plan or []
         ],
         "trials": counts,
+        "privacy": privacy,
         "budget": {
             "epsilon_reserved": float(balance.epsilon_reserved),
             "epsilon_charged": float(balance.epsilon_charged),
@@ -673,7 +732,7 @@ def _end_sweep(
         sweep.error = error
         sweep.finished_at = now
         sweep.driver = None
-        dataset = sweep.dataset
+        ledger_key = sweep_ledger_key(sweep)
         for tid, arm, level, _state in stopping:
             if grid_key(arm, level) not in hidden:
                 events.emit(
@@ -689,7 +748,7 @@ def _end_sweep(
             events.SWEEP,
             {"state": final.value} | ({"error": error} if error else {}),
         )
-    rec = BudgetLedger(engine).release(dataset, sweep_id=sweep_id, note=f"sweep {final.value}")
+    rec = BudgetLedger(engine).release(ledger_key, sweep_id=sweep_id, note=f"sweep {final.value}")
     return {
         "cancelled_pending": counts["pending"],
         "stopped_running": counts["running"] + counts["interrupted"],
@@ -739,7 +798,7 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
         "state",
         "attempts",
         "noise_multiplier",
-        "epsilon",
+        "single_run_epsilon",
         "delta",
         "steps",
         "best_step",

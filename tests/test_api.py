@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from sweeper import db
+from sweeper.catalog import ledger_key_of
 from sweeper.ledger import BudgetLedger
 from sweeper.tokens import revoke_token
 from tests.apiserver import SMALL_SPEC, Server, start_server
@@ -451,7 +452,7 @@ def test_budget_race_thirty_concurrent_submissions_on_postgresql(pg_server: Serv
         if b.get("status") == 409:
             assert b["type"].endswith("budget-exhausted") and ds in b["detail"]
     engine = db.make_engine(pg_server.db_url)
-    summary = BudgetLedger(engine).summary(ds)
+    summary = BudgetLedger(engine).summary(ledger_key_of(engine, ds))
     engine.dispose()
     assert summary.epsilon_spent + summary.epsilon_reserved <= Decimal(str(cap))
     budget = me.get(f"/api/v1/datasets/{ds}/budget").json()

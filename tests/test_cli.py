@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,12 @@ DPSWEEP = shutil.which("dpsweep", path=str(Path(sys.executable).parent)) or "dps
 FAST = ["--epochs", "1", "--batch-size", "32", "--eval-every", "10"]
 
 
-def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "120"}
+# `dpsweep train` charges its dataset's ledger: these runs charge a throwaway database.
+LEDGER_DB = f"sqlite:///{tempfile.mkdtemp(prefix='dpsweep-train-')}/ledger.db"
+
+
+def run(*args: str, db: str = LEDGER_DB) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "120", "DPSWEEP_DATABASE_URL": db}
     return subprocess.run(
         [DPSWEEP, "train", *args],
         capture_output=True,
@@ -203,3 +208,35 @@ def test_user_files_train_through_the_cli(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["accuracy"] > 0.8 and out["epsilon"] is None
+
+
+def test_train_charges_the_ledger_and_respects_the_cap(tmp_path: Path) -> None:
+    from sweeper import db
+    from sweeper.catalog import ledger_key_of
+    from sweeper.ledger import BudgetLedger, EntryKind
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    args = ["--dataset", "digits", "--model", "logreg", "--epsilon", "1.0", "--json", *FAST]
+    p = run(*args, db=url)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    charged = out["ledger"]["epsilon_charged"]
+    assert charged == pytest.approx(out["epsilon"]) and 0.9 < charged <= 1.0
+    engine = db.make_engine(url)
+    key = ledger_key_of(engine, "digits")
+    ledger = BudgetLedger(engine)
+    assert float(ledger.summary(key).epsilon_spent) == charged
+    charges = [e for e in ledger.entries(key) if e.kind == EntryKind.CHARGE]
+    assert [e.sweep_id for e in charges] == [out["ledger"]["run"]]
+    # A cap that the next run would exceed refuses it before it trains; nothing is charged.
+    ledger.set_cap(key, epsilon_cap=charged + 0.5)
+    p = run(*args, db=url)
+    assert p.returncode == 1 and "cap" in p.stderr, p.stderr
+    assert float(ledger.summary(key).epsilon_spent) == charged
+    engine.dispose()
+
+
+def test_train_refuses_a_delta_above_one_over_n(tmp_path: Path) -> None:
+    p = run("--dataset", "digits", "--epsilon", "1", "--delta", "0.001", *FAST)
+    assert p.returncode == 2
+    assert "--delta 0.001 is >= 1/N for a dataset of N = 1797 examples" in p.stderr

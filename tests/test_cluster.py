@@ -273,14 +273,14 @@ def test_a_sweep_runs_on_two_nodes_and_survives_losing_one(
         # Charges intact: one per attempt, each trial's as many as its attempts; the grid's
         # unused retry runs went back; nothing is left reserved.
         ledger = BudgetLedger(engine)
-        entries = ledger.entries(sweep.dataset, sweep.id)
+        entries = ledger.entries(sweep.ledger_key or sweep.dataset, sweep.id)
         charges = [e for e in entries if e.kind == EntryKind.CHARGE]
         assert len(charges) == 12 + len(lost)
         per_trial: dict[str, int] = {}
         for e in charges:
             per_trial[e.trial_id] = per_trial.get(e.trial_id, 0) + 1  # type: ignore[index]
         assert all(per_trial[t.id] == t.attempts for t in trials)
-        balance = ledger.sweep_balance(sweep.dataset, sweep_id=sweep.id)
+        balance = ledger.sweep_balance(sweep.ledger_key or sweep.dataset, sweep_id=sweep.id)
         assert balance.epsilon_outstanding == Decimal(0)
         spent = balance.epsilon_charged + balance.epsilon_released
         assert abs(spent - balance.epsilon_reserved) < Decimal("1e-9")

@@ -55,7 +55,7 @@ from sweeper.sweeps import (
     released_records,
     summarize,
 )
-from tests.test_sweep import tiny_spec
+from tests.test_sweep import digits_key, tiny_spec
 from workers.errors import ConfigError
 
 ADMIN = Viewer(owner=None, admin=True)
@@ -278,7 +278,7 @@ def outputs(w: World, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
             "note": x.note,
             "trial": x.trial_id,
         }
-        for x in BudgetLedger(e).entries("digits", sid)
+        for x in BudgetLedger(e).entries(digits_key(e), sid)
     ]
     out["dataset_budget"] = catalog.budget(e, "digits", ADMIN)
     entry = SummaryCache().get(e, sid, ADMIN)
@@ -362,7 +362,7 @@ def test_one_ledger_charge_per_grid_naming_no_run(worlds: list[World]) -> None:
             }
         charges = [
             e
-            for e in BudgetLedger(w.engine).entries("digits", w.sweep_id)
+            for e in BudgetLedger(w.engine).entries(digits_key(w.engine), w.sweep_id)
             if e.kind == EntryKind.CHARGE
         ]
         # Exactly one entry per grid, after K runs each, holding the grid's whole total.
@@ -373,7 +373,7 @@ def test_one_ledger_charge_per_grid_naming_no_run(worlds: list[World]) -> None:
             assert not re.search(r"\brun\s*\d", e.note)
             total = next(g["epsilon_total"] for g in plan if g["grid"] == grid)
             assert float(e.epsilon) == pytest.approx(total, rel=1e-12)
-        bal = BudgetLedger(w.engine).sweep_balance("digits", sweep_id=w.sweep_id)
+        bal = BudgetLedger(w.engine).sweep_balance(digits_key(w.engine), sweep_id=w.sweep_id)
         assert bal.epsilon_outstanding == 0 and bal.epsilon_charged == bal.epsilon_reserved
 
 
@@ -464,7 +464,10 @@ def _cancel_mid_run(tmp: Path, k: int) -> tuple[World, dict[str, Any]]:
     thread.start()
 
     def charged() -> bool:
-        return any(e.kind == EntryKind.CHARGE for e in BudgetLedger(engine).entries("digits", sid))
+        return any(
+            e.kind == EntryKind.CHARGE
+            for e in BudgetLedger(engine).entries(digits_key(engine), sid)
+        )
 
     try:
         _wait(charged)
@@ -507,7 +510,9 @@ def test_cancel_before_running_counts_no_ps_trials(tmp_path: Path) -> None:
     for k in (2, 6):
         engine, _ = fresh_engine(tmp_path / f"pending{k}.db")
         sid = create_with_runs(engine, ps_spec(), k)
-        reserved = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid).epsilon_reserved
+        reserved = (
+            BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid).epsilon_reserved
+        )
         r = cancel_sweep(engine, sid)
         assert r["released_epsilon"] == float(reserved)  # no search had started
         assert summarize(engine, sid)["trials"] == {s.value: 0 for s in TrialState}
@@ -654,7 +659,7 @@ def test_crash_policy_with_one_charge_per_grid(
 
         e, d = ChargeSchedule.from_json(plan[0]["charges"]).charge_for_run(1)
         BudgetLedger(engine).charge(
-            "digits",
+            digits_key(engine),
             sweep_id=sid,
             trial_id=first,
             epsilon=e,
@@ -671,7 +676,11 @@ def test_crash_policy_with_one_charge_per_grid(
             assert "do not re-run" in (got[tid].error or "")
         else:
             assert got[tid].state == TrialState.done and got[tid].attempts == 1
-    charges = [e for e in BudgetLedger(engine).entries("digits", sid) if e.kind == EntryKind.CHARGE]
+    charges = [
+        e
+        for e in BudgetLedger(engine).entries(digits_key(engine), sid)
+        if e.kind == EntryKind.CHARGE
+    ]
     assert len(charges) == 1 and charges[0].note == ps_charge_note(plan[0]["grid"])
     # Failed runs are part of the search: the grid still releases its best finished run.
     assert len(summarize(engine, sid)["results"]) == 1

@@ -18,7 +18,7 @@ from sweeper.scheduler import Scheduler, live_schedulers
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepEvent, Trial
 from sweeper.sweeps import create_sweep
-from tests.test_sweep import tiny_spec
+from tests.test_sweep import digits_key, tiny_spec
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_scheduler_drives_waiting_sweeps_in_order_and_fails_unrunnable_trials_un
         assert trials and all(t.state.value == "failed" for t in trials)
         assert all("not charged" in (t.error or "") and t.attempts == 0 for t in trials)
         kinds = list(s.scalars(select(SweepEvent.kind).where(SweepEvent.sweep_id == broken)))
-    balance = BudgetLedger(engine).sweep_balance("digits", sweep_id=broken)
+    balance = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=broken)
     assert balance.epsilon_charged == 0 and balance.epsilon_outstanding == 0
     assert kinds.count("trial") == 2 * len(trials)  # running, then failed
 
@@ -129,5 +129,5 @@ def test_a_stopped_scheduler_gives_its_sweep_up_and_the_next_one_finishes_it(
     with Session(engine) as s:
         trials = list(s.scalars(select(Trial).where(Trial.sweep_id == sid)))
     assert all(t.state.value == "done" and t.attempts == 1 for t in trials)
-    balance = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    balance = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert balance.epsilon_charged == balance.epsilon_reserved

@@ -86,7 +86,9 @@ def test_submit_wait_results_pareto_dataframe(client: Client, tmp_path: Path) ->
     assert best["privacy"]["epsilon_charged"] > 0
 
     df = sweep.to_dataframe()
-    assert len(df) == 2 and {"lr", "clip", "accuracy", "ece", "epsilon"} <= set(df.columns)
+    assert len(df) == 2 and {"lr", "clip", "accuracy", "ece", "single_run_epsilon"} <= set(
+        df.columns
+    )
     assert sorted(df["lr"]) == [0.3, 1.0]
     assert set(sweep.to_dataframe("results").columns) >= {"arm", "objective_mean", "lr"}
     assert sweep.to_dataframe("pareto")["dominated"].tolist() == [False]
@@ -131,7 +133,8 @@ def test_idempotent_resubmission_returns_the_same_sweep_and_cancel(client: Clien
     assert e.value.status == 409
     # The whole sweep's reservation that never ran went back to the dataset.
     budget = client.budget("digits")
-    assert all(s["epsilon_reserved"] == 0 for s in budget["sweeps"] if s["sweep"] == first.id)
+    mine = [s for s in budget["sweeps"] if s["sweep"] == first.id]
+    assert mine and all(s["epsilon_reserved"] == 0 for s in mine), json.dumps(mine)
 
 
 def test_each_situation_raises_its_typed_error(

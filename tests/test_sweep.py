@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sweeper import db
+from sweeper.catalog import ledger_key_of
 from sweeper.charges import EXACT, charge_schedule, exact_sum
 from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
 from sweeper.planner import GridPlan
@@ -64,6 +65,11 @@ def _plan(**over: Any) -> GridPlan:
     )
     base.update(over)
     return GridPlan(**base)  # type: ignore[arg-type]
+
+
+def digits_key(engine: Any) -> str:
+    """The ledger key of the digits records (ledgers are keyed by content, not by name)."""
+    return ledger_key_of(engine, "digits")
 
 
 @pytest.fixture
@@ -175,7 +181,7 @@ def test_create_reserves_exactly_the_schedules(engine: Any) -> None:
     assert len(trials) == (2 + 1) * 2
     assert {t.state for t in trials} == {TrialState.pending}
     ledger = BudgetLedger(engine)
-    (entry,) = ledger.entries("digits", sid)
+    (entry,) = ledger.entries(digits_key(engine), sid)
     assert entry.kind == EntryKind.RESERVE
     assert entry.epsilon == exact_sum([Decimal(g["charges"]["epsilon"][-1]) for g in plan])
     # Each grid's reservation is its composed total, within its budget.
@@ -196,22 +202,22 @@ def test_refusals_store_nothing(engine: Any) -> None:
         create_sweep(
             engine, tiny_spec(arms=[{"strategy": "fixed", "grid": {"lr": [1], "cilp": [1]}}])
         )
-    BudgetLedger(engine).set_cap("digits", epsilon_cap=5)
+    BudgetLedger(engine).set_cap(digits_key(engine), epsilon_cap=5)
     with pytest.raises(BudgetExhausted):
         create_sweep(engine, tiny_spec())
     with Session(engine) as s:
         assert s.query(Sweep).count() == 0 and s.query(Trial).count() == 0
-    assert BudgetLedger(engine).summary("digits").epsilon_reserved == 0
+    assert BudgetLedger(engine).summary(digits_key(engine)).epsilon_reserved == 0
 
 
 def test_cancel_before_running_releases_everything(engine: Any) -> None:
     sid = create_sweep(engine, tiny_spec())
-    reserved = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid).epsilon_reserved
+    reserved = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid).epsilon_reserved
     r = cancel_sweep(engine, sid)
     assert r["cancelled_pending"] == 6 and r["stopped_running"] == 0
-    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert bal.epsilon_released == reserved and bal.epsilon_outstanding == 0
-    assert BudgetLedger(engine).summary("digits").epsilon_spent == 0
+    assert BudgetLedger(engine).summary(digits_key(engine)).epsilon_spent == 0
     s = summarize(engine, sid)
     assert s["state"] == "cancelled" and s["trials"]["cancelled"] == 6
     with pytest.raises(IllegalState, match="already cancelled"):
@@ -233,7 +239,7 @@ def test_papernot_steinke_sweeps_hide_their_count(engine: Any) -> None:
     assert all("trials" not in g for g in s["plan"])
     assert sum(s["trials"].values()) == 0  # counts withheld
     # One reservation per sweep: the sum of the grids' RepeatAndSelect totals.
-    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert float(bal.epsilon_reserved) == pytest.approx(
         sum(g["epsilon_total"] for g in s["plan"]), rel=1e-12
     )

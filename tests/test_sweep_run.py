@@ -28,7 +28,7 @@ from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import cancel_sweep, create_sweep, grid_key, summarize
 from tests.conftest import fresh_postgres_database
-from tests.test_sweep import tiny_spec
+from tests.test_sweep import digits_key, tiny_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,7 @@ def _check_books(engine: Any, sweep_id: str) -> None:
         assert sweep is not None
         trials = list(s.scalars(sa.select(Trial).where(Trial.sweep_id == sweep_id)))
         plan = list(sweep.plan or [])
-        dataset = sweep.dataset
+        dataset = sweep.ledger_key or sweep.dataset
         results = {r.trial_id for r in s.scalars(sa.select(TrialResultRow))}
     charges = _charges(engine, dataset, sweep_id)
     used: dict[str, int] = {}
@@ -127,7 +127,7 @@ def test_end_to_end_on_local_ray(local_ray: Any, engine: Any) -> None:
                 }
             )
             assert steps == [10, 20]
-    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     # The ledger's committed epsilon is the plan's: every run happened, nothing was released.
     assert float(bal.epsilon_charged) == pytest.approx(
         sum(g["epsilon_total"] for g in plan.values()), rel=1e-6
@@ -172,7 +172,7 @@ def test_crash_policy_with_a_dead_driver(local_ray: Any, engine: Any) -> None:
         sched = ChargeSchedule.from_json(sweep.plan[0]["charges"])  # type: ignore[index]
         charged_id, claimed_id = charged.id, claimed.id
     e, d = sched.charge_for_run(1)
-    ledger.charge("digits", sweep_id=sid, trial_id=charged_id, epsilon=e, delta=d)
+    ledger.charge(digits_key(engine), sweep_id=sid, trial_id=charged_id, epsilon=e, delta=d)
     out = run_sweep(engine, sid)
     assert out.state == "done"
     with Session(engine) as s:
@@ -200,13 +200,13 @@ def test_crash_policy_reruns_on_reserved_retries(local_ray: Any, engine: Any) ->
         sched = ChargeSchedule.from_json(sweep.plan[0]["charges"])  # type: ignore[index]
         tid = t.id
     e, d = sched.charge_for_run(1)
-    BudgetLedger(engine).charge("digits", sweep_id=sid, trial_id=tid, epsilon=e, delta=d)
+    BudgetLedger(engine).charge(digits_key(engine), sweep_id=sid, trial_id=tid, epsilon=e, delta=d)
     assert run_sweep(engine, sid).state == "done"
     with Session(engine) as s:
         t2 = s.get(Trial, tid)
         assert t2 is not None and t2.state == TrialState.done and t2.attempts == 2
     _check_books(engine, sid)
-    assert len(_charges(engine, "digits", sid)[tid]) == 2
+    assert len(_charges(engine, digits_key(engine), sid)[tid]) == 2
 
 
 def test_tpe_and_papernot_steinke_sweeps(local_ray: Any, engine: Any) -> None:
@@ -240,7 +240,7 @@ def test_tpe_and_papernot_steinke_sweeps(local_ray: Any, engine: Any) -> None:
     # Only the selected trial is released, and no count.
     assert len(summary["results"]) == (1 if n else 0)
     assert sum(summary["trials"].values()) == 0 and summary["budget"]["charges"] is None
-    charges = sorted(c for cs in _charges(engine, "digits", sid).values() for c in cs)
+    charges = sorted(c for cs in _charges(engine, digits_key(engine), sid).values() for c in cs)
     if n:
         # One entry for the whole search, whatever the number of runs (which it must not count).
         assert charges == [Decimal(summary["plan"][0]["epsilon_total"])]
@@ -376,9 +376,9 @@ def test_sigkill_mid_sweep_then_resume(tmp_path: Path) -> None:
             assert "interrupted" in (t.error or "")
     assert any(t.attempts == 2 for t in trials)
     _check_books(engine, sid)
-    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert bal.epsilon_outstanding == 0  # released at the end
-    assert BudgetLedger(engine).summary("digits").epsilon_spent == bal.epsilon_charged
+    assert BudgetLedger(engine).summary(digits_key(engine)).epsilon_spent == bal.epsilon_charged
     engine.dispose()
 
 
@@ -411,7 +411,7 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
     )
     _check_books(engine, sid)
     # Exactly the unstarted runs' part of each grid's schedule went back.
-    charges = _charges(engine, "digits", sid)
+    charges = _charges(engine, digits_key(engine), sid)
     unstarted = []
     for g in plan:
         sched = ChargeSchedule.from_json(g["charges"])
@@ -422,9 +422,8 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
         )
         spent = sched.epsilon[runs - 1] if runs else Decimal(0)
         unstarted.append(EXACT.subtract(sched.reserved_epsilon, spent))
-    (release,) = [
-        e for e in BudgetLedger(engine).entries("digits", sid) if e.kind == EntryKind.RELEASE
-    ]
+    entries = BudgetLedger(engine).entries(digits_key(engine), sid)
+    (release,) = [e for e in entries if e.kind == EntryKind.RELEASE]
     assert release.epsilon == exact_sum(unstarted) > 0
     # Trials that never started were never charged.
     for t in trials:
@@ -458,7 +457,7 @@ def test_cancel_between_claim_and_charge_leaves_exact_books(
     never_ran = [t for t in trials if t.error == "cancelled before it ran (never charged)"]
     assert never_ran and all(t.attempts == 0 for t in never_ran)
     assert all(t.state == TrialState.cancelled for t in trials)
-    assert _charges(engine, "digits", sid) == {}
+    assert _charges(engine, digits_key(engine), sid) == {}
     _check_books(engine, sid)
-    bal = BudgetLedger(engine).sweep_balance("digits", sweep_id=sid)
+    bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert bal.epsilon_charged == 0 and bal.epsilon_released == bal.epsilon_reserved

@@ -124,11 +124,13 @@ def test_autoencoder_reconstruction_improves() -> None:
     r = train_trial(
         digits_spec(
             "fixed",
-            [TrialSpec(lr=0.05, noise_multiplier=0.8, params={"clip": 1.0})],
+            [TrialSpec(lr=0.01, noise_multiplier=0.8, params={"clip": 1.0})],
             model=ModelSpec("autoencoder"),
             optimizer="adam",
             epochs=2,
-            eval_every=10,
+            eval_every=5,
+            # A test of learning, not of privacy: fixed noise, so that it cannot be flaky.
+            randomness="reproducible",
         )
     )
     assert r.objective == "mse" and "accuracy" not in r.metrics

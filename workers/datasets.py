@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +101,13 @@ class Dataset:
     axis (``[C, H, W]``). ``input_scaling`` says how inputs were scaled (method, clip range,
     source); it holds no record's values and nothing computed from the training split, so it
     may be shown with the plan.
+
+    ``content_sha256`` is the data's identity (:func:`content_sha256`): a hash of all its
+    records, the same whatever the file's name, path, format or row order. It is the key of
+    the dataset's privacy ledger. It holds no record's value, but it is still a deterministic
+    function of every record: someone who knows all records but one could test guesses of
+    the last one against it. Show it to the operator and the data owner only, never to
+    analysts with released results.
     """
 
     name: str
@@ -110,6 +119,7 @@ class Dataset:
     num_classes: int
     classes: list[str]
     input_scaling: dict[str, Any] = field(default_factory=dict)
+    content_sha256: str = ""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -395,6 +405,115 @@ def _is_float(s: str) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# Content identity.
+
+# Names the canonical form below; a new form gets a new tag, so identities of two forms can
+# never be mistaken for each other (and a ledger keyed by an old one is not silently reused).
+_IDENTITY_TAG = b"dpsweep-dataset-content-v1\0"
+
+
+def content_sha256(raw: RawData) -> str:
+    """The identity of a dataset's records: a SHA-256 over all of them, as lowercase hex.
+
+    Two files hold the same records when they give the same identity, whatever their name,
+    path, format (CSV, NPZ, IDX) or row order. The privacy ledger is keyed by it: ε spent on
+    records is spent whatever name they were registered under, so the same records uploaded
+    again or registered under another name must find the same ledger.
+
+    Canonical form of a record: its inputs as little-endian float64 (``-0.0`` as ``0.0``; a
+    uint8 pixel and the float 3.0 agree), followed by its label canonicalised so that ``1``,
+    ``1.0`` and ``"1"`` agree (:func:`_canonical_labels`). Each record is hashed on its own;
+    the digests are sorted (a multiset: duplicates count) and hashed together with the
+    record shape (as trained: images with their channel axis) and the number of records.
+    Call it after the finite check and before the split and the scaling (which depend on the
+    spec, not on the records).
+
+    The result holds no record's value, but it is a deterministic function of every record:
+    see :class:`Dataset` on who may see it.
+
+    Args:
+        raw: What a loader returned.
+
+    Returns:
+        64 hex digits.
+    """
+    x = raw.x
+    n = len(x)
+    shape = tuple(int(s) for s in x.shape[1:])
+    if raw.kind == "image" and x.ndim == 3:
+        shape = (1, *shape)  # load_dataset adds this channel axis: [H, W] and [1, H, W] agree
+    labels = _canonical_labels(raw.y)
+    flat = x.reshape(n, -1)
+    width = flat.shape[1] if flat.ndim == 2 else 0
+    row_bytes = 8 * width
+    step = max(1, _CHUNK_VALUES // max(1, width))
+    sha = hashlib.sha256
+    digests: list[bytes] = []
+    for start in range(0, n, step):
+        # astype always copies: the canonicalisation below must not touch the caller's array.
+        chunk = flat[start : start + step].astype("<f8")
+        chunk += 0.0  # -0.0 + 0.0 == +0.0: one byte form per number
+        buf = memoryview(chunk.reshape(-1).view(np.uint8).tobytes())
+        for j in range(len(chunk)):
+            h = sha(buf[j * row_bytes : (j + 1) * row_bytes])
+            # Every row has the same length, so inputs || label is unambiguous.
+            h.update(labels[start + j])
+            digests.append(h.digest())
+    digests.sort()
+    total = sha(_IDENTITY_TAG)
+    total.update(repr(shape).encode() + b"\0" + n.to_bytes(8, "little"))
+    total.update(b"".join(digests))
+    return total.hexdigest()
+
+
+def _canonical_labels(y: np.ndarray) -> list[bytes]:
+    """Each label as bytes that agree across formats: numbers as the shortest form of their
+    value (``1``, ``1.0``, ``"1"``, ``" 1.0 "`` all give ``b"1"``; ``0.5`` gives ``b"0.5"``),
+    other text stripped. A text label is never the canonical form of a number (that would
+    parse), so a class named ``"1"`` cannot collide with a class named ``"one"``."""
+    if y.dtype.kind in "biu":
+        return [str(int(v)).encode() for v in y.tolist()]
+    if y.dtype.kind == "f":
+        return [_canonical_number(float(v)) for v in y.tolist()]
+    out: list[bytes] = []
+    for v in y.tolist():
+        text = (v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            out.append(b"s:" + text.encode())
+            continue
+        out.append(_canonical_number(number) if math.isfinite(number) else b"s:" + text.encode())
+    return out
+
+
+def _canonical_number(v: float) -> bytes:
+    if v == 0.0:
+        return b"0"  # also -0.0
+    if v.is_integer():
+        return str(int(v)).encode()
+    return repr(v).encode()
+
+
+def dataset_content_sha256(spec: DatasetSpec) -> str:
+    """The identity (:func:`content_sha256`) of the records ``spec`` names, without splitting
+    or scaling them.
+
+    Raises:
+        ConfigError: unknown dataset name.
+        DatasetError: a missing or malformed file, or NaN / inf values.
+    """
+    if spec.name not in DATASETS:
+        raise ConfigError(
+            f"unknown dataset {spec.name!r}; choose one of: {', '.join(dataset_names())}",
+            field="dataset.name",
+        )
+    raw = DATASETS[spec.name](spec)
+    _check_finite(raw, spec)
+    return content_sha256(raw)
+
+
+# --------------------------------------------------------------------------------------------
 # Splitting and normalisation.
 
 
@@ -426,6 +545,9 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         )
     raw = DATASETS[spec.name](spec)
     _check_finite(raw, spec)
+    # The identity is taken from the records as parsed, before the split and the scaling:
+    # those depend on the spec (seed, fraction, bounds), the records do not.
+    identity = content_sha256(raw)
     classes, y = np.unique(raw.y, return_inverse=True)
     if len(classes) < 2:
         raise DatasetError(
@@ -446,6 +568,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         num_classes=len(classes),
         classes=[str(c) for c in classes],
         input_scaling=scaling,
+        content_sha256=identity,
     )
 
 

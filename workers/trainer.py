@@ -25,6 +25,7 @@ from workers.metrics import classification_metrics, reconstruction_metrics
 from workers.models import ModelSpec, build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
+from workers.plan_check import PlannedRun, check_plan
 from workers.randomness import REPRODUCIBLE_WARNING, NoiseSource, Randomness, TrialRandomness
 from workers.schedule import plan_steps
 from workers.seeding import stream_seed
@@ -75,6 +76,9 @@ class PackSpec:
     # "secret": every trial draws a fresh OS secret for its batches and noise when it starts.
     # "reproducible": they come from the public seed (not private against anyone who knows it).
     randomness: Randomness = "secret"
+    # What the trials' privacy budget was reserved for. A sweep always sets it, and the pack
+    # refuses to run (PlanMismatch) unless q, T, sigma, strategy and the data equal it.
+    planned: PlannedRun | None = None
 
 
 @dataclass
@@ -195,6 +199,16 @@ def train_pack(
     q, total_steps = plan_steps(
         n_train=data.n_train, batch_size=spec.batch_size, epochs=spec.epochs, steps=spec.steps
     )
+    if spec.planned is not None:
+        # Plan equals run, checked on the data actually loaded, before any step.
+        check_plan(
+            spec.planned,
+            strategy=spec.strategy,
+            sample_rate=q,
+            steps=total_steps,
+            noise_multipliers=[t.noise_multiplier for t in spec.trials],
+            dataset_sha256=data.content_sha256,
+        )
 
     private = strategy_cls.private
     sigmas: list[float] = []

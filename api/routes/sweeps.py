@@ -130,7 +130,7 @@ def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials
     _check_limits(spec, max_trials)
     catalog.check_access(engine, spec.dataset, viewer)
     dataset = (
-        catalog.resolve(engine, spec.dataset) if catalog.is_upload(spec.dataset.name) else None
+        catalog.resolve(engine, spec.dataset) if catalog.in_catalog(spec.dataset.name) else None
     )
     return planner.prepare(spec, dataset=dataset)
 

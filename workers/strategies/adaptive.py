@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
+from workers.count_noise import COUNT_NOISE_FRACTION, auto_count_noise
 from workers.errors import ConfigError
 from workers.strategies.base import (
     ClippingStrategy,
@@ -53,7 +54,10 @@ class QuantileClipping(ClippingStrategy):
         "clip_init": HParam(default=0.1, help="C_0"),
         "clip_lr": HParam(default=0.2, help="eta_C, the step of the geometric update"),
         "count_noise": HParam(
-            default=None, optional=True, help="sigma_b, std of the count's noise (default b/20)"
+            default=None,
+            optional=True,
+            help="sigma_b, std of the count's noise (default: b/20, raised where needed so the "
+            "gradient gets at most 10 % more noise; workers.count_noise)",
         ),
     }
 
@@ -68,11 +72,12 @@ class QuantileClipping(ClippingStrategy):
         self.sigma_b: Tensor | None = None
 
     def bind(self, model: PackedModel, *, expected_batch_size: float, task: str) -> None:
+        self._expected_batch_size = expected_batch_size
         self.sigma_b = torch.tensor(
             [
                 float(p["count_noise"])
                 if p["count_noise"] is not None
-                else expected_batch_size / 20
+                else expected_batch_size * COUNT_NOISE_FRACTION
                 for p in self.params
             ],
             device=self.device,
@@ -80,6 +85,20 @@ class QuantileClipping(ClippingStrategy):
 
     def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
         assert self.sigma_b is not None, "bind() first"
+        # Trials that leave count_noise out get the planner's rule (the same function), now
+        # that sigma is known: b/20, raised where the count would cost the gradient > 10 %.
+        self.sigma_b = torch.tensor(
+            [
+                float(p["count_noise"])
+                if p["count_noise"] is not None
+                else auto_count_noise(
+                    noise_multiplier=float(noise_multiplier[i]),
+                    expected_batch_size=self._expected_batch_size,
+                )
+                for i, p in enumerate(self.params)
+            ],
+            device=self.device,
+        )
         count_multiplier = 2.0 * self.sigma_b
         bad = noise_multiplier >= count_multiplier
         if bad.any():

@@ -161,7 +161,7 @@ export function sweepView(el, id) {
     for (const p of cal.points) (byArm[p.arm] ||= []).push(p);
     const hover = (p) => [
       `<b>${p.arm}</b> at ε level ${num(p.epsilon_budget)}`, `params: ${params(p.params)}`,
-      `σ = ${num(p.noise_multiplier)} · ε spent = ${num(p.epsilon)}`,
+      `σ = ${num(p.noise_multiplier)} · single-run ε = ${num(p.single_run_epsilon)} (grid ε ${num(p.epsilon_budget)})`,
       `${metric} = ${num(p.x)} · ECE = ${num(p.y)}`,
     ].join("<br>");
     const traces = Object.entries(byArm).map(([arm, pts]) => ({
@@ -207,7 +207,7 @@ export function sweepView(el, id) {
     const s = summary;
     const b = s.budget;
     const cols = ["arm", "strategy", "ε level", "trials", "σ", "σ gradient", "steps", "q",
-      "ε per trial", "grid ε", "verified ε", "accounting"];
+      "single-run ε", "grid ε", "verified ε", "accounting"];
     panes.plan.replaceChildren(
       h("div", { class: "card" }, h("h2", {}, "Plan"),
         h("p", { class: "muted small" }, "Per arm and ε level: the noise every trial of the grid uses, and the ε the grid's runs compose to, verified by a second accountant."),
@@ -223,6 +223,7 @@ export function sweepView(el, id) {
             h("td", { title: g.verified_by ? `verified by ${g.verified_by}` : "" }, num(g.epsilon_verified),
               g.verified_by ? h("span", { class: "muted small" }, ` (${g.verified_by})`) : ""),
             h("td", {}, g.accounting, g.retries ? ` +${g.retries} retries` : "")))))),
+      privacyCard(s.privacy),
       h("div", { class: "card" }, h("h2", {}, "Budget"),
         h("dl", { class: "kv", id: "sweep-budget" },
           h("dt", {}, "ε reserved"), h("dd", {}, num(b.epsilon_reserved)),
@@ -232,6 +233,21 @@ export function sweepView(el, id) {
           h("dt", {}, "δ reserved / charged"), h("dd", {}, `${num(b.delta_reserved)} / ${num(b.delta_charged)}`),
           h("dt", {}, "charges"), h("dd", {}, b.charges ?? "private")),
         h("p", {}, h("a", { href: `/datasets?focus=${encodeURIComponent(s.dataset)}` }, `Dataset ${s.dataset}'s budget`))));
+  }
+
+  // One ε per release, each with what it covers (sweeper/releases.py).
+  function privacyCard(p) {
+    if (!p) return "";
+    const rows = [];
+    if (p.sweep) rows.push(["whole sweep", p.sweep.epsilon, `${p.sweep.covers} (${p.sweep.method}; grids' sum ${num(p.sweep.epsilon_summed)})`]);
+    for (const g of p.grids || []) rows.push([`grid ${g.grid}`, g.epsilon, g.covers]);
+    if (p.dataset_lifetime) rows.push(["dataset lifetime (spent)", p.dataset_lifetime.epsilon_spent, p.dataset_lifetime.covers]);
+    return h("div", { class: "card", id: "privacy-releases" }, h("h2", {}, "What ε covers"),
+      h("table", { class: "grid compact" },
+        h("thead", {}, h("tr", {}, ["release", "ε", "covers"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, rows.map(([name, eps, covers]) => h("tr", {}, h("td", {}, name), h("td", {}, num(eps)), h("td", {}, covers))))),
+      p.evaluation ? h("p", { class: "warning", id: "evaluation-statement" }, p.evaluation.statement) : "",
+      h("p", { class: "muted small" }, "A trial's single-run ε is what that run alone would cost; it is not what was spent."));
   }
 
   function draw(name = tab()) {

@@ -53,7 +53,7 @@ export function trialView(el, id) {
           kv({
             "σ (planned)": t.planned?.noise_multiplier, "σ gradient": t.planned?.gradient_noise_multiplier,
             "sample rate q": t.planned?.sample_rate, steps: t.planned?.steps,
-            "ε reported": p.epsilon_reported, "ε charged": p.epsilon_charged, "δ charged": p.delta_charged,
+            "single-run ε (this run alone)": p.single_run_epsilon, "ε charged": p.epsilon_charged, "δ charged": p.delta_charged,
             accountant: t.accountant || t.planned?.accountant, accounting: t.planned?.accounting,
             randomness: t.randomness,
           }),

@@ -54,7 +54,7 @@ export function trialsTable(el, sweepId, summary) {
       ...[...metricKeys].sort().filter((k) => k !== metric).map((k) => ({
         key: `m.${k}`, label: k, get: (r) => r.metrics?.[k], show: k === "ece" })),
       { key: "sigma", label: "σ", get: (r) => r.noise_multiplier, show: true },
-      { key: "epsilon", label: "ε spent", get: (r) => r.epsilon, show: true },
+      { key: "single_run_epsilon", label: "single-run ε", title: "what this run alone would cost; its grid spent the grid budget for all its trials", get: (r) => r.single_run_epsilon, show: true },
       { key: "steps", label: "steps", get: (r) => r.steps, show: false },
       { key: "best_step", label: "best step", get: (r) => r.best_step, show: false },
       { key: "seconds", label: "train s", get: (r) => r.train_seconds, show: false },

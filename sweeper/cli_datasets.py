@@ -1,0 +1,351 @@
+"""``dpsweep datasets register | list | show | cap | delete``: names and their records' ledgers.
+
+The privacy ledger is keyed by the identity of a dataset's records (a hash of all of them,
+:func:`workers.datasets.content_sha256`), not by a name: every name of the same records (a
+registered file, an upload, the same records converted or shuffled) shares one lifetime cap
+and one ledger. These commands are the operator's: they print the identity, which the API
+never shows (a hash of every record lets someone who knows all records but one test guesses
+of the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from decimal import Decimal
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.cli_sweeps import EXIT_FAILURE, _engine, _fail
+
+#: How many hex digits of an identity ``list`` shows.
+PREFIX_DIGITS = 12
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dpsweep datasets ...`` on the top-level subparsers."""
+    db_help = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+    top = sub.add_parser(
+        "datasets",
+        help="dataset names and their records' lifetime privacy budgets",
+        description="Register data files under names, and show or cap the lifetime ε/δ budget "
+        "of their records. Budgets belong to the records, not to names: names of the same "
+        "records (whatever the file's name, path, format or row order) share one cap and one "
+        "ledger, and deleting a name keeps its records' ledger.",
+    )
+    dsub = top.add_subparsers(dest="datasets_command", metavar="ACTION")
+    dsub.required = True
+
+    r = dsub.add_parser(
+        "register",
+        help="load and check a file, and name its records",
+        description="Load FILE exactly as a sweep will (NaN and inf are refused), and bind NAME "
+        "to the identity of its records. A spec may then say `dataset: {name: NAME}`. Prints "
+        "the identity and the other names that share its ledger.",
+    )
+    r.add_argument("file", help="data file (CSV with a header row, NPZ with x and y, IDX)")
+    r.add_argument("--name", required=True, help="the name specs will use")
+    r.add_argument("--format", choices=("csv", "npz", "idx"), help="default: from the file name")
+    r.add_argument("--label-column", help="the label column's header (CSV)")
+    r.add_argument("--labels-path", help="the labels file (IDX)")
+    r.add_argument("--db", help=db_help)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_register, subparser=r)
+
+    ls = dsub.add_parser("list", help="names, identities and budgets")
+    ls.add_argument("--db", help=db_help)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_list, subparser=ls)
+
+    sh = dsub.add_parser("show", help="a name's records' ledger: cap, spent, reserved, entries")
+    sh.add_argument("name")
+    sh.add_argument("--db", help=db_help)
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show, subparser=sh)
+
+    ca = dsub.add_parser(
+        "cap",
+        help="set the lifetime ε (and δ) cap of a name's records",
+        description="Set the lifetime cap of the records NAME reads (for every name of them). "
+        "A cap below what is already spent plus reserved is refused.",
+    )
+    ca.add_argument("name")
+    ca.add_argument("--epsilon", type=float, required=True, help="lifetime ε cap (>= 0)")
+    ca.add_argument("--delta", type=float, help="lifetime δ cap in [0, 1) (default: unchanged)")
+    ca.add_argument("--db", help=db_help)
+    ca.set_defaults(func=cmd_cap, subparser=ca)
+
+    de = dsub.add_parser(
+        "delete",
+        help="delete a name (never its records' ledger)",
+        description="Delete NAME. Its records' cap, spend and entries stay: registering or "
+        "uploading the same records again finds them. Refused while a sweep holds a "
+        "reservation on the records.",
+    )
+    de.add_argument("name")
+    de.add_argument("--db", help=db_help)
+    de.set_defaults(func=cmd_delete, subparser=de)
+
+
+def _out() -> Console:
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def _num(value: Decimal | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _shown(value: Decimal | None) -> str:
+    return "—" if value is None else f"{float(value):.6g}"
+
+
+def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper.catalog import register_file
+    from workers.errors import ConfigError, DatasetError, DpsweepError
+
+    try:
+        engine = _engine(args.db, migrate=True)
+        binding, info = register_file(
+            engine,
+            args.file,
+            name=args.name,
+            fmt=args.format,
+            label_column=args.label_column,
+            labels_path=args.labels_path,
+        )
+    except DatasetError as exc:  # the file's content: not a usage error
+        return _fail(exc)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except DpsweepError as exc:
+        return _fail(exc)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "name": binding.name,
+                    "identity": binding.ledger_key,
+                    "shares_ledger_with": list(binding.shared_with),
+                    "previous_identity": (
+                        f"sha256:{binding.previous_sha256}" if binding.previous_sha256 else None
+                    ),
+                    "carried_over": binding.carried is not None,
+                    "inherited_caps": binding.inherited_caps,
+                    **info,
+                }
+            )
+        )
+        return 0
+    out = _out()
+    out.print(
+        f"registered [bold]{binding.name}[/bold]: {info['n_examples']} examples "
+        f"({info['kind']}, shape {tuple(info['input_shape'])}, {info['num_classes']} classes)"
+    )
+    out.print(f"identity {binding.ledger_key}")
+    if binding.shared_with:
+        out.print(
+            "shares one ledger and cap with: " + ", ".join(binding.shared_with) + " (same records)"
+        )
+    else:
+        out.print("no other name reads these records: a ledger of its own")
+    if binding.previous_sha256:
+        out.print(
+            f"[yellow]{binding.name} read other records before[/yellow] "
+            f"(sha256:{binding.previous_sha256}); those keep their own ledger"
+            + ("; the new records start with their caps" if binding.inherited_caps else "")
+        )
+    if binding.carried is not None:
+        c = binding.carried
+        out.print(
+            f"carried over the ledger kept under the name {binding.name!r}: {c.entries} "
+            f"entries, ε spent {_shown(c.epsilon_spent)}, reserved {_shown(c.epsilon_reserved)}"
+            + ("; [yellow]cap clamped to what is committed[/yellow]" if c.cap_clamped else "")
+        )
+    return 0
+
+
+def _rows(engine: Any) -> list[dict[str, Any]]:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from sweeper.ledger import BudgetLedger, identity_key
+    from sweeper.store import Dataset
+
+    ledger = BudgetLedger(engine)
+    with Session(engine) as session:
+        rows = list(session.scalars(select(Dataset).order_by(Dataset.name)))
+    out = []
+    for r in rows:
+        # Names stored before identities are shown with the ledger still kept under the name;
+        # they are bound (and that ledger carried over) when next used, or by `show`.
+        key = identity_key(r.content_sha256) if r.content_sha256 else r.name
+        s = ledger.summary(key)
+        out.append(
+            {
+                "name": r.name,
+                "identity": key if r.content_sha256 else None,
+                "n_examples": r.n_examples,
+                "epsilon_cap": _num(s.epsilon_cap),
+                "delta_cap": _num(s.delta_cap),
+                "epsilon_spent": float(s.epsilon_spent),
+                "epsilon_reserved": float(s.epsilon_reserved),
+                "epsilon_left": _num(s.remaining.epsilon),
+            }
+        )
+    return out
+
+
+def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from workers.errors import DpsweepError
+
+    try:
+        rows = _rows(_engine(args.db, migrate=True))
+    except DpsweepError as exc:
+        return _fail(exc)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title="datasets (names of the same identity share one ledger)")
+    for col in ("name", "identity", "N", "ε cap", "ε spent", "ε reserved"):
+        table.add_column(col, justify="right" if col.startswith(("N", "ε")) else "left")
+    for r in rows:
+        ident = r["identity"]
+        table.add_row(
+            r["name"],
+            ident[: len("sha256:") + PREFIX_DIGITS] + "…" if ident else "(not bound yet)",
+            "—" if r["n_examples"] is None else str(r["n_examples"]),
+            "—" if r["epsilon_cap"] is None else f"{r['epsilon_cap']:.6g}",
+            f"{r['epsilon_spent']:.6g}",
+            f"{r['epsilon_reserved']:.6g}",
+        )
+    _out().print(table)
+    return 0
+
+
+def ledger_view(engine: Any, name: str) -> dict[str, Any]:
+    """What ``show --json`` prints: a name's records' ledger, with every entry."""
+    from sweeper.catalog import content_identity, names_of
+    from sweeper.ledger import BudgetLedger, identity_key
+
+    content = content_identity(engine, name)
+    key = identity_key(content)
+    ledger = BudgetLedger(engine)
+    s = ledger.summary(key)
+    return {
+        "name": name,
+        "identity": key,
+        "names": names_of(engine, content),
+        "epsilon_cap": _num(s.epsilon_cap),
+        "delta_cap": _num(s.delta_cap),
+        "epsilon_spent": float(s.epsilon_spent),
+        "delta_spent": float(s.delta_spent),
+        "epsilon_reserved": float(s.epsilon_reserved),
+        "delta_reserved": float(s.delta_reserved),
+        "epsilon_left": _num(s.remaining.epsilon),
+        "delta_left": _num(s.remaining.delta),
+        "entries": [
+            {
+                "id": e.id,
+                "kind": e.kind.value,
+                "sweep": e.sweep_id,
+                "trial": e.trial_id,
+                "epsilon": float(e.epsilon),
+                "delta": float(e.delta),
+                "at": e.created_at.isoformat(),
+                "note": e.note,
+            }
+            for e in ledger.entries(key)
+        ],
+    }
+
+
+def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from workers.errors import DpsweepError
+
+    try:
+        view = ledger_view(_engine(args.db, migrate=True), args.name)
+    except DpsweepError as exc:
+        return _fail(exc)
+    if args.json:
+        print(json.dumps(view))
+        return 0
+    out = _out()
+    out.print(f"[bold]{view['name']}[/bold]: identity {view['identity']}")
+    out.print("names of these records (one ledger): " + ", ".join(view["names"]))
+
+    def cell(v: float | None) -> str:
+        return "no cap" if v is None else f"{v:.6g}"
+
+    out.print(
+        f"ε cap {cell(view['epsilon_cap'])}, spent {view['epsilon_spent']:.6g}, reserved "
+        f"{view['epsilon_reserved']:.6g}, left {cell(view['epsilon_left'])}"
+    )
+    out.print(
+        f"δ cap {cell(view['delta_cap'])}, spent {view['delta_spent']:.6g}, reserved "
+        f"{view['delta_reserved']:.6g}, left {cell(view['delta_left'])}"
+    )
+    table = Table(title="ledger entries")
+    for col in ("id", "kind", "sweep", "trial", "ε", "δ", "at", "note"):
+        table.add_column(col, justify="right" if col in ("id", "ε", "δ") else "left")
+    for e in view["entries"]:
+        table.add_row(
+            str(e["id"]),
+            e["kind"],
+            e["sweep"],
+            e["trial"] or "",
+            f"{e['epsilon']:.6g}",
+            f"{e['delta']:.3g}",
+            e["at"][:19],
+            e["note"],
+        )
+    out.print(table)
+    return 0
+
+
+def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper.catalog import ledger_key_of
+    from sweeper.ledger import BudgetLedger
+    from workers.errors import ConfigError, DpsweepError
+
+    try:
+        engine = _engine(args.db, migrate=True)
+        key = ledger_key_of(engine, args.name)
+        ledger = BudgetLedger(engine)
+        # Only the caps given change: a δ cap stays unless --delta is given.
+        delta = args.delta if args.delta is not None else ledger.summary(key).delta_cap
+        s = ledger.set_cap(key, epsilon_cap=args.epsilon, delta_cap=delta)
+    except ConfigError as exc:
+        # Below what is committed, or an invalid value: say it for the name.
+        Console(stderr=True).print(
+            f"[red]error:[/red] the cap of {args.name!r} was not changed: {exc}"
+        )
+        return EXIT_FAILURE
+    except DpsweepError as exc:
+        return _fail(exc)
+    left = s.remaining.epsilon
+    _out().print(
+        f"{args.name}: lifetime ε cap {_shown(s.epsilon_cap)}, δ cap {_shown(s.delta_cap)} "
+        f"(spent {_shown(s.epsilon_spent)}, reserved {_shown(s.epsilon_reserved)}, left "
+        f"{_shown(left)}); it applies to every name of the same records"
+    )
+    return 0
+
+
+def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from sweeper.catalog import delete_name
+    from workers.errors import DpsweepError
+
+    try:
+        others = delete_name(_engine(args.db, migrate=True), args.name)
+    except DpsweepError as exc:
+        return _fail(exc)
+    tail = (
+        f"; other names of the same records: {', '.join(others)}"
+        if others
+        else "; registering or uploading the same records again finds it"
+    )
+    _out().print(f"deleted the name {args.name!r}; its records' ledger and cap stay{tail}")
+    return 0
