@@ -37,7 +37,11 @@ def _prepare(spec_json: dict[str, Any], dataset: Any) -> PreparedSweep:
 def _file_stamps(dataset: Any) -> list[list[Any]]:
     """(path, size, mtime, inode) of each file a dataset reads; (path, -1, ...) if missing."""
     stamps: list[list[Any]] = []
-    for path in (getattr(dataset, "path", None), getattr(dataset, "labels_path", None)):
+    paths = [getattr(dataset, "path", None), getattr(dataset, "labels_path", None)]
+    public_eval = getattr(dataset, "eval_dataset", None)
+    if public_eval is not None:  # a public evaluation dataset's files count too
+        paths += [public_eval.path, public_eval.labels_path]
+    for path in paths:
         if path:
             try:
                 st = os.stat(path)

@@ -115,6 +115,19 @@ class PlanGrid(_Out):
         default_factory=list, description="judgements to read (e.g. high noise), not refusals"
     )
     input_scaling: dict[str, Any] | None = None
+    eval_mode: str = Field(
+        default="carve-out",
+        description="how the evaluation records are protected: carve-out (unprotected), "
+        "public (a dataset declared public) or dp (noisy accuracy, charged in this grid)",
+    )
+    eval_dataset: str | None = Field(default=None, description="public: the evaluation dataset")
+    eval_releases: int = Field(default=0, description="dp: noisy counts per trial")
+    eval_noise_multiplier: float | None = Field(
+        default=None, description="dp: the noise multiplier of each noisy count"
+    )
+    epsilon_eval: float | None = Field(
+        default=None, description="dp: what the grid's evaluations alone cost (included)"
+    )
 
 
 class PlanOut(_Out):

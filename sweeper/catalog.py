@@ -17,6 +17,14 @@ message name the dataset by its name.
 What is shown of an upload is what the planner and the model need and treats as public: the
 number of examples (it sets the sample rate and bounds δ), of features and of classes. Never
 rows, labels or class names: those are the private data.
+
+**Public datasets.** The owner of a registered file may declare its records public
+(``dpsweep datasets register FILE --name NAME --public``, stored as ``public`` in the row's
+``config``): such a name may then be a spec's public evaluation dataset (``eval: {mode:
+public, dataset: NAME}``, :func:`resolve`), whose records no epsilon covers. Registering a
+name again sets the flag to what is given then (without ``--public``: not public), so a
+declaration never outlives the file it was made for. Loader names (``digits``...) and uploads
+are never declared public.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import hashlib
 import os
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -109,17 +117,149 @@ def _worker_spec(
     )
 
 
-def resolve(engine: Engine | None, dataset: Any) -> Any:
+def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
     """The worker-side :class:`workers.datasets.DatasetSpec` of a spec's dataset.
 
     Uploads (``ds_...``) and registered names are looked up in the catalog (their stored
     file, format and label column); loader names (``digits``, ``csv`` with a path) are
     passed through.
 
+    Args:
+        engine: The store's engine (None: local use without a database; catalog names then
+            cannot be resolved).
+        dataset: The spec's ``dataset`` section (a :class:`sweeper.spec.DatasetConfig` or a
+            dict).
+        evaluation: The spec's ``eval`` section (:class:`sweeper.spec.EvalConfig`, or a dict
+            with ``mode`` and ``dataset``); None: mode ``carve-out``. Mode ``public`` resolves
+            ``dataset`` to a registered name its owner declared public
+            (:func:`public_eval_spec`).
+
+    Returns:
+        The worker spec with ``evaluation`` (and in mode ``public`` ``eval_dataset``) set.
+
     Raises:
         ConfigError: an upload id or name that does not exist, or a path given with a
-            registered name.
+            registered name (field ``dataset.*``); an evaluation dataset that is not a
+            registered name declared public, or is the training dataset (``eval.dataset``).
     """
+    spec = _resolve_training(engine, dataset)
+    mode, eval_name = _eval_settings(evaluation)
+    if mode == "carve-out":
+        return spec
+    if mode == "dp":
+        return replace(spec, evaluation="dp")
+    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
+    eval_spec = public_eval_spec(engine, eval_name, training=str(get("name")))
+    return replace(spec, evaluation="public", eval_dataset=eval_spec)
+
+
+def _eval_settings(evaluation: Any) -> tuple[str, str | None]:
+    """``(mode, dataset)`` of a spec's ``eval`` section (an EvalConfig, a dict or None)."""
+    if evaluation is None:
+        return "carve-out", None
+    get = (
+        evaluation.get
+        if isinstance(evaluation, dict)
+        else lambda k, d=None: getattr(evaluation, k, d)
+    )
+    name = get("dataset")
+    mode = get("mode") or ("public" if name is not None else "carve-out")
+    if mode not in ("carve-out", "public", "dp"):
+        raise ConfigError(
+            f"unknown eval mode {mode!r}; choose one of: carve-out, public, dp", field="eval.mode"
+        )
+    return str(mode), None if name is None else str(name)
+
+
+_HOW_TO_PUBLISH = (
+    "its owner registers public records with `dpsweep datasets register FILE --name NAME --public`"
+)
+
+
+def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) -> Any:
+    """The worker spec of a public evaluation dataset: a registered name whose owner declared
+    its records public (``register_file(..., public=True)``).
+
+    Raises:
+        ConfigError (field ``eval.dataset``): no name; an upload id or a loader name (never
+            declared public); the training dataset's own name or records; a name that is not
+            registered or not declared public; no database.
+    """
+    from workers.datasets import DATASETS
+
+    field = "eval.dataset"
+    if not name:
+        raise ConfigError(
+            "eval mode public needs eval.dataset: a registered name declared public "
+            f"({_HOW_TO_PUBLISH})",
+            field=field,
+        )
+    if name == training:
+        raise ConfigError(
+            f"eval.dataset {name!r} is the training dataset: evaluation records are never "
+            f"trained on; {_HOW_TO_PUBLISH} under a name of their own",
+            field=field,
+        )
+    if is_upload(name):
+        raise ConfigError(
+            f"eval.dataset {name!r} is an upload: uploads are never declared public; "
+            f"{_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if name in DATASETS:
+        raise ConfigError(
+            f"eval.dataset {name!r} is a loader of dpsweep, not a dataset declared public by its "
+            f"owner; {_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if engine is None:
+        raise ConfigError(
+            f"eval.dataset {name!r} is in the catalog and needs the service's database",
+            field=field,
+        )
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        trained = (
+            session.scalars(select(Dataset.content_sha256).where(Dataset.name == training)).first()
+            if in_catalog(training)
+            else None
+        )
+    if row is None or row.storage_path is None or row.format is None:
+        raise ConfigError(
+            f"no registered dataset {name!r} for eval.dataset (`dpsweep datasets list` lists "
+            f"them); {_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if not _public_flag(row):
+        raise ConfigError(
+            f"eval.dataset {name!r} is not declared public by its owner; register it with "
+            f"`dpsweep datasets register FILE --name {name} --public`",
+            field=field,
+        )
+    if trained and row.content_sha256 == trained:
+        raise ConfigError(
+            f"eval.dataset {name!r} reads the same records as the training dataset: "
+            "evaluation records are never trained on; evaluate on other records",
+            field=field,
+        )
+    return _file_spec(row)
+
+
+def _public_flag(row: Dataset) -> bool:
+    return bool(dict(row.config or {}).get("public", False))
+
+
+def is_public(engine: Engine, name: str) -> bool:
+    """Whether ``name`` is a registered file whose owner declared its records public."""
+    if is_upload(name) or not in_catalog(name):
+        return False
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+    return row is not None and bool(row.storage_path) and _public_flag(row)
+
+
+def _resolve_training(engine: Engine | None, dataset: Any) -> Any:
+    """:func:`resolve` of the training dataset alone (mode ``carve-out``)."""
     get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
     name = str(get("name"))
     if not in_catalog(name):
@@ -420,6 +560,7 @@ def register_file(
     fmt: str | None = None,
     label_column: str | None = None,
     labels_path: str | Path | None = None,
+    public: bool = False,
 ) -> tuple[Binding, dict[str, Any]]:
     """Load and check a data file and bind ``name`` to the identity of its records.
 
@@ -427,6 +568,10 @@ def register_file(
     name it (``dataset: {name: NAME}``). Registering a name again re-reads its file: the same
     records keep their ledger; other records (an edited file) get their own, which starts with
     the old one's caps (:func:`bind_name`).
+
+    ``public``: the owner declares these records public, so the name may be a spec's public
+    evaluation dataset (``eval.dataset``); no epsilon covers them. Stored in the row's
+    ``config``; registering again sets it to what is given then (default: not public).
 
     Returns:
         The binding (``shared_with``: other names of the same records, which share its cap
@@ -460,9 +605,15 @@ def register_file(
         "sha256": None,
         "storage_path": str(file),
         "n_examples": info["n_examples"],
-        "config": {"label_column": label_column, "labels_path": labels, **info},
+        "config": {
+            "label_column": label_column,
+            "labels_path": labels,
+            **info,
+            "public": bool(public),
+        },
     }
-    return bind_name(engine, name, identity, new_row=fields, row_update=fields), info
+    binding = bind_name(engine, name, identity, new_row=fields, row_update=fields)
+    return binding, {**info, "public": bool(public)}
 
 
 def names_of(engine: Engine, content_sha256: str) -> list[str]:

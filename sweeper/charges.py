@@ -35,6 +35,11 @@ from workers.errors import PrivacyError
 EXACT = Context(prec=2000, traps=[Inexact])
 
 
+# How far below the plan's epsilon_total a compose schedule's total may land: the same PLD
+# computed in a different order of composition agrees to well within this.
+SCHEDULE_AGREEMENT = 0.02
+
+
 def exact_sum(values: list[Decimal] | tuple[Decimal, ...]) -> Decimal:
     """The exact sum of ``values`` (raises rather than rounds)."""
     total = Decimal(0)
@@ -113,6 +118,14 @@ def _cumulative_max(values: list[float]) -> list[Decimal]:
 
 def _compose_epsilons(plan: Any) -> list[float]:
     runs, steps = int(plan.trials), int(plan.steps_per_trial)
+    # DP evaluation: each run also releases E noisy counts (Gaussian, sensitivity 1), which
+    # compose exactly as one Gaussian of multiplier sigma_e / sqrt(E) per run.
+    releases = int(getattr(plan, "eval_releases", 0) or 0)
+    sigma_e = getattr(plan, "eval_noise_multiplier", None)
+    if releases and sigma_e is None:
+        raise PrivacyError(
+            f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
+        )
     if plan.accountant != "pld":
         from workers.accounting import dp_rdp_epsilon
 
@@ -122,6 +135,8 @@ def _compose_epsilons(plan: Any) -> list[float]:
                 sample_rate=plan.sample_rate,
                 steps=j * steps,
                 target_delta=plan.delta,
+                eval_noise_multiplier=sigma_e,
+                eval_releases=j * releases,
             )
             for j in range(1, runs + 1)
         ]
@@ -137,6 +152,14 @@ def _compose_epsilons(plan: Any) -> list[float]:
         value_discretization_interval=PLD_DISCRETIZATION,
         use_connect_dots=True,
     ).self_compose(steps)
+    if releases and sigma_e is not None:
+        one = one.compose(
+            pld.from_gaussian_mechanism(
+                float(sigma_e) / releases**0.5,
+                value_discretization_interval=PLD_DISCRETIZATION,
+                use_connect_dots=True,
+            )
+        )
     out, cur = [], one
     for j in range(1, runs + 1):
         if j > 1:
@@ -155,6 +178,17 @@ def charge_schedule(plan: Any) -> ChargeSchedule:
     if plan.accounting == "compose":
         eps = _cumulative_max(_compose_epsilons(plan))
         delta = [Decimal(plan.delta)] * runs
+        # The schedule and the plan are two computations of one composition; a schedule well
+        # below the plan's figure leaves out part of what the runs release (fail closed).
+        if eps and float(eps[-1]) < float(plan.epsilon_total) * (1 - SCHEDULE_AGREEMENT):
+            raise PrivacyError(
+                f"arm {plan.arm!r} at epsilon {plan.epsilon_budget}: the runs' charges add up "
+                f"to {float(eps[-1]):.6f}, below the plan's {float(plan.epsilon_total):.6f}; "
+                "plan refused"
+            )
+        if eps and eps[-1] < Decimal(plan.epsilon_total):
+            # Within the accountants' agreement: the last run tops the grid up to its figure.
+            eps[-1] = Decimal(plan.epsilon_total)
     elif plan.accounting == "basic":
         per_e, per_d = Decimal(plan.epsilon_per_trial), Decimal(plan.delta_per_trial)
         eps = [EXACT.multiply(per_e, j) for j in range(1, runs + 1)]

@@ -239,6 +239,11 @@ def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
     )
     pl.add_argument("spec", help="sweep spec file (YAML or JSON)")
     pl.add_argument("--json", action="store_true", help="print a JSON list, one object per grid")
+    pl.add_argument(
+        "--db",
+        help="database URL, for registered dataset names and a public evaluation dataset "
+        "(default: DPSWEEP_DATABASE_URL or the embedded SQLite file)",
+    )
     pl.set_defaults(func=cmd_plan, subparser=pl)
 
     from sweeper.cli_sweeps import add_parsers
@@ -513,6 +518,18 @@ PLAN_KEYS = (
 )
 
 
+def _resolved_dataset(spec: Any, url: str | None) -> Any:
+    """The spec's worker dataset; the database is opened only for catalog names."""
+    from sweeper.catalog import in_catalog, resolve
+
+    needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
+    if not needs_db:
+        return resolve(None, spec.dataset, spec.eval)
+    from sweeper.cli_sweeps import _engine
+
+    return resolve(_engine(url, migrate=True), spec.dataset, spec.eval)
+
+
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from sweeper.planner import plan_sweep
     from sweeper.spec import load_spec
@@ -521,7 +538,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         spec = load_spec(args.spec)
-        plan = plan_sweep(spec)
+        plan = plan_sweep(spec, dataset=_resolved_dataset(spec, getattr(args, "db", None)))
     except ConfigError as exc:
         parser.error(str(exc))
         return EXIT_USAGE  # unreachable
@@ -541,6 +558,11 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "warnings",
             "n_train",
             "n_eval",
+            "eval_mode",
+            "eval_dataset",
+            "eval_releases",
+            "eval_noise_multiplier",
+            "epsilon_eval",
         )
         print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
         return 0
@@ -589,6 +611,12 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             console.print(
                 f"{r['arm']} at ε {r['epsilon_budget']:g}: quantile count noise sigma_b = "
                 f"{r['count_noise']:.4g} (chosen: the spec leaves count_noise out)"
+            )
+        if r.get("eval_releases"):
+            console.print(
+                f"{r['arm']} at ε {r['epsilon_budget']:g}: DP evaluation, {r['eval_releases']} "
+                f"noisy counts per trial at sigma_e = {r['eval_noise_multiplier']:.4g} "
+                f"(the evaluations alone: ε {r['epsilon_eval']:.4g}; included in the grid's ε)"
             )
         for w in r.get("warnings") or ():
             console.print(

@@ -6,6 +6,10 @@ registered file, an upload, the same records converted or shuffled) shares one l
 and one ledger. These commands are the operator's: they print the identity, which the API
 never shows (a hash of every record lets someone who knows all records but one test guesses
 of the last).
+
+``register --public`` records the owner's declaration that a file's records are public: the
+name may then be a sweep's public evaluation dataset (``eval: {mode: public, dataset: NAME}``)
+and no epsilon covers its records. Registering again without ``--public`` withdraws it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--format", choices=("csv", "npz", "idx"), help="default: from the file name")
     r.add_argument("--label-column", help="the label column's header (CSV)")
     r.add_argument("--labels-path", help="the labels file (IDX)")
+    r.add_argument(
+        "--public",
+        action="store_true",
+        help="the owner declares these records public: usable as a public evaluation dataset "
+        "(eval: {mode: public, dataset: NAME}); no epsilon covers them. Registering again "
+        "without --public withdraws the declaration",
+    )
     r.add_argument("--db", help=db_help)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_register, subparser=r)
@@ -115,6 +126,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             fmt=args.format,
             label_column=args.label_column,
             labels_path=args.labels_path,
+            public=args.public,
         )
     except DatasetError as exc:  # the file's content: not a usage error
         return _fail(exc)
@@ -145,6 +157,13 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         f"({info['kind']}, shape {tuple(info['input_shape'])}, {info['num_classes']} classes)"
     )
     out.print(f"identity {binding.ledger_key}")
+    if info.get("public"):
+        out.print(
+            "declared [bold]public[/bold] by its owner: usable as a public evaluation dataset "
+            "(eval.dataset); no epsilon covers these records"
+        )
+    else:
+        out.print("private: not usable as a public evaluation dataset (register with --public)")
     if binding.shared_with:
         out.print(
             "shares one ledger and cap with: " + ", ".join(binding.shared_with) + " (same records)"
@@ -187,6 +206,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
             {
                 "name": r.name,
                 "identity": key if r.content_sha256 else None,
+                "public": bool(r.storage_path) and bool((r.config or {}).get("public", False)),
                 "n_examples": r.n_examples,
                 "epsilon_cap": _num(s.epsilon_cap),
                 "delta_cap": _num(s.delta_cap),
@@ -209,13 +229,14 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     table = Table(title="datasets (names of the same identity share one ledger)")
-    for col in ("name", "identity", "N", "ε cap", "ε spent", "ε reserved"):
+    for col in ("name", "identity", "public", "N", "ε cap", "ε spent", "ε reserved"):
         table.add_column(col, justify="right" if col.startswith(("N", "ε")) else "left")
     for r in rows:
         ident = r["identity"]
         table.add_row(
             r["name"],
             ident[: len("sha256:") + PREFIX_DIGITS] + "…" if ident else "(not bound yet)",
+            "public" if r["public"] else "—",
             "—" if r["n_examples"] is None else str(r["n_examples"]),
             "—" if r["epsilon_cap"] is None else f"{r['epsilon_cap']:.6g}",
             f"{r['epsilon_spent']:.6g}",
@@ -227,7 +248,7 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     """What ``show --json`` prints: a name's records' ledger, with every entry."""
-    from sweeper.catalog import content_identity, names_of
+    from sweeper.catalog import content_identity, is_public, names_of
     from sweeper.ledger import BudgetLedger, identity_key
 
     content = content_identity(engine, name)
@@ -237,6 +258,7 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     return {
         "name": name,
         "identity": key,
+        "public": is_public(engine, name),
         "names": names_of(engine, content),
         "epsilon_cap": _num(s.epsilon_cap),
         "delta_cap": _num(s.delta_cap),
@@ -274,6 +296,11 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     out = _out()
     out.print(f"[bold]{view['name']}[/bold]: identity {view['identity']}")
+    out.print(
+        "declared public by its owner: usable as a public evaluation dataset"
+        if view["public"]
+        else "not declared public (private records)"
+    )
     out.print("names of these records (one ledger): " + ", ".join(view["names"]))
 
     def cell(v: float | None) -> str:

@@ -68,6 +68,8 @@ def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
         "epsilon_total",
         "distribution_shape",
         "mean_trials",
+        "eval_noise_multiplier",
+        "eval_releases",
     )
     grids = json.dumps([{k: g.get(k) for k in keys} for g in plan], sort_keys=True)
     return dict(_sweep_release(grids))
@@ -122,22 +124,69 @@ def lifetime_release(summary: Any) -> dict[str, Any]:
 
 
 def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
-    """What epsilon covers and how the evaluation records are released.
+    """What epsilon covers and how the evaluation records are released, for the spec's mode.
 
-    Today's evaluation split is a carve-out of the private dataset, declared unprotected:
-    metrics computed on it (and the choice of the best checkpoint) are released without DP.
+    * ``carve-out`` (the default): a share of the private dataset held out and declared
+      unprotected: metrics computed on it (and the choice of the best checkpoint) are
+      released without DP; epsilon covers the training records only.
+    * ``public``: a separately registered dataset its owner declared public; every private
+      record is trained on and covered by epsilon.
+    * ``dp``: a carve-out whose accuracy (and the checkpoint choice) come from noisy counts
+      charged in the plan; epsilon covers every record, training and evaluation.
+
+    Plans stored before the mode existed are carve-outs.
     """
     g = plan[0] if plan else {}
+    mode = g.get("eval_mode") or "carve-out"
     n_train, n_eval = g.get("n_train"), g.get("n_eval")
     train = f"the {n_train} training records" if n_train else "the training records"
     held = f"the {n_eval} evaluation records" if n_eval else "the evaluation records"
-    return {
-        "mode": "carve-out",
-        "protected": False,
-        "n_train": n_train,
-        "n_eval": n_eval,
-        "statement": (
-            f"ε covers {train}; {held} (a carve-out of the same dataset, never trained on) are "
-            "released through metrics and the choice of the best checkpoint without DP"
-        ),
-    }
+    out: dict[str, Any] = {"mode": mode, "n_train": n_train, "n_eval": n_eval}
+    if mode == "public":
+        name = g.get("eval_dataset")
+        out.update(
+            protected=True,
+            dataset=name,
+            statement=(
+                f"ε covers {train} (the whole private dataset: nothing is held out); "
+                f"{held} come from {name!r}, a separate dataset its owner declared public, "
+                "so the metrics computed on them reveal nothing about the private records "
+                "beyond what the trained models do"
+            ),
+        )
+    elif mode == "dp":
+        releases = g.get("eval_releases")
+        sigmas = sorted(
+            {float(x["eval_noise_multiplier"]) for x in plan if x.get("eval_noise_multiplier")}
+        )
+        noise = ""
+        if releases and sigmas:
+            lo, hi = sigmas[0], sigmas[-1]
+            sig = f"sigma_e {lo:.4g}" if lo == hi else f"sigma_e {lo:.4g} to {hi:.4g} by grid"
+            std = ""
+            if n_eval:
+                a, b = lo / n_eval, hi / n_eval
+                std = f": each accuracy ± {a:.3g}" + ("" if lo == hi else f" to ± {b:.3g}")
+                std += " (one std)"
+            noise = f" ({releases} noisy counts per trial, {sig}{std})"
+        n_all = (n_train or 0) + (n_eval or 0)
+        covers = f"all {n_all} records" if n_train and n_eval else "all the records"
+        out.update(
+            protected=True,
+            statement=(
+                f"ε covers {covers}: {train} and {held} (a carve-out of the same dataset, "
+                "never trained on, chosen by each record's own content); the accuracy and "
+                f"the choice of the best checkpoint come from noisy counts{noise}, charged "
+                "in each grid's ε, so the best of several trials is biased upwards; no loss, "
+                "calibration or clipping diagnostics are released"
+            ),
+        )
+    else:
+        out.update(
+            protected=False,
+            statement=(
+                f"ε covers {train}; {held} (a carve-out of the same dataset, never trained on) "
+                "are released through metrics and the choice of the best checkpoint without DP"
+            ),
+        )
+    return out

@@ -718,13 +718,9 @@ class SweepRunner:
             # stored before that option existed runs its remaining trials with secrets too).
             randomness="reproducible" if self.spec["privacy"].get("reproducible") else "secret",
             # The worker refuses to run anything but what the grid's reservation covers.
-            planned=PlannedRun(
-                strategy=grid["strategy"],
-                sample_rate=float(grid["sample_rate"]),
-                steps=int(grid["steps_per_trial"]),
-                noise_multiplier=float(grid["noise_multiplier"]),
-                dataset_sha256=grid.get("dataset_sha256"),
-            ),
+            planned=PlannedRun.of_grid(grid),
+            # DP evaluation: each noisy count's multiplier, as planned and charged per grid.
+            eval_noise_multiplier=grid.get("eval_noise_multiplier"),
         )
 
     def _dataset_spec(self) -> Any:
@@ -732,32 +728,18 @@ class SweepRunner:
         if not hasattr(self, "_dataset"):
             from sweeper.catalog import resolve
 
-            self._dataset = resolve(self.engine, self.spec["dataset"])
+            self._dataset = resolve(self.engine, self.spec["dataset"], self.spec.get("eval"))
         return self._dataset
 
     def _plan_mismatch(self, trials: list[_Pending]) -> str | None:
         """Why ``trials`` would not run as planned (see :mod:`workers.plan_check`), or None."""
-        from workers.plan_check import PlanMismatch, check_plan
-        from workers.schedule import plan_steps
+        from workers.plan_check import PlanMismatch, check_pack
 
         spec = self._pack_spec(trials)
         assert spec.planned is not None
         data = self._current_data(spec.dataset)
         try:
-            q, steps = plan_steps(
-                n_train=data.n_train,
-                batch_size=spec.batch_size,
-                epochs=spec.epochs,
-                steps=spec.steps,
-            )
-            check_plan(
-                spec.planned,
-                strategy=spec.strategy,
-                sample_rate=q,
-                steps=steps,
-                noise_multipliers=[t.noise_multiplier for t in spec.trials],
-                dataset_sha256=data.content_sha256,
-            )
+            check_pack(spec, data)
         except (PlanMismatch, ConfigError) as exc:
             return str(exc)
         return None
@@ -767,7 +749,11 @@ class SweepRunner:
         from workers.datasets import load_dataset
 
         stamp = []
-        for path in (dataset.path, dataset.labels_path):
+        public_eval = getattr(dataset, "eval_dataset", None)
+        paths = [dataset.path, dataset.labels_path]
+        if public_eval is not None:
+            paths += [public_eval.path, public_eval.labels_path]
+        for path in paths:
             if path:
                 try:
                     st = os.stat(path)

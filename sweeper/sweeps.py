@@ -261,10 +261,11 @@ def create_sweep(
     check_spec(spec)
     if prepared is None:
         if plan is None:
-            from sweeper.catalog import in_catalog, resolve
+            from sweeper.catalog import resolve
 
-            dataset = resolve(engine, spec.dataset) if in_catalog(spec.dataset.name) else None
-            plan = plan_sweep(spec, dataset=dataset)
+            # Loader names pass through; uploads, registered names and a public evaluation
+            # dataset are looked up in the catalog.
+            plan = plan_sweep(spec, dataset=resolve(engine, spec.dataset, spec.eval))
         from sweeper.parallel import pmap
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
@@ -614,6 +615,11 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
                     "warnings",
                     "n_train",
                     "n_eval",
+                    "eval_mode",
+                    "eval_dataset",
+                    "eval_releases",
+                    "eval_noise_multiplier",
+                    "epsilon_eval",
                 )
                 if k in g
             }

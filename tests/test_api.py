@@ -284,6 +284,18 @@ def test_bad_input_gets_problem_json_and_stores_nothing(server: Server) -> None:
     assert plan.status_code == 200, plan.text
     grid = plan.json()["grids"][0]
     assert grid["trials"] == 2 and grid["epsilon_reserved"] <= 2.0
+    assert grid["eval_mode"] == "carve-out" and grid["eval_releases"] == 0
+    # Evaluation modes: a loader is never a public evaluation dataset; DP evaluation is
+    # planned (and charged) inside each grid's epsilon.
+    not_public = _spec(eval={"dataset": "wine"})
+    assert_problem(post("/api/v1/sweeps", json=not_public), 422, field="eval.dataset")
+    bad_mode = _spec(eval={"mode": "dp", "dataset": "x"})
+    assert_problem(post("/api/v1/sweeps", json=bad_mode), 422, field="eval")
+    dp = post("/api/v1/sweeps:plan", json=_spec(eval={"mode": "dp"}))
+    assert dp.status_code == 200, dp.text
+    g = dp.json()["grids"][0]
+    assert g["eval_mode"] == "dp" and g["eval_releases"] > 0
+    assert 0 < g["epsilon_eval"] < g["epsilon_total"] <= g["epsilon_budget"]
     assert me.get("/api/v1/sweeps").json()["items"] == []
 
 

@@ -84,7 +84,8 @@ def engine(tmp_path: Path) -> Any:
 def test_compose_schedule_charges_the_composed_cost_of_every_prefix() -> None:
     from workers.accounting import pld_epsilon
 
-    plan = _plan()
+    five = pld_epsilon(noise_multiplier=1.2, sample_rate=0.05, steps=150, target_delta=1e-5)
+    plan = _plan(epsilon_total=five)
     s = charge_schedule(plan)
     assert s.runs == 5 and not s.whole_grid
     # Marginal charges telescope exactly to the reservation.
@@ -94,7 +95,6 @@ def test_compose_schedule_charges_the_composed_cost_of_every_prefix() -> None:
     # Every prefix is charged what j runs composed cost (the same PLD accountant), so a
     # cancelled sweep is never under-charged: here 1 run alone and 5 runs composed.
     one = pld_epsilon(noise_multiplier=1.2, sample_rate=0.05, steps=30, target_delta=1e-5)
-    five = pld_epsilon(noise_multiplier=1.2, sample_rate=0.05, steps=150, target_delta=1e-5)
     assert float(s.epsilon[0]) == pytest.approx(one, rel=1e-6)
     assert float(s.reserved_epsilon) == pytest.approx(five, rel=1e-6)
     assert float(s.epsilon[1]) > 2 * float(s.epsilon[0]) * 0.5  # sub-linear but growing
@@ -104,9 +104,16 @@ def test_compose_schedule_charges_the_composed_cost_of_every_prefix() -> None:
         s.charge_for_run(6)
 
 
+def test_a_schedule_below_its_plan_is_refused() -> None:
+    """A plan whose figure the runs' charges would not reach (a release the schedule leaves
+    out) is refused: the ledger would be charged less than the plan says was spent."""
+    with pytest.raises(PrivacyError, match="below the plan's"):
+        charge_schedule(_plan(epsilon_total=3.9))
+
+
 def test_schedule_above_the_budget_is_refused() -> None:
     with pytest.raises(PrivacyError, match="above the grid's budget"):
-        charge_schedule(_plan(epsilon_budget=1.0))
+        charge_schedule(_plan(epsilon_budget=1.0, epsilon_total=0.9))
 
 
 @settings(max_examples=30, deadline=None)

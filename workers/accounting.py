@@ -3,6 +3,12 @@
 Thin, strict wrappers over Opacus's accountants (RDP by default, PRV selectable) and
 dp_accounting's PLD (``pld``, torch-free, what the planner calibrates with). Libraries are
 imported lazily, so callers without torch (the sweeper) can import this module.
+
+DP evaluation (``eval: {mode: dp}``): besides its steps, a trial releases ``eval_releases``
+noisy counts of correct predictions, each a Gaussian mechanism of sensitivity 1 and noise
+multiplier ``eval_noise_multiplier`` (no subsampling). E such Gaussians compose to exactly one
+Gaussian of multiplier ``eval_noise_multiplier / sqrt(E)``; every function here that takes
+these two keywords charges them with the steps.
 """
 
 from __future__ import annotations
@@ -39,6 +45,27 @@ def _check(
         raise ConfigError(f"steps must be >= 0; got {steps}", field="steps")
 
 
+def _eval_sigma(eval_noise_multiplier: float | None, eval_releases: int) -> float | None:
+    """The one Gaussian multiplier the ``eval_releases`` evaluation releases compose to.
+
+    ``None`` when there are none. Raises for releases without a usable multiplier.
+    """
+    if eval_releases < 0 or int(eval_releases) != eval_releases:
+        raise ConfigError(
+            f"eval_releases must be an integer >= 0; got {eval_releases}", field="eval"
+        )
+    if eval_releases == 0:
+        return None
+    if eval_noise_multiplier is None or not (
+        eval_noise_multiplier > 0 and math.isfinite(eval_noise_multiplier)
+    ):
+        raise PrivacyError(
+            f"evaluation noise multiplier {eval_noise_multiplier} gives no finite privacy "
+            "guarantee for the noisy evaluations; it must be > 0"
+        )
+    return float(eval_noise_multiplier) / math.sqrt(int(eval_releases))
+
+
 def _accountant(name: str) -> Any:
     from opacus.accountants import PRVAccountant, RDPAccountant
 
@@ -52,19 +79,28 @@ def pld_epsilon(
     steps: int,
     target_delta: float,
     discretization: float = PLD_DISCRETIZATION,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> float:
     """Epsilon by dp_accounting's privacy-loss-distribution accountant (torch-free).
 
     Uses the pessimistic (upper-bound) discretisation, so a coarser grid only over-states.
+    With ``eval_releases`` > 0, also charges that many Gaussian releases of multiplier
+    ``eval_noise_multiplier`` (sensitivity 1), composed as one Gaussian of multiplier
+    ``eval_noise_multiplier / sqrt(eval_releases)`` (exact).
     """
     from dp_accounting import dp_event
     from dp_accounting.pld import pld_privacy_accountant
 
+    extra = _eval_sigma(eval_noise_multiplier, eval_releases)
     acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
-    acc.compose(
-        dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
-        steps,
-    )
+    if steps > 0:
+        acc.compose(
+            dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
+            steps,
+        )
+    if extra is not None:
+        acc.compose(dp_event.GaussianDpEvent(extra))
     return float(acc.get_epsilon(target_delta))
 
 
@@ -75,21 +111,37 @@ def compute_epsilon(
     steps: int,
     target_delta: float,
     accountant: str = "rdp",
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> float:
     """Epsilon of `steps` Poisson-subsampled Gaussian steps of multiplier `noise_multiplier`.
+
+    With DP evaluation, a single trial's epsilon: ``eval_releases`` (E) further Gaussian
+    releases of multiplier ``eval_noise_multiplier`` (sensitivity 1, no subsampling) are
+    composed with the steps (Opacus history entry ``(sigma_e, 1.0, E)``; for ``pld`` one
+    Gaussian of multiplier ``sigma_e / sqrt(E)``, the same mechanism).
 
     Raises:
         PrivacyError: the mechanism gives no finite guarantee (e.g. ``noise_multiplier`` <= 0).
     """
     _check(sample_rate=sample_rate, target_delta=target_delta, accountant=accountant, steps=steps)
-    if steps == 0:
+    extra = _eval_sigma(eval_noise_multiplier, eval_releases)
+    if steps == 0 and extra is None:
         return 0.0
-    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+    if steps > 0 and not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
         raise PrivacyError(
             f"noise multiplier {noise_multiplier} gives no finite privacy guarantee; it must be > 0"
         )
+    # _eval_sigma has checked the multiplier wherever there are releases to charge.
+    sigma_e = None if extra is None or eval_noise_multiplier is None else eval_noise_multiplier
     eps = _epsilon(
-        float(noise_multiplier), float(sample_rate), int(steps), float(target_delta), accountant
+        float(noise_multiplier),
+        float(sample_rate),
+        int(steps),
+        float(target_delta),
+        accountant,
+        None if sigma_e is None else float(sigma_e),
+        0 if sigma_e is None else int(eval_releases),
     )
     if not math.isfinite(eps) or eps < 0:
         raise PrivacyError(f"the {accountant} accountant returned an invalid epsilon ({eps})")
@@ -98,7 +150,13 @@ def compute_epsilon(
 
 @functools.lru_cache(maxsize=4096)
 def _epsilon(
-    noise_multiplier: float, sample_rate: float, steps: int, target_delta: float, accountant: str
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    accountant: str,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> float:
     # Opacus's RDP takes ~0.1 s per call (pure Python over fractional orders); the trials of a
     # grid share (sigma, q, T, delta), so the exact same question is answered once.
@@ -108,28 +166,51 @@ def _epsilon(
             sample_rate=sample_rate,
             steps=steps,
             target_delta=target_delta,
+            eval_noise_multiplier=eval_noise_multiplier,
+            eval_releases=eval_releases,
         )
     acc = _accountant(accountant)
-    acc.history = [(noise_multiplier, sample_rate, steps)]
+    history = [(noise_multiplier, sample_rate, steps)] if steps > 0 else []
+    if eval_releases > 0 and eval_noise_multiplier is not None:
+        # Without subsampling (q = 1) both accountants treat the entry as plain Gaussians.
+        history.append((eval_noise_multiplier, 1.0, eval_releases))
+    acc.history = history
     with warnings.catch_warnings():
         # "Optimal order is the largest alpha": the RDP bound is then merely loose (an
         # over-estimate of epsilon), which is safe; it is not worth alarming users over.
         warnings.simplefilter("ignore", UserWarning)
+        # Opacus's PRV takes log(1 - q) = -inf for a q = 1 entry; its density is then the
+        # plain Gaussian's, but numpy warns about the logarithm of zero.
+        warnings.simplefilter("ignore", RuntimeWarning)
         return float(acc.get_epsilon(delta=target_delta))
 
 
 def dp_rdp_epsilon(
-    *, noise_multiplier: float, sample_rate: float, steps: int, target_delta: float
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> float:
-    """Epsilon by dp_accounting's RDP accountant (torch-free; the planner's fast option)."""
+    """Epsilon by dp_accounting's RDP accountant (torch-free; the planner's fast option).
+
+    ``eval_noise_multiplier`` and ``eval_releases`` add Gaussian releases as for
+    :func:`pld_epsilon`.
+    """
     from dp_accounting import dp_event
     from dp_accounting.rdp import rdp_privacy_accountant
 
+    extra = _eval_sigma(eval_noise_multiplier, eval_releases)
     acc = rdp_privacy_accountant.RdpAccountant()
-    acc.compose(
-        dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
-        steps,
-    )
+    if steps > 0:
+        acc.compose(
+            dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
+            steps,
+        )
+    if extra is not None:
+        acc.compose(dp_event.GaussianDpEvent(extra))
     return float(acc.get_epsilon(target_delta))
 
 

@@ -20,6 +20,11 @@ with code that shares nothing with it:
 * :func:`sweep_epsilon`: the epsilon of releasing every grid of a sweep on one dataset,
   composed tightly rather than summed, with the tight figure verified independently.
 
+DP evaluation (``eval: {mode: dp}``) adds E Gaussian releases per trial (sensitivity 1,
+multiplier sigma_e, no subsampling): the PRV accountant takes them as ``(sigma_e, 1.0, n)``
+(a plain Gaussian PRV, see :func:`_prv`), the independent RDP adds their exact curve
+``n * alpha / (2 sigma_e^2)`` (:func:`gaussian_rdp`).
+
 Libraries are imported lazily; importing this module costs numpy only.
 """
 
@@ -382,6 +387,18 @@ def subsampled_gaussian_rdp(
     return per * steps
 
 
+def gaussian_rdp(
+    *, noise_multiplier: float, releases: int = 1, orders: Sequence[float] = RDP_ORDERS
+) -> np.ndarray:
+    """The Rényi DP of ``releases`` Gaussian mechanisms (sensitivity 1, no subsampling).
+
+    Exact: D_alpha(N(1, s^2) || N(0, s^2)) = alpha / (2 s^2), additive under composition.
+    """
+    _check_mechanism(noise_multiplier, 1.0, max(int(releases), 1))
+    a = np.asarray([float(x) for x in orders])
+    return int(releases) * a / (2.0 * float(noise_multiplier) ** 2)
+
+
 def rdp_to_epsilon(orders: Curve, rdp: Curve, *, target_delta: float) -> float:
     """The smallest epsilon at ``target_delta`` implied by an RDP curve.
 
@@ -493,9 +510,33 @@ def repeat_and_select_rdp(
 
 
 @functools.lru_cache(maxsize=1024)
-def _ps_rdp(sigma: float, q: float, steps: int, mean: float, shape: float) -> tuple[float, ...]:
+def _ps_rdp(
+    sigma: float,
+    q: float,
+    steps: int,
+    mean: float,
+    shape: float,
+    eval_sigma: float | None = None,
+    eval_releases: int = 0,
+) -> tuple[float, ...]:
     one_run = subsampled_gaussian_rdp(noise_multiplier=sigma, sample_rate=q, steps=steps)
+    if eval_sigma is not None and eval_releases > 0:
+        # One run also releases its E noisy evaluations: composed with its steps (RDP adds).
+        one_run = one_run + gaussian_rdp(noise_multiplier=eval_sigma, releases=eval_releases)
     return tuple(repeat_and_select_rdp(RDP_ORDERS, one_run, mean_trials=mean, shape=shape))
+
+
+def _eval_pair(eval_noise_multiplier: float | None, eval_releases: int) -> tuple[float | None, int]:
+    """(sigma_e, E) normalised: (None, 0) when there is nothing to charge."""
+    if not eval_releases:
+        return None, 0
+    if eval_releases < 0 or eval_noise_multiplier is None:
+        raise PrivacyError(
+            f"{eval_releases} evaluation release(s) without a valid noise multiplier "
+            f"({eval_noise_multiplier}) cannot be accounted"
+        )
+    _check_mechanism(float(eval_noise_multiplier), 1.0, int(eval_releases))
+    return float(eval_noise_multiplier), int(eval_releases)
 
 
 def papernot_steinke_epsilon(
@@ -506,16 +547,27 @@ def papernot_steinke_epsilon(
     mean_trials: float,
     shape: float,
     target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> float:
     """Epsilon of random search (Papernot & Steinke 2022) computed independently.
 
     The search runs K trials of ``steps`` subsampled-Gaussian steps (K drawn from the
     distribution of ``shape`` with mean ``mean_trials``; see :func:`repeat_and_select_rdp`)
-    and releases only the best one.
+    and releases only the best one. With DP evaluation each run also makes
+    ``eval_releases`` Gaussian releases of multiplier ``eval_noise_multiplier``: one run's
+    RDP curve is then the steps' plus ``E * alpha / (2 sigma_e^2)``.
     """
     _check_mechanism(noise_multiplier, sample_rate, steps)
+    sigma_e, releases = _eval_pair(eval_noise_multiplier, eval_releases)
     rdp = _ps_rdp(
-        float(noise_multiplier), float(sample_rate), int(steps), float(mean_trials), float(shape)
+        float(noise_multiplier),
+        float(sample_rate),
+        int(steps),
+        float(mean_trials),
+        float(shape),
+        sigma_e,
+        releases,
     )
     return rdp_to_epsilon(RDP_ORDERS, rdp, target_delta=target_delta)
 
@@ -540,6 +592,8 @@ def papernot_steinke_bounds(
     mean_trials: float,
     shape: float,
     target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> EpsilonBounds:
     """:func:`papernot_steinke_epsilon` with the agreement tolerance as its error bars."""
     eps = papernot_steinke_epsilon(
@@ -549,6 +603,8 @@ def papernot_steinke_bounds(
         mean_trials=mean_trials,
         shape=shape,
         target_delta=target_delta,
+        eval_noise_multiplier=eval_noise_multiplier,
+        eval_releases=eval_releases,
     )
     return EpsilonBounds(eps * (1 - RDP_AGREEMENT), eps, eps * (1 + RDP_AGREEMENT), RDP_SOURCE)
 
@@ -602,6 +658,15 @@ class _Grid:
     epsilon: float
     mean: float
     shape: float
+    # DP evaluation: sigma_e of each release and E, the releases per trial (None, 0: none).
+    eval_sigma: float | None = None
+    eval_releases: int = 0
+
+    def eval_mechanism(self) -> tuple[float, float, int] | None:
+        """All K trials' K*E evaluation releases as ``(sigma_e, 1.0, K*E)``, or None."""
+        if self.eval_sigma is None:
+            return None
+        return (self.eval_sigma, 1.0, self.trials * self.eval_releases)
 
 
 def _grid(grid: Any) -> _Grid:
@@ -621,6 +686,10 @@ def _grid(grid: Any) -> _Grid:
     elif accounting not in ("compose", "basic"):
         raise PrivacyError(f"no accounting rule for {accounting!r}")
     trials = int(_field(grid, "trials"))
+    raw_e = _field(grid, "eval_noise_multiplier")
+    eval_sigma, eval_releases = _eval_pair(
+        None if raw_e is None else float(raw_e), int(_field(grid, "eval_releases") or 0)
+    )
     return _Grid(
         accounting=accounting,
         trials=trials,
@@ -631,6 +700,8 @@ def _grid(grid: Any) -> _Grid:
         epsilon=float(_field(grid, "epsilon_total")),
         mean=float(_field(grid, "mean_trials", None) or trials),
         shape=shape,
+        eval_sigma=eval_sigma,
+        eval_releases=eval_releases,
     )
 
 
@@ -645,11 +716,16 @@ def sweep_epsilon(grids: Iterable[Any]) -> SweepEpsilon:
     this module's independent RDP. The result is the smaller of that and the plain sum of the
     grids' epsilons (always valid), at delta = the sum of the grids' deltas.
 
+    A grid with DP evaluation (``eval_noise_multiplier`` sigma_e and ``eval_releases`` E per
+    trial) also releases K*E Gaussians of multiplier sigma_e (one of sigma_e / sqrt(K*E));
+    in a random search they belong to each run, inside its RepeatAndSelect.
+
     Args:
         grids: :class:`sweeper.planner.GridPlan` objects, or their ``to_dict()`` (stored
             plans): accounting, trials, steps_per_trial, sample_rate, noise_multiplier,
             delta, epsilon_total, and for random search distribution_shape (a number, or
-            "inf" for Poisson) and optionally mean_trials (default: ``trials``).
+            "inf" for Poisson) and optionally mean_trials (default: ``trials``); with DP
+            evaluation eval_noise_multiplier and eval_releases (absent, None or 0: none).
 
     Raises:
         PrivacyError: the tight composition disagrees with the independent one beyond their
@@ -673,15 +749,16 @@ def sweep_epsilon(grids: Iterable[Any]) -> SweepEpsilon:
         disagree = not tight >= bounds.lower
     else:
         tight = _pld_sweep(gs, delta)
+        mechanisms = [(g.sigma, g.q, g.trials * g.steps) for g in gs]
+        evals = [m for m in (g.eval_mechanism() for g in gs) if m is not None]
         bounds = prv_compose_epsilon(
-            [(g.sigma, g.q, g.trials * g.steps) for g in gs],
-            target_delta=delta,
-            eps_error=prv_error(tight),
+            mechanisms + evals, target_delta=delta, eps_error=prv_error(tight)
         )
         method = "pld composition"
         # PLD (pessimistic) is an upper bound: below PRV's lower bound it under-states; far
-        # above PRV's upper bound it is not the composition we think it is.
-        steps = sum(g.trials * g.steps for g in gs)
+        # above PRV's upper bound it is not the composition we think it is. (_pld_sweep
+        # composes each grid's evaluations as one Gaussian: one more discretised loss each.)
+        steps = sum(g.trials * g.steps for g in gs) + len(evals)
         slack = pld_overstatement(epsilon=bounds.upper, steps=steps)
         disagree = not bounds.lower <= tight <= bounds.upper + slack
     if disagree:
@@ -716,6 +793,10 @@ def _pld_sweep(gs: Sequence[_Grid], delta: float) -> float:
             dp_event.PoissonSampledDpEvent(g.q, dp_event.GaussianDpEvent(g.sigma)),
             g.trials * g.steps,
         )
+        ev = g.eval_mechanism()
+        if ev is not None:
+            # K*E Gaussians of multiplier sigma_e are one of sigma_e / sqrt(K*E) (exact).
+            acc.compose(dp_event.GaussianDpEvent(ev[0] / math.sqrt(ev[2])))
     return float(acc.get_epsilon(delta))
 
 
@@ -727,10 +808,17 @@ def _rdp_sweep(gs: Sequence[_Grid], delta: float) -> float:
     for g in gs:
         step = dp_event.PoissonSampledDpEvent(g.q, dp_event.GaussianDpEvent(g.sigma))
         if g.accounting == "papernot-steinke":
-            run = dp_event.SelfComposedDpEvent(step, g.steps)
+            run: Any = dp_event.SelfComposedDpEvent(step, g.steps)
+            if g.eval_sigma is not None:
+                # One run: its steps and its E evaluations (one Gaussian of sigma_e/sqrt(E)).
+                ev = dp_event.GaussianDpEvent(g.eval_sigma / math.sqrt(g.eval_releases))
+                run = dp_event.ComposedDpEvent([run, ev])
             acc.compose(dp_event.RepeatAndSelectDpEvent(run, g.mean, g.shape))
         else:
             acc.compose(step, g.trials * g.steps)
+            ev_all = g.eval_mechanism()
+            if ev_all is not None:
+                acc.compose(dp_event.GaussianDpEvent(ev_all[0] / math.sqrt(ev_all[2])))
     return float(acc.get_epsilon(delta))
 
 
@@ -738,10 +826,15 @@ def _independent_rdp_sweep(gs: Sequence[_Grid], delta: float) -> EpsilonBounds:
     total = np.zeros(len(RDP_ORDERS))
     for g in gs:
         if g.accounting == "papernot-steinke":
-            total += np.asarray(_ps_rdp(g.sigma, g.q, g.steps, g.mean, g.shape))
+            total += np.asarray(
+                _ps_rdp(g.sigma, g.q, g.steps, g.mean, g.shape, g.eval_sigma, g.eval_releases)
+            )
         else:
             total += subsampled_gaussian_rdp(
                 noise_multiplier=g.sigma, sample_rate=g.q, steps=g.trials * g.steps
             )
+            ev = g.eval_mechanism()
+            if ev is not None:
+                total += gaussian_rdp(noise_multiplier=ev[0], releases=ev[2])
     eps = rdp_to_epsilon(RDP_ORDERS, total, target_delta=delta)
     return EpsilonBounds(eps * (1 - RDP_AGREEMENT), eps, eps * (1 + RDP_AGREEMENT), RDP_SOURCE)

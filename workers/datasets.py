@@ -1,7 +1,24 @@
 """Datasets registry: built-in sets and loaders for files a user already has.
 
-Every loader returns raw arrays; :func:`load_dataset` then splits them deterministically by
-``split_seed`` and normalises the inputs.
+Every loader returns raw arrays; :func:`load_dataset` then separates training from evaluation
+records (by ``DatasetSpec.evaluation``) and normalises the inputs.
+
+Privacy note on evaluation records: evaluation records are never trained on. Three modes say
+what they are and what epsilon covers:
+
+* ``carve-out`` (default): ``test_fraction`` of the dataset is held out by a seeded, stratified
+  shuffle (``split_seed``) and treated as *public*: metrics, the best checkpoint and the
+  scaling statistics below come from it without DP; epsilon covers the training records only.
+* ``public``: every record of the (private) dataset is a training record; the evaluation
+  records are all records of ``eval_dataset``, a separate dataset its owner declared public.
+  It must have the same kind and input shape, and only labels among the training classes.
+  Epsilon covers every private record.
+* ``dp``: a carve-out whose evaluation records stay *private* (their metrics must be released
+  with DP, by the caller). The split is keyed by each record's own content and the public
+  ``split_seed`` (:func:`_keyed_split`), so adding or removing one record moves no other
+  record across the split: neighbouring datasets differ in one record on one side. No
+  statistic of either side may be used for scaling: inputs need declared ``input_bounds`` or
+  a format with a known pixel range.
 
 Privacy note on normalisation: preprocessing must not depend on the *private* training split,
 otherwise the released model leaks statistics that no noise covers. And every scaled input must
@@ -14,9 +31,10 @@ use no training record, then clipped to a fixed range, then cast to float32:
    or [-1, 1] (tabular);
 2. images with a known pixel format (``pixel_max``: 255 for uint8, 16 for digits): divide, clip
    to [0, 1];
-3. other float images: a robust range from the public evaluation split, clip to [0, 1];
-4. other tabular data: robust standardisation (median, IQR) from the public evaluation split,
-   clip to [-feature_clip, feature_clip].
+3. other float images: a robust range from the public evaluation records (the carve-out or
+   the public evaluation dataset; refused in mode ``dp``), clip to [0, 1];
+4. other tabular data: robust standardisation (median, IQR) from the public evaluation
+   records (likewise; refused in mode ``dp``), clip to [-feature_clip, feature_clip].
 
 Robust statistics keep one extreme *evaluation* record from squashing every feature to ~0.
 Non-finite values (NaN, inf) are refused with their positions, for the data owner to fix.
@@ -31,7 +49,7 @@ import gzip
 import hashlib
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,6 +59,8 @@ import numpy as np
 from workers.errors import ConfigError, DatasetError
 
 Kind = Literal["image", "tabular"]
+#: How evaluation records are separated from training records (see the module docstring).
+EVAL_MODES = ("carve-out", "public", "dp")
 
 
 @dataclass(frozen=True)
@@ -53,14 +73,21 @@ class DatasetSpec:
         path: data file for ``idx`` (images), ``npz`` and ``csv``.
         labels_path: labels file for ``idx``.
         label_column: label column for ``csv``.
-        test_fraction: share of the examples held out as the (public) evaluation split.
-        split_seed: seed of the train/test split; shared by every trial of a sweep.
+        test_fraction: share of the examples held out as the evaluation split (modes
+            ``carve-out`` and ``dp``; unused in mode ``public``).
+        split_seed: seed of the train/test split (the key of the split in mode ``dp``);
+            shared by every trial of a sweep.
         options: loader-specific options (for ``synthetic``: ``n_samples``, ``n_features``,
             ``n_classes``, ``n_informative``, ``seed``).
         input_bounds: bounds ``(lo, hi)`` of every raw input value, declared by the data owner;
             values outside are clipped. None: scale by the file format or public statistics.
         feature_clip: tabular features scaled by public statistics are clipped to
             ``[-feature_clip, feature_clip]``.
+        evaluation: ``carve-out`` (a held-out split treated as public), ``public`` (every
+            record trains; ``eval_dataset`` evaluates) or ``dp`` (a content-keyed held-out
+            split that stays private). See the module docstring.
+        eval_dataset: mode ``public``: the worker spec of the public evaluation dataset
+            (loaded with its own loader; its split and scaling settings are not used).
     """
 
     name: str
@@ -72,6 +99,8 @@ class DatasetSpec:
     options: dict[str, Any] = field(default_factory=dict)
     input_bounds: tuple[float, float] | None = None
     feature_clip: float = 5.0
+    evaluation: str = "carve-out"
+    eval_dataset: DatasetSpec | None = None
 
 
 @dataclass
@@ -107,7 +136,12 @@ class Dataset:
     the dataset's privacy ledger. It holds no record's value, but it is still a deterministic
     function of every record: someone who knows all records but one could test guesses of
     the last one against it. Show it to the operator and the data owner only, never to
-    analysts with released results.
+    analysts with released results. In mode ``public`` it is the identity of the private
+    (training) records only, never of the public evaluation dataset.
+
+    ``evaluation`` is the mode the records were separated by (``carve-out``, ``public``,
+    ``dp``): in mode ``public`` ``x_test`` holds the public dataset's records, and
+    :attr:`n_private` counts the training records only.
     """
 
     name: str
@@ -120,6 +154,7 @@ class Dataset:
     classes: list[str]
     input_scaling: dict[str, Any] = field(default_factory=dict)
     content_sha256: str = ""
+    evaluation: str = "carve-out"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -128,6 +163,14 @@ class Dataset:
     @property
     def n_train(self) -> int:
         return int(self.x_train.shape[0])
+
+    @property
+    def n_private(self) -> int:
+        """How many records of the (private) dataset were loaded: training plus carved-out
+        evaluation records; in mode ``public`` the training records only (the evaluation
+        records are another, public, dataset's)."""
+        n_eval = 0 if self.evaluation == "public" else int(self.x_test.shape[0])
+        return self.n_train + n_eval
 
 
 Loader = Callable[[DatasetSpec], RawData]
@@ -442,28 +485,40 @@ def content_sha256(raw: RawData) -> str:
     shape = tuple(int(s) for s in x.shape[1:])
     if raw.kind == "image" and x.ndim == 3:
         shape = (1, *shape)  # load_dataset adds this channel axis: [H, W] and [1, H, W] agree
+    sha = hashlib.sha256
+    digests: list[bytes] = []
+    for inputs, label in _canonical_records(raw):
+        h = sha(inputs)
+        # Every row has the same length, so inputs || label is unambiguous.
+        h.update(label)
+        digests.append(h.digest())
+    digests.sort()
+    total = sha(_IDENTITY_TAG)
+    total.update(repr(shape).encode() + b"\0" + n.to_bytes(8, "little"))
+    total.update(b"".join(digests))
+    return total.hexdigest()
+
+
+def _canonical_records(raw: RawData) -> Iterator[tuple[memoryview, bytes]]:
+    """Each record in its canonical form (see :func:`content_sha256`), in file order: its
+    inputs as little-endian float64 bytes (``-0.0`` as ``0.0``) and its canonical label.
+
+    Converted in chunks of about ``_CHUNK_VALUES`` values; the caller's array is not touched.
+    """
+    x = raw.x
+    n = len(x)
     labels = _canonical_labels(raw.y)
     flat = x.reshape(n, -1)
     width = flat.shape[1] if flat.ndim == 2 else 0
     row_bytes = 8 * width
     step = max(1, _CHUNK_VALUES // max(1, width))
-    sha = hashlib.sha256
-    digests: list[bytes] = []
     for start in range(0, n, step):
         # astype always copies: the canonicalisation below must not touch the caller's array.
         chunk = flat[start : start + step].astype("<f8")
         chunk += 0.0  # -0.0 + 0.0 == +0.0: one byte form per number
         buf = memoryview(chunk.reshape(-1).view(np.uint8).tobytes())
         for j in range(len(chunk)):
-            h = sha(buf[j * row_bytes : (j + 1) * row_bytes])
-            # Every row has the same length, so inputs || label is unambiguous.
-            h.update(labels[start + j])
-            digests.append(h.digest())
-    digests.sort()
-    total = sha(_IDENTITY_TAG)
-    total.update(repr(shape).encode() + b"\0" + n.to_bytes(8, "little"))
-    total.update(b"".join(digests))
-    return total.hexdigest()
+            yield buf[j * row_bytes : (j + 1) * row_bytes], labels[start + j]
 
 
 def _canonical_labels(y: np.ndarray) -> list[bytes]:
@@ -526,12 +581,20 @@ _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
-    """Load, split (deterministically by ``spec.split_seed``) and normalise a dataset.
+    """Load, split and normalise a dataset.
+
+    How evaluation records are separated from training records follows ``spec.evaluation``
+    (module docstring): ``carve-out`` splits by a seeded shuffle (``spec.split_seed``),
+    ``dp`` by a keyed hash of each record's content (:func:`_keyed_split`), and ``public``
+    trains on every record and evaluates on ``spec.eval_dataset``.
 
     Raises:
-        ConfigError: unknown name or invalid settings (the message lists what is allowed).
+        ConfigError: unknown name or invalid settings (the message lists what is allowed); in
+            mode ``dp``, inputs that only public statistics could scale; in mode ``public``,
+            an evaluation dataset of another kind or input shape.
         DatasetError: a missing or malformed file, or NaN / inf values (the message names the
-            file and where the values are).
+            file and where the values are); a split that leaves a side empty; in mode
+            ``public``, evaluation labels that are not training classes.
     """
     if spec.name not in DATASETS:
         raise ConfigError(
@@ -542,6 +605,22 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         raise ConfigError(
             f"test_fraction must be strictly between 0 and 1; got {spec.test_fraction}",
             field="dataset.test_fraction",
+        )
+    mode = spec.evaluation
+    if mode not in EVAL_MODES:
+        raise ConfigError(
+            f"unknown evaluation mode {mode!r}; choose one of: {', '.join(EVAL_MODES)}",
+            field="eval.mode",
+        )
+    if mode == "public" and spec.eval_dataset is None:
+        raise ConfigError(
+            "eval mode public needs the public evaluation dataset (eval.dataset)",
+            field="eval.dataset",
+        )
+    if mode != "public" and spec.eval_dataset is not None:
+        raise ConfigError(
+            f"an evaluation dataset applies to eval mode public only, not {mode}",
+            field="eval.dataset",
         )
     raw = DATASETS[spec.name](spec)
     _check_finite(raw, spec)
@@ -556,20 +635,107 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     x = raw.x
     if raw.kind == "image" and x.ndim == 3:
         x = x[:, None, :, :]  # add the channel axis
-    train_idx, test_idx = _split(len(x), y, spec.test_fraction, spec.split_seed)
-    x_train, x_test, scaling = _normalise(raw, spec, x[train_idx], x[test_idx])
+    if mode == "public":
+        assert spec.eval_dataset is not None
+        x_fit, y_fit = x, y
+        x_eval, y_eval = _public_eval_records(
+            spec.eval_dataset, raw, x, classes, bounds=spec.input_bounds is not None
+        )
+    else:
+        if mode == "dp":
+            train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
+        else:
+            train_idx, test_idx = _split(len(x), y, spec.test_fraction, spec.split_seed)
+        x_fit, y_fit = x[train_idx], y[train_idx]
+        x_eval, y_eval = x[test_idx], y[test_idx]
+    x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)
     return Dataset(
         name=spec.name,
         kind=raw.kind,
         x_train=x_train,
-        y_train=y[train_idx].astype(np.int64),
+        y_train=y_fit.astype(np.int64),
         x_test=x_test,
-        y_test=y[test_idx].astype(np.int64),
+        y_test=y_eval.astype(np.int64),
         num_classes=len(classes),
         classes=[str(c) for c in classes],
         input_scaling=scaling,
         content_sha256=identity,
+        evaluation=mode,
     )
+
+
+def _public_eval_records(
+    eval_spec: DatasetSpec, raw: RawData, x: np.ndarray, classes: np.ndarray, *, bounds: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``public``: the records of the public evaluation dataset, with channel axis, and
+    their labels as indices into the training ``classes``.
+
+    Its kind and input shape must be the training data's (both are public: the model's input),
+    and so must its pixel format unless ``bounds`` (declared ``input_bounds``) scale both.
+    Messages never name a training label or class: those are the private data's.
+
+    Raises:
+        ConfigError: an unknown loader, or another kind, input shape or pixel format.
+        DatasetError: a missing or malformed file, NaN / inf, no records, or labels that are
+            not training classes.
+    """
+    if eval_spec.name not in DATASETS:
+        raise ConfigError(
+            f"unknown loader {eval_spec.name!r} for the evaluation dataset; choose one of: "
+            f"{', '.join(dataset_names())}",
+            field="eval.dataset",
+        )
+    where = eval_spec.path or f"built-in dataset {eval_spec.name!r}"
+    pub = DATASETS[eval_spec.name](eval_spec)
+    _check_finite(pub, eval_spec)
+    if len(pub.x) < 1:
+        raise DatasetError(f"evaluation dataset {where}: no records")
+    if pub.kind != raw.kind:
+        raise ConfigError(
+            f"the evaluation dataset holds {pub.kind} records but the training dataset "
+            f"{raw.kind} records; evaluate on a dataset of the same kind",
+            field="eval.dataset",
+        )
+    x_pub = pub.x
+    if pub.kind == "image" and x_pub.ndim == 3:
+        x_pub = x_pub[:, None, :, :]
+    if x_pub.shape[1:] != x.shape[1:]:
+        raise ConfigError(
+            f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
+            f"the training dataset's {tuple(x.shape[1:])}; evaluate on records of the same "
+            "shape (the model's input)",
+            field="eval.dataset",
+        )
+    if raw.kind == "image" and not bounds and pub.pixel_max != raw.pixel_max:
+        # Both splits are scaled by one rule chosen from the training data's format: a pixel
+        # constant that is not the evaluation data's would scale its records wrongly (declared
+        # bounds apply to both alike).
+        def fmt(p: float | None) -> str:
+            return "no known pixel range" if p is None else f"pixel maximum {p:g}"
+
+        raise ConfigError(
+            f"the evaluation dataset's pixel format ({fmt(pub.pixel_max)}) is not the "
+            f"training dataset's ({fmt(raw.pixel_max)}); store both in the same format (e.g. "
+            "uint8), or declare dataset.input_bounds",
+            field="eval.dataset",
+        )
+    # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one class.
+    index: dict[bytes, int] = {}
+    for i, c in enumerate(_canonical_labels(np.asarray(classes))):
+        index.setdefault(c, i)
+    mapped = [index.get(c, -1) for c in _canonical_labels(pub.y)]
+    y_pub = np.asarray(mapped, dtype=np.int64)
+    unknown = int(np.count_nonzero(y_pub < 0))
+    if unknown:
+        # Neither the training classes nor the offending labels are named: which labels are
+        # missing from the training data would say which classes it has.
+        raise DatasetError(
+            f"evaluation dataset {where}: {unknown} of its {len(y_pub)} records have a label "
+            f"that is not one of the training dataset's {len(classes)} classes; label the "
+            "evaluation records with the training dataset's label values (same spelling), or "
+            "drop records of other classes"
+        )
+    return x_pub, y_pub
 
 
 def _check_finite(raw: RawData, spec: DatasetSpec) -> None:
@@ -628,10 +794,53 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
     return np.sort(train_idx), np.sort(test_idx)
 
 
+# The keyed split's hash: personalised, so its values are unrelated to any other use of the
+# same bytes (content_sha256 uses SHA-256, unkeyed).
+_KEYED_SPLIT_PERSON = b"dpsweep-evalsplt"
+
+
+def _keyed_split(raw: RawData, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``dp``: each record's side from its own content and the public ``seed`` only.
+
+    A record is an evaluation record iff ``BLAKE2b(key=seed)`` of its canonical form (the
+    one :func:`content_sha256` hashes: float64 inputs and canonical label), read as a number
+    in [0, 1), is below ``test_fraction``. Adding or removing a record therefore moves no
+    other record across the split (neighbouring datasets differ in one record on one side),
+    and equal records fall on the same side. The share of evaluation records is
+    ``test_fraction`` only on average; classes are not stratified.
+
+    Raises:
+        DatasetError: either side empty, saying how to fix it.
+    """
+    key = str(int(seed)).encode()
+    threshold = test_fraction * 2.0**64
+    blake = hashlib.blake2b
+    to_eval: list[bool] = []
+    for inputs, label in _canonical_records(raw):
+        h = blake(inputs, digest_size=8, key=key, person=_KEYED_SPLIT_PERSON)
+        h.update(label)
+        to_eval.append(int.from_bytes(h.digest(), "big") < threshold)
+    mask = np.asarray(to_eval, dtype=bool).reshape(len(raw.x))
+    test_idx, train_idx = np.flatnonzero(mask), np.flatnonzero(~mask)
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        empty = "evaluation" if len(test_idx) == 0 else "training"
+        raise DatasetError(
+            f"eval mode dp splits each record by its own content: {len(mask)} records with "
+            f"test_fraction={test_fraction} and split_seed={seed} leave no {empty} record; "
+            "use more records, a test_fraction further from "
+            f"{'0' if empty == 'evaluation' else '1'} or another dataset.split_seed"
+        )
+    return train_idx, test_idx
+
+
 def _normalise(
     raw: RawData, spec: DatasetSpec, x_train: np.ndarray, x_test: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Scale both splits by one rule that uses no training record, and bound the result.
+
+    ``x_test`` holds the evaluation records: the public carve-out, the public evaluation
+    dataset (mode ``public``) or private records (mode ``dp``, whose statistics are never
+    used: only declared bounds or a pixel format may scale it).
 
     Returns:
         float32 ``x_train`` and ``x_test`` with every value inside ``scaling["clip"]``, and
@@ -665,6 +874,14 @@ def _normalise(
         centre, scale = 0.0, float(raw.pixel_max)
         method, source, extra = "pixel", "file format", {"pixel_max": scale}
     else:
+        if spec.evaluation == "dp":
+            raise ConfigError(
+                "with eval mode dp the evaluation records are private: no statistic of "
+                "them (or of the training records) may scale the inputs. Declare "
+                "dataset.input_bounds (the range of every raw input value), or use a format "
+                "with a known pixel range (uint8 images, digits)",
+                field="dataset.input_bounds",
+            )
         if not (0 < spec.feature_clip < float("inf")):
             raise ConfigError(
                 f"feature_clip must be a finite number > 0; got {spec.feature_clip}",
@@ -678,7 +895,12 @@ def _normalise(
             centre, scale = _robust_centre_scale(x_test)
         # The statistics are left out of the record: per feature they can be many numbers,
         # and each is an order statistic, i.e. one evaluation record's value.
-        method, source = "public-robust", "public evaluation split"
+        method = "public-robust"
+        source = (
+            "public evaluation dataset"
+            if spec.evaluation == "public"
+            else "public evaluation split"
+        )
     scaling = {"method": method, "clip": list(out), "source": source, **extra}
     return (
         _scale(x_train, centre, scale, out, raw_clip),

@@ -16,6 +16,7 @@ round trip of the stored plan exactly, so an honest run always matches to the la
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from workers.errors import PrivacyError
 
@@ -41,6 +42,9 @@ class PlannedRun:
         dataset_sha256: the content hash of the planned data; ``None`` only for sweeps planned
             before the hash existed (their q and T are still checked, which catches a change
             in N).
+        eval_mode: how the evaluation records are protected (``carve-out``, ``public``, ``dp``).
+        eval_noise_multiplier: DP evaluation: the planned noise multiplier of each noisy count.
+        eval_releases: DP evaluation: the planned number of noisy counts per trial.
     """
 
     strategy: str
@@ -48,6 +52,57 @@ class PlannedRun:
     steps: int
     noise_multiplier: float
     dataset_sha256: str | None = None
+    eval_mode: str = "carve-out"
+    eval_noise_multiplier: float | None = None
+    eval_releases: int = 0
+
+    @classmethod
+    def of_grid(cls, grid: dict[str, Any]) -> PlannedRun:
+        """The planned run of a stored grid plan (a dict read back from the database)."""
+        sigma_e = grid.get("eval_noise_multiplier")
+        return cls(
+            strategy=grid["strategy"],
+            sample_rate=float(grid["sample_rate"]),
+            steps=int(grid["steps_per_trial"]),
+            noise_multiplier=float(grid["noise_multiplier"]),
+            dataset_sha256=grid.get("dataset_sha256"),
+            eval_mode=grid.get("eval_mode") or "carve-out",
+            eval_noise_multiplier=None if sigma_e is None else float(sigma_e),
+            eval_releases=int(grid.get("eval_releases") or 0),
+        )
+
+
+def check_pack(spec: Any, data: Any) -> tuple[float, int]:
+    """Check a :class:`workers.trainer.PackSpec` against its plan, on the data it would load.
+
+    The runner calls it before charging and the worker after loading, before the first step.
+
+    Returns:
+        The run's sample rate q and steps T.
+
+    Raises:
+        ConfigError: settings that give no q or T (e.g. a batch larger than the data).
+        PlanMismatch: the run differs from its plan (a pack without a plan is not checked).
+    """
+    from workers.schedule import eval_releases, plan_steps
+
+    q, steps = plan_steps(
+        n_train=data.n_train, batch_size=spec.batch_size, epochs=spec.epochs, steps=spec.steps
+    )
+    if spec.planned is not None:
+        dp_eval = spec.eval_noise_multiplier is not None
+        check_plan(
+            spec.planned,
+            strategy=spec.strategy,
+            sample_rate=q,
+            steps=steps,
+            noise_multipliers=[t.noise_multiplier for t in spec.trials],
+            dataset_sha256=data.content_sha256,
+            eval_mode=getattr(data, "evaluation", "carve-out"),
+            eval_noise_multiplier=spec.eval_noise_multiplier,
+            eval_releases=eval_releases(steps=steps, eval_every=spec.eval_every) if dp_eval else 0,
+        )
+    return q, steps
 
 
 def check_plan(
@@ -58,6 +113,9 @@ def check_plan(
     steps: int,
     noise_multipliers: list[float | None],
     dataset_sha256: str | None,
+    eval_mode: str = "carve-out",
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
 ) -> None:
     """Refuse a run whose parameters or data differ from its plan.
 
@@ -66,6 +124,8 @@ def check_plan(
         strategy, sample_rate, steps: what the run would use.
         noise_multipliers: each trial's sigma.
         dataset_sha256: the content hash of the data the run loaded.
+        eval_mode: how the loaded data's evaluation records are protected.
+        eval_noise_multiplier, eval_releases: the run's noisy evaluation counts (DP evaluation).
 
     Raises:
         PlanMismatch: naming every difference (never the data's hash).
@@ -86,6 +146,20 @@ def check_plan(
         problems.append(
             f"the noise multiplier of {len(wrong)} trial(s) differs from the planned "
             f"{planned.noise_multiplier!r}"
+        )
+    if eval_mode != planned.eval_mode:
+        problems.append(
+            f"evaluation mode {eval_mode!r} differs from the planned {planned.eval_mode!r}"
+        )
+    if eval_noise_multiplier != planned.eval_noise_multiplier:
+        problems.append(
+            f"the evaluation noise multiplier {eval_noise_multiplier!r} differs from the planned "
+            f"{planned.eval_noise_multiplier!r}"
+        )
+    if eval_releases != planned.eval_releases:
+        problems.append(
+            f"{eval_releases} noisy evaluations per trial differ from the planned "
+            f"{planned.eval_releases}"
         )
     if problems:
         raise PlanMismatch(

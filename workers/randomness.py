@@ -64,7 +64,7 @@ REPRODUCIBLE_WARNING = (
 KEY_BYTES = 32  # AES-256
 # Snapping grid: 2**-GRID_BITS of the noise's standard deviation (rounded down to a power of 2).
 GRID_BITS = 12
-_STREAMS = {"sample": 1, "noise": 2}
+_STREAMS = {"sample": 1, "noise": 2, "evaluation": 3}
 _REPRODUCIBLE_DOMAIN = b"dpsweep/reproducible/v1\x00"
 
 
@@ -193,7 +193,7 @@ class RandomStream:
 
 
 class TrialRandomness:
-    """One trial's private randomness: a Poisson-sampling stream and a noise stream.
+    """One trial's private randomness: Poisson sampling, gradient noise, evaluation noise.
 
     Build it with :meth:`secret` (the default everywhere) or :meth:`reproducible`.
     """
@@ -202,6 +202,8 @@ class TrialRandomness:
         self.mode: Randomness = mode
         self.sample = RandomStream(key, _STREAMS["sample"])
         self.noise = RandomStream(key, _STREAMS["noise"])
+        # DP evaluation's count noise (eval mode dp): its own keystream, never overlapping.
+        self.evaluation = RandomStream(key, _STREAMS["evaluation"])
         # The key itself is not kept: only the two ciphers hold it.
 
     @classmethod

@@ -24,3 +24,16 @@ def plan_steps(
     if epochs is None or not epochs > 0:
         raise ConfigError("epochs must be > 0", field="training.epochs")
     return q, max(1, round(epochs / q))
+
+
+def eval_releases(*, steps: int, eval_every: int) -> int:
+    """How many noisy evaluations a trial releases in DP evaluation (``eval: {mode: dp}``).
+
+    One per evaluation (every ``eval_every`` steps, and after the last step) plus one fresh
+    measurement of the chosen checkpoint, so that the accuracy reported for it is not the
+    maximum of noisy values (which is biased upwards). The planner charges exactly this many
+    Gaussian releases per trial, and the trainer refuses to run if its own count differs.
+    """
+    if steps < 1 or eval_every < 1:
+        raise ConfigError("steps and eval_every must be >= 1", field="training.eval_every")
+    return -(-steps // eval_every) + 1

@@ -25,9 +25,15 @@ from workers.metrics import classification_metrics, reconstruction_metrics
 from workers.models import ModelSpec, build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
-from workers.plan_check import PlannedRun, check_plan
-from workers.randomness import REPRODUCIBLE_WARNING, NoiseSource, Randomness, TrialRandomness
-from workers.schedule import plan_steps
+from workers.plan_check import PlannedRun, check_pack
+from workers.randomness import (
+    REPRODUCIBLE_WARNING,
+    NoiseSource,
+    Randomness,
+    TrialRandomness,
+    add_snapped_noise,
+)
+from workers.schedule import eval_releases, plan_steps
 from workers.seeding import stream_seed
 from workers.strategies import get_strategy
 
@@ -79,6 +85,10 @@ class PackSpec:
     # What the trials' privacy budget was reserved for. A sweep always sets it, and the pack
     # refuses to run (PlanMismatch) unless q, T, sigma, strategy and the data equal it.
     planned: PlannedRun | None = None
+    # DP evaluation (eval mode dp): the noise multiplier of each noisy count of correct
+    # predictions on the private evaluation records. None: the evaluation records are public
+    # (a carve-out declared unprotected, or a public dataset) and metrics are exact.
+    eval_noise_multiplier: float | None = None
 
 
 @dataclass
@@ -116,6 +126,9 @@ class TrialResult:
     diverged_at: int | None = None
     device: str = "cpu"
     randomness: Randomness = "secret"
+    # How the evaluation records were protected: "carve-out" and "public" give exact metrics;
+    # "dp" gives noisy accuracy only (the metrics' values are noisy releases).
+    evaluation: str = "carve-out"
     # Flat weights of the best checkpoint (CPU); not part of the serialised result.
     checkpoint: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
@@ -149,6 +162,7 @@ class TrialResult:
             "diverged_at": self.diverged_at,
             "device": self.device,
             "randomness": self.randomness,
+            "evaluation": self.evaluation,
             **({"warning": REPRODUCIBLE_WARNING} if self.randomness == "reproducible" else {}),
             "reliability": m.get("reliability"),
             "clip_final": self.trajectories.get("clip", [None])[-1],
@@ -196,19 +210,10 @@ def train_pack(
         if not (t.lr > 0 and math.isfinite(t.lr)):
             raise ConfigError(f"lr must be > 0; got {t.lr}", field="lr")
     data = dataset if dataset is not None else load_dataset(spec.dataset)
-    q, total_steps = plan_steps(
-        n_train=data.n_train, batch_size=spec.batch_size, epochs=spec.epochs, steps=spec.steps
-    )
-    if spec.planned is not None:
-        # Plan equals run, checked on the data actually loaded, before any step.
-        check_plan(
-            spec.planned,
-            strategy=spec.strategy,
-            sample_rate=q,
-            steps=total_steps,
-            noise_multipliers=[t.noise_multiplier for t in spec.trials],
-            dataset_sha256=data.content_sha256,
-        )
+    # Plan equals run, checked on the data actually loaded, before any step.
+    q, total_steps = check_pack(spec, data)
+    dp_eval = _dp_evaluation(spec, data, task)
+    n_releases = eval_releases(steps=total_steps, eval_every=spec.eval_every) if dp_eval else 0
 
     private = strategy_cls.private
     sigmas: list[float] = []
@@ -226,6 +231,8 @@ def train_pack(
                 steps=total_steps,
                 target_delta=t.target_delta,
                 accountant=spec.accountant,
+                eval_noise_multiplier=spec.eval_noise_multiplier,
+                eval_releases=n_releases,
             )
             sigmas.append(float(t.noise_multiplier))
         else:
@@ -268,10 +275,26 @@ def train_pack(
         sample_streams=[r.sample for r in rands],
         noise=NoiseSource([r.noise for r in rands], device),
     )
+    # DP evaluation draws its count noise from a third stream of the same secret.
+    count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None
     del rands
+    released = [0] * k
 
-    # Clipping diagnostics use a fixed batch of the public evaluation split (never training data).
-    n_diag = min(int(x_test.shape[0]), DIAGNOSTIC_BATCH)
+    def measure() -> list[dict[str, Any]]:
+        if count_noise is None:
+            return _evaluate(model, x_test, y_test, task)
+        assert spec.eval_noise_multiplier is not None
+        for i in range(k):
+            released[i] += 1
+        if max(released) > n_releases:  # never release more than the plan charged
+            raise PrivacyError("DP evaluation would release more noisy counts than planned")
+        return _noisy_accuracy(
+            model, x_test, y_test, count_noise, noise_multiplier=spec.eval_noise_multiplier
+        )
+
+    # Clipping diagnostics use a fixed batch of the public evaluation split (never training
+    # data); with DP evaluation the evaluation records are private, so there are none.
+    n_diag = 0 if dp_eval else min(int(x_test.shape[0]), DIAGNOSTIC_BATCH)
     x_diag = x_test[:n_diag]
     t_diag = y_test[:n_diag] if task == "classification" else x_diag
     diag_gens = [
@@ -292,13 +315,14 @@ def train_pack(
 
     def evaluate(step: int) -> list[dict[str, Any]]:
         finite = torch.isfinite(model.flat).all(dim=1).tolist()
-        results = _evaluate(model, x_test, y_test, task)
+        results = measure()
         scale = strategy.lr_scale()
         eff_lr = (lr if scale is None else lr * scale).tolist()
         state = {name: v.tolist() for name, v in strategy.state().items()}
-        # Trials are computed independently, so a diverged trial's NaNs stay in its own row.
-        diag = engine.diagnostics(x_diag, t_diag, diag_gens)
-        state.update({name: v.tolist() for name, v in diag.items()})
+        if n_diag:
+            # Trials are computed independently, so a diverged trial's NaNs stay in its own row.
+            diag = engine.diagnostics(x_diag, t_diag, diag_gens)
+            state.update({name: v.tolist() for name, v in diag.items()})
         for i in range(k):
             traj[i]["step"].append(step)
             traj[i]["lr"].append(eff_lr[i])
@@ -336,18 +360,34 @@ def train_pack(
         if progress is not None:
             progress(Progress(step=step, total_steps=total_steps, evals=evals))
 
+    if dp_eval:
+        # The noisy value that won the selection over-states the checkpoint's accuracy (the
+        # maximum of noisy values is biased upwards): measure the chosen checkpoints once more,
+        # with fresh noise, and report that. The plan charged this release too.
+        with torch.no_grad():
+            model.flat.copy_(best_flat)
+        fresh = measure()
+        for i in range(k):
+            if best_step[i] is not None:
+                best_metrics[i] = {
+                    **fresh[i],
+                    "accuracy_at_selection": best_metrics[i].get("accuracy"),
+                }
     median_ms = statistics.median(step_times)
     results: list[TrialResult] = []
     for i, t in enumerate(spec.trials):
         eps = None
         if private:
             # Epsilon from the noise, rate and steps this trial actually ran with.
+            # A single run's epsilon, its noisy evaluations included (DP evaluation).
             eps = compute_epsilon(
                 noise_multiplier=sigmas[i],
                 sample_rate=q,
                 steps=total_steps,
                 target_delta=t.target_delta,
                 accountant=spec.accountant,
+                eval_noise_multiplier=spec.eval_noise_multiplier,
+                eval_releases=n_releases,
             )
         results.append(
             TrialResult(
@@ -373,6 +413,7 @@ def train_pack(
                 diverged_at=diverged_at[i],
                 device=str(device),
                 randomness=spec.randomness,
+                evaluation=getattr(data, "evaluation", "carve-out"),
                 checkpoint=best_flat[i].detach().cpu(),
             )
         )
@@ -393,6 +434,73 @@ def _evaluate(
     if task == "classification":
         return classification_metrics(full, y)
     return reconstruction_metrics(full, x)
+
+
+def _dp_evaluation(spec: PackSpec, data: Dataset, task: str) -> bool:
+    """Whether this pack evaluates with noisy counts; refuses inconsistent settings.
+
+    Raises:
+        PrivacyError: private evaluation records without planned noise (fail closed).
+        ConfigError: noise planned for public evaluation records, or DP evaluation of a model
+            whose objective is not a count (reconstruction).
+    """
+    private_eval = getattr(data, "evaluation", "carve-out") == "dp"
+    if private_eval and spec.eval_noise_multiplier is None:
+        raise PrivacyError(
+            "the evaluation records are private (eval mode dp) but no evaluation noise was "
+            "planned; nothing was trained"
+        )
+    if spec.eval_noise_multiplier is not None and not private_eval:
+        raise ConfigError(
+            "an evaluation noise multiplier was given for public evaluation records; DP "
+            "evaluation needs eval mode dp",
+            field="eval.mode",
+        )
+    if private_eval and task != "classification":
+        raise ConfigError(
+            "DP evaluation releases noisy counts of correct predictions, so it needs a "
+            "classification model; for reconstruction use eval mode carve-out or public",
+            field="eval.mode",
+        )
+    sigma_e = spec.eval_noise_multiplier
+    if sigma_e is not None and not (sigma_e > 0 and math.isfinite(sigma_e)):
+        raise PrivacyError(f"evaluation noise multiplier {sigma_e} gives no privacy guarantee")
+    return private_eval
+
+
+@torch.no_grad()
+def _noisy_accuracy(
+    model: PackedModel,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    noise: NoiseSource,
+    *,
+    noise_multiplier: float,
+    chunk: int = 2048,
+) -> list[dict[str, Any]]:
+    """DP evaluation: each trial's accuracy from a noisy count of correct predictions.
+
+    The count has sensitivity 1 (adding or removing one evaluation record changes it by at
+    most 1, whatever the record holds); Gaussian noise of std ``noise_multiplier`` is added
+    and snapped like every other release (:func:`workers.randomness.add_snapped_noise`).
+    The number of evaluation records is public, as every dataset size is to the planner.
+    Only the accuracy is released: no loss, calibration or per-bin counts.
+    """
+    correct = torch.zeros(model.k, dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        xb = x[start : start + chunk]
+        out, _ = model.forward(xb.unsqueeze(0).expand(model.k, *xb.shape))
+        # A non-finite logit row predicts nothing: argmax of NaN is arbitrary, so count it
+        # as wrong (the weights are a DP release; this is post-processing of them).
+        yb = y[start : start + chunk].unsqueeze(0)
+        ok = torch.isfinite(out).all(dim=-1) & (out.argmax(dim=-1) == yb)
+        correct += ok.sum(dim=1).to(torch.float64)
+    buf = correct.unsqueeze(1)
+    z = noise.standard_normal(1)
+    std = torch.full((model.k,), float(noise_multiplier), dtype=torch.float64, device=x.device)
+    add_snapped_noise(buf, z, std)
+    n = float(x.shape[0])
+    return [{"accuracy": min(max(float(buf[i, 0]) / n, 0.0), 1.0)} for i in range(model.k)]
 
 
 def results_to_json(results: list[TrialResult]) -> list[dict[str, Any]]:

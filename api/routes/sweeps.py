@@ -129,10 +129,9 @@ def _check_limits(spec: SweepSpec, max_trials: int) -> None:
 def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int) -> Any:
     _check_limits(spec, max_trials)
     catalog.check_access(engine, spec.dataset, viewer)
-    dataset = (
-        catalog.resolve(engine, spec.dataset) if catalog.in_catalog(spec.dataset.name) else None
-    )
-    return planner.prepare(spec, dataset=dataset)
+    # Loader names pass through; uploads, registered names and a public evaluation dataset
+    # are looked up in the catalog.
+    return planner.prepare(spec, dataset=catalog.resolve(engine, spec.dataset, spec.eval))
 
 
 def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
@@ -259,6 +258,14 @@ async def plan(
                     "epsilon_verified": g.epsilon_verified,
                     "epsilon_reserved": float(sched.reserved_epsilon),
                     "delta_reserved": float(sched.reserved_delta),
+                    "count_noise": g.count_noise,
+                    "warnings": list(g.warnings),
+                    "input_scaling": g.input_scaling,
+                    "eval_mode": g.eval_mode,
+                    "eval_dataset": g.eval_dataset,
+                    "eval_releases": g.eval_releases,
+                    "eval_noise_multiplier": g.eval_noise_multiplier,
+                    "epsilon_eval": g.epsilon_eval,
                 }
             )
         e: Decimal = exact_sum([s.reserved_epsilon for s in prepared.schedules])

@@ -144,7 +144,10 @@ export function sweepView(el, id) {
 
   async function drawCalibration(metric) {
     if (!summary.results.some((r) => r.ece_mean !== null)) {
-      calNote.textContent = summary.results.length ? "This sweep records no ECE." : "No finished trials yet.";
+      const dpEval = summary.privacy && summary.privacy.evaluation && summary.privacy.evaluation.mode === "dp";
+      calNote.textContent = dpEval
+        ? "DP evaluation releases noisy accuracy only: no calibration, so no accuracy-vs-ECE front."
+        : summary.results.length ? "This sweep records no ECE." : "No finished trials yet.";
       window.Plotly.purge(calChart);
       return;
     }

@@ -100,7 +100,12 @@ export function trialView(el, id) {
       xaxis: { title: { text: "confidence" }, range: [0, 1] }, yaxis: { title: { text: "accuracy" }, range: [0, 1] },
       bargap: 0,
     });
-    if (!bins.length) rel.append(h("p", { class: "muted" }, "No reliability bins: the trial has not finished."));
+    if (!bins.length) {
+      const why = t.state === "done"
+        ? "No reliability bins: this trial released none (DP evaluation releases noisy accuracy only)."
+        : "No reliability bins: the trial has not finished.";
+      rel.append(h("p", { class: "muted" }, why));
+    }
   }
 
   return () => { alive = false; };
