@@ -1,5 +1,5 @@
 """One problem+json error shape (RFC 9457) for every error, mapped from dpsweep's one
-exception hierarchy in one place.
+exception hierarchy (:mod:`dpsweep.errors`) in one place: :data:`STATUSES`.
 
 Every error body has ``type``, ``title``, ``status`` and ``detail``; validation errors add
 ``errors``: a list of ``{"field": "a.b", "message": ...}``. Stack traces never reach a
@@ -21,11 +21,15 @@ from sweeper.ledger import BudgetExhausted
 from sweeper.planner import InfeasiblePlan
 from sweeper.sweeps import IllegalState
 from workers.errors import (
+    AuthError,
     ConfigError,
+    Conflict,
     DpsweepError,
     NotFound,
     PermissionDenied,
     PrivacyError,
+    RateLimited,
+    TrainingError,
 )
 
 log = logging.getLogger("dpsweep.api")
@@ -51,6 +55,8 @@ class Problem(BaseModel):
 
 class ApiError(DpsweepError):
     """An error raised by the API layer itself, with its HTTP status."""
+
+    status: int
 
     def __init__(
         self,
@@ -126,25 +132,35 @@ def exception_body(exc: DpsweepError) -> tuple[int, dict[str, Any]]:
     return status, problem_body(status, str(exc), title=title, kind=kind, errors=errors)
 
 
+# The HTTP status and problem type of each class of dpsweep's one hierarchy, most specific
+# first: an exception gets the first row whose class it is an instance of. ApiError carries
+# its own status; the last row catches the rest.
+STATUSES: tuple[tuple[type[DpsweepError], int, str], ...] = (
+    (NotFound, 404, "not-found"),
+    (PermissionDenied, 403, "forbidden"),
+    (AuthError, 401, "unauthorized"),
+    (IllegalState, 409, "illegal-state"),
+    (Conflict, 409, "conflict"),
+    (BudgetExhausted, 409, "budget-exhausted"),
+    (InfeasiblePlan, 422, "infeasible-plan"),
+    (ConfigError, 422, "invalid-input"),
+    (PrivacyError, 409, "privacy"),
+    (RateLimited, 429, "rate-limited"),
+    (TrainingError, 400, "bad-request"),
+    (DpsweepError, 400, "bad-request"),
+)
+
+
+def status_for(cls: type[DpsweepError]) -> tuple[int, str]:
+    """The HTTP status and problem type of a class of dpsweep exception."""
+    return next((status, kind) for c, status, kind in STATUSES if issubclass(cls, c))
+
+
 def status_of(exc: DpsweepError) -> tuple[int, str]:
     """The HTTP status and problem type of a dpsweep exception."""
     if isinstance(exc, ApiError):
         return exc.status, exc.kind or str(exc.status)
-    if isinstance(exc, NotFound):
-        return 404, "not-found"
-    if isinstance(exc, PermissionDenied):
-        return 403, "forbidden"
-    if isinstance(exc, IllegalState):
-        return 409, "illegal-state"
-    if isinstance(exc, BudgetExhausted):
-        return 409, "budget-exhausted"
-    if isinstance(exc, InfeasiblePlan):
-        return 422, "infeasible-plan"
-    if isinstance(exc, ConfigError):
-        return 422, "invalid-input"
-    if isinstance(exc, PrivacyError):
-        return 409, "privacy"
-    return 400, "bad-request"
+    return status_for(type(exc))
 
 
 def _loc(loc: tuple[Any, ...]) -> str:

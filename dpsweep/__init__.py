@@ -13,31 +13,56 @@ See ``docs/sdk.md`` for a walkthrough.
 
 from __future__ import annotations
 
-from dpsweep.client import Client, Event, Sweep
+from typing import TYPE_CHECKING, Any
+
 from dpsweep.errors import (
     AuthError,
+    ConfigError,
     Conflict,
     ConnectionFailed,
+    DatasetError,
     DpsweepError,
     NotFound,
+    PermissionDenied,
+    PrivacyError,
     RateLimited,
     ServerError,
+    TrainingError,
     ValidationError,
 )
 
+if TYPE_CHECKING:
+    from dpsweep.client import Client, Event, Sweep
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The client (and httpx) load on first use: the server imports dpsweep.errors and
+    # dpsweep.spec, and has no use for an HTTP client.
+    if name in ("Client", "Event", "Sweep"):
+        from dpsweep import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'dpsweep' has no attribute {name!r}")
+
 
 __all__ = [
     "AuthError",
     "Client",
+    "ConfigError",
     "Conflict",
     "ConnectionFailed",
+    "DatasetError",
     "DpsweepError",
     "Event",
     "NotFound",
+    "PermissionDenied",
+    "PrivacyError",
     "RateLimited",
     "ServerError",
     "Sweep",
+    "TrainingError",
     "ValidationError",
     "__version__",
 ]

@@ -1,7 +1,7 @@
 """The Python client of the dpsweep REST API.
 
 It needs only the light base install (httpx, pydantic, PyYAML, rich): no torch, no Ray, no
-database. Specs are validated locally with the server's own models (:mod:`sweeper.spec`)
+database. Specs are validated locally with the server's own models (:mod:`dpsweep.spec`)
 before anything is sent.
 
 Example (against ``dpsweep serve`` and a token from ``dpsweep token create``)::
@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from dpsweep.errors import ConnectionFailed, ServerError, ValidationError, error_for
+from dpsweep.errors import ConfigError, ConnectionFailed, ServerError, error_for
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
@@ -568,10 +568,9 @@ def spec_body(spec: Any) -> bytes:
     """Validate a spec locally with the server's models; its JSON body.
 
     Raises:
-        ValidationError: naming the failing field, before anything is sent.
+        ValidationError: (``ConfigError``) naming the failing field, before anything is sent.
     """
-    from sweeper.spec import SweepSpec, load_spec
-    from workers.errors import ConfigError
+    from dpsweep.spec import SweepSpec, load_spec  # pydantic: imported when first needed
 
     try:
         if isinstance(spec, SweepSpec):
@@ -587,7 +586,7 @@ def spec_body(spec: Any) -> bytes:
         problem: dict[str, Any] = {"title": "Invalid spec (checked locally)", "detail": str(exc)}
         if exc.field:
             problem["errors"] = [{"field": exc.field, "message": str(exc)}]
-        raise ValidationError(str(exc), problem=problem) from None
+        raise ConfigError(str(exc), field=exc.field, problem=problem) from None
     return json.dumps(model.model_dump(mode="json")).encode()
 
 

@@ -49,6 +49,7 @@ from typing import Any
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from dpsweep.spec import DEFAULT_EVAL_EPSILON_SHARE
 from workers.accounting import dp_rdp_epsilon, pld_epsilon
 from workers.accounting_audit import EpsilonBounds
 from workers.count_noise import auto_count_noise
@@ -95,7 +96,7 @@ class GridRequest:
     # cost at most eval_epsilon_share of the budget).
     eval_releases: int = 0
     eval_noise_multiplier: float | None = None
-    eval_epsilon_share: float = 0.1
+    eval_epsilon_share: float = DEFAULT_EVAL_EPSILON_SHARE
 
 
 @dataclass(frozen=True)
@@ -996,7 +997,7 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
         steps=spec.training.steps,
     )
     evaluation = getattr(spec, "eval", None)
-    n_eval_releases, eval_noise, eval_share = 0, None, 0.1
+    n_eval_releases, eval_noise, eval_share = 0, None, DEFAULT_EVAL_EPSILON_SHARE
     if getattr(evaluation, "mode", "carve-out") == "dp":
         n_eval_releases = eval_releases(steps=steps, eval_every=spec.training.eval_every)
         eval_noise = getattr(evaluation, "noise_multiplier", None)
@@ -1041,28 +1042,49 @@ def high_noise_warning(noise_multiplier: float, *, expected_batch_size: float) -
 def gradient_noise_multiplier(
     strategy: str, params: dict[str, Any], *, noise_multiplier: float, expected_batch_size: float
 ) -> float:
-    """sigma_g after a strategy's noise split (the same formulas as the workers' strategies).
+    """sigma_g after a strategy's noise split: its descriptor's, which the workers use too.
 
     Raises:
+        ConfigError: unknown strategy, or an invalid hyperparameter (``params.<name>``).
         InfeasiblePlan: quantile's count would need the whole budget (sigma >= 2 sigma_b).
     """
-    if strategy == "quantile":
-        sigma_b = params.get("count_noise") or auto_count_noise(
-            noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size
+    from workers.strategies import NoiseSplitInfeasible, get_descriptor
+
+    try:
+        return get_descriptor(strategy).gradient_multiplier(
+            noise_multiplier, params, expected_batch_size=expected_batch_size
         )
-        second = 2.0 * float(sigma_b)
-        if noise_multiplier >= second:
-            raise InfeasiblePlan(
-                f"quantile: sigma = {noise_multiplier:.4g} is >= 2*sigma_b = {second:.4g}, so "
-                "the quantile count would use the whole budget; set count_noise above "
-                f"{noise_multiplier / 2:.4g}, leave it out (it is then chosen for you), or use "
-                "a larger batch"
-            )
-    elif strategy == "online":
-        second = float(params.get("direction_noise_ratio", 7.124)) * noise_multiplier
-    else:
-        return noise_multiplier
-    return float((noise_multiplier**-2 - second**-2) ** -0.5)
+    except NoiseSplitInfeasible as exc:
+        raise InfeasiblePlan(str(exc)) from None
+
+
+def _split_points(arm: Any) -> list[dict[str, Any]]:
+    """The arm's distinct trial parameters (grid points over its params, ``lr`` left out)."""
+    out: dict[str, dict[str, Any]] = {}
+    for point in arm.points() or [{}]:
+        params = {k: v for k, v in {**arm.params, **point}.items() if k != "lr"}
+        out.setdefault(repr(sorted(params.items(), key=lambda kv: kv[0])), params)
+    return list(out.values())
+
+
+def _arm_gradient_noise_multiplier(
+    arm: Any, params: dict[str, Any], *, noise_multiplier: float, expected_batch_size: float
+) -> float:
+    try:
+        return gradient_noise_multiplier(
+            arm.strategy,
+            params,
+            noise_multiplier=noise_multiplier,
+            expected_batch_size=expected_batch_size,
+        )
+    except InfeasiblePlan:
+        raise
+    except ConfigError as exc:  # name the arm's field (sweep submission checks this first)
+        where = f"arms.{arm.label}.strategy"
+        if (exc.field or "").startswith("params."):
+            name = (exc.field or "").removeprefix("params.")
+            where = f"arms.{arm.label}.{'grid' if name in arm.grid else 'params'}.{name}"
+        raise ConfigError(f"arm {arm.label!r}: {exc}", field=where) from None
 
 
 def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
@@ -1092,16 +1114,15 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)
     for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
         arm = arms[req.arm]
-        # A grid axis may set count_noise per trial: the split must hold for every value.
-        values = [p.get("count_noise") for p in arm.points()] or [None]
+        # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
+        # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
+        points = _split_points(arm)
+        values = [p.get("count_noise") for p in points]
         sigma_g = min(
-            gradient_noise_multiplier(
-                arm.strategy,
-                {**arm.params, **({"count_noise": v} if v else {})},
-                noise_multiplier=g.noise_multiplier,
-                expected_batch_size=b,
+            _arm_gradient_noise_multiplier(
+                arm, p, noise_multiplier=g.noise_multiplier, expected_batch_size=b
             )
-            for v in values
+            for p in points
         )
         count_noise = None
         if arm.strategy == "quantile" and any(v is None for v in values):

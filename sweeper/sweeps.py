@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,7 +49,7 @@ from sweeper.releases import (
 )
 from sweeper.results import ArmLevelResult, best_per_arm_level, calibration_front, epsilon_front
 from sweeper.search import draw_run_count, random_point, random_points
-from sweeper.spec import ArmConfig, SweepSpec, load_spec, randomness_label
+from sweeper.spec import ArmConfig, Axis, SweepSpec, load_spec, randomness_label
 from sweeper.store import (
     Sweep,
     SweepState,
@@ -59,7 +60,7 @@ from sweeper.store import (
     new_id,
     sweep_ledger_key,
 )
-from workers.errors import ConfigError, DpsweepError, NotFound
+from workers.errors import ConfigError, Conflict, NotFound
 from workers.randomness import REPRODUCIBLE_WARNING
 
 TERMINAL_TRIALS = (
@@ -74,7 +75,7 @@ class SweepNotFound(NotFound):
     """No sweep with that id."""
 
 
-class IllegalState(DpsweepError):
+class IllegalState(Conflict):
     """The sweep is not in a state that allows the operation (HTTP 409)."""
 
 
@@ -163,13 +164,20 @@ def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[d
 
 
 def _check_arms(spec: SweepSpec) -> None:
-    """Every arm names a known strategy, has a learning rate, and only its hyperparameters."""
-    from workers.strategies import get_strategy
+    """Every arm names a known private strategy, a learning rate, and valid hyperparameters.
+
+    Torch-free: only the strategies' descriptors are read. Every value a trial may get is
+    checked (type, finiteness, range, choices), with the same
+    :meth:`~workers.strategies.StrategyDescriptor.validate` the worker runs: every grid point
+    merged over the arm's params, and for a ``logspace``/``linspace`` axis also both ends of
+    its interval (random and tpe search draw anywhere between them).
+    """
+    from workers.strategies import get_descriptor
 
     for arm in spec.arms:
         field = f"arms.{arm.label}"
         try:
-            strategy = get_strategy(arm.strategy)
+            strategy = get_descriptor(arm.strategy)
         except ConfigError as exc:
             raise ConfigError(str(exc), field=f"{field}.strategy") from None
         if "lr" not in arm.grid and "lr" not in arm.params:
@@ -192,6 +200,64 @@ def _check_arms(spec: SweepSpec) -> None:
                 "privacy budget and runs private strategies only",
                 field=f"{field}.strategy",
             )
+        _check_arm_values(arm, strategy)
+
+
+def _axis_values(axis: Any) -> list[Any]:
+    """What a grid axis may give a trial: its points, and an interval's two ends."""
+    if isinstance(axis, Axis):
+        lo, hi = axis.logspace if axis.logspace is not None else axis.linspace  # type: ignore[misc]
+        ends = [10.0**lo, 10.0**hi] if axis.logspace is not None else [lo, hi]
+        return [*axis.values(), *ends]
+    return list(axis)
+
+
+def _check_lr(arm: ArmConfig, value: Any, where: str) -> None:
+    """A learning rate is a finite number > 0 (a numeric string, as YAML reads 1e-3, too)."""
+    try:
+        lr = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        lr = math.nan
+    if not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(
+            f"arm {arm.label!r}: lr must be a finite number > 0; got {value!r}", field=where
+        )
+
+
+def _check_arm_values(arm: ArmConfig, strategy: Any) -> None:
+    """Validate every value an arm's trials may get (see :func:`_check_arms`)."""
+    base = f"arms.{arm.label}"
+    if "lr" in arm.grid:  # a grid axis overrides a param of the same name
+        for v in _axis_values(arm.grid["lr"]):
+            _check_lr(arm, v, f"{base}.grid.lr")
+    elif "lr" in arm.params:
+        _check_lr(arm, arm.params["lr"], f"{base}.params.lr")
+    params = {k: v for k, v in arm.params.items() if k != "lr"}
+    axes = {k: v for k, v in arm.grid.items() if k != "lr"}
+
+    def check(values: dict[str, Any]) -> None:
+        try:
+            strategy.validate(values)
+        except ConfigError as exc:
+            name = (exc.field or "").removeprefix("params.")
+            where = f"{base}.grid.{name}" if name in axes else f"{base}.params.{name}"
+            raise ConfigError(f"arm {arm.label!r}: {exc}", field=where) from None
+
+    # The defaults and the fixed params (a grid axis overrides a param of the same name).
+    check({k: v for k, v in params.items() if k not in axes})
+    seen: set[str] = set()
+    for point in arm.points():
+        values = {**params, **{k: v for k, v in point.items() if k != "lr"}}
+        key = repr(sorted(values.items(), key=lambda kv: kv[0]))
+        if key not in seen:
+            seen.add(key)
+            check(values)
+    # Random and tpe search draw anywhere in an interval axis: both its ends must be valid
+    # too (the ranges are intervals, so every value between them then is).
+    for name, axis in axes.items():
+        if isinstance(axis, Axis):
+            for v in _axis_values(axis):
+                check({**params, name: v})
 
 
 @dataclass(frozen=True)
@@ -811,13 +877,17 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
         "train_seconds",
         "error",
         "randomness",
+        # How the metrics' evaluation records were protected: carve-out (exact, unprotected),
+        # public (exact, a public dataset) or dp (noisy accuracy, charged).
+        "evaluation",
     ]
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(base + [f"param.{p}" for p in param_names] + metric_names)
     label = randomness_label(sweep.spec)
+    evaluation = evaluation_statement(list(sweep.plan or []))["mode"]
     for r in res.records:
-        r = r | {"randomness": label}
+        r = r | {"randomness": label, "evaluation": evaluation}
         writer.writerow(
             [r.get(k) for k in base]
             + [r["params"].get(p) for p in param_names]

@@ -266,6 +266,9 @@ def test_bad_input_gets_problem_json_and_stores_nothing(server: Server) -> None:
     assert_problem(post("/api/v1/sweeps", json={"name": "x"}), 422, field="dataset")
     unknown = _spec(arms=[{"strategy": "nope", "grid": {"lr": [0.1]}}])
     assert_problem(post("/api/v1/sweeps", json=unknown), 422, field="arms.nope.strategy")
+    # Hyperparameter values are checked at submission, before any budget is reserved.
+    zero_clip = _spec(arms=[{"strategy": "fixed", "grid": {"lr": [0.3], "clip": [0, 1]}}])
+    assert_problem(post("/api/v1/sweeps", json=zero_clip), 422, field="arms.fixed.grid.clip")
     r = post("/api/v1/sweeps", content=b"name: x", headers={"Content-Type": "text/plain"})
     assert_problem(r, 415)
     big = "name: x\n" + "# padding\n" * 3000

@@ -59,6 +59,19 @@ def test_packing_benchmark_smoke() -> None:
     assert row["trials"] == 25 and row["speedup"] > 0 and row["per_trial_step_vs_nonprivate"] > 0
 
 
+def test_eval_modes_benchmark_smoke() -> None:
+    p = _script("bench/eval_modes.py", "--json", "--quick", "--shares", "0.3")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out["modes"]) == {"carve-out", "dp@0.3"}
+    exact, dp = out["modes"]["carve-out"]["grids"][0], out["modes"]["dp@0.3"]["grids"][0]
+    # The carve-out's released best is exact: the picked model's true accuracy.
+    assert exact["released"] == pytest.approx(exact["true"]) and exact["acc_std"] == 0
+    # DP evaluation: more training noise (the evaluations share the budget), noisy releases.
+    assert dp["sigma"] > exact["sigma"] and dp["acc_std"] > 0
+    assert 0 <= dp["true"] <= 1 and 0 <= dp["released"] <= 1
+
+
 def test_sweep_throughput_benchmark_smoke() -> None:
     p = _script("bench/sweep_throughput.py", "--quick", "--json")
     assert p.returncode == 0, p.stderr

@@ -9,6 +9,8 @@ what epsilon covers in each, and what each releases.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -143,6 +145,11 @@ def test_dp_evaluation_end_to_end(
         assert 0.0 <= t["metrics"]["accuracy"] <= 1.0
     counts = [t["metrics"]["accuracy"] * n_eval for t in trials]
     assert any(abs(c - round(c)) > 1e-6 for c in counts)
+    # The CSV export says how every row's metrics were protected.
+    assert main(["export", sid, "--format", "csv", "--db", url]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows and {r["evaluation"] for r in rows} == {"dp"}
+    assert "ece" not in rows[0] and "loss" not in rows[0]
     # No calibration is released, so there is no accuracy-vs-calibration front.
     assert s["pareto"]["calibration"] == [] and s["pareto"]["epsilon"]
     engine.dispose()

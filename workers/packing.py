@@ -19,17 +19,16 @@ import torch
 from workers.models import build_model
 from workers.packed import PackedModel
 from workers.settings import WorkerSettings
-from workers.strategies import get_strategy
+from workers.strategies import get_descriptor
 from workers.trainer import DIAGNOSTIC_BATCH, PackSpec
 
 
 def pack_key(spec: PackSpec) -> str:
     """A canonical string that is equal exactly for specs whose trials may share a pack."""
-    strategy = get_strategy(spec.strategy)
+    strategy = get_descriptor(spec.strategy)
     shared = {
         name: [strategy.validate(t.params)[name] for t in spec.trials]
-        for name, hp in strategy.hyperparameters.items()
-        if hp.shared
+        for name in strategy.shared_hyperparameters()
     }
     if any(len({json.dumps(v) for v in vals}) > 1 for vals in shared.values()):
         raise ValueError("a pack spec already mixes trials with different shared hyperparameters")
@@ -43,8 +42,8 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
 
     Parameter-sized buffers (parameters, gradient, noise, extra releases, optimizer state,
     best checkpoint) plus activations and their gradients for the largest likely batch, plus
-    materialised per-sample convolution gradients. BAM runs a second pass (twice the
-    activations).
+    materialised per-sample convolution gradients, for each of the strategy's gradient passes
+    (its descriptor's ``gradient_passes``: BAM runs a second, perturbed pass).
     """
     module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
     model = PackedModel([module])
@@ -59,7 +58,7 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
     b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
     opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
     param_buffers = 8 + opt_state
-    passes = 2 if spec.strategy == "bam" else 1
+    passes = get_descriptor(spec.strategy).gradient_passes
     floats = (
         param_buffers * model.numel
         + passes * 3 * act_per_example * b_max
@@ -75,8 +74,13 @@ def max_pack_size(
     num_classes: int,
     settings: WorkerSettings | None = None,
 ) -> int:
-    """How many of ``spec``'s trials fit one pack under the memory budget (at least 1)."""
+    """How many of ``spec``'s trials fit one pack under the memory budget (at least 1).
+
+    1 for a strategy whose descriptor is not ``packable``: its trials always run alone.
+    """
     settings = settings or WorkerSettings()
+    if not get_descriptor(spec.strategy).packable:
+        return 1
     per_trial = estimate_trial_bytes(spec, input_shape=input_shape, num_classes=num_classes)
     budget = settings.pack_memory_mb * 2**20
     return max(1, min(settings.max_pack_size, int(budget // per_trial)))

@@ -9,31 +9,25 @@ Proposition 1, which follows McMahan et al. 2018). Their state moves only with n
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from workers.count_noise import COUNT_NOISE_FRACTION, auto_count_noise
-from workers.errors import ConfigError
+from workers.count_noise import COUNT_NOISE_FRACTION
 from workers.strategies.base import (
     ClippingStrategy,
     ClipResult,
     ExtraRelease,
-    HParam,
     NoiseSource,
     ScalarRelease,
     StepContext,
     register_strategy,
 )
+from workers.strategies.descriptors import ONLINE, QUANTILE, split_noise
 
 if TYPE_CHECKING:
     from workers.packed import PackedModel
-
-
-def split_noise(noise_multiplier: Tensor, second: Tensor) -> Tensor:
-    """``sigma_g = (sigma^-2 - second^-2)^(-1/2)``: what is left for the gradient."""
-    return (noise_multiplier.pow(-2) - second.pow(-2)).pow(-0.5)
 
 
 @register_strategy
@@ -47,32 +41,18 @@ class QuantileClipping(ClippingStrategy):
     ``sigma_g = (sigma^-2 - (2 sigma_b)^-2)^(-1/2)``, which needs ``sigma < 2 sigma_b``.
     """
 
-    name = "quantile"
-    description = "adaptive threshold tracking a target quantile of the norms (Andrew 2021)"
-    hyperparameters: ClassVar = {
-        "target_quantile": HParam(default=0.5, help="gamma, the quantile C_t tracks"),
-        "clip_init": HParam(default=0.1, help="C_0"),
-        "clip_lr": HParam(default=0.2, help="eta_C, the step of the geometric update"),
-        "count_noise": HParam(
-            default=None,
-            optional=True,
-            help="sigma_b, std of the count's noise (default: b/20, raised where needed so the "
-            "gradient gets at most 10 % more noise; workers.count_noise)",
-        ),
-    }
+    descriptor = QUANTILE  # hyperparameters, their ranges and the noise split
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        gamma = self.tensor("target_quantile")
-        if ((gamma <= 0) | (gamma >= 1)).any():
-            raise ConfigError("target_quantile must be in (0, 1)", field="params.target_quantile")
-        self.gamma = gamma
+        self.gamma = self.tensor("target_quantile")  # in (0, 1): the descriptor checks it
         self.clip_norm = self.tensor("clip_init")
         self.clip_lr = self.tensor("clip_lr")
         self.sigma_b: Tensor | None = None
 
     def bind(self, model: PackedModel, *, expected_batch_size: float, task: str) -> None:
-        self._expected_batch_size = expected_batch_size
+        self.expected_batch_size = expected_batch_size
+        # Until the split is known (gradient_noise_multiplier): b/20 where left out.
         self.sigma_b = torch.tensor(
             [
                 float(p["count_noise"])
@@ -85,33 +65,19 @@ class QuantileClipping(ClippingStrategy):
 
     def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
         assert self.sigma_b is not None, "bind() first"
-        # Trials that leave count_noise out get the planner's rule (the same function), now
-        # that sigma is known: b/20, raised where the count would cost the gradient > 10 %.
+        # The descriptor's split, the planner's too: trials that leave count_noise out get
+        # workers.count_noise's rule, now that sigma is known (b/20, raised where the count
+        # would cost the gradient > 10 %). Raises NoiseSplitInfeasible (a ConfigError on
+        # params.count_noise) where the count would need the whole budget.
+        splits = self.noise_splits(noise_multiplier)
         self.sigma_b = torch.tensor(
-            [
-                float(p["count_noise"])
-                if p["count_noise"] is not None
-                else auto_count_noise(
-                    noise_multiplier=float(noise_multiplier[i]),
-                    expected_batch_size=self._expected_batch_size,
-                )
-                for i, p in enumerate(self.params)
-            ],
-            device=self.device,
+            [float(s.second) / 2.0 for s in splits if s.second is not None], device=self.device
         )
-        count_multiplier = 2.0 * self.sigma_b
-        bad = noise_multiplier >= count_multiplier
-        if bad.any():
-            k = int(bad.nonzero()[0])
-            sigma, sb = float(noise_multiplier[k]), float(self.sigma_b[k])
-            raise ConfigError(
-                f"quantile: the noise multiplier {sigma:.4g} is >= 2*sigma_b = {2 * sb:.4g}, so "
-                "the quantile count would use the whole privacy budget and leave none for the "
-                f"gradient; set count_noise (sigma_b) above {sigma / 2:.4g}, e.g. "
-                f"{max(sigma, 2 * sb):.4g}, or use a larger batch (the default is b/20)",
-                field="params.count_noise",
-            )
-        return split_noise(noise_multiplier, count_multiplier)
+        return torch.tensor(
+            [s.gradient for s in splits],
+            device=noise_multiplier.device,
+            dtype=noise_multiplier.dtype,
+        )
 
     def clip(self, ctx: StepContext) -> ClipResult:
         assert ctx.sq_norms is not None and self.sigma_b is not None
@@ -150,27 +116,11 @@ class OnlineClipping(ClippingStrategy):
     ``lr_{t+1} = lr_t exp(rho_r sign(g~_t . g~_{t-1}))``, with ``q~_0 = g~_0 = 0``.
     """
 
-    name = "online"
-    description = "OSO-DPSGD: online sign updates of C and the learning rate (004)"
-    hyperparameters: ClassVar = {
-        "clip_init": HParam(default=0.1, help="C_0"),
-        "clip_lr": HParam(default=2.5e-3, help="rho_c"),
-        "lr_lr": HParam(default=2.5e-3, help="rho_r"),
-        "direction_noise_ratio": HParam(
-            default=7.124, help="nu_q / nu (7.124 costs the gradient 1% more noise)"
-        ),
-    }
+    descriptor = ONLINE  # hyperparameters, their ranges and the noise split
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        ratio = self.tensor("direction_noise_ratio")
-        if (ratio <= 1).any():
-            raise ConfigError(
-                "direction_noise_ratio must be > 1 (nu_q > nu leaves noise budget for the "
-                "gradient)",
-                field="params.direction_noise_ratio",
-            )
-        self.ratio = ratio
+        self.ratio = self.tensor("direction_noise_ratio")  # > 1: the descriptor checks it
         self.clip_norm = self.tensor("clip_init")
         self.rho_c = self.tensor("clip_lr")
         self.rho_r = self.tensor("lr_lr")
@@ -179,9 +129,22 @@ class OnlineClipping(ClippingStrategy):
         self.prev_dir: Tensor | None = None
         self.nu_q: Tensor | None = None
 
+    def bind(self, model: PackedModel, *, expected_batch_size: float, task: str) -> None:
+        self.expected_batch_size = expected_batch_size
+
     def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
-        self.nu_q = self.ratio * noise_multiplier
-        return split_noise(noise_multiplier, self.nu_q)
+        # The descriptor's split (the planner's too): nu_q = ratio * nu, nu_g the rest.
+        splits = self.noise_splits(noise_multiplier)
+        self.nu_q = torch.tensor(
+            [float(s.second) for s in splits if s.second is not None],
+            device=noise_multiplier.device,
+            dtype=noise_multiplier.dtype,
+        )
+        return torch.tensor(
+            [s.gradient for s in splits],
+            device=noise_multiplier.device,
+            dtype=noise_multiplier.dtype,
+        )
 
     def clip(self, ctx: StepContext) -> ClipResult:
         assert ctx.sq_norms is not None and self.nu_q is not None

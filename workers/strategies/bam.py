@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from workers.strategies.base import HParam, StepContext, register_strategy
+from workers.strategies.base import StepContext, register_strategy
+from workers.strategies.descriptors import BAM
 from workers.strategies.fixed import FixedClipping
 
 
@@ -20,13 +21,7 @@ class BiasAwareMinimisation(FixedClipping):
     each release still sums one clipped vector per sampled example (003, after Algorithm 2).
     """
 
-    name = "bam"
-    description = "bias-aware minimisation: clip gradients taken after a per-sample ascent (003)"
-    hyperparameters: ClassVar = {
-        "clip": HParam(default=1.0, help="clipping threshold C"),
-        "bam_lambda": HParam(default=0.1, help="lambda, the length of the per-sample ascent step"),
-        "clip_style": FixedClipping.hyperparameters["clip_style"],
-    }
+    descriptor = BAM  # gradient_passes = 2: the packer's memory estimate counts the second pass
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -14,6 +14,7 @@ tensors, norms are ``[K, B, L]`` (L parametrised layers), weights are ``[K, B, R
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,30 +25,16 @@ from torch import Tensor
 
 from workers.errors import ConfigError
 from workers.randomness import NoiseSource
+from workers.strategies.descriptors import (
+    DESCRIPTORS,
+    HParam,
+    NoiseSplit,
+    StrategyDescriptor,
+    register_descriptor,
+)
 
 if TYPE_CHECKING:
     from workers.packed import PackedModel
-
-
-@dataclass(frozen=True)
-class HParam:
-    """A declared strategy hyperparameter.
-
-    Args:
-        default: value when a trial does not set it (``None`` = required unless ``optional``).
-        kind: ``float``, ``int`` or ``choice``.
-        choices: allowed values for ``choice``.
-        positive: floats/ints must be > 0.
-        shared: must be equal for every trial of a pack (it shapes the computation).
-    """
-
-    default: Any = None
-    kind: str = "float"
-    choices: tuple[str, ...] = ()
-    positive: bool = True
-    shared: bool = False
-    help: str = ""
-    optional: bool = False  # ``None`` is allowed and means "derive it" (e.g. from b)
 
 
 @dataclass
@@ -97,13 +84,55 @@ class ClipResult:
 
 
 class ClippingStrategy(ABC):
-    """Base class. Subclasses declare ``name`` and ``hyperparameters`` and implement ``clip``."""
+    """Base class. Subclasses set ``descriptor`` (or ``name`` and ``hyperparameters``) and
+    implement ``clip``.
 
+    A class with a :class:`StrategyDescriptor` takes its ``name``, ``private``,
+    ``hyperparameters`` and ``description`` from it; the descriptor validates the trials'
+    parameters and splits the noise, so the torch-free side (submission, planner) and the
+    worker run the same checks and formulas.
+    """
+
+    descriptor: ClassVar[StrategyDescriptor | None] = None
     name: ClassVar[str]
     private: ClassVar[bool] = True
     needs_norms: ClassVar[bool] = True
     hyperparameters: ClassVar[Mapping[str, HParam]] = {}
     description: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        d = own.get("descriptor")
+        if d is None:
+            # A subclass that redefines what the strategy is no longer matches its parent's
+            # descriptor; one that only changes behaviour keeps it.
+            if any(k in own for k in ("name", "private", "hyperparameters", "description")):
+                cls.descriptor = None
+            return
+        for attr, value in (
+            ("name", d.name),
+            ("private", d.private),
+            ("description", d.description),
+        ):
+            if attr in own and own[attr] != value:
+                raise TypeError(f"{cls.__name__}.{attr} disagrees with its descriptor")
+            setattr(cls, attr, value)
+        if "hyperparameters" in own and set(own["hyperparameters"]) != set(d.hyperparameters):
+            raise TypeError(f"{cls.__name__}.hyperparameters disagree with its descriptor")
+        cls.hyperparameters = d.hyperparameters
+
+    @classmethod
+    def describe(cls) -> StrategyDescriptor:
+        """The class's descriptor (one is derived from its attributes if it declares none)."""
+        if cls.descriptor is not None:
+            return cls.descriptor
+        return StrategyDescriptor(
+            name=cls.name,
+            description=cls.description,
+            hyperparameters=cls.hyperparameters,
+            private=cls.private,
+        )
 
     def __init__(
         self,
@@ -115,6 +144,8 @@ class ClippingStrategy(ABC):
         self.k = len(params)
         self.n_layers = n_layers
         self.device = device
+        # b = qN, set by bind() in strategies whose noise split depends on it.
+        self.expected_batch_size = math.nan
         self.params = [self.validate(p) for p in params]
         for name, hp in self.hyperparameters.items():
             if hp.shared and len({repr(p[name]) for p in self.params}) > 1:
@@ -125,43 +156,21 @@ class ClippingStrategy(ABC):
 
     @classmethod
     def validate(cls, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Fill defaults and check types; raises :class:`ConfigError` naming the field."""
-        unknown = set(params) - set(cls.hyperparameters)
-        if unknown:
-            raise ConfigError(
-                f"unknown hyperparameter(s) {sorted(unknown)} for strategy {cls.name!r}; "
-                f"allowed: {sorted(cls.hyperparameters) or 'none'}",
-                field=f"params.{sorted(unknown)[0]}",
+        """Fill defaults and check types and ranges; raises :class:`ConfigError` naming the field.
+
+        The descriptor's :meth:`~StrategyDescriptor.validate`: sweep submission runs the same.
+        """
+        return cls.describe().validate(params)
+
+    def noise_splits(self, noise_multiplier: Tensor) -> list[NoiseSplit]:
+        """Each trial's split of its planned multiplier, by the descriptor (torch-free) rule."""
+        d = self.describe()
+        return [
+            d.noise_split(
+                float(noise_multiplier[i]), p, expected_batch_size=self.expected_batch_size
             )
-        out: dict[str, Any] = {}
-        for name, hp in cls.hyperparameters.items():
-            v = params.get(name, hp.default)
-            if v is None:
-                if hp.optional:
-                    out[name] = None
-                    continue
-                raise ConfigError(f"strategy {cls.name!r} needs {name}", field=f"params.{name}")
-            if hp.kind == "choice":
-                if v not in hp.choices:
-                    raise ConfigError(
-                        f"{name} for strategy {cls.name!r} must be one of {list(hp.choices)}; "
-                        f"got {v!r}",
-                        field=f"params.{name}",
-                    )
-            else:
-                try:
-                    v = float(v) if hp.kind == "float" else int(v)
-                except (TypeError, ValueError):
-                    raise ConfigError(
-                        f"{name} for strategy {cls.name!r} must be a number; got {v!r}",
-                        field=f"params.{name}",
-                    ) from None
-                if not torch.isfinite(torch.tensor(float(v))):
-                    raise ConfigError(f"{name} must be finite; got {v!r}", field=f"params.{name}")
-                if hp.positive and v <= 0:
-                    raise ConfigError(f"{name} must be > 0; got {v!r}", field=f"params.{name}")
-            out[name] = v
-        return out
+            for i, p in enumerate(self.params)
+        ]
 
     def tensor(self, name: str) -> Tensor:
         """A numeric hyperparameter as a ``[K]`` tensor on the pack's device."""
@@ -184,8 +193,15 @@ class ClippingStrategy(ABC):
 
         Strategies with extra queries return a larger value here so that all their releases
         together cost exactly one Gaussian step with multiplier sigma (the planner's unit).
+        The default applies the descriptor's split (the identity for strategies without one).
         """
-        return noise_multiplier
+        if self.describe().split is None:
+            return noise_multiplier
+        return torch.tensor(
+            [s.gradient for s in self.noise_splits(noise_multiplier)],
+            device=noise_multiplier.device,
+            dtype=noise_multiplier.dtype,
+        )
 
     @abstractmethod
     def clip(self, ctx: StepContext) -> ClipResult:
@@ -226,18 +242,44 @@ STRATEGIES: dict[str, type[ClippingStrategy]] = {}
 
 
 def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
-    """Register a strategy class under its ``name`` (a stable contract stored in the database)."""
+    """Register a strategy class under its ``name`` (a stable contract stored in the database).
+
+    The class must agree with the descriptor registered under that name (same hyperparameter
+    names, same private flag); a class without a descriptor gets one derived from its
+    attributes, registered with it.
+    """
     if cls.name in STRATEGIES:
         raise ValueError(f"strategy {cls.name!r} is registered twice")
+    d = cls.describe()
+    known = DESCRIPTORS.get(cls.name)
+    if known is None:
+        register_descriptor(d)
+    elif known is not d and (
+        set(known.hyperparameters) != set(d.hyperparameters) or known.private != d.private
+    ):
+        raise ValueError(
+            f"strategy class {cls.__name__} disagrees with the descriptor of {cls.name!r}"
+        )
+    else:
+        d = known
+    cls.descriptor = d
     STRATEGIES[cls.name] = cls
     return cls
 
 
+def _load_builtins() -> None:
+    from workers.strategies import load_builtin_strategies
+
+    load_builtin_strategies()
+
+
 def strategy_names() -> list[str]:
+    _load_builtins()
     return sorted(STRATEGIES)
 
 
 def get_strategy(name: str) -> type[ClippingStrategy]:
+    _load_builtins()
     if name not in STRATEGIES:
         raise ConfigError(
             f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}",

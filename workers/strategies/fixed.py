@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -11,19 +10,13 @@ from torch import Tensor
 from workers.strategies.base import (
     ClippingStrategy,
     ClipResult,
-    HParam,
     StepContext,
     group_norms,
     register_strategy,
 )
+from workers.strategies.descriptors import CLIP_STYLE, FIXED, NONPRIVATE
 
-CLIP_STYLE = HParam(
-    default="flat",
-    kind="choice",
-    choices=("flat", "layerwise"),
-    shared=True,
-    help="flat: one threshold for the whole gradient; layerwise: C/sqrt(L) per layer (000)",
-)
+__all__ = ["CLIP_STYLE", "FixedClipping", "NonPrivate"]
 
 
 @register_strategy
@@ -34,12 +27,7 @@ class FixedClipping(ClippingStrategy):
     whole per-sample gradient still has norm at most ``sqrt(sum_r C_r^2) = C``.
     """
 
-    name = "fixed"
-    description = "fixed clipping threshold C (Abadi et al. 2016)"
-    hyperparameters: ClassVar = {
-        "clip": HParam(default=1.0, help="clipping threshold C"),
-        "clip_style": CLIP_STYLE,
-    }
+    descriptor = FIXED
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -68,11 +56,8 @@ class FixedClipping(ClippingStrategy):
 class NonPrivate(ClippingStrategy):
     """No clipping and no noise: the non-private baseline. Its epsilon is infinite."""
 
-    name = "nonprivate"
-    private = False
+    descriptor = NONPRIVATE  # private = False
     needs_norms = False
-    description = "no clipping, no noise (non-private baseline; epsilon is infinite)"
-    hyperparameters: ClassVar = {}
 
     def clip(self, ctx: StepContext) -> ClipResult:
         return ClipResult(

@@ -15,7 +15,7 @@ raises :class:`ConfigError` before training starts (fail closed).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -23,6 +23,7 @@ from torch import Tensor
 from workers.errors import ConfigError
 from workers.lipschitz import LipschitzBound, round_up_float32
 from workers.strategies.base import ClippingStrategy, ClipResult, StepContext, register_strategy
+from workers.strategies.descriptors import LIPSCHITZ
 
 if TYPE_CHECKING:
     from workers.packed import PackedModel
@@ -38,12 +39,10 @@ class LipschitzStrategy(ClippingStrategy):
     :meth:`clip` certifies the current weights afresh.
     """
 
-    name = "lipschitz"
+    descriptor = LIPSCHITZ
     # No clipping needs the norms, but measuring them (cheap ghost norms on linear layers) lets
     # the engine check every example against the analytic bound: a bound bug fails closed.
     needs_norms = True
-    description = "clipless DP-SGD on a Lipschitz network (002): no clipping, analytic bound"
-    hyperparameters: ClassVar = {}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

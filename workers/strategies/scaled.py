@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -11,12 +11,11 @@ from torch import Tensor
 from workers.strategies.base import (
     ClippingStrategy,
     ClipResult,
-    HParam,
     StepContext,
     group_norms,
     register_strategy,
 )
-from workers.strategies.fixed import CLIP_STYLE
+from workers.strategies.descriptors import AUTOMATIC, GLOBAL
 
 
 @register_strategy
@@ -27,13 +26,7 @@ class AutomaticClipping(ClippingStrategy):
     layerwise style each layer r uses ``C_r = C / sqrt(L)``.
     """
 
-    name = "automatic"
-    description = "automatic clipping: normalise every per-sample gradient (Bu et al. 2022)"
-    hyperparameters: ClassVar = {
-        "clip": HParam(default=1.0, help="scale C"),
-        "stability": HParam(default=0.01, help="gamma in C / (n + gamma)"),
-        "clip_style": CLIP_STYLE,
-    }
+    descriptor = AUTOMATIC
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,12 +55,7 @@ class GlobalClipping(ClippingStrategy):
     larger ones are dropped. ``w_i ||g_i|| <= C``, so the sensitivity is ``C``.
     """
 
-    name = "global"
-    description = "global clipping: scale by C/Z, drop gradients above Z (000, Appendix D)"
-    hyperparameters: ClassVar = {
-        "clip": HParam(default=1.0, help="scale C"),
-        "global_threshold": HParam(default=1.0, help="threshold Z"),
-    }
+    descriptor = GLOBAL
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

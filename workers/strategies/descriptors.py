@@ -1,0 +1,439 @@
+"""What a clipping strategy *is*, without torch: its hyperparameters, their ranges, its noise split.
+
+A :class:`StrategyDescriptor` is the torch-free half of a strategy. The API, the planner and
+sweep submission read only descriptors, so they can refuse a bad hyperparameter value (and
+compute a plan's gradient noise) without importing torch and before any budget is reserved. The
+torch half (:class:`workers.strategies.base.ClippingStrategy`) is looked up by the same stable
+name and takes its ``name``, ``private`` flag and ``hyperparameters`` from its descriptor; it
+validates trial parameters with the same :meth:`StrategyDescriptor.validate` and splits its noise
+with the same :meth:`StrategyDescriptor.noise_split`, so submission, plan and run agree.
+
+Registration is a function call (:func:`register_descriptor`), so that plugins may add
+strategies later; the built-in descriptors are registered when this module is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from workers.count_noise import auto_count_noise
+from workers.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class HParam:
+    """A declared strategy hyperparameter.
+
+    Args:
+        default: value when a trial does not set it (``None`` = required unless ``optional``).
+        kind: ``float``, ``int`` or ``choice``.
+        choices: allowed values for ``choice``.
+        positive: shorthand for ``low=0`` exclusive (``> 0``), applied when ``low`` is not
+            given. After construction it says whether the range admits positive values only.
+        shared: must be equal for every trial of a pack (it shapes the computation).
+        optional: ``None`` is allowed and means "derive it" (e.g. from b).
+        low, high: bounds of a numeric value (``None``: unbounded on that side).
+        low_inclusive, high_inclusive: whether the bound itself is allowed.
+    """
+
+    default: Any = None
+    kind: str = "float"
+    choices: tuple[str, ...] = ()
+    positive: bool = True
+    shared: bool = False
+    help: str = ""
+    optional: bool = False
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("float", "int", "choice"):
+            raise ValueError(f"HParam kind must be float, int or choice; got {self.kind!r}")
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a choice HParam needs choices")
+            object.__setattr__(self, "positive", False)
+            return
+        if self.low is None and self.positive:
+            object.__setattr__(self, "low", 0.0)
+            object.__setattr__(self, "low_inclusive", False)
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"HParam range is empty: low {self.low} > high {self.high}")
+        low = self.low
+        object.__setattr__(
+            self, "positive", low is not None and (low > 0 or (low == 0 and not self.low_inclusive))
+        )
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in ("float", "int")
+
+    def range_text(self) -> str:
+        """The allowed range in words: ``> 0``, ``>= 0``, ``in (0, 1)``, ``any number``."""
+        lo, hi = self.low, self.high
+        if lo is not None and hi is not None:
+            left = "[" if self.low_inclusive else "("
+            right = "]" if self.high_inclusive else ")"
+            return f"in {left}{lo:g}, {hi:g}{right}"
+        if lo is not None:
+            return f"{'>=' if self.low_inclusive else '>'} {lo:g}"
+        if hi is not None:
+            return f"{'<=' if self.high_inclusive else '<'} {hi:g}"
+        return "any finite number"
+
+    def in_range(self, value: float) -> bool:
+        lo, hi = self.low, self.high
+        if lo is not None and (value < lo or (value == lo and not self.low_inclusive)):
+            return False
+        return not (hi is not None and (value > hi or (value == hi and not self.high_inclusive)))
+
+
+@dataclass(frozen=True)
+class NoiseSplit:
+    """How a strategy spends one Gaussian step of multiplier sigma.
+
+    ``gradient`` is the gradient's multiplier sigma_g; ``second`` the multiplier of the
+    strategy's second release (``None`` when it has none), with
+    ``sigma^-2 = sigma_g^-2 + second^-2``.
+    """
+
+    gradient: float
+    second: float | None = None
+
+
+#: ``(sigma, validated params, expected batch size b) -> NoiseSplit``.
+NoiseSplitFn = Callable[[float, Mapping[str, Any], float], NoiseSplit]
+
+
+class NoiseSplitInfeasible(ConfigError):
+    """The second release would need the whole step's budget (the planner: an infeasible plan)."""
+
+
+def split_noise(noise_multiplier: float, second: float) -> float:
+    """``sigma_g = (sigma^-2 - second^-2)^(-1/2)``: what the second release leaves the gradient."""
+    if noise_multiplier == 0.0:
+        return 0.0
+    return float((noise_multiplier**-2 - second**-2) ** -0.5)
+
+
+@dataclass(frozen=True, eq=False)
+class StrategyDescriptor:
+    """The torch-free description of a clipping strategy.
+
+    Args:
+        name: the stable name stored in the database and used in specs.
+        description: one line for listings.
+        hyperparameters: the declared hyperparameters (``lr`` is not one: every trial has it).
+        private: False for the non-private baseline (no clipping, no noise).
+        packable: whether its trials may share a pack (one vectorised run) with others.
+        gradient_passes: per-sample gradient passes per step (BAM needs a second, perturbed
+            one; the packer's memory estimate scales with it).
+        split: the noise split, for strategies with a second release; ``None``: the gradient
+            gets the whole planned multiplier.
+    """
+
+    name: str
+    description: str = ""
+    hyperparameters: Mapping[str, HParam] = field(default_factory=dict)
+    private: bool = True
+    packable: bool = True
+    gradient_passes: int = 1
+    split: NoiseSplitFn | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hyperparameters", MappingProxyType(dict(self.hyperparameters)))
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check every value: type, finiteness, range and choices.
+
+        Returns:
+            Every declared hyperparameter, with defaults filled and numbers as float / int.
+
+        Raises:
+            ConfigError: naming the field as ``params.<name>``.
+        """
+        hps = self.hyperparameters
+        unknown = set(params) - set(hps)
+        if unknown:
+            raise ConfigError(
+                f"unknown hyperparameter(s) {sorted(unknown)} for strategy {self.name!r}; "
+                f"allowed: {sorted(hps) or 'none'}",
+                field=f"params.{sorted(unknown)[0]}",
+            )
+        out: dict[str, Any] = {}
+        for name, hp in hps.items():
+            v = params.get(name, hp.default)
+            if v is None:
+                if hp.optional:
+                    out[name] = None
+                    continue
+                raise ConfigError(f"strategy {self.name!r} needs {name}", field=f"params.{name}")
+            out[name] = self._check(name, hp, v)
+        return out
+
+    def _check(self, name: str, hp: HParam, v: Any) -> Any:
+        where = f"params.{name}"
+        if hp.kind == "choice":
+            if isinstance(v, bool) or v not in hp.choices:
+                raise ConfigError(
+                    f"{name} for strategy {self.name!r} must be one of {list(hp.choices)}; "
+                    f"got {v!r}",
+                    field=where,
+                )
+            return v
+        number: float | int
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            x = float(v)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(
+                f"{name} for strategy {self.name!r} must be a number; got {v!r}", field=where
+            ) from None
+        if not math.isfinite(x):
+            raise ConfigError(f"{name} must be finite; got {v!r}", field=where)
+        if hp.kind == "int":
+            if not x.is_integer():
+                raise ConfigError(
+                    f"{name} for strategy {self.name!r} must be a whole number; got {v!r}",
+                    field=where,
+                )
+            number = int(x)
+        else:
+            number = x
+        if not hp.in_range(number):
+            raise ConfigError(
+                f"{name} must be {hp.range_text()}; got {v!r} (strategy {self.name!r})",
+                field=where,
+            )
+        return number
+
+    def noise_split(
+        self, noise_multiplier: float, params: Mapping[str, Any], *, expected_batch_size: float
+    ) -> NoiseSplit:
+        """The split of one trial's planned multiplier sigma (``params`` are validated first).
+
+        Raises:
+            ConfigError: a parameter is invalid.
+            NoiseSplitInfeasible: the second release would leave nothing for the gradient.
+        """
+        if self.split is None:
+            return NoiseSplit(gradient=float(noise_multiplier))
+        return self.split(float(noise_multiplier), self.validate(params), expected_batch_size)
+
+    def gradient_multiplier(
+        self, noise_multiplier: float, params: Mapping[str, Any], *, expected_batch_size: float
+    ) -> float:
+        """sigma_g, the gradient's noise multiplier (see :meth:`noise_split`)."""
+        return self.noise_split(
+            noise_multiplier, params, expected_batch_size=expected_batch_size
+        ).gradient
+
+    def shared_hyperparameters(self) -> list[str]:
+        """Names of the hyperparameters every trial of a pack must share."""
+        return [name for name, hp in self.hyperparameters.items() if hp.shared]
+
+
+DESCRIPTORS: dict[str, StrategyDescriptor] = {}
+
+
+def register_descriptor(descriptor: StrategyDescriptor) -> StrategyDescriptor:
+    """Register a descriptor under its name (a stable contract stored in the database)."""
+    if descriptor.name in DESCRIPTORS:
+        if DESCRIPTORS[descriptor.name] is descriptor:
+            return descriptor
+        raise ValueError(f"strategy {descriptor.name!r} is described twice")
+    DESCRIPTORS[descriptor.name] = descriptor
+    return descriptor
+
+
+def descriptor_names() -> list[str]:
+    return sorted(DESCRIPTORS)
+
+
+def get_descriptor(name: str) -> StrategyDescriptor:
+    """The descriptor of a strategy; raises :class:`ConfigError` (field ``strategy``) if unknown."""
+    if name not in DESCRIPTORS:
+        raise ConfigError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(descriptor_names())}",
+            field="strategy",
+        )
+    return DESCRIPTORS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The noise splits of the strategies with a second release (see workers.strategies.adaptive).
+
+
+def _quantile_split(sigma: float, params: Mapping[str, Any], b: float) -> NoiseSplit:
+    """Quantile clipping's count has multiplier 2 sigma_b (sensitivity 1/2, std sigma_b)."""
+    sigma_b = params.get("count_noise")
+    if sigma_b is None:  # the planner's and the worker's one rule (workers.count_noise)
+        sigma_b = auto_count_noise(noise_multiplier=sigma, expected_batch_size=b)
+    second = 2.0 * float(sigma_b)
+    if sigma >= second:
+        raise NoiseSplitInfeasible(
+            f"quantile: the noise multiplier {sigma:.4g} is >= 2*sigma_b = {second:.4g}, so the "
+            "quantile count would use the whole privacy budget and leave none for the gradient; "
+            f"set count_noise (sigma_b) above {sigma / 2:.4g}, e.g. {max(sigma, second):.4g}, "
+            "leave it out (it is then chosen for you), or use a larger batch",
+            field="params.count_noise",
+        )
+    return NoiseSplit(gradient=split_noise(sigma, second), second=second)
+
+
+def _online_split(sigma: float, params: Mapping[str, Any], b: float) -> NoiseSplit:
+    """OSO-DPSGD's direction sum has multiplier ``nu_q = ratio * nu`` (unit sensitivity)."""
+    second = float(params["direction_noise_ratio"]) * sigma
+    return NoiseSplit(gradient=split_noise(sigma, second), second=second)
+
+
+CLIP_STYLE = HParam(
+    default="flat",
+    kind="choice",
+    choices=("flat", "layerwise"),
+    shared=True,
+    help="flat: one threshold for the whole gradient; layerwise: C/sqrt(L) per layer (000)",
+)
+
+FIXED = register_descriptor(
+    StrategyDescriptor(
+        name="fixed",
+        description="fixed clipping threshold C (Abadi et al. 2016)",
+        hyperparameters={
+            "clip": HParam(default=1.0, help="clipping threshold C"),
+            "clip_style": CLIP_STYLE,
+        },
+    )
+)
+
+NONPRIVATE = register_descriptor(
+    StrategyDescriptor(
+        name="nonprivate",
+        description="no clipping, no noise (non-private baseline; epsilon is infinite)",
+        private=False,
+    )
+)
+
+AUTOMATIC = register_descriptor(
+    StrategyDescriptor(
+        name="automatic",
+        description="automatic clipping: normalise every per-sample gradient (Bu et al. 2022)",
+        hyperparameters={
+            "clip": HParam(default=1.0, help="scale C"),
+            # gamma > 0: a zero gradient would otherwise get weight C / 0.
+            "stability": HParam(default=0.01, help="gamma in C / (n + gamma)"),
+            "clip_style": CLIP_STYLE,
+        },
+    )
+)
+
+GLOBAL = register_descriptor(
+    StrategyDescriptor(
+        name="global",
+        description="global clipping: scale by C/Z, drop gradients above Z (000, Appendix D)",
+        hyperparameters={
+            "clip": HParam(default=1.0, help="scale C"),
+            "global_threshold": HParam(default=1.0, help="threshold Z"),
+        },
+    )
+)
+
+QUANTILE = register_descriptor(
+    StrategyDescriptor(
+        name="quantile",
+        description="adaptive threshold tracking a target quantile of the norms (Andrew 2021)",
+        hyperparameters={
+            "target_quantile": HParam(
+                default=0.5,
+                low=0.0,
+                high=1.0,
+                low_inclusive=False,
+                high_inclusive=False,
+                help="gamma, the quantile C_t tracks",
+            ),
+            "clip_init": HParam(default=0.1, help="C_0"),
+            "clip_lr": HParam(
+                default=0.2, low=0.0, help="eta_C, the step of the geometric update (0: fixed C)"
+            ),
+            "count_noise": HParam(
+                default=None,
+                optional=True,
+                help="sigma_b, std of the count's noise (default: b/20, raised where needed so "
+                "the gradient gets at most 10 % more noise; workers.count_noise)",
+            ),
+        },
+        split=_quantile_split,
+    )
+)
+
+ONLINE = register_descriptor(
+    StrategyDescriptor(
+        name="online",
+        description="OSO-DPSGD: online sign updates of C and the learning rate (004)",
+        hyperparameters={
+            "clip_init": HParam(default=0.1, help="C_0"),
+            "clip_lr": HParam(default=2.5e-3, low=0.0, help="rho_c (0: fixed C)"),
+            "lr_lr": HParam(default=2.5e-3, low=0.0, help="rho_r (0: fixed learning rate)"),
+            "direction_noise_ratio": HParam(
+                default=7.124,
+                low=1.0,
+                low_inclusive=False,
+                help="nu_q / nu, > 1 so the gradient keeps some budget (7.124 costs the "
+                "gradient 1% more noise)",
+            ),
+        },
+        split=_online_split,
+    )
+)
+
+BAM = register_descriptor(
+    StrategyDescriptor(
+        name="bam",
+        description="bias-aware minimisation: clip gradients taken after a per-sample ascent (003)",
+        hyperparameters={
+            "clip": HParam(default=1.0, help="clipping threshold C"),
+            "bam_lambda": HParam(
+                default=0.1, help="lambda, the length of the per-sample ascent step"
+            ),
+            "clip_style": CLIP_STYLE,
+        },
+        gradient_passes=2,
+    )
+)
+
+LIPSCHITZ = register_descriptor(
+    StrategyDescriptor(
+        name="lipschitz",
+        description="clipless DP-SGD on a Lipschitz network (002): no clipping, analytic bound",
+    )
+)
+
+
+__all__ = [
+    "AUTOMATIC",
+    "BAM",
+    "CLIP_STYLE",
+    "DESCRIPTORS",
+    "FIXED",
+    "GLOBAL",
+    "LIPSCHITZ",
+    "NONPRIVATE",
+    "ONLINE",
+    "QUANTILE",
+    "HParam",
+    "NoiseSplit",
+    "NoiseSplitFn",
+    "NoiseSplitInfeasible",
+    "StrategyDescriptor",
+    "descriptor_names",
+    "get_descriptor",
+    "register_descriptor",
+    "split_noise",
+]
