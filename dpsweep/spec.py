@@ -199,8 +199,11 @@ class PrivacyConfig(_Strict):
     budgets: list[float] = Field(min_length=1, description="per-grid epsilon levels")
     delta: float = Field(gt=0, lt=1)
     accounting: Literal["compose", "basic", "papernot-steinke"] = "compose"
-    accountant: Literal["prv", "rdp"] = Field(
-        default="prv", description="calibration accountant for compose/basic (prv is tight)"
+    accountant: Literal["pld", "prv", "rdp"] = Field(
+        default="prv",
+        description="calibration accountant for compose/basic: pld (dp_accounting's privacy "
+        "loss distribution, tight) or rdp (dp_accounting's RDP, a looser upper bound); prv is "
+        "a legacy alias of pld (it always meant dp_accounting PLD)",
     )
     charge_repeats: bool = Field(default=True, description="every seed touches the data")
     distribution: SearchDistribution | None = Field(

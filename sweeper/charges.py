@@ -126,11 +126,13 @@ def _compose_epsilons(plan: Any) -> list[float]:
         raise PrivacyError(
             f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
         )
-    if plan.accountant != "pld":
-        from workers.accounting import dp_rdp_epsilon
+    from workers.accountants import plan_accountant
 
+    accountant = plan_accountant(plan.accountant)
+    if not accountant.tight:
+        # RDP: each prefix of j runs by the accountant the plan was calibrated with.
         return [
-            dp_rdp_epsilon(
+            accountant.epsilon(
                 noise_multiplier=plan.noise_multiplier,
                 sample_rate=plan.sample_rate,
                 steps=j * steps,
@@ -140,6 +142,10 @@ def _compose_epsilons(plan: Any) -> list[float]:
             )
             for j in range(1, runs + 1)
         ]
+    if accountant.name != "pld":
+        raise PrivacyError(
+            f"arm {plan.arm!r}: no per-run charges for the plan's accountant {accountant.name!r}"
+        )
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     from workers.accounting import PLD_DISCRETIZATION

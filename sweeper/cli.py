@@ -139,6 +139,9 @@ STRATEGY_FLAGS: list[tuple[str, str, Any, str]] = [
 def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
     """The ``dpsweep`` parser; each extension adds subcommands (the API layer adds ``serve``
     and ``scheduler`` this way, so this layer never imports it)."""
+    # Torch-free: the registry imports no accountant library.
+    from workers.accountants import WORKER_ALIASES, accountant_names, get_accountant
+
     parser = argparse.ArgumentParser(
         prog="dpsweep",
         description="Hyperparameter sweeps for differentially private deep learning.",
@@ -182,7 +185,15 @@ def build_parser(*extensions: Callable[[Any], None]) -> argparse.ArgumentParser:
         help="noise multiplier sigma (instead of --epsilon)",
     )
     p.add_argument("--delta", type=_delta, default=1e-5, help="target delta (default 1e-5)")
-    p.add_argument("--accountant", default="rdp", help="rdp (default) or prv")
+    p.add_argument(
+        "--accountant",
+        default="opacus-rdp",
+        choices=(*accountant_names(), *WORKER_ALIASES),
+        metavar="ACCOUNTANT",
+        help="the accountant of the reported epsilon (and of --epsilon's calibration): "
+        + ", ".join(f"{d.name} ({d.library})" for d in map(get_accountant, accountant_names()))
+        + "; default opacus-rdp. Legacy names: rdp = opacus-rdp, prv = opacus-prv",
+    )
     p.add_argument(
         "--reproducible",
         action="store_true",

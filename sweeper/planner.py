@@ -50,7 +50,7 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpsweep.spec import DEFAULT_EVAL_EPSILON_SHARE
-from workers.accounting import dp_rdp_epsilon, pld_epsilon
+from workers.accountants import plan_accountant, spec_accountant
 from workers.accounting_audit import EpsilonBounds
 from workers.count_noise import auto_count_noise
 from workers.errors import ConfigError, PrivacyError
@@ -256,7 +256,7 @@ def verify_plan(plan: GridPlan) -> GridPlan:
             f"{where}: {figures}: the plan under-states its privacy cost (below the verifier's "
             "lower bound); plan refused"
         )
-    if plan.accountant == "pld" and plan.accounting in ("compose", "basic"):
+    if plan_accountant(plan.accountant).tight and plan.accounting in ("compose", "basic"):
         # The planner's PLD composes the evaluations as one more (Gaussian) loss.
         extra = 1 if sigma_e is not None else 0
         if plan.accounting == "compose":
@@ -400,7 +400,7 @@ def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
 def _calibrator_name(plan: GridPlan) -> str:
     if plan.accounting == "papernot-steinke":
         return "dp_accounting RDP, RepeatAndSelect"
-    return "dp_accounting PLD" if plan.accountant == "pld" else "dp_accounting RDP"
+    return plan_accountant(plan.accountant).library
 
 
 def _suggest_delta(n: int) -> float:
@@ -605,9 +605,10 @@ def _epsilon(
     accountant: str,
     eval_sigma: float | None = None,
 ) -> float:
-    # Both accountants are dp_accounting's: planning never imports torch. ``eval_sigma``: the
-    # evaluations composed to one Gaussian (sigma_e / sqrt(number of releases)), or None.
-    fn = pld_epsilon if accountant == "pld" else dp_rdp_epsilon
+    # The planner's accountants (pld, dp-rdp) are dp_accounting's: planning never imports
+    # torch. ``eval_sigma``: the evaluations composed to one Gaussian (sigma_e / sqrt(number of
+    # releases)), or None.
+    fn = plan_accountant(accountant).epsilon
     if eval_sigma is None:
         return fn(noise_multiplier=sigma, sample_rate=q, steps=steps, target_delta=delta)
     return fn(
@@ -981,6 +982,22 @@ class SweepPlan:
         return sum(g.delta for g in self.grids)
 
 
+# What a new plan stores for each planning accountant: the planner's historical values ("rdp"
+# is dp_accounting's RDP in plans; workers.accountants.PLAN_ALIASES reads it back).
+_PLAN_STORED_NAME = {"pld": "pld", "dp-rdp": "rdp"}
+
+
+def _plan_accountant_name(spec_name: str) -> str:
+    """The grid plan's accountant for a spec's ``privacy.accountant`` (``prv`` = ``pld``)."""
+    desc = spec_accountant(spec_name)
+    if desc.name not in _PLAN_STORED_NAME:
+        raise ConfigError(
+            f"accountant {spec_name!r} ({desc.library}) cannot calibrate a plan; use pld or rdp",
+            field="privacy.accountant",
+        )
+    return _PLAN_STORED_NAME[desc.name]
+
+
 def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridRequest]:
     """One request per arm and epsilon level of a :class:`sweeper.spec.SweepSpec`.
 
@@ -1013,7 +1030,7 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
             steps_per_trial=steps,
             sample_rate=q,
             accounting=spec.privacy.accounting,
-            accountant="pld" if spec.privacy.accountant == "prv" else spec.privacy.accountant,
+            accountant=_plan_accountant_name(spec.privacy.accountant),
             distribution_shape=dist.shape if dist is not None else None,
             distribution_name=dist.name if dist is not None else None,
             max_noise_multiplier=spec.privacy.max_noise_multiplier or NO_SIGNAL_NOISE_MULTIPLIER,

@@ -73,6 +73,7 @@ from sweeper.sweeps import (
     hidden_grids,
     schedules,
 )
+from workers.accountants import trial_accountant_for_plan
 from workers.errors import ConfigError, PrivacyError
 
 # ---------------------------------------------------------------------------------------------
@@ -710,8 +711,9 @@ class SweepRunner:
             momentum=tr["momentum"],
             weight_decay=tr["weight_decay"],
             eval_every=tr["eval_every"],
-            # Trials report epsilon with the accountant the plan was calibrated with.
-            accountant="pld" if grid["accountant"] == "pld" else "rdp",
+            # Trials report single-run epsilon with the accountant the grid's stored one maps
+            # to (workers.accountants.PLAN_TO_WORKER); an unknown stored name is refused.
+            accountant=trial_accountant_for_plan(grid["accountant"]),
             device="cuda" if self.gpus else "cpu",
             threads=1,
             # Secret per-trial randomness unless the spec opted into reproducible mode (a spec

@@ -1,8 +1,10 @@
 """Privacy accounting for DP-SGD runs: epsilon from the noise actually used, and calibration.
 
-Thin, strict wrappers over Opacus's accountants (RDP by default, PRV selectable) and
-dp_accounting's PLD (``pld``, torch-free, what the planner calibrates with). Libraries are
-imported lazily, so callers without torch (the sweeper) can import this module.
+Thin, strict wrappers over the accountants of :mod:`workers.accountants` (the registry):
+Opacus's RDP (``opacus-rdp``, the default; legacy name ``rdp``) and PRV (``opacus-prv``;
+legacy ``prv``), dp_accounting's PLD (``pld``, torch-free, what the planner calibrates with)
+and RDP (``dp-rdp``). Libraries are imported lazily, so callers without torch (the sweeper)
+can import this module.
 
 DP evaluation (``eval: {mode: dp}``): besides its steps, a trial releases ``eval_releases``
 noisy counts of correct predictions, each a Gaussian mechanism of sensitivity 1 and noise
@@ -18,9 +20,13 @@ import math
 import warnings
 from typing import Any
 
+from workers.accountants import WORKER_ALIASES, accountant_names, worker_accountant
 from workers.errors import ConfigError, PrivacyError
 
-ACCOUNTANTS: tuple[str, ...] = ("rdp", "prv", "pld")
+# Every name compute_epsilon accepts: the registry's, then the legacy worker aliases.
+ACCOUNTANTS: tuple[str, ...] = (*accountant_names(), *WORKER_ALIASES)
+# compute_epsilon's default: Opacus RDP (its historical "rdp").
+DEFAULT_ACCOUNTANT = "opacus-rdp"
 
 # Value discretisation of the PLD accountant. The estimate is pessimistic (an upper bound) at
 # any grid; 2.5e-4 stays within ~0.3 % of the fine value on 30k compositions in 0.03-0.4 s,
@@ -32,11 +38,7 @@ PLD_DISCRETIZATION = 2.5e-4
 def _check(
     *, sample_rate: float, target_delta: float, accountant: str, steps: int | None = None
 ) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(
-            f"unknown accountant {accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}",
-            field="privacy.accountant",
-        )
+    worker_accountant(accountant)  # raises ConfigError (field privacy.accountant) if unknown
     if not 0.0 < sample_rate <= 1.0:
         raise ConfigError(f"sample rate must be in (0, 1]; got {sample_rate}", field="sample_rate")
     if not 0.0 < target_delta < 1.0:
@@ -66,10 +68,36 @@ def _eval_sigma(eval_noise_multiplier: float | None, eval_releases: int) -> floa
     return float(eval_noise_multiplier) / math.sqrt(int(eval_releases))
 
 
-def _accountant(name: str) -> Any:
+def opacus_epsilon(
+    kind: str,
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
+) -> float:
+    """Epsilon by Opacus's ``kind`` accountant (``"rdp"`` or ``"prv"``); imports torch.
+
+    DP evaluation's ``eval_releases`` Gaussians are the history entry ``(sigma_e, 1.0, E)``.
+    """
     from opacus.accountants import PRVAccountant, RDPAccountant
 
-    return RDPAccountant() if name == "rdp" else PRVAccountant()
+    acc: Any = {"rdp": RDPAccountant, "prv": PRVAccountant}[kind]()
+    history = [(noise_multiplier, sample_rate, steps)] if steps > 0 else []
+    if eval_releases > 0 and eval_noise_multiplier is not None:
+        # Without subsampling (q = 1) both accountants treat the entry as plain Gaussians.
+        history.append((eval_noise_multiplier, 1.0, eval_releases))
+    acc.history = history
+    with warnings.catch_warnings():
+        # "Optimal order is the largest alpha": the RDP bound is then merely loose (an
+        # over-estimate of epsilon), which is safe; it is not worth alarming users over.
+        warnings.simplefilter("ignore", UserWarning)
+        # Opacus's PRV takes log(1 - q) = -inf for a q = 1 entry; its density is then the
+        # plain Gaussian's, but numpy warns about the logarithm of zero.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(acc.get_epsilon(delta=target_delta))
 
 
 def pld_epsilon(
@@ -110,7 +138,7 @@ def compute_epsilon(
     sample_rate: float,
     steps: int,
     target_delta: float,
-    accountant: str = "rdp",
+    accountant: str = DEFAULT_ACCOUNTANT,
     eval_noise_multiplier: float | None = None,
     eval_releases: int = 0,
 ) -> float:
@@ -121,7 +149,11 @@ def compute_epsilon(
     composed with the steps (Opacus history entry ``(sigma_e, 1.0, E)``; for ``pld`` one
     Gaussian of multiplier ``sigma_e / sqrt(E)``, the same mechanism).
 
+    ``accountant``: a registry name (:mod:`workers.accountants`) or a legacy worker alias
+    (``rdp`` = ``opacus-rdp``, ``prv`` = ``opacus-prv``).
+
     Raises:
+        ConfigError: unknown accountant (field ``privacy.accountant``).
         PrivacyError: the mechanism gives no finite guarantee (e.g. ``noise_multiplier`` <= 0).
     """
     _check(sample_rate=sample_rate, target_delta=target_delta, accountant=accountant, steps=steps)
@@ -139,7 +171,7 @@ def compute_epsilon(
         float(sample_rate),
         int(steps),
         float(target_delta),
-        accountant,
+        worker_accountant(accountant).name,
         None if sigma_e is None else float(sigma_e),
         0 if sigma_e is None else int(eval_releases),
     )
@@ -160,29 +192,15 @@ def _epsilon(
 ) -> float:
     # Opacus's RDP takes ~0.1 s per call (pure Python over fractional orders); the trials of a
     # grid share (sigma, q, T, delta), so the exact same question is answered once.
-    if accountant == "pld":
-        return pld_epsilon(
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            steps=steps,
-            target_delta=target_delta,
-            eval_noise_multiplier=eval_noise_multiplier,
-            eval_releases=eval_releases,
-        )
-    acc = _accountant(accountant)
-    history = [(noise_multiplier, sample_rate, steps)] if steps > 0 else []
-    if eval_releases > 0 and eval_noise_multiplier is not None:
-        # Without subsampling (q = 1) both accountants treat the entry as plain Gaussians.
-        history.append((eval_noise_multiplier, 1.0, eval_releases))
-    acc.history = history
-    with warnings.catch_warnings():
-        # "Optimal order is the largest alpha": the RDP bound is then merely loose (an
-        # over-estimate of epsilon), which is safe; it is not worth alarming users over.
-        warnings.simplefilter("ignore", UserWarning)
-        # Opacus's PRV takes log(1 - q) = -inf for a q = 1 entry; its density is then the
-        # plain Gaussian's, but numpy warns about the logarithm of zero.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return float(acc.get_epsilon(delta=target_delta))
+    # ``accountant`` is a canonical registry name here.
+    return worker_accountant(accountant).epsilon(
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        target_delta=target_delta,
+        eval_noise_multiplier=eval_noise_multiplier,
+        eval_releases=eval_releases,
+    )
 
 
 def dp_rdp_epsilon(
@@ -220,7 +238,7 @@ def calibrate_noise_multiplier(
     target_delta: float,
     sample_rate: float,
     steps: int,
-    accountant: str = "rdp",
+    accountant: str = DEFAULT_ACCOUNTANT,
     epsilon_tolerance: float = 0.01,
 ) -> float:
     """The noise multiplier whose epsilon is at most ``target_epsilon`` (within tolerance below).
@@ -233,19 +251,26 @@ def calibrate_noise_multiplier(
         raise ConfigError(f"epsilon must be > 0; got {target_epsilon}", field="privacy.epsilon")
     if steps < 1:
         raise ConfigError("calibration needs at least one step", field="steps")
-    from opacus.accountants.utils import get_noise_multiplier
+    desc = worker_accountant(accountant)
+    opacus_kind = {"opacus-rdp": "rdp", "opacus-prv": "prv"}.get(desc.name)
+    if opacus_kind is not None:
+        from opacus.accountants.utils import get_noise_multiplier
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        sigma = float(
-            get_noise_multiplier(
-                target_epsilon=target_epsilon,
-                target_delta=target_delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                accountant=accountant,
-                epsilon_tolerance=epsilon_tolerance,
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            sigma = float(
+                get_noise_multiplier(
+                    target_epsilon=target_epsilon,
+                    target_delta=target_delta,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    accountant=opacus_kind,
+                    epsilon_tolerance=epsilon_tolerance,
+                )
             )
+    else:
+        sigma = _bisect_sigma(
+            target_epsilon, target_delta, sample_rate, steps, desc.name, epsilon_tolerance
         )
     eps = compute_epsilon(
         noise_multiplier=sigma,
@@ -260,3 +285,33 @@ def calibrate_noise_multiplier(
             f"{target_epsilon}; refusing to run"
         )
     return sigma
+
+
+def _bisect_sigma(
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str,
+    epsilon_tolerance: float,
+) -> float:
+    """The smallest sigma (bisection) whose epsilon is within ``epsilon_tolerance`` below."""
+
+    def eps(sigma: float) -> float:
+        return _epsilon(sigma, sample_rate, steps, target_delta, accountant)
+
+    lo, hi = 0.0, 10.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, 2 * hi
+        if hi > 1e4:
+            raise PrivacyError(f"no noise multiplier up to {hi:g} reaches epsilon {target_epsilon}")
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        e = eps(mid)
+        if e > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+            if e >= target_epsilon - epsilon_tolerance:
+                break
+    return hi
