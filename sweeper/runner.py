@@ -1275,7 +1275,8 @@ class SweepRunner:
                             t,
                             "done",
                             metrics={k: v for k, v in m.items() if k != "reliability"},
-                            epsilon=r["epsilon"],
+                            # What this run alone would cost; not what was spent (see releases).
+                            single_run_epsilon=r["epsilon"],
                         ),
                         trial_id=t.id,
                     )

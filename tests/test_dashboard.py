@@ -391,6 +391,16 @@ def test_plan_and_budget_panel_matches_the_stored_plan(page: Any, finished: dict
     text = rows.first.inner_text()
     assert g["arm"] in text and str(g["steps_per_trial"]) in text
     assert "ε charged" in page.inner_text("#sweep-budget")
+    # One ε per release, each saying what it covers, and the evaluation statement.
+    privacy = finished["privacy"]
+    card = page.locator("#privacy-releases")
+    assert card.locator("tbody tr").count() == (
+        len(privacy["grids"]) + (privacy["sweep"] is not None) + (privacy["dataset_lifetime"] is not None)
+    )
+    card_text = card.inner_text()
+    assert "whole sweep" in card_text and "dataset lifetime (spent)" in card_text
+    assert privacy["evaluation"]["statement"] == page.inner_text("#evaluation-statement")
+    assert "single-run ε" in card_text
     screenshot(page, "sweep-plan")
 
 

@@ -1,0 +1,1 @@
+"""Privacy accounting of sweeps: the planner, the ledger, charges, verification and releases."""
