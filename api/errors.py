@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dpsweep.errors import IllegalState
 from sweeper.ledger import BudgetExhausted
 from sweeper.planner import InfeasiblePlan
-from sweeper.sweeps import IllegalState
 from workers.errors import (
     AuthError,
     ConfigError,

@@ -48,7 +48,8 @@ class Event:
     Attributes:
         id: The event id (increasing within a sweep; resume after it).
         kind: ``"sweep"`` (state changes), ``"trial"`` (a trial's state, with its metrics
-            and its single-run epsilon, ``single_run_epsilon``, when done) or ``"metric"`` (an evaluation: ``step`` and ``values``).
+            and its single-run epsilon, ``single_run_epsilon``, when done) or ``"metric"``
+            (an evaluation: ``step`` and ``values``).
         data: The event's JSON object.
     """
 

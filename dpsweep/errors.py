@@ -125,6 +125,22 @@ class Conflict(DpsweepError):
     """409: the request conflicts with the state (budget exhausted, sweep already finished)."""
 
 
+class SweepNotFound(NotFound):
+    """No sweep with that id (that the caller may see)."""
+
+
+class TrialNotFound(NotFound):
+    """No trial with that id that the caller may see."""
+
+
+class DatasetNotFound(NotFound):
+    """No dataset with that id that the caller may see."""
+
+
+class IllegalState(Conflict):
+    """The sweep is not in a state that allows the operation (HTTP 409)."""
+
+
 class RateLimited(DpsweepError):
     """429 after the client's retries ran out."""
 
@@ -170,13 +186,17 @@ __all__ = [
     "Conflict",
     "ConnectionFailed",
     "DatasetError",
+    "DatasetNotFound",
     "DpsweepError",
+    "IllegalState",
     "NotFound",
     "PermissionDenied",
     "PrivacyError",
     "RateLimited",
     "ServerError",
+    "SweepNotFound",
     "TrainingError",
+    "TrialNotFound",
     "ValidationError",
     "error_for",
 ]

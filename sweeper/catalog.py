@@ -42,6 +42,7 @@ from sqlalchemy import Engine, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import DatasetNotFound
 from sweeper.charges import EXACT, exact_sum
 from sweeper.ledger import (
     BudgetLedger,
@@ -51,7 +52,7 @@ from sweeper.ledger import (
     writable,
 )
 from sweeper.store import Dataset, Sweep, SweepState, iso
-from workers.errors import ConfigError, DatasetError, DpsweepError, NotFound, PermissionDenied
+from workers.errors import ConfigError, DatasetError, DpsweepError, PermissionDenied
 
 UPLOAD_PREFIX = "ds_"
 UPLOAD_FORMATS = ("csv", "npz")
@@ -61,10 +62,6 @@ _LABEL = re.compile(r"^[\w .()+-]{1,200}$")
 # Names given with `dpsweep datasets register`: no ":" (file names in specs are "csv:PATH", and
 # identity keys "sha256:HEX"), so a registered name can never be mistaken for either.
 _REGISTERED = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
-
-
-class DatasetNotFound(NotFound):
-    """No dataset with that id that the caller may see."""
 
 
 def is_upload(name: str) -> bool:
@@ -659,7 +656,7 @@ def delete_name(engine: Engine, name: str) -> list[str]:
         DatasetNotFound: no such name.
         IllegalState: a sweep holds a reservation on the name's records.
     """
-    from sweeper.sweeps import IllegalState
+    from dpsweep.errors import IllegalState
 
     with Session(engine) as session:
         row = session.scalars(select(Dataset).where(Dataset.name == name)).first()

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, case, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import TrialNotFound
 from sweeper.catalog import Viewer
 from sweeper.charges import exact_sum, ps_charge_note
 from sweeper.ledger import LedgerEntry
@@ -47,13 +48,9 @@ from sweeper.sweeps import (
     schedules,
     trial_record,
 )
-from workers.errors import ConfigError, NotFound
+from workers.errors import ConfigError
 
 SORTS = ("number", "objective")
-
-
-class TrialNotFound(NotFound):
-    """No trial with that id that the caller may see."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -149,8 +149,8 @@ class Scheduler:
             drive.thread.start()
 
     def _drive(self, sweep_id: str, drive: _Drive) -> None:
+        from dpsweep.errors import IllegalState, SweepNotFound
         from sweeper.runner import run_sweep
-        from sweeper.sweeps import IllegalState, SweepNotFound
 
         log.info("sweep %s: driving", sweep_id)
         try:
@@ -163,7 +163,8 @@ class Scheduler:
             drive.error = exc
 
     def _reap(self) -> None:
-        from sweeper.sweeps import IllegalState, fail_sweep
+        from dpsweep.errors import IllegalState
+        from sweeper.sweeps import fail_sweep
 
         for sid, drive in list(self._drives.items()):
             if drive.thread.is_alive():

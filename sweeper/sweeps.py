@@ -37,6 +37,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from dpsweep.errors import IllegalState, SweepNotFound
 from sweeper import events
 from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, LedgerEntry
@@ -60,7 +61,7 @@ from sweeper.store import (
     new_id,
     sweep_ledger_key,
 )
-from workers.errors import ConfigError, Conflict, NotFound
+from workers.errors import ConfigError
 from workers.randomness import REPRODUCIBLE_WARNING
 
 TERMINAL_TRIALS = (
@@ -69,14 +70,6 @@ TERMINAL_TRIALS = (
     TrialState.cancelled,
 )
 TERMINAL_SWEEPS = (SweepState.done, SweepState.failed, SweepState.cancelled)
-
-
-class SweepNotFound(NotFound):
-    """No sweep with that id."""
-
-
-class IllegalState(Conflict):
-    """The sweep is not in a state that allows the operation (HTTP 409)."""
 
 
 def _now() -> datetime:

@@ -394,9 +394,10 @@ def test_plan_and_budget_panel_matches_the_stored_plan(page: Any, finished: dict
     # One ε per release, each saying what it covers, and the evaluation statement.
     privacy = finished["privacy"]
     card = page.locator("#privacy-releases")
-    assert card.locator("tbody tr").count() == (
-        len(privacy["grids"]) + (privacy["sweep"] is not None) + (privacy["dataset_lifetime"] is not None)
+    releases = len(privacy["grids"]) + sum(
+        privacy[k] is not None for k in ("sweep", "dataset_lifetime")
     )
+    assert card.locator("tbody tr").count() == releases
     card_text = card.inner_text()
     assert "whole sweep" in card_text and "dataset lifetime (spent)" in card_text
     assert privacy["evaluation"]["statement"] == page.inner_text("#evaluation-statement")
