@@ -1,12 +1,13 @@
-"""Alembic environment: the schema of :mod:`sweeper.store` (store and ledger tables)."""
+"""Alembic environment: the schema of :mod:`sweeper.store` and :mod:`sweeper.privacy.ledger`."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from sweeper.db import VERSION_TABLE
+import sweeper.privacy.ledger  # noqa: F401  (the ledger's tables join the metadata)
 from sweeper.store import metadata
+from sweeper.store.schema import VERSION_TABLE
 
 config = context.config
 

@@ -1,103 +1,15 @@
-"""Database URL, engine and migrations (Alembic, driven programmatically).
-
-The schema is created and upgraded only by migrations: ``dpsweep db upgrade`` (or
-:func:`upgrade`). A database behind head is refused by :func:`require_head`.
-"""
+"""Temporary re-exports (issue 21): URLs and engines moved to :mod:`sweeper.store.engine`,
+migrations to :mod:`sweeper.store.schema`."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-from sqlalchemy import Engine, create_engine
-
-from workers.errors import ConfigError
-
-# Our own version table, so an Optuna storage (or anything else using Alembic) can share the
-# database without clashing (shared/ENV.md).
-VERSION_TABLE = "dpsweep_alembic_version"
-DEFAULT_URL = "sqlite:///dpsweep.db"
-MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
-
-
-def database_url(url: str | None = None) -> str:
-    """``url``, else ``DPSWEEP_DATABASE_URL``, else the embedded SQLite file ``./dpsweep.db``."""
-    return url or os.environ.get("DPSWEEP_DATABASE_URL") or DEFAULT_URL
-
-
-def display_url(url: str) -> str:
-    """``url`` with its password masked, for logs and messages."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL SQLAlchemy can parse: show nothing of it
-        return "<database url>"
-
-
-def make_engine(url: str | None = None, **engine_kwargs: object) -> Engine:
-    """An engine for the store; SQLite URLs get the ledger's locking set-up.
-
-    Args:
-        url: The database URL (default: :func:`database_url`).
-        **engine_kwargs: For :func:`sqlalchemy.create_engine` (``pool_size``, say).
-    """
-    from sweeper.ledger import create_ledger_engine
-
-    url = database_url(url)
-    if url.startswith("sqlite"):
-        return create_ledger_engine(url, **engine_kwargs)
-    return create_engine(url, pool_pre_ping=True, **engine_kwargs)
-
-
-def _config(url: str):  # type: ignore[no-untyped-def]
-    from alembic.config import Config
-
-    if not (MIGRATIONS / "env.py").is_file():
-        raise ConfigError(f"migrations not found at {MIGRATIONS}")
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    return cfg
-
-
-def upgrade(url: str | None = None, revision: str = "head") -> None:
-    """Upgrade the schema to ``revision`` (creating it on an empty database)."""
-    from alembic import command
-
-    command.upgrade(_config(database_url(url)), revision)
-
-
-def downgrade(url: str | None = None, revision: str = "-1") -> None:
-    from alembic import command
-
-    command.downgrade(_config(database_url(url)), revision)
-
-
-def current_revision(url: str | None = None) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
-    engine = create_engine(database_url(url))
-    try:
-        with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-            return ctx.get_current_revision()
-    finally:
-        engine.dispose()
-
-
-def head_revision() -> str | None:
-    from alembic.script import ScriptDirectory
-
-    return ScriptDirectory.from_config(_config(DEFAULT_URL)).get_current_head()
-
-
-def require_head(url: str | None = None) -> None:
-    """Refuse a database whose schema is not at head, saying how to fix it."""
-    cur, head = current_revision(url), head_revision()
-    if cur != head:
-        raise ConfigError(
-            f"the database {database_url(url)!r} is at schema revision {cur or 'none'}, not "
-            f"{head}; run `dpsweep db upgrade` first",
-            field="database",
-        )
+from sweeper.store.engine import DEFAULT_URL, database_url, display_url, make_engine  # noqa: F401
+from sweeper.store.schema import (  # noqa: F401
+    MIGRATIONS,
+    VERSION_TABLE,
+    current_revision,
+    downgrade,
+    head_revision,
+    require_head,
+    upgrade,
+)

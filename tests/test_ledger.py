@@ -27,7 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.schema import CreateTable
 
-from sweeper.ledger import (
+from sweeper.privacy.ledger import (
     BudgetExhausted,
     BudgetLedger,
     BudgetSummary,
@@ -35,11 +35,11 @@ from sweeper.ledger import (
     EntryKind,
     LedgerEntry,
     ReservationExceeded,
-    _budget_row_stmt,
-    create_ledger_engine,
     create_ledger_tables,
     summed_entries,
 )
+from sweeper.privacy.ledger.core import _budget_row_stmt
+from sweeper.store.engine import create_ledger_engine
 from workers.errors import ConfigError, PrivacyError
 
 DS = "digits"

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sweeper import db
-from sweeper.ledger import BudgetExhausted, BudgetLedger
+from sweeper.privacy.ledger import BudgetExhausted, BudgetLedger
 from sweeper.store import Dataset, MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from tests.conftest import fresh_postgres_database
 from workers.errors import ConfigError

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from api.cli import main
 from sweeper import db
-from sweeper.tokens import create_token, list_tokens, revoke_token, verify_token
+from sweeper.store.tokens import create_token, list_tokens, revoke_token, verify_token
 from workers.errors import ConfigError
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import sweeper.ledger
+import sweeper.store.types
 
 revision = "0001"
 down_revision = None
@@ -24,14 +24,14 @@ def upgrade() -> None:
         "dataset_budgets",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("dataset", sa.String(length=200), nullable=False),
-        sa.Column("epsilon_cap", sweeper.ledger.ExactDecimal(), nullable=True),
-        sa.Column("delta_cap", sweeper.ledger.ExactDecimal(), nullable=True),
-        sa.Column("epsilon_spent", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("delta_spent", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("epsilon_reserved", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("delta_reserved", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("created_at", sweeper.ledger.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("updated_at", sweeper.ledger.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("epsilon_cap", sweeper.store.types.ExactDecimal(), nullable=True),
+        sa.Column("delta_cap", sweeper.store.types.ExactDecimal(), nullable=True),
+        sa.Column("epsilon_spent", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("delta_spent", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("epsilon_reserved", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("delta_reserved", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("created_at", sweeper.store.types.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("updated_at", sweeper.store.types.UTCDateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_dataset_budgets")),
         sa.UniqueConstraint("dataset", name=op.f("uq_dataset_budgets_dataset")),
     )
@@ -98,9 +98,9 @@ def upgrade() -> None:
             ),
             nullable=False,
         ),
-        sa.Column("epsilon", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("delta", sweeper.ledger.ExactDecimal(), nullable=False),
-        sa.Column("created_at", sweeper.ledger.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("epsilon", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("delta", sweeper.store.types.ExactDecimal(), nullable=False),
+        sa.Column("created_at", sweeper.store.types.UTCDateTime(timezone=True), nullable=False),
         sa.Column("note", sa.Text(), nullable=False),
         sa.CheckConstraint(
             "(kind = 'charge') = (trial_id IS NOT NULL)",

@@ -1,8 +1,10 @@
-"""The store: SQLAlchemy 2.0 models of sweeps, trials, metrics and results.
+"""The store's rows: SQLAlchemy 2.0 models of datasets, sweeps, trials, metrics and results,
+and of the service's own records (API tokens, idempotency keys, heartbeats).
 
 The database is the single source of truth for sweep state. Models share one metadata with the
-budget ledger (:mod:`sweeper.ledger`), and the schema is created and upgraded only by Alembic
-migrations (``dpsweep db upgrade``; see :mod:`sweeper.db`).
+budget ledger (:mod:`sweeper.privacy.ledger`; :mod:`sweeper.store.base`), and the schema is
+created and upgraded only by Alembic migrations (``dpsweep db upgrade``; see
+:mod:`sweeper.store.schema`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,7 @@ from sqlalchemy import (
 from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from sweeper.ledger import LedgerBase
-
-Base = LedgerBase  # one metadata for the ledger and the store
-metadata = Base.metadata
+from sweeper.store.base import Base
 
 
 def _now() -> datetime:

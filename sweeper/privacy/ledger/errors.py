@@ -1,0 +1,58 @@
+"""The ledger's refusals: a reservation past a cap, a charge past a reservation."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from dpsweep.errors import PrivacyError
+
+__all__ = ["BudgetExhausted", "ReservationExceeded"]
+
+
+class BudgetExhausted(PrivacyError):
+    """A reservation would take a dataset past its lifetime ε or δ cap; nothing was reserved.
+
+    Attributes:
+        dataset: The dataset key.
+        quantity: ``"epsilon"`` or ``"delta"``, whichever cap refused.
+        requested: The amount asked for.
+        remaining: What the cap still allowed.
+    """
+
+    def __init__(
+        self, message: str, *, dataset: str, quantity: str, requested: Decimal, remaining: Decimal
+    ) -> None:
+        super().__init__(message)
+        self.dataset = dataset
+        self.quantity = quantity
+        self.requested = requested
+        self.remaining = remaining
+
+
+class ReservationExceeded(PrivacyError):
+    """A charge is larger than what its sweep still holds in reservation; nothing was charged.
+
+    Attributes:
+        dataset: The dataset key.
+        sweep_id: The sweep that tried to charge.
+        quantity: ``"epsilon"`` or ``"delta"``, whichever was short.
+        requested: The amount the charge asked for.
+        outstanding: What the sweep still held.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        dataset: str,
+        sweep_id: str,
+        quantity: str,
+        requested: Decimal,
+        outstanding: Decimal,
+    ) -> None:
+        super().__init__(message)
+        self.dataset = dataset
+        self.sweep_id = sweep_id
+        self.quantity = quantity
+        self.requested = requested
+        self.outstanding = outstanding

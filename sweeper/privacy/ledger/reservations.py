@@ -1,0 +1,245 @@
+"""A sweep's money: reserve its cost, charge its trials, release what it never used."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from sweeper.privacy.ledger.amounts import (
+    ZERO,
+    add_exact,
+    cap_left,
+    delta_amount,
+    epsilon_amount,
+    show_amount,
+    show_amounts,
+    sub_exact,
+)
+from sweeper.privacy.ledger.core import LedgerCore
+from sweeper.privacy.ledger.errors import BudgetExhausted, ReservationExceeded
+from sweeper.privacy.ledger.keys import checked_key, checked_note, dataset_label
+from sweeper.privacy.ledger.records import LedgerRecord, Reservation, SweepBalance
+from sweeper.privacy.ledger.rows import EntryKind, utcnow
+
+__all__ = ["ReservationOperations"]
+
+
+class ReservationOperations(LedgerCore):
+    """Reserve, charge and release (part of :class:`~sweeper.privacy.ledger.BudgetLedger`)."""
+
+    def reserve(
+        self,
+        dataset: str,
+        *,
+        sweep_id: str,
+        epsilon: float | Decimal,
+        delta: float | Decimal,
+        note: str = "",
+    ) -> Reservation:
+        """Reserve a sweep's cost against a dataset's caps, atomically.
+
+        A sweep may reserve more than once (the reservations add up).
+
+        Args:
+            dataset: The dataset key.
+            sweep_id: The sweep reserving.
+            epsilon: ε to reserve (finite, >= 0): the sum over the sweep's arms and levels.
+            delta: δ to reserve, in [0, 1).
+            note: Free text kept with the entry.
+
+        Returns:
+            The recorded ``reserve`` entry.
+
+        Raises:
+            BudgetExhausted: If ``spent + reserved + epsilon`` would exceed the ε cap, or the same
+                for δ; nothing is recorded.
+            ConfigError: If an argument is invalid.
+        """
+        dataset = checked_key(dataset, "dataset")
+        sweep_id = checked_key(sweep_id, "sweep_id")
+        eps = epsilon_amount(epsilon)
+        dlt = delta_amount(delta)
+        note = checked_note(note)
+        with self._write() as session:
+            budget = self._lock_budget(session, dataset, create=True)
+            assert budget is not None
+            for quantity, asked, cap, spent, reserved in (
+                ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
+                ("delta", dlt, budget.delta_cap, budget.delta_spent, budget.delta_reserved),
+            ):
+                left = cap_left(cap, spent, reserved)
+                # Exact, no tolerance: asked <= left  <=>  spent + reserved + asked <= cap.
+                if left is not None and asked > left:
+                    shown_asked, shown_left = show_amounts(asked, left)
+                    raise BudgetExhausted(
+                        f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for {quantity}="
+                        f"{shown_asked} but only {shown_left} remains of the lifetime cap "
+                        f"{show_amount(cap or ZERO)} ({show_amount(spent)} spent, "
+                        f"{show_amount(reserved)} reserved by running sweeps)",
+                        dataset=dataset,
+                        quantity=quantity,
+                        requested=asked,
+                        remaining=left,
+                    )
+            budget.epsilon_reserved = add_exact(budget.epsilon_reserved, eps)
+            budget.delta_reserved = add_exact(budget.delta_reserved, dlt)
+            budget.updated_at = utcnow()
+            self._check_totals(budget)
+            return self._record(
+                session,
+                dataset=dataset,
+                sweep_id=sweep_id,
+                trial_id=None,
+                kind=EntryKind.RESERVE,
+                epsilon=eps,
+                delta=dlt,
+                note=note,
+            )
+
+    def charge(
+        self,
+        dataset: str,
+        *,
+        sweep_id: str,
+        trial_id: str,
+        epsilon: float | Decimal,
+        delta: float | Decimal,
+        note: str = "",
+    ) -> LedgerRecord:
+        """Move a trial's cost from its sweep's reservation to spent.
+
+        Charge *before* the trial touches data: the charge is permanent, so a trial that then
+        fails, crashes or is cancelled stays charged, as it must. Charging the same trial again
+        (a retry touches the data again) adds a second charge.
+
+        Args:
+            dataset: The dataset key.
+            sweep_id: The sweep the trial belongs to; its reservation pays for the charge.
+            trial_id: The trial being charged.
+            epsilon: The trial's ε (finite, >= 0).
+            delta: The trial's δ, in [0, 1).
+            note: Free text kept with the entry.
+
+        Returns:
+            The recorded ``charge`` entry.
+
+        Raises:
+            ReservationExceeded: If the sweep's outstanding reservation (reserved, minus charged,
+                minus released) is smaller than the charge; nothing is recorded.
+            ConfigError: If an argument is invalid.
+        """
+        dataset = checked_key(dataset, "dataset")
+        sweep_id = checked_key(sweep_id, "sweep_id")
+        trial_id = checked_key(trial_id, "trial_id")
+        eps = epsilon_amount(epsilon)
+        dlt = delta_amount(delta)
+        note = checked_note(note)
+        with self._write() as session:
+            budget = self._lock_budget(session, dataset, create=False)
+            balance = (
+                self._balance(session, dataset, sweep_id)
+                if budget is not None
+                else SweepBalance(dataset, sweep_id, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
+            )
+            if budget is None or balance.reservations == 0:
+                # Even a zero charge is refused: a sweep that never reserved was never
+                # accepted against this dataset, so its trials must not run.
+                raise ReservationExceeded(
+                    f"{dataset_label(dataset)}: sweep {sweep_id!r} has no reservation, so trial "
+                    f"{trial_id!r} cannot be charged and must not run",
+                    dataset=dataset,
+                    sweep_id=sweep_id,
+                    quantity="epsilon",
+                    requested=eps,
+                    outstanding=ZERO,
+                )
+            for quantity, asked, outstanding in (
+                ("epsilon", eps, balance.epsilon_outstanding),
+                ("delta", dlt, balance.delta_outstanding),
+            ):
+                if asked > outstanding:
+                    shown_asked, shown_left = show_amounts(asked, outstanding)
+                    raise ReservationExceeded(
+                        f"{dataset_label(dataset)}: trial {trial_id!r} of sweep {sweep_id!r} "
+                        f"would be charged {quantity}={shown_asked} but the sweep holds only "
+                        f"{shown_left} in reservation (reserved "
+                        f"{show_amount(_reserved(balance, quantity))}, already charged "
+                        f"{show_amount(_charged(balance, quantity))}, released "
+                        f"{show_amount(_released(balance, quantity))}); the trial must not run",
+                        dataset=dataset,
+                        sweep_id=sweep_id,
+                        quantity=quantity,
+                        requested=asked,
+                        outstanding=outstanding,
+                    )
+            budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
+            budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
+            budget.epsilon_spent = add_exact(budget.epsilon_spent, eps)
+            budget.delta_spent = add_exact(budget.delta_spent, dlt)
+            budget.updated_at = utcnow()
+            self._check_totals(budget)
+            return self._record(
+                session,
+                dataset=dataset,
+                sweep_id=sweep_id,
+                trial_id=trial_id,
+                kind=EntryKind.CHARGE,
+                epsilon=eps,
+                delta=dlt,
+                note=note,
+            )
+
+    def release(self, dataset: str, *, sweep_id: str, note: str = "") -> LedgerRecord | None:
+        """Give back what a sweep reserved but never charged (call it when the sweep ends).
+
+        Charges stay: only the outstanding part returns to the dataset. Releasing again
+        releases nothing more, and so does releasing a sweep that holds nothing.
+
+        Args:
+            dataset: The dataset key.
+            sweep_id: The sweep that ended.
+            note: Free text kept with the entry.
+
+        Returns:
+            The recorded ``release`` entry (its amounts are what was given back), or ``None``
+            when the dataset has no ledger row (nothing was ever reserved on it).
+
+        Raises:
+            ConfigError: If an argument is invalid.
+        """
+        dataset = checked_key(dataset, "dataset")
+        sweep_id = checked_key(sweep_id, "sweep_id")
+        note = checked_note(note)
+        with self._write() as session:
+            budget = self._lock_budget(session, dataset, create=False)
+            if budget is None:
+                return None
+            balance = self._balance(session, dataset, sweep_id)
+            eps, dlt = balance.epsilon_outstanding, balance.delta_outstanding
+            budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
+            budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
+            budget.updated_at = utcnow()
+            self._check_totals(budget)
+            # Recorded even when zero: the entry also marks, in the audit trail, that the sweep
+            # ended.
+            return self._record(
+                session,
+                dataset=dataset,
+                sweep_id=sweep_id,
+                trial_id=None,
+                kind=EntryKind.RELEASE,
+                epsilon=eps,
+                delta=dlt,
+                note=note,
+            )
+
+
+def _reserved(balance: SweepBalance, quantity: str) -> Decimal:
+    return balance.epsilon_reserved if quantity == "epsilon" else balance.delta_reserved
+
+
+def _charged(balance: SweepBalance, quantity: str) -> Decimal:
+    return balance.epsilon_charged if quantity == "epsilon" else balance.delta_charged
+
+
+def _released(balance: SweepBalance, quantity: str) -> Decimal:
+    return balance.epsilon_released if quantity == "epsilon" else balance.delta_released

@@ -1,0 +1,82 @@
+"""The schema's versions: Alembic migrations, driven programmatically.
+
+The schema is created and upgraded only by migrations: ``dpsweep db upgrade`` (or
+:func:`upgrade`). A database behind head is refused by :func:`require_head`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import create_engine
+
+from dpsweep.errors import ConfigError
+from sweeper.store.engine import DEFAULT_URL, database_url
+
+__all__ = [
+    "MIGRATIONS",
+    "VERSION_TABLE",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "require_head",
+    "upgrade",
+]
+
+# Our own version table, so an Optuna storage (or anything else using Alembic) can share the
+# database without clashing (shared/ENV.md).
+VERSION_TABLE = "dpsweep_alembic_version"
+MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+
+
+def _config(url: str):  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    if not (MIGRATIONS / "env.py").is_file():
+        raise ConfigError(f"migrations not found at {MIGRATIONS}")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> None:
+    """Upgrade the schema to ``revision`` (creating it on an empty database)."""
+    from alembic import command
+
+    command.upgrade(_config(database_url(url)), revision)
+
+
+def downgrade(url: str | None = None, revision: str = "-1") -> None:
+    from alembic import command
+
+    command.downgrade(_config(database_url(url)), revision)
+
+
+def current_revision(url: str | None = None) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    engine = create_engine(database_url(url))
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return ctx.get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_config(DEFAULT_URL)).get_current_head()
+
+
+def require_head(url: str | None = None) -> None:
+    """Refuse a database whose schema is not at head, saying how to fix it."""
+    cur, head = current_revision(url), head_revision()
+    if cur != head:
+        raise ConfigError(
+            f"the database {database_url(url)!r} is at schema revision {cur or 'none'}, not "
+            f"{head}; run `dpsweep db upgrade` first",
+            field="database",
+        )
