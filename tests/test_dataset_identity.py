@@ -19,11 +19,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sweeper import catalog, db
-from sweeper.catalog import Viewer
-from sweeper.charges import exact_sum
+from dpsweep.errors import PermissionDenied
+from sweeper import datasets as catalog
+from sweeper import db
 from sweeper.cli import main
+from sweeper.datasets.access import Viewer
 from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, identity_key
+from sweeper.privacy.charges import exact_sum
 from sweeper.store import Dataset, Sweep, SweepState
 from sweeper.sweeps import IllegalState, cancel_sweep, create_sweep
 from workers.datasets import (
@@ -305,7 +307,7 @@ def test_reuploading_the_same_records_keeps_the_cap(engine: Any, tmp_path: Path)
     catalog.store_upload(
         engine, owner="bob", content=content, fmt="csv", data_dir=tmp_path, label_column="label"
     )
-    with pytest.raises(catalog.PermissionDenied, match="set by an admin"):
+    with pytest.raises(PermissionDenied, match="set by an admin"):
         catalog.set_caps(engine, first["id"], viewer, epsilon_cap=50.0, delta_cap=None)
     catalog.set_caps(
         engine, first["id"], Viewer("root", admin=True), epsilon_cap=2.0, delta_cap=None

@@ -18,15 +18,10 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from sweeper.planner import (
-    GridPlan,
-    GridRequest,
-    InfeasiblePlan,
-    grid_requests,
-    plan_grid,
-    verify_plan,
-)
-from sweeper.releases import sweep_release
+from sweeper.privacy.grids import GridPlan, GridRequest, InfeasiblePlan
+from sweeper.privacy.planner import grid_requests, plan_grid
+from sweeper.privacy.releases import sweep_release
+from sweeper.privacy.verification import verify_plan
 from sweeper.spec import SweepSpec
 from workers import accounting_audit as audit
 from workers.accounting import compute_epsilon, dp_rdp_epsilon, pld_epsilon
@@ -319,7 +314,7 @@ def test_plans_with_evaluations_fit_their_budget(
 def test_the_charge_schedule_charges_the_evaluations_too() -> None:
     """Each run's ledger charge includes its noisy evaluations: the schedule's total is the
     plan's (evaluations included), and a plan whose schedule would leave them out is refused."""
-    from sweeper.charges import charge_schedule
+    from sweeper.privacy.charges import charge_schedule
 
     req = GridRequest(
         arm="fixed",

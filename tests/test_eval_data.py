@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sweeper import catalog, db
+from sweeper import datasets as catalog
+from sweeper import db
 from sweeper.cli import main
 from workers import datasets
 from workers.datasets import DatasetSpec, load_dataset

@@ -20,8 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from sweeper import db
-from sweeper.catalog import ledger_key_of, register_file
 from sweeper.cli import main
+from sweeper.datasets.identity import ledger_key_of
+from sweeper.datasets.registration import register_file
 from sweeper.ledger import BudgetLedger
 from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings

@@ -13,14 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sweeper.planner as planner
-from sweeper.planner import (
-    GridRequest,
-    InfeasiblePlan,
-    calibrate,
-    plan_grid,
-    repeat_and_select_epsilon,
-)
+from sweeper.privacy import noise_split as planner
+from sweeper.privacy.calibration import calibrate
+from sweeper.privacy.grids import GridRequest, InfeasiblePlan
+from sweeper.privacy.papernot_steinke import repeat_and_select_epsilon
+from sweeper.privacy.planner import plan_grid
 from sweeper.spec import load_spec
 from workers.accounting import pld_epsilon
 from workers.errors import ConfigError, PrivacyError
@@ -236,7 +233,8 @@ def test_quantile_count_noise_is_chosen_when_left_out(sigma: float, b: int) -> N
 
 def test_planning_imports_no_torch() -> None:
     code = (
-        "import sys; from sweeper.planner import plan_sweep; from sweeper.spec import load_spec;"
+        "import sys; from sweeper.privacy.planner import plan_sweep;"
+        "from sweeper.spec import load_spec;"
         f"plan_sweep(load_spec({str(ROOT / 'examples' / 'digits-clipping.yaml')!r}));"
         "print('torch' in sys.modules)"
     )

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sweeper import db
-from sweeper.catalog import ledger_key_of
 from sweeper.cli import main
+from sweeper.datasets.identity import ledger_key_of
 from sweeper.ledger import BudgetLedger
 from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings

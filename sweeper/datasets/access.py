@@ -1,0 +1,53 @@
+"""Who may use which dataset: the :class:`Viewer` and the check of a spec's dataset.
+
+Uploads are their owner's (and admins'); registered names have no owner: they are files on
+the server, for admins and local use, like a path given in a spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError
+from sweeper.datasets.names import in_catalog, unknown_dataset
+from sweeper.store import Dataset
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who asks: an owner name (None: local use, sees everything) and whether an admin."""
+
+    owner: str | None
+    admin: bool = False
+
+    def sees(self, owner: str | None) -> bool:
+        return self.admin or self.owner is None or owner == self.owner
+
+
+def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
+    """Refuse a spec's dataset the viewer may not use: someone else's upload, or (for
+    non-admins of the API) a file path on the server.
+
+    Raises:
+        ConfigError: with the field to fix.
+    """
+    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
+    name = str(get("name"))
+    if viewer.owner is not None and not viewer.admin and (get("path") or get("labels_path")):
+        raise ConfigError(
+            "datasets given by a file path on the server are for admins; upload the file "
+            "with POST /api/v1/datasets and name the returned id (ds_...) as dataset.name",
+            field="dataset.path",
+        )
+    if in_catalog(name):
+        # Registered names have no owner: they are files on the server, for admins (and local
+        # use), like a path; uploads are their owner's.
+        with Session(engine) as session:
+            owner = session.scalars(select(Dataset.owner).where(Dataset.name == name)).first()
+            exists = session.scalars(select(Dataset.id).where(Dataset.name == name)).first()
+        if exists is None or not viewer.sees(owner):
+            raise ConfigError(unknown_dataset(name), field="dataset.name")

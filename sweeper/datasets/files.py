@@ -1,0 +1,108 @@
+"""Dataset files as the workers read them, and what may be shown of them.
+
+Every loader (the planner, an upload's check, the workers) reads a dataset through one
+:class:`workers.datasets.DatasetSpec`, built here from a spec's section or a stored row, so
+all of them split, scale and bound the inputs the same way.
+
+What is shown of a file is what the planner and the model need and treats as public: the
+number of examples (it sets the sample rate and bounds δ), of features and of classes. Never
+rows, labels or class names: those are the private data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpsweep.errors import ConfigError, DatasetError
+from sweeper.store import Dataset
+
+
+def worker_spec(
+    d: Any,
+    *,
+    path: str | None,
+    name: str,
+    label_column: str | None,
+    labels_path: str | None = None,
+) -> Any:
+    """The :class:`workers.datasets.DatasetSpec` of loader ``name`` (for a stored file: its
+    format) at ``path``, with the split and scaling settings of ``d`` (a spec's ``dataset``
+    section, or a dict)."""
+    from workers.datasets import DatasetSpec
+
+    get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
+    # The scaling settings travel with the dataset: every loader (planner, upload check,
+    # workers) must bound the inputs the same way. JSON gives the bounds back as a list.
+    bounds, feature_clip = get("input_bounds"), get("feature_clip")
+    return DatasetSpec(
+        name=name,
+        path=path,
+        labels_path=labels_path or get("labels_path"),
+        label_column=label_column,
+        test_fraction=float(get("test_fraction", 0.2)),
+        split_seed=int(get("split_seed", 0)),
+        options=dict(get("options", {}) or {}),
+        input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
+        feature_clip=5.0 if feature_clip is None else float(feature_clip),
+    )
+
+
+def file_spec(row: Dataset, dataset: Any = None) -> Any:
+    """The worker spec of a stored file (an upload or a registered name); split and scaling
+    settings from ``dataset`` (a spec's), the file's own settings from the row."""
+    cfg = dict(row.config or {})
+    assert row.storage_path is not None and row.format is not None
+    return worker_spec(
+        dataset if dataset is not None else {},
+        path=row.storage_path,
+        name=row.format,
+        label_column=cfg.get("label_column"),
+        labels_path=cfg.get("labels_path"),
+    )
+
+
+def load_file(spec: Any, shown_as: str) -> tuple[dict[str, Any], str]:
+    """What may be shown of a dataset file (see the module docstring), and its identity.
+
+    Raises:
+        DatasetError: the file cannot be loaded (named ``shown_as``, not by its path).
+    """
+    from workers.datasets import load_dataset
+
+    try:
+        data = load_dataset(spec)
+    except (DatasetError, ConfigError) as exc:
+        # Say what is wrong with the file without naming where the server keeps it.
+        raise DatasetError(str(exc).replace(str(spec.path), shown_as)) from None
+    info = {
+        "n_examples": int(data.n_train + data.x_test.shape[0]),
+        "n_train": int(data.n_train),
+        "input_shape": list(data.input_shape),
+        "num_classes": int(data.num_classes),
+        "kind": data.kind,
+    }
+    return info, data.content_sha256
+
+
+def describe_file(spec: Any, shown_as: str) -> dict[str, Any]:
+    """What may be shown of a dataset file (:func:`load_file` without the identity)."""
+    return load_file(spec, shown_as)[0]
+
+
+_BUILTIN_CACHE: dict[str, dict[str, Any]] = {}
+
+
+def builtin_description(name: str) -> dict[str, Any]:
+    """A built-in set as the API shows it (loaded once per process)."""
+    if name not in _BUILTIN_CACHE:
+        _BUILTIN_CACHE[name] = {
+            "id": name,
+            "name": name,
+            "kind": "builtin",
+            "format": None,
+            "owner": None,
+            "size_bytes": None,
+            "created_at": None,
+            **describe_file(worker_spec({}, path=None, name=name, label_column=None), name),
+        }
+    return dict(_BUILTIN_CACHE[name])

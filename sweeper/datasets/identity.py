@@ -1,0 +1,196 @@
+"""Identity: every dataset name bound to the content of the records it reads.
+
+Every name is bound (``datasets.content_sha256``) to the identity of the records it reads
+(:func:`workers.datasets.content_sha256`), and the budget ledger is keyed by that identity
+(``sha256:<hex>``), not by the name: the same records uploaded twice, registered under two
+names, converted from CSV to NPZ or shuffled share one lifetime cap and one ledger. Deleting
+or re-registering a name touches no ledger. A name first bound after ledgers were keyed by
+name carries its old ledger row over (:func:`bind_name`). The identity is shown to the
+operator (the CLI) only: it is a deterministic function of every record, so someone who knows
+all records but one could test guesses of the last against it; the API and every message
+name the dataset by its name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError, DatasetNotFound
+from sweeper.datasets.files import builtin_description, file_spec, worker_spec
+from sweeper.datasets.names import BUILTIN
+from sweeper.ledger import BudgetLedger, CarriedOver, identity_key, writable
+from sweeper.store import Dataset, Sweep
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A name bound to the identity of its records (see :func:`bind_name`)."""
+
+    name: str
+    content_sha256: str
+    previous_sha256: str | None
+    """The identity the name was bound to before, when it was another (the file changed)."""
+    carried: CarriedOver | None
+    """The name's ledger row from before ledgers were keyed by content, now the identity's."""
+    inherited_caps: bool
+    """The new identity had no ledger and took the caps of the name's previous identity."""
+    shared_with: tuple[str, ...]
+    """Other names bound to the same identity (they share its cap and ledger)."""
+
+    @property
+    def ledger_key(self) -> str:
+        return identity_key(self.content_sha256)
+
+
+def bind_name(
+    engine: Engine,
+    name: str,
+    content_sha256: str,
+    *,
+    new_row: dict[str, Any] | None = None,
+    row_update: dict[str, Any] | None = None,
+) -> Binding:
+    """Record that ``name`` now reads the records whose identity is ``content_sha256``.
+
+    * A name not in the ``datasets`` table gets a row (with ``new_row``'s fields).
+    * A name bound to another identity before (its file was edited) is re-bound. The new
+      records get a ledger of their own (nothing spent on the old ones moves, they are other
+      data), but if that ledger is new it takes the old identity's caps: an edit must not lift
+      the cap its data owner set.
+    * A ledger row still keyed by the name (from before ledgers were keyed by content) is
+      carried over to the identity's: spent and reserved add up, every entry moves, and the
+      stricter cap applies (:meth:`BudgetLedger.carry_over`). Sweeps stored under the name
+      are re-pointed at the identity in the same transaction, so their charges and releases
+      find their reservation. Nothing spent is lost. This runs on every bind, so a row that
+      old code wrote under the name later is carried over too.
+
+    Args:
+        engine: The store's engine (a read-only one is used for writing all the same).
+        name: The name (``digits``, ``csv:PATH``, ``ds_...``, a registered name).
+        content_sha256: The identity (:func:`workers.datasets.content_sha256`).
+        new_row: Fields of a new ``datasets`` row (config, n_examples, format, ...).
+        row_update: Fields to set on an existing row (a re-registration's file).
+
+    Returns:
+        The binding.
+    """
+    key = identity_key(content_sha256)
+    engine = writable(engine)
+    ledger = BudgetLedger(engine)
+    with Session(engine) as session:
+        previous = session.scalars(
+            select(Dataset.content_sha256).where(Dataset.name == name)
+        ).first()
+    inherited = False
+    if previous and previous != content_sha256:
+        inherited = ledger.inherit_caps(identity_key(previous), key) is not None
+
+    def bind(session: Session) -> None:
+        # Sweeps stored before ledgers were keyed by content reserved under the name; their
+        # entries move to the identity in this same transaction, so they follow.
+        session.execute(
+            update(Sweep)
+            .where(Sweep.ledger_key.is_(None), Sweep.dataset == name)
+            .values(ledger_key=key)
+            .execution_options(synchronize_session=False)
+        )
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        if row is None:
+            session.add(Dataset(name=name, content_sha256=content_sha256, **(new_row or {})))
+        else:
+            row.content_sha256 = content_sha256
+            for field, value in (row_update or {}).items():
+                setattr(row, field, value)
+        session.flush()
+
+    note = f" [carried over from the ledger of name {name!r}]"
+    try:
+        carried = ledger.carry_over(name, key, note=note, within=bind)
+    except IntegrityError:
+        # Another process added the same name at the same moment (PostgreSQL): once more,
+        # now updating its row.
+        carried = ledger.carry_over(name, key, note=note, within=bind)
+    with Session(engine) as session:
+        shared = session.scalars(
+            select(Dataset.name)
+            .where(Dataset.content_sha256 == content_sha256, Dataset.name != name)
+            .order_by(Dataset.name)
+        ).all()
+    return Binding(
+        name=name,
+        content_sha256=content_sha256,
+        previous_sha256=previous if previous and previous != content_sha256 else None,
+        carried=carried,
+        inherited_caps=inherited,
+        shared_with=tuple(shared),
+    )
+
+
+_BUILTIN_IDENTITY: dict[str, str] = {}
+
+
+def _spec_of_name(name: str, row: Dataset | None) -> Any:
+    """The worker spec of what a stored name reads.
+
+    Raises:
+        DatasetNotFound: a name that reads nothing known.
+    """
+    if row is not None and row.storage_path and row.format:
+        return file_spec(row)
+    cfg = dict(row.config or {}) if row is not None else {}
+    if cfg.get("name"):  # a name stored by a sweep: its spec's dataset
+        return worker_spec(
+            cfg, path=cfg.get("path"), name=str(cfg["name"]), label_column=cfg.get("label_column")
+        )
+    if name in BUILTIN:
+        return worker_spec({}, path=None, name=name, label_column=None)
+    raise DatasetNotFound(f"no dataset {name!r}; `dpsweep datasets list` lists them")
+
+
+def content_identity(engine: Engine, name: str) -> str:
+    """The identity (hex) a name is bound to; a name not bound yet (stored before identities
+    existed, or a built-in never used) is loaded and bound now (:func:`bind_name`).
+
+    Raises:
+        DatasetNotFound: no such name.
+        DatasetError: its file cannot be loaded (moved, edited into something invalid).
+    """
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        if row is not None:
+            session.expunge(row)
+    if row is not None and row.content_sha256:
+        return row.content_sha256
+    spec = _spec_of_name(name, row)
+    builtin = row is None and name in BUILTIN
+    if builtin and name in _BUILTIN_IDENTITY:
+        sha = _BUILTIN_IDENTITY[name]
+    else:
+        from workers.datasets import dataset_content_sha256
+
+        sha = dataset_content_sha256(spec)
+        if builtin:
+            _BUILTIN_IDENTITY[name] = sha  # bundled with scikit-learn: the same all process long
+    new_row = {"config": {"name": name}, "n_examples": builtin_description(name)["n_examples"]}
+    bind_name(engine, name, sha, new_row=new_row if builtin else None)
+    return sha
+
+
+def ledger_key_of(engine: Engine, name: str) -> str:
+    """The ledger key (``sha256:<hex>``) of the records a name reads (see
+    :func:`content_identity`)."""
+    return identity_key(content_identity(engine, name))
+
+
+def view_key(engine: Engine, name: str) -> str:
+    """The ledger key to *show* for a name: its identity's, or, for a name stored before
+    identities whose file can no longer be loaded, the name itself (its old ledger)."""
+    try:
+        return ledger_key_of(engine, name)
+    except (ConfigError, OSError):  # DatasetError included: a file gone or now invalid
+        return name

@@ -1,0 +1,156 @@
+"""Registered names (`dpsweep datasets ...`, the operator's): register, list, delete.
+
+An operator registers a data file on the server under a name (``dpsweep datasets register
+FILE --name NAME``); a spec may then name it. Deleting a name never deletes its records'
+ledger (:mod:`sweeper.datasets.identity`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, or_, select
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
+from sweeper.datasets.files import load_file, worker_spec
+from sweeper.datasets.identity import Binding, bind_name
+from sweeper.datasets.names import check_registered_name, format_of
+from sweeper.ledger import BudgetLedger, identity_key
+from sweeper.store import Dataset, Sweep, SweepState
+
+
+def register_file(
+    engine: Engine,
+    path: str | Path,
+    *,
+    name: str,
+    fmt: str | None = None,
+    label_column: str | None = None,
+    labels_path: str | Path | None = None,
+    public: bool = False,
+) -> tuple[Binding, dict[str, Any]]:
+    """Load and check a data file and bind ``name`` to the identity of its records.
+
+    The file is parsed exactly as a sweep will load it (NaN and inf refused). A spec may then
+    name it (``dataset: {name: NAME}``). Registering a name again re-reads its file: the same
+    records keep their ledger; other records (an edited file) get their own, which starts with
+    the old one's caps (:func:`bind_name`).
+
+    ``public``: the owner declares these records public, so the name may be a spec's public
+    evaluation dataset (``eval.dataset``); no epsilon covers them. Stored in the row's
+    ``config``; registering again sets it to what is given then (default: not public).
+
+    Returns:
+        The binding (``shared_with``: other names of the same records, which share its cap
+        and ledger) and what may be shown of the data (N, shape, classes).
+
+    Raises:
+        ConfigError / DatasetError: a bad name, format, file or label setting.
+    """
+    check_registered_name(name)
+    file = Path(path).expanduser().resolve()
+    fmt = format_of(file, fmt)
+    if fmt == "csv" and not label_column:
+        raise ConfigError("a CSV file needs --label-column (its label column's header)")
+    if fmt == "idx" and not labels_path:
+        raise ConfigError("an IDX images file needs --labels-path (the IDX labels file)")
+    labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
+    with Session(engine) as session:
+        existing = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        if existing is not None and not existing.storage_path:
+            raise ConfigError(
+                f"{name!r} is already the name of a dataset sweeps used without registering "
+                "it; choose another name",
+                field="name",
+            )
+    spec = worker_spec({}, path=str(file), name=fmt, label_column=label_column, labels_path=labels)
+    info, identity = load_file(spec, str(file))
+    fields: dict[str, Any] = {
+        "label": name,
+        "format": fmt,
+        "size_bytes": file.stat().st_size,
+        "sha256": None,
+        "storage_path": str(file),
+        "n_examples": info["n_examples"],
+        "config": {
+            "label_column": label_column,
+            "labels_path": labels,
+            **info,
+            "public": bool(public),
+        },
+    }
+    binding = bind_name(engine, name, identity, new_row=fields, row_update=fields)
+    return binding, {**info, "public": bool(public)}
+
+
+def names_of(engine: Engine, content_sha256: str) -> list[str]:
+    """Every name bound to an identity, sorted."""
+    with Session(engine) as session:
+        return list(
+            session.scalars(
+                select(Dataset.name)
+                .where(Dataset.content_sha256 == content_sha256)
+                .order_by(Dataset.name)
+            )
+        )
+
+
+def holding_sweeps(engine: Engine, name: str, content_sha256: str | None) -> list[str]:
+    """Ids of unfinished sweeps on a name's records (under any name), oldest first: each
+    holds (or is about to hold) a reservation on them."""
+    terms: list[Any] = [(Sweep.ledger_key.is_(None)) & (Sweep.dataset == name)]
+    if content_sha256:
+        terms.append(Sweep.ledger_key == identity_key(content_sha256))
+    with Session(engine) as session:
+        return list(
+            session.scalars(
+                select(Sweep.id)
+                .where(or_(*terms), Sweep.state.in_([SweepState.pending, SweepState.running]))
+                .order_by(Sweep.created_at)
+            )
+        )
+
+
+def delete_name(engine: Engine, name: str) -> list[str]:
+    """Delete a name (its ``datasets`` row); never a ledger, never a file.
+
+    The identity's cap, spend and entries stay: the same records registered or uploaded again
+    find them. Refused while any sweep holds a reservation on the records (under any name):
+    its trials still need to resolve their data, and an operator who deletes a name in use
+    most likely meant something else.
+
+    Returns:
+        The names that still read the same records.
+
+    Raises:
+        DatasetNotFound: no such name.
+        IllegalState: a sweep holds a reservation on the name's records.
+    """
+
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+    if row is None:
+        raise DatasetNotFound(f"no dataset named {name!r}; `dpsweep datasets list` lists them")
+    content = row.content_sha256
+    holders = holding_sweeps(engine, name, content)
+    key = identity_key(content) if content else name
+    summary = BudgetLedger(engine).summary(key)
+    if holders or summary.epsilon_reserved > 0 or summary.delta_reserved > 0:
+        which = (
+            f"sweep(s) {', '.join(holders)} hold"
+            if holders
+            else f"ε {float(summary.epsilon_reserved):g} / δ {float(summary.delta_reserved):g} "
+            "is still"
+        )
+        raise IllegalState(
+            f"dataset {name!r} is not deleted: {which} reserved on its records; let them "
+            "finish or cancel them (`dpsweep cancel SWEEP_ID`) first. Deleting a name never "
+            "deletes its records' ledger."
+        )
+    with Session(engine) as session, session.begin():
+        stored = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        if stored is not None:
+            session.delete(stored)
+    return [n for n in names_of(engine, content) if n != name] if content else []

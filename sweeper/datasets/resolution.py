@@ -1,0 +1,189 @@
+"""Resolving a spec's dataset: the worker spec of its training and its evaluation records.
+
+Uploads (``ds_...``) and registered names are looked up in the catalog (their stored file,
+format and label column); loader names (``digits``, ``csv`` with a path) are passed through.
+
+**Public datasets.** The owner of a registered file may declare its records public
+(``dpsweep datasets register FILE --name NAME --public``, stored as ``public`` in the row's
+``config``): such a name may then be a spec's public evaluation dataset (``eval: {mode:
+public, dataset: NAME}``, :func:`resolve`), whose records no epsilon covers. Registering a
+name again sets the flag to what is given then (without ``--public``: not public), so a
+declaration never outlives the file it was made for. Loader names (``digits``...) and uploads
+are never declared public.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError
+from sweeper.datasets.files import file_spec, worker_spec
+from sweeper.datasets.names import in_catalog, is_upload, unknown_dataset
+from sweeper.store import Dataset
+
+
+def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
+    """The worker-side :class:`workers.datasets.DatasetSpec` of a spec's dataset.
+
+    Uploads (``ds_...``) and registered names are looked up in the catalog (their stored
+    file, format and label column); loader names (``digits``, ``csv`` with a path) are
+    passed through.
+
+    Args:
+        engine: The store's engine (None: local use without a database; catalog names then
+            cannot be resolved).
+        dataset: The spec's ``dataset`` section (a :class:`sweeper.spec.DatasetConfig` or a
+            dict).
+        evaluation: The spec's ``eval`` section (:class:`sweeper.spec.EvalConfig`, or a dict
+            with ``mode`` and ``dataset``); None: mode ``carve-out``. Mode ``public`` resolves
+            ``dataset`` to a registered name its owner declared public
+            (:func:`public_eval_spec`).
+
+    Returns:
+        The worker spec with ``evaluation`` (and in mode ``public`` ``eval_dataset``) set.
+
+    Raises:
+        ConfigError: an upload id or name that does not exist, or a path given with a
+            registered name (field ``dataset.*``); an evaluation dataset that is not a
+            registered name declared public, or is the training dataset (``eval.dataset``).
+    """
+    spec = _resolve_training(engine, dataset)
+    mode, eval_name = _eval_settings(evaluation)
+    if mode == "carve-out":
+        return spec
+    if mode == "dp":
+        return replace(spec, evaluation="dp")
+    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
+    eval_spec = public_eval_spec(engine, eval_name, training=str(get("name")))
+    return replace(spec, evaluation="public", eval_dataset=eval_spec)
+
+
+def _eval_settings(evaluation: Any) -> tuple[str, str | None]:
+    """``(mode, dataset)`` of a spec's ``eval`` section (an EvalConfig, a dict or None)."""
+    if evaluation is None:
+        return "carve-out", None
+    get = (
+        evaluation.get
+        if isinstance(evaluation, dict)
+        else lambda k, d=None: getattr(evaluation, k, d)
+    )
+    name = get("dataset")
+    mode = get("mode") or ("public" if name is not None else "carve-out")
+    if mode not in ("carve-out", "public", "dp"):
+        raise ConfigError(
+            f"unknown eval mode {mode!r}; choose one of: carve-out, public, dp", field="eval.mode"
+        )
+    return str(mode), None if name is None else str(name)
+
+
+_HOW_TO_PUBLISH = (
+    "its owner registers public records with `dpsweep datasets register FILE --name NAME --public`"
+)
+
+
+def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) -> Any:
+    """The worker spec of a public evaluation dataset: a registered name whose owner declared
+    its records public (``register_file(..., public=True)``).
+
+    Raises:
+        ConfigError (field ``eval.dataset``): no name; an upload id or a loader name (never
+            declared public); the training dataset's own name or records; a name that is not
+            registered or not declared public; no database.
+    """
+    from workers.datasets import DATASETS
+
+    field = "eval.dataset"
+    if not name:
+        raise ConfigError(
+            "eval mode public needs eval.dataset: a registered name declared public "
+            f"({_HOW_TO_PUBLISH})",
+            field=field,
+        )
+    if name == training:
+        raise ConfigError(
+            f"eval.dataset {name!r} is the training dataset: evaluation records are never "
+            f"trained on; {_HOW_TO_PUBLISH} under a name of their own",
+            field=field,
+        )
+    if is_upload(name):
+        raise ConfigError(
+            f"eval.dataset {name!r} is an upload: uploads are never declared public; "
+            f"{_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if name in DATASETS:
+        raise ConfigError(
+            f"eval.dataset {name!r} is a loader of dpsweep, not a dataset declared public by its "
+            f"owner; {_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if engine is None:
+        raise ConfigError(
+            f"eval.dataset {name!r} is in the catalog and needs the service's database",
+            field=field,
+        )
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+        trained = (
+            session.scalars(select(Dataset.content_sha256).where(Dataset.name == training)).first()
+            if in_catalog(training)
+            else None
+        )
+    if row is None or row.storage_path is None or row.format is None:
+        raise ConfigError(
+            f"no registered dataset {name!r} for eval.dataset (`dpsweep datasets list` lists "
+            f"them); {_HOW_TO_PUBLISH}",
+            field=field,
+        )
+    if not _public_flag(row):
+        raise ConfigError(
+            f"eval.dataset {name!r} is not declared public by its owner; register it with "
+            f"`dpsweep datasets register FILE --name {name} --public`",
+            field=field,
+        )
+    if trained and row.content_sha256 == trained:
+        raise ConfigError(
+            f"eval.dataset {name!r} reads the same records as the training dataset: "
+            "evaluation records are never trained on; evaluate on other records",
+            field=field,
+        )
+    return file_spec(row)
+
+
+def _public_flag(row: Dataset) -> bool:
+    return bool(dict(row.config or {}).get("public", False))
+
+
+def is_public(engine: Engine, name: str) -> bool:
+    """Whether ``name`` is a registered file whose owner declared its records public."""
+    if is_upload(name) or not in_catalog(name):
+        return False
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+    return row is not None and bool(row.storage_path) and _public_flag(row)
+
+
+def _resolve_training(engine: Engine | None, dataset: Any) -> Any:
+    """:func:`resolve` of the training dataset alone (mode ``carve-out``)."""
+    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
+    name = str(get("name"))
+    if not in_catalog(name):
+        return worker_spec(dataset, path=get("path"), name=name, label_column=get("label_column"))
+    upload = is_upload(name)
+    if not upload and (get("path") or get("labels_path")):
+        raise ConfigError(
+            f"dataset {name!r} is a registered name: it reads the file it was registered with; "
+            "leave out path and labels_path",
+            field="dataset.path",
+        )
+    if engine is None:
+        raise ConfigError(f"dataset {name!r} is in the catalog and needs the service's database")
+    with Session(engine) as session:
+        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+    if row is None or row.storage_path is None or row.format is None:
+        raise ConfigError(unknown_dataset(name), field="dataset.name")
+    return file_spec(row, dataset)

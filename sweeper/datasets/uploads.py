@@ -1,0 +1,121 @@
+"""Uploads: a user's CSV or NPZ file, checked as a sweep will load it and stored as ``ds_...``.
+
+An upload is its owner's (and admins'); what may be shown of it is what
+:func:`sweeper.datasets.files.load_file` returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError, DpsweepError
+from sweeper.datasets.access import Viewer
+from sweeper.datasets.files import load_file, worker_spec
+from sweeper.datasets.identity import bind_name
+from sweeper.datasets.names import UPLOAD_FORMATS, UPLOAD_PREFIX
+from sweeper.datasets.views import describe
+from sweeper.ledger import BudgetLedger
+from sweeper.store import Dataset
+
+# What an upload's label may be (it is shown to its owner and admins).
+_LABEL = re.compile(r"^[\w .()+-]{1,200}$")
+
+
+def store_upload(
+    engine: Engine,
+    *,
+    owner: str | None,
+    content: bytes,
+    fmt: str,
+    data_dir: Path,
+    filename: str = "upload",
+    label: str | None = None,
+    label_column: str | None = None,
+    epsilon_cap: float | None = None,
+    delta_cap: float | None = None,
+) -> dict[str, Any]:
+    """Validate and store an uploaded CSV or NPZ file, optionally with lifetime caps.
+
+    The file is parsed exactly as a sweep will load it, so a malformed file is refused now,
+    not when trials start. Nothing is kept of a refused upload.
+
+    The upload is bound to the identity of its records (:func:`bind_name`): records uploaded
+    before (under any id, name or format) keep their ledger and cap. Caps given here can only
+    tighten that cap, never lift it: otherwise uploading the same records again with a larger
+    cap would buy a fresh budget.
+
+    Returns:
+        The dataset's description (as :func:`sweeper.datasets.views.describe`).
+
+    Raises:
+        ConfigError / DatasetError: bad format, label column, label or caps.
+    """
+    if fmt not in UPLOAD_FORMATS:
+        raise ConfigError(
+            f"unknown upload format {fmt!r}; choose one of {', '.join(UPLOAD_FORMATS)}",
+            field="format",
+        )
+    if fmt == "csv" and not label_column:
+        raise ConfigError(
+            "a CSV upload needs label_column (the header of the label column)",
+            field="label_column",
+        )
+    if label is not None and not _LABEL.match(label):
+        raise ConfigError(
+            "label must be 1-200 letters, digits, spaces or . ( ) + - _", field="label"
+        )
+    for name, cap, upper in (("epsilon_cap", epsilon_cap, None), ("delta_cap", delta_cap, 1.0)):
+        if cap is not None and not (cap >= 0 and (upper is None or cap < upper)):
+            bound = "in [0, 1)" if upper else "finite and >= 0"
+            raise ConfigError(f"{name} must be {bound}; got {cap}", field=name)
+    uid = UPLOAD_PREFIX + secrets.token_hex(12)
+    folder = data_dir / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{uid}.{fmt}"
+    tmp = folder / f".{uid}.{fmt}.part"
+    tmp.write_bytes(content)
+    os.replace(tmp, path)
+    try:
+        spec = worker_spec(
+            {"test_fraction": 0.2, "split_seed": 0},
+            path=str(path),
+            name=fmt,
+            label_column=label_column,
+        )
+        info, identity = load_file(spec, filename)
+        binding = bind_name(
+            engine,
+            uid,
+            identity,
+            new_row={
+                "owner": owner,
+                "label": label or filename,
+                "format": fmt,
+                "size_bytes": len(content),
+                "sha256": hashlib.sha256(content).hexdigest(),
+                "storage_path": str(path.resolve()),
+                "n_examples": info["n_examples"],
+                "config": {"label_column": label_column, **info},
+            },
+        )
+        if epsilon_cap is not None or delta_cap is not None:
+            BudgetLedger(engine).tighten_caps(
+                binding.ledger_key, epsilon_cap=epsilon_cap, delta_cap=delta_cap
+            )
+    except (DpsweepError, IntegrityError):
+        path.unlink(missing_ok=True)
+        with Session(engine) as session, session.begin():
+            stored = session.scalars(select(Dataset).where(Dataset.name == uid)).first()
+            if stored is not None:
+                session.delete(stored)
+        raise
+    return describe(engine, uid, Viewer(owner, admin=True))

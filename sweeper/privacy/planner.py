@@ -1,0 +1,233 @@
+"""The privacy planner: one noise multiplier per grid so that the whole grid fits its budget.
+
+Each arm (one strategy's grid) at each epsilon level is a *grid* of K trials of T steps at
+sample rate q (Mohapatra et al. 2022, the protocol of 004). Methods (stable registry names):
+
+* ``compose``: one sigma such that K*T subsampled-Gaussian steps compose to <= epsilon at delta.
+  Calibrated with dp_accounting's PLD (tight; pessimistic discretisation) by default, or RDP.
+  Every trial's results may be released (:mod:`sweeper.privacy.composition`).
+* ``basic``: each trial gets epsilon/K and delta/K (the naive baseline).
+* ``papernot-steinke``: random search whose number of trials is random with mean K
+  (logarithmic, geometric, truncated negative binomial or Poisson), accounted with
+  dp_accounting's RdpAccountant on a RepeatAndSelectDpEvent. Only the selected trial may be
+  released (:mod:`sweeper.privacy.papernot_steinke`).
+
+Every plan is then **verified** by a second accountant that shares no code with the first
+(:func:`sweeper.privacy.verification.verify_plan`, :mod:`workers.accounting_audit`): Gopi et
+al. (2021)'s PRV accountant for compose and basic, an independent Rényi-DP implementation of
+Papernot & Steinke's theorems for papernot-steinke. A plan is refused when the two disagree
+beyond their stated errors (the planner under-states, or a PLD figure lies far above the PRV's
+upper bound) or when either exceeds the budget. Strategies with a second query (quantile,
+online) split the planned sigma themselves, so a step still costs one Gaussian of multiplier
+sigma (:mod:`sweeper.privacy.noise_split`). Nothing here imports torch.
+
+**DP evaluation** (spec ``eval: {mode: dp}``): each trial also releases E noisy counts, and
+the training sigma is calibrated so that training AND evaluation together fit the budget
+(:mod:`sweeper.privacy.evaluation_releases`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dpsweep.errors import ConfigError
+from dpsweep.spec import DEFAULT_EVAL_EPSILON_SHARE
+from sweeper.privacy.composition import plan_basic, plan_compose
+from sweeper.privacy.grids import GridPlan, GridRequest, Planner
+from sweeper.privacy.limits import (
+    HIGH_NOISE_MULTIPLIER,
+    NO_SIGNAL_NOISE_MULTIPLIER,
+    high_noise_warning,
+    validate_request,
+)
+from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
+from sweeper.privacy.papernot_steinke import plan_papernot_steinke
+from sweeper.privacy.verification import verify_plan
+from workers.accountants import spec_accountant
+from workers.count_noise import auto_count_noise
+
+# The accounting methods by their stable names, in the order messages list them.
+PLANNERS: dict[str, Planner] = {
+    "compose": plan_compose,
+    "basic": plan_basic,
+    "papernot-steinke": plan_papernot_steinke,
+}
+
+
+def register_planner(name: str) -> Callable[[Planner], Planner]:
+    """Add (or replace) an accounting method under ``name``, as a decorator."""
+
+    def deco(fn: Planner) -> Planner:
+        PLANNERS[name] = fn
+        return fn
+
+    return deco
+
+
+def plan_grid(req: GridRequest) -> GridPlan:
+    """Plan one grid, verify it, and refuse it if infeasible (fail closed).
+
+    Raises:
+        ConfigError: invalid inputs (the message names the field).
+        InfeasiblePlan: the budget cannot be met with a usable noise multiplier.
+        PrivacyError: the independent verification exceeds the budget.
+    """
+    validate_request(req)
+    if req.accounting not in PLANNERS:
+        raise ConfigError(
+            f"unknown accounting {req.accounting!r}; choose one of: {', '.join(PLANNERS)}",
+            field="privacy.accounting",
+        )
+    return verify_plan(PLANNERS[req.accounting](req))
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Every grid's plan, and the identity of the data they were planned for.
+
+    ``dataset_sha256`` is :attr:`workers.datasets.Dataset.content_sha256` of the loaded data
+    (hex): the sweep reserves from the ledger of that content (``sha256:<hex>``), and every
+    trial checks that it trains on the same records. ``None`` only for plans made without
+    loading the data.
+    """
+
+    grids: list[GridPlan]
+    dataset_sha256: str | None = None
+    # The number of examples N (train + evaluation); public, as the planner treats it.
+    n_examples: int | None = None
+
+    @property
+    def epsilon_total(self) -> float:
+        """The sweep's whole cost: the sum over its grids (what a dataset budget is charged)."""
+        return sum(g.epsilon_total for g in self.grids)
+
+    @property
+    def delta_total(self) -> float:
+        return sum(g.delta for g in self.grids)
+
+
+# What a new plan stores for each planning accountant: the planner's historical values ("rdp"
+# is dp_accounting's RDP in plans; workers.accountants.PLAN_ALIASES reads it back).
+_PLAN_STORED_NAME = {"pld": "pld", "dp-rdp": "rdp"}
+
+
+def _plan_accountant_name(spec_name: str) -> str:
+    """The grid plan's accountant for a spec's ``privacy.accountant`` (``prv`` = ``pld``)."""
+    desc = spec_accountant(spec_name)
+    if desc.name not in _PLAN_STORED_NAME:
+        raise ConfigError(
+            f"accountant {spec_name!r} ({desc.library}) cannot calibrate a plan; use pld or rdp",
+            field="privacy.accountant",
+        )
+    return _PLAN_STORED_NAME[desc.name]
+
+
+def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridRequest]:
+    """One request per arm and epsilon level of a :class:`sweeper.spec.SweepSpec`.
+
+    With ``eval: {mode: dp}`` every trial is charged its E noisy evaluations
+    (:func:`workers.schedule.eval_releases`) at the spec's ``eval.noise_multiplier``, or at
+    the one its ``eval.epsilon_share`` picks. A spec without ``eval`` evaluates on a carve-out.
+    """
+    from workers.schedule import eval_releases, plan_steps
+
+    q, steps = plan_steps(
+        n_train=n_train,
+        batch_size=spec.training.batch_size,
+        epochs=spec.training.epochs,
+        steps=spec.training.steps,
+    )
+    evaluation = getattr(spec, "eval", None)
+    n_eval_releases, eval_noise, eval_share = 0, None, DEFAULT_EVAL_EPSILON_SHARE
+    if getattr(evaluation, "mode", "carve-out") == "dp":
+        n_eval_releases = eval_releases(steps=steps, eval_every=spec.training.eval_every)
+        eval_noise = getattr(evaluation, "noise_multiplier", None)
+        eval_share = float(getattr(evaluation, "share", None) or eval_share)
+    dist = spec.privacy.distribution
+    return [
+        GridRequest(
+            arm=arm.label,
+            strategy=arm.strategy,
+            epsilon_budget=float(level),
+            delta=spec.privacy.delta,
+            trials=spec.trials_per_grid(arm) + spec.privacy.retries,
+            steps_per_trial=steps,
+            sample_rate=q,
+            accounting=spec.privacy.accounting,
+            accountant=_plan_accountant_name(spec.privacy.accountant),
+            distribution_shape=dist.shape if dist is not None else None,
+            distribution_name=dist.name if dist is not None else None,
+            max_noise_multiplier=spec.privacy.max_noise_multiplier or NO_SIGNAL_NOISE_MULTIPLIER,
+            dataset_size=dataset_size,
+            retries=spec.privacy.retries,
+            eval_releases=n_eval_releases,
+            eval_noise_multiplier=None if eval_noise is None else float(eval_noise),
+            eval_epsilon_share=eval_share,
+        )
+        for arm in spec.arms
+        for level in spec.privacy.budgets
+    ]
+
+
+def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
+    """Plan every grid of a spec (loads the dataset to learn N; trains nothing).
+
+    Loading also checks the data (NaN and inf are refused, naming the file and rows) and gives
+    each grid the dataset's ``input_scaling``.
+
+    Args:
+        spec: The sweep spec.
+        dataset: The :class:`workers.datasets.DatasetSpec` to load, when the spec's dataset
+            needs resolving (an upload, :func:`sweeper.datasets.resolution.resolve`);
+            default: the spec's.
+    """
+    from sweeper.datasets.resolution import resolve
+    from workers.datasets import load_dataset
+
+    evaluation = getattr(spec, "eval", None)
+    # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
+    data = load_dataset(dataset or resolve(None, spec.dataset, evaluation))
+    # N: the private records (in mode public the evaluation records are another dataset).
+    n = data.n_private
+    arms = {a.label: a for a in spec.arms}
+    b = spec.training.batch_size
+    from sweeper.parallel import pmap
+
+    grids = []
+    requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)
+    for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
+        arm = arms[req.arm]
+        # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
+        # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
+        points = split_points(arm)
+        values = [p.get("count_noise") for p in points]
+        sigma_g = min(
+            arm_gradient_noise_multiplier(
+                arm, p, noise_multiplier=g.noise_multiplier, expected_batch_size=b
+            )
+            for p in points
+        )
+        count_noise = None
+        if arm.strategy == "quantile" and any(v is None for v in values):
+            count_noise = auto_count_noise(
+                noise_multiplier=g.noise_multiplier, expected_batch_size=b
+            )
+        warnings: list[str] = []
+        if spec.privacy.max_noise_multiplier is None and g.noise_multiplier > HIGH_NOISE_MULTIPLIER:
+            warnings.append(high_noise_warning(g.noise_multiplier, expected_batch_size=b))
+        grids.append(
+            replace(
+                g,
+                gradient_noise_multiplier=sigma_g,
+                input_scaling=dict(data.input_scaling),
+                count_noise=count_noise,
+                warnings=tuple(warnings),
+                n_train=data.n_train,
+                n_eval=int(data.x_test.shape[0]),
+                eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
+                eval_dataset=getattr(evaluation, "dataset", None),
+            )
+        )
+    return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)

@@ -1,0 +1,192 @@
+"""One epsilon per release: what each figure covers, stated with every result.
+
+Three releases are reported, each with the epsilon that covers it and a sentence saying so:
+
+* **grid**: releasing every trial of one grid (an arm at one epsilon level), or, for a
+  papernot-steinke random search, its selected trial; this is the grid's planned total.
+* **sweep**: releasing everything the sweep releases from its dataset, all grids composed
+  tightly (not summed) at the sum of their deltas (:func:`workers.accounting_audit.sweep_epsilon`).
+* **dataset lifetime**: everything released from these records so far, by every sweep and
+  ``dpsweep train`` run; the ledger adds the charges up (basic composition, an upper bound).
+
+A single run's epsilon (what one trial alone would cost) appears only as ``single_run_epsilon``.
+The **evaluation** statement says what the epsilon does not cover: the evaluation records, and
+how their metrics are released.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+GRID_COVERS = "releasing every trial of this grid (an arm at one epsilon level)"
+SEARCH_COVERS = "releasing the selected trial of this random search (papernot-steinke)"
+SWEEP_COVERS = (
+    "everything this sweep releases from the dataset's training records: all its grids, "
+    "composed tightly"
+)
+LIFETIME_COVERS = (
+    "everything released from these training records so far, by every sweep and training run "
+    "charged to them (the ledger's sum: an upper bound)"
+)
+
+
+def grid_releases(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each grid's epsilon: what releasing its trials cost, as planned and verified."""
+    out = []
+    for g in plan:
+        selected = g.get("release") == "selected-only"
+        out.append(
+            {
+                "grid": g.get("grid"),
+                "arm": g.get("arm"),
+                "epsilon_budget": g.get("epsilon_budget"),
+                "epsilon": g.get("epsilon_total"),
+                "delta": g.get("delta"),
+                "accountant": g.get("accountant"),
+                "epsilon_verified": g.get("epsilon_verified"),
+                "verified_by": g.get("verified_by"),
+                "covers": SEARCH_COVERS if selected else GRID_COVERS,
+            }
+        )
+    return out
+
+
+def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The sweep's epsilon over all its grids (None for a sweep without a plan)."""
+    if not plan:
+        return None
+    keys = (
+        "arm",
+        "accounting",
+        "trials",
+        "steps_per_trial",
+        "sample_rate",
+        "noise_multiplier",
+        "delta",
+        "epsilon_total",
+        "distribution_shape",
+        "mean_trials",
+        "eval_noise_multiplier",
+        "eval_releases",
+    )
+    grids = json.dumps([{k: g.get(k) for k in keys} for g in plan], sort_keys=True)
+    return dict(_sweep_release(grids))
+
+
+@functools.lru_cache(maxsize=256)
+def _sweep_release(grids_json: str) -> tuple[tuple[str, Any], ...]:
+    # Summaries are read often (dashboard polling); the composition depends only on the plan.
+    from dpsweep.errors import DpsweepError
+    from workers.accounting_audit import sweep_epsilon
+
+    grids = json.loads(grids_json)
+    summed = sum(float(g["epsilon_total"]) for g in grids)
+    delta = sum(float(g["delta"]) for g in grids)
+    try:
+        result = sweep_epsilon(grids)
+    except DpsweepError as exc:
+        # A plan stored before the tight composition existed (say, without its random
+        # search's shape): the sum of the grids' epsilons is still a valid guarantee.
+        out: dict[str, Any] = {
+            "epsilon": summed,
+            "delta": delta,
+            "method": f"sum of grid epsilons (no tight composition: {exc})",
+            "epsilon_summed": summed,
+            "verifier": None,
+        }
+    else:
+        b = result.verifier_bounds
+        out = {
+            "epsilon": result.epsilon,
+            "delta": result.delta,
+            "method": result.method,
+            "epsilon_summed": result.summed,
+            "verifier": result.verifier,
+            "epsilon_verified": b.estimate,
+            "epsilon_verified_lower": b.lower,
+            "epsilon_verified_upper": b.upper,
+        }
+    out["covers"] = SWEEP_COVERS
+    return tuple(out.items())
+
+
+def lifetime_release(summary: Any) -> dict[str, Any]:
+    """The dataset's lifetime spend, from the ledger's summary of its identity."""
+    return {
+        "epsilon_spent": float(summary.epsilon_spent),
+        "delta_spent": float(summary.delta_spent),
+        "epsilon_reserved": float(summary.epsilon_reserved),
+        "epsilon_cap": None if summary.epsilon_cap is None else float(summary.epsilon_cap),
+        "covers": LIFETIME_COVERS,
+    }
+
+
+def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
+    """What epsilon covers and how the evaluation records are released, for the spec's mode.
+
+    * ``carve-out`` (the default): a share of the private dataset held out and declared
+      unprotected: metrics computed on it (and the choice of the best checkpoint) are
+      released without DP; epsilon covers the training records only.
+    * ``public``: a separately registered dataset its owner declared public; every private
+      record is trained on and covered by epsilon.
+    * ``dp``: a carve-out whose accuracy (and the checkpoint choice) come from noisy counts
+      charged in the plan; epsilon covers every record, training and evaluation.
+
+    Plans stored before the mode existed are carve-outs.
+    """
+    g = plan[0] if plan else {}
+    mode = g.get("eval_mode") or "carve-out"
+    n_train, n_eval = g.get("n_train"), g.get("n_eval")
+    train = f"the {n_train} training records" if n_train else "the training records"
+    held = f"the {n_eval} evaluation records" if n_eval else "the evaluation records"
+    out: dict[str, Any] = {"mode": mode, "n_train": n_train, "n_eval": n_eval}
+    if mode == "public":
+        name = g.get("eval_dataset")
+        out.update(
+            protected=True,
+            dataset=name,
+            statement=(
+                f"ε covers {train} (the whole private dataset: nothing is held out); "
+                f"{held} come from {name!r}, a separate dataset its owner declared public, "
+                "so the metrics computed on them reveal nothing about the private records "
+                "beyond what the trained models do"
+            ),
+        )
+    elif mode == "dp":
+        releases = g.get("eval_releases")
+        sigmas = sorted(
+            {float(x["eval_noise_multiplier"]) for x in plan if x.get("eval_noise_multiplier")}
+        )
+        noise = ""
+        if releases and sigmas:
+            lo, hi = sigmas[0], sigmas[-1]
+            sig = f"sigma_e {lo:.4g}" if lo == hi else f"sigma_e {lo:.4g} to {hi:.4g} by grid"
+            std = ""
+            if n_eval:
+                a, b = lo / n_eval, hi / n_eval
+                std = f": each accuracy ± {a:.3g}" + ("" if lo == hi else f" to ± {b:.3g}")
+                std += " (one std)"
+            noise = f" ({releases} noisy counts per trial, {sig}{std})"
+        n_all = (n_train or 0) + (n_eval or 0)
+        covers = f"all {n_all} records" if n_train and n_eval else "all the records"
+        out.update(
+            protected=True,
+            statement=(
+                f"ε covers {covers}: {train} and {held} (a carve-out of the same dataset, "
+                "never trained on, chosen by each record's own content); the accuracy and "
+                f"the choice of the best checkpoint come from noisy counts{noise}, charged "
+                "in each grid's ε, so the best of several trials is biased upwards; no loss, "
+                "calibration or clipping diagnostics are released"
+            ),
+        )
+    else:
+        out.update(
+            protected=False,
+            statement=(
+                f"ε covers {train}; {held} (a carve-out of the same dataset, never trained on) "
+                "are released through metrics and the choice of the best checkpoint without DP"
+            ),
+        )
+    return out
