@@ -16,6 +16,7 @@ from dpsweep.errors import ConfigError
 
 
 def encode_cursor(key: list[Any]) -> str:
+    """The cursor of a page that ends at a row with this sort key."""
     return base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
 
 
@@ -42,5 +43,7 @@ def decode_cursor(cursor: str | None, *, length: int) -> list[Any] | None:
 
 @dataclass(frozen=True)
 class Page:
+    """One page of items, and the cursor of the next (None on the last page)."""
+
     items: list[dict[str, Any]]
     next_cursor: str | None

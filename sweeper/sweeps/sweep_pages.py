@@ -86,6 +86,7 @@ def check_sweep(engine: Engine, sweep_id: str, viewer: Viewer) -> tuple[str, boo
 
 
 def sweep_item(s: Sweep) -> dict[str, Any]:
+    """A sweep as its list entry shows it (without the progress of :func:`page_sweeps`)."""
     return {
         "id": s.id,
         "name": s.name,
