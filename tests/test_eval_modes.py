@@ -27,7 +27,7 @@ from sweeper.ledger import BudgetLedger
 from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep
-from sweeper.sweeps import create_sweep
+from sweeper.sweeps.create import create_sweep
 from tests.test_sweep import tiny_spec
 from workers.datasets import DatasetSpec, load_dataset
 from workers.errors import ConfigError

@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sweeper.results import best_per_arm_level, calibration_front, epsilon_front, pareto_mask
+from sweeper.sweeps.results import (
+    best_per_arm_level,
+    calibration_front,
+    epsilon_front,
+    pareto_mask,
+)
 
 
 def dominates(a: tuple[float, float], b: tuple[float, float], sx: float, sy: float) -> bool:

@@ -15,15 +15,18 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import IllegalState
 from sweeper import db
 from sweeper.catalog import ledger_key_of
 from sweeper.charges import EXACT, charge_schedule, exact_sum
 from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
 from sweeper.planner import GridPlan
-from sweeper.search import draw_run_count, random_points
 from sweeper.spec import SearchDistribution, load_spec
 from sweeper.store import Sweep, Trial, TrialState
-from sweeper.sweeps import IllegalState, cancel_sweep, create_sweep, summarize
+from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.lifecycle import cancel_sweep
+from sweeper.sweeps.search import draw_run_count, random_points
+from sweeper.sweeps.summary import summarize
 from workers.errors import ConfigError, PrivacyError
 
 
@@ -277,7 +280,7 @@ def test_plan_grid_retries_reserve_extra_runs(engine: Any) -> None:
 
 @pytest.mark.parametrize("name", ["demo.yaml", "004-protocol.yaml", "digits-clipping.yaml"])
 def test_example_specs_are_valid_sweeps(name: str) -> None:
-    from sweeper.sweeps import _check_arms
+    from sweeper.sweeps.checks import _check_arms
 
     spec = load_spec(Path(__file__).resolve().parents[1] / "examples" / name)
     _check_arms(spec)  # strategies, learning rates and hyperparameter names

@@ -1,0 +1,126 @@
+"""Submission checks: refuse a spec that cannot run honestly, before anything is planned.
+
+Every arm names a known private strategy and a learning rate, and every value a trial may get
+is checked against the strategy's torch-free descriptor (type, finiteness, range, choices), so
+a bad hyperparameter is refused at submission, naming its field, and nothing is reserved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dpsweep.errors import ConfigError
+from dpsweep.spec import ArmConfig, Axis, SweepSpec
+
+
+def check_spec(spec: SweepSpec) -> None:
+    """Refuse specs that cannot run honestly, before any planning.
+
+    Raises:
+        ConfigError: with the field to fix.
+    """
+    if not spec.privacy.charge_repeats and spec.seeds > 1:
+        raise ConfigError(
+            "privacy.charge_repeats is false, but every seed of a sweep trains on the real data "
+            "and must be charged; set charge_repeats: true (or seeds: 1)",
+            field="privacy.charge_repeats",
+        )
+    _check_arms(spec)
+
+
+def _check_arms(spec: SweepSpec) -> None:
+    """Every arm names a known private strategy, a learning rate, and valid hyperparameters.
+
+    Torch-free: only the strategies' descriptors are read. Every value a trial may get is
+    checked (type, finiteness, range, choices), with the same
+    :meth:`~workers.strategies.StrategyDescriptor.validate` the worker runs: every grid point
+    merged over the arm's params, and for a ``logspace``/``linspace`` axis also both ends of
+    its interval (random and tpe search draw anywhere between them).
+    """
+    from workers.strategies import get_descriptor
+
+    for arm in spec.arms:
+        field = f"arms.{arm.label}"
+        try:
+            strategy = get_descriptor(arm.strategy)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), field=f"{field}.strategy") from None
+        if "lr" not in arm.grid and "lr" not in arm.params:
+            raise ConfigError(
+                f"arm {arm.label!r} has no learning rate: add lr to its grid "
+                "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
+                field=f"{field}.grid.lr",
+            )
+        names = (set(arm.grid) | set(arm.params)) - {"lr"}
+        unknown = names - set(strategy.hyperparameters)
+        if unknown:
+            raise ConfigError(
+                f"arm {arm.label!r}: unknown hyperparameter(s) {sorted(unknown)} for strategy "
+                f"{arm.strategy!r}; allowed: {sorted(strategy.hyperparameters) or 'none'}",
+                field=f"{field}.params.{sorted(unknown)[0]}",
+            )
+        if not strategy.private:
+            raise ConfigError(
+                f"arm {arm.label!r}: strategy {arm.strategy!r} is not private; a sweep spends "
+                "privacy budget and runs private strategies only",
+                field=f"{field}.strategy",
+            )
+        _check_arm_values(arm, strategy)
+
+
+def _axis_values(axis: Any) -> list[Any]:
+    """What a grid axis may give a trial: its points, and an interval's two ends."""
+    if isinstance(axis, Axis):
+        lo, hi = axis.logspace if axis.logspace is not None else axis.linspace  # type: ignore[misc]
+        ends = [10.0**lo, 10.0**hi] if axis.logspace is not None else [lo, hi]
+        return [*axis.values(), *ends]
+    return list(axis)
+
+
+def _check_lr(arm: ArmConfig, value: Any, where: str) -> None:
+    """A learning rate is a finite number > 0 (a numeric string, as YAML reads 1e-3, too)."""
+    try:
+        lr = math.nan if isinstance(value, bool) else float(value)
+    except (TypeError, ValueError, OverflowError):
+        lr = math.nan
+    if not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(
+            f"arm {arm.label!r}: lr must be a finite number > 0; got {value!r}", field=where
+        )
+
+
+def _check_arm_values(arm: ArmConfig, strategy: Any) -> None:
+    """Validate every value an arm's trials may get (see :func:`_check_arms`)."""
+    base = f"arms.{arm.label}"
+    if "lr" in arm.grid:  # a grid axis overrides a param of the same name
+        for v in _axis_values(arm.grid["lr"]):
+            _check_lr(arm, v, f"{base}.grid.lr")
+    elif "lr" in arm.params:
+        _check_lr(arm, arm.params["lr"], f"{base}.params.lr")
+    params = {k: v for k, v in arm.params.items() if k != "lr"}
+    axes = {k: v for k, v in arm.grid.items() if k != "lr"}
+
+    def check(values: dict[str, Any]) -> None:
+        try:
+            strategy.validate(values)
+        except ConfigError as exc:
+            name = (exc.field or "").removeprefix("params.")
+            where = f"{base}.grid.{name}" if name in axes else f"{base}.params.{name}"
+            raise ConfigError(f"arm {arm.label!r}: {exc}", field=where) from None
+
+    # The defaults and the fixed params (a grid axis overrides a param of the same name).
+    check({k: v for k, v in params.items() if k not in axes})
+    seen: set[str] = set()
+    for point in arm.points():
+        values = {**params, **{k: v for k, v in point.items() if k != "lr"}}
+        key = repr(sorted(values.items(), key=lambda kv: kv[0]))
+        if key not in seen:
+            seen.add(key)
+            check(values)
+    # Random and tpe search draw anywhere in an interval axis: both its ends must be valid
+    # too (the ranges are intervals, so every value between them then is).
+    for name, axis in axes.items():
+        if isinstance(axis, Axis):
+            for v in _axis_values(axis):
+                check({**params, name: v})

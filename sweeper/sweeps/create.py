@@ -1,0 +1,245 @@
+"""Creating a sweep: check and plan its spec, store it with its trials, reserve its cost.
+
+The runner (:mod:`sweeper.runner`), the CLI and the API all create sweeps here. Nothing here
+imports torch: the spec is checked against the strategies' torch-free descriptors
+(:mod:`sweeper.sweeps.checks`) and planned by :mod:`sweeper.planner` before anything is stored,
+and the whole cost is reserved on the dataset's ledger before the sweep is, so a scheduler that
+picks a pending sweep up finds its reservation in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from dpsweep.spec import ArmConfig, SweepSpec, load_spec
+from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
+from sweeper.ledger import BudgetExhausted, BudgetLedger
+from sweeper.planner import SweepPlan, plan_sweep
+from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
+from sweeper.sweeps import events
+from sweeper.sweeps.checks import check_spec
+from sweeper.sweeps.search import draw_run_count, random_point, random_points
+from sweeper.sweeps.stored import grid_key
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """A canonical hash of the spec (defaults filled in), to find a sweep to resume.
+
+    ``resources`` (where trials run: GPU shares) is left out: the same sweep resumed on other
+    hardware is the same sweep, and hashes stay those of specs written before it existed.
+    """
+    text = json.dumps(spec.model_dump(mode="json", exclude={"resources"}), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def dataset_key(spec: SweepSpec) -> str:
+    """The name of the spec's dataset as users see it (``sweeps.dataset``): its name, plus
+    the file for file datasets. Not the ledger's key: the ledger is keyed by the identity of
+    the records (``sweeps.ledger_key``, see :mod:`sweeper.catalog`)."""
+    d = spec.dataset
+    return d.name if d.path is None else f"{d.name}:{d.path}"
+
+
+def _content_of(engine: Engine, spec: SweepSpec) -> str:
+    """The identity of the spec's records, for plans made without it (loads the data)."""
+    from sweeper.catalog import resolve
+    from workers.datasets import dataset_content_sha256
+
+    return dataset_content_sha256(resolve(engine, spec.dataset))
+
+
+def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trial rows of one grid: params, seed, configuration number (and, for
+    papernot-steinke, the position ``number``).
+
+    A papernot-steinke grid's rows must not encode their position j in the grid (0..K-1):
+    a released ``number`` or ``config`` of 40, or a seed equal to ``j % seeds``, would bound
+    the secret K. So every row gets ``number == config == 0`` and a seed drawn uniformly with
+    the same CSPRNG, independently of j (each run is an independent draw of the search anyway).
+    """
+    seeds = spec.seeds
+    method = spec.search.method
+    if spec.privacy.accounting == "papernot-steinke":
+        assert spec.privacy.distribution is not None
+        runs = draw_run_count(spec.privacy.distribution, mean=float(grid["trials"]))
+        rng = random.SystemRandom()
+        points = arm.points() if method == "grid" else None
+        rows = []
+        for _ in range(runs):
+            params = rng.choice(points) if points is not None else random_point(arm, rng)
+            rows.append(
+                {"params": dict(params), "seed": rng.randrange(seeds), "config": 0, "number": 0}
+            )
+        return rows
+    if method == "grid":
+        points = arm.points()
+    elif method == "random":
+        points = random_points(arm, int(spec.search.n or 0), seed=spec.search.seed)
+    else:  # tpe: a configuration's params are proposed when its first seed starts
+        points = [{} for _ in range(int(spec.search.n or 0))]
+    return [
+        {"params": dict(p), "seed": s, "config": c}
+        for c, p in enumerate(points)
+        for s in range(seeds)
+    ]
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """The CPU-heavy part of creating a sweep: its plan and each grid's charge schedule.
+
+    Deterministic in the spec (and the dataset's size), so it may be computed elsewhere (the
+    API computes it in a process pool) and cached.
+    """
+
+    plan: SweepPlan
+    schedules: list[ChargeSchedule]
+
+
+def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
+    """Plan a spec and compute its charge schedules (see :class:`PreparedSweep`).
+
+    Raises:
+        ConfigError: the spec is invalid.
+        InfeasiblePlan: no usable noise multiplier fits a grid's budget.
+    """
+    check_spec(spec)
+    plan = plan_sweep(spec, dataset=dataset)
+    from sweeper.parallel import pmap
+
+    return PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+
+
+def create_sweep(
+    engine: Engine,
+    spec: SweepSpec | dict[str, Any] | str,
+    *,
+    owner: str | None = None,
+    plan: SweepPlan | None = None,
+    prepared: PreparedSweep | None = None,
+) -> str:
+    """Plan a spec, store the sweep and its trials, and reserve its whole cost.
+
+    Refuses (before anything is stored) specs that cannot run honestly: infeasible plans,
+    and ``charge_repeats: false`` with several seeds (every seed touches the data here).
+
+    Returns:
+        The new sweep's id.
+
+    Raises:
+        ConfigError: the spec is invalid.
+        InfeasiblePlan: no usable noise multiplier fits a grid's budget.
+        BudgetExhausted: the dataset's lifetime cap cannot cover the sweep (nothing is stored).
+    """
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec)
+    check_spec(spec)
+    if prepared is None:
+        if plan is None:
+            from sweeper.catalog import resolve
+
+            # Loader names pass through; uploads, registered names and a public evaluation
+            # dataset are looked up in the catalog.
+            plan = plan_sweep(spec, dataset=resolve(engine, spec.dataset, spec.eval))
+        from sweeper.parallel import pmap
+
+        prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+    plan = prepared.plan
+    # The ledger is keyed by the records, not by the name: the same records under any name,
+    # path or format share one lifetime budget.
+    content = plan.dataset_sha256 or _content_of(engine, spec)
+    arms = {a.label: a for a in spec.arms}
+    grids: list[dict[str, Any]] = []
+    total_e, total_d = Decimal(0), Decimal(0)
+    for g, sched in zip(plan.grids, prepared.schedules, strict=True):
+        d = g.to_dict()
+        d["planned_trials"] = 0  # set below
+        d["charges"] = sched.to_json()
+        d["grid"] = grid_key(g.arm, g.epsilon_budget)
+        # Trials check that they train on these records (what the reservation covers).
+        d["dataset_sha256"] = content
+        grids.append(d)
+        total_e = exact_sum((total_e, sched.reserved_epsilon))
+        total_d = exact_sum((total_d, sched.reserved_delta))
+    sweep = Sweep(
+        name=spec.name,
+        dataset=dataset_key(spec),
+        spec=spec.model_dump(mode="json"),
+        state=SweepState.pending,
+        owner=owner,
+        spec_hash=spec_hash(spec),
+    )
+    trials: list[Trial] = []
+    for d in grids:
+        arm = arms[d["arm"]]
+        rows = _arm_trials(spec, arm, d)
+        d["planned_trials"] = len(rows)
+        for position, row in enumerate(rows):
+            trials.append(
+                Trial(
+                    arm=arm.label,
+                    strategy=arm.strategy,
+                    epsilon_budget=float(d["epsilon_budget"]),
+                    params=row["params"],
+                    seed=int(row["seed"]),
+                    # Grid order, except for papernot-steinke rows (always 0, see _arm_trials).
+                    number=int(row.get("number", position)),
+                    config=int(row["config"]),
+                    noise_multiplier=float(d["noise_multiplier"]),
+                    target_delta=float(d["delta_per_trial"]),
+                    state=TrialState.pending,
+                )
+            )
+    sweep.plan = grids
+    sweep.trials = trials
+    sweep.id = new_id()
+    sweep_id, name = sweep.id, sweep.dataset
+    from sweeper.catalog import bind_name
+
+    # Bind the name to its records before reserving: a cap or spend still kept under the name
+    # (from before ledgers were keyed by content) must apply to this reservation.
+    key = bind_name(
+        engine,
+        name,
+        content,
+        new_row={"config": spec.dataset.model_dump(mode="json"), "n_examples": plan.n_examples},
+    ).ledger_key
+    sweep.ledger_key = key
+    ledger = BudgetLedger(engine)
+    # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
+    # must find its whole reservation in place. A refused reservation stores nothing.
+    try:
+        ledger.reserve(
+            key,
+            sweep_id=sweep_id,
+            epsilon=total_e,
+            delta=total_d,
+            note=f"sweep {spec.name!r} on {name!r}: {len(grids)} grid(s)",
+        )
+    except BudgetExhausted as exc:
+        # Name the dataset as the user did (the message never holds the identity).
+        raise BudgetExhausted(
+            f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')} (the lifetime cap "
+            "is that of its records, shared by every name of the same records)",
+            dataset=name,
+            quantity=exc.quantity,
+            requested=exc.requested,
+            remaining=exc.remaining,
+        ) from None
+    try:
+        with Session(engine) as session, session.begin():
+            session.add(sweep)
+            session.flush()
+            events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
+    except BaseException:
+        ledger.release(key, sweep_id=sweep_id, note="sweep could not be stored")
+        raise
+    return sweep_id

@@ -1,0 +1,84 @@
+"""A sweep's event log: trial state changes and metric points, for live streams (SSE).
+
+Writers (the runner, cancel, create) append events inside the transaction that makes the
+change, so an event exists exactly when its change committed. Every such transaction locks the
+sweep's row *first* (:func:`lock_sweep`): on PostgreSQL two writers of one sweep then commit in
+the order they took ids from the sequence, so event ids grow in commit order within a sweep and
+a reader resuming after id ``n`` (``Last-Event-ID``) never misses an event. (SQLite serialises
+writers anyway.) Taking the lock first also keeps the lock order sweep → trials everywhere.
+
+Papernot–Steinke grids emit nothing per trial (no state changes, metric points or cancels):
+the number of their runs is part of the privacy guarantee and must stay secret, and a stream of
+per-run events would count it; only the sweep's own events (pending, running, its end) say how
+it goes. Event ids are global, so per-run events would show up as gaps in other streams too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from sweeper.store import Sweep, SweepEvent, iso
+
+SWEEP = "sweep"
+TRIAL = "trial"
+METRIC = "metric"
+
+
+def lock_sweep(session: Session, sweep_id: str) -> None:
+    """Lock the sweep's row for the rest of the transaction (a no-op on SQLite)."""
+    session.execute(select(Sweep.id).where(Sweep.id == sweep_id).with_for_update())
+
+
+def emit(
+    session: Session,
+    sweep_id: str,
+    kind: str,
+    data: dict[str, Any],
+    *,
+    trial_id: str | None = None,
+) -> None:
+    """Append an event to the current transaction (which must have called :func:`lock_sweep`
+    before changing anything)."""
+    session.add(SweepEvent(sweep_id=sweep_id, kind=kind, trial_id=trial_id, data=data))
+
+
+def trial_event(
+    trial_id: str,
+    *,
+    arm: str,
+    epsilon_budget: float,
+    state: str,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The data of a trial state change."""
+    return {
+        "trial": trial_id,
+        "arm": arm,
+        "epsilon_budget": epsilon_budget,
+        "state": state,
+        **{k: v for k, v in extra.items() if v is not None},
+    }
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    kind: str
+    data: dict[str, Any]
+    created_at: str | None
+
+
+def read_events(engine: Engine, sweep_id: str, *, after: int = 0, limit: int = 500) -> list[Event]:
+    """The sweep's events with id > ``after``, oldest first."""
+    with Session(engine) as session:
+        rows = session.scalars(
+            select(SweepEvent)
+            .where(SweepEvent.sweep_id == sweep_id, SweepEvent.id > after)
+            .order_by(SweepEvent.id)
+            .limit(limit)
+        )
+        return [Event(r.id, r.kind, {"sweep": sweep_id, **r.data}, iso(r.created_at)) for r in rows]

@@ -1,0 +1,143 @@
+"""A sweep's end: cancel it, fail it, or find an unfinished one to resume.
+
+Ending a sweep stops its trials under the sweep's lock and releases the reservation they did
+not use: unstarted trials were never charged; started ones stay charged. papernot-steinke
+grids are handled by :mod:`sweeper.sweeps.released`'s rules: nothing here counts their trials,
+and a grid whose search had started stays charged in full.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import IllegalState, SweepNotFound
+from dpsweep.spec import SweepSpec
+from sweeper.ledger import BudgetLedger
+from sweeper.store import Sweep, SweepState, Trial, TrialState, sweep_ledger_key
+from sweeper.sweeps import events
+from sweeper.sweeps.create import spec_hash
+from sweeper.sweeps.stored import TERMINAL_SWEEPS, grid_key, hidden_grids
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+PS_CANCEL_NOTE = (
+    "grids whose search had started stay charged in full and release nothing unless their "
+    "search had already completed"
+)
+
+
+def cancel_sweep(engine: Engine, sweep_id: str) -> dict[str, Any]:
+    """Cancel a sweep: unstarted trials release their reservation; running trials stop (the
+    driver kills them when it sees the state) and stay charged.
+
+    papernot-steinke grids are not counted (their number of runs is secret). A grid whose
+    search had started was charged in full at its first run and stays so; it releases its
+    selected trial only if every one of its runs had already finished (see
+    :func:`search_completed`); a grid that had not started releases its reservation.
+
+    Returns:
+        ``{"cancelled_pending": n, "stopped_running": m, "released_epsilon": ...,
+        "papernot_steinke": note or None}``: n and m count trials of the other grids only;
+        ``papernot_steinke`` states the rule above when the sweep has such grids.
+
+    Raises:
+        SweepNotFound: no such sweep.
+        IllegalState: the sweep already finished.
+    """
+    return _end_sweep(engine, sweep_id, SweepState.cancelled, error=None)
+
+
+def fail_sweep(engine: Engine, sweep_id: str, *, error: str) -> dict[str, Any]:
+    """End a sweep that cannot be driven (its driver keeps crashing) as ``failed``: like a
+    cancel, unstarted trials release their reservation and started ones stay charged."""
+    return _end_sweep(engine, sweep_id, SweepState.failed, error=error)
+
+
+def _end_sweep(
+    engine: Engine, sweep_id: str, final: SweepState, *, error: str | None
+) -> dict[str, Any]:
+    verb = "cancelled" if final == SweepState.cancelled else "stopped (sweep failed)"
+    with Session(engine) as session, session.begin():
+        sweep = session.scalars(select(Sweep).where(Sweep.id == sweep_id).with_for_update()).first()
+        if sweep is None:
+            raise SweepNotFound(f"no sweep {sweep_id!r}; `dpsweep sweeps` lists them")
+        if sweep.state in TERMINAL_SWEEPS:
+            raise IllegalState(
+                f"sweep {sweep_id} is already {sweep.state.value}; only pending or running "
+                "sweeps can be cancelled"
+            )
+        events.lock_sweep(session, sweep_id)
+        now = _now()
+        hidden = hidden_grids(sweep)
+        stopping = session.execute(
+            select(Trial.id, Trial.arm, Trial.epsilon_budget, Trial.state).where(
+                Trial.sweep_id == sweep_id,
+                Trial.state.in_([TrialState.pending, TrialState.interrupted, TrialState.running]),
+            )
+        ).all()
+        # Counted from the rows read under the sweep's lock (the updates below change the
+        # same rows), leaving papernot-steinke grids out: how many of their trials were
+        # pending or running is a function of their secret number of runs.
+        counts = {
+            s.value: 0 for s in (TrialState.pending, TrialState.interrupted, TrialState.running)
+        }
+        for _tid, arm, level, state in stopping:
+            if grid_key(arm, level) not in hidden:
+                counts[state.value] += 1
+        for state, note in (
+            (TrialState.pending, f"{verb} before it started (not charged)"),
+            (TrialState.interrupted, f"{verb} after an interruption (stays charged)"),
+            (TrialState.running, f"{verb} while running (stays charged)"),
+        ):
+            session.execute(
+                update(Trial)
+                .where(Trial.sweep_id == sweep_id, Trial.state == state)
+                .values(state=TrialState.cancelled, error=note, finished_at=now)
+            )
+        sweep.state = final
+        sweep.error = error
+        sweep.finished_at = now
+        sweep.driver = None
+        ledger_key = sweep_ledger_key(sweep)
+        for tid, arm, level, _state in stopping:
+            if grid_key(arm, level) not in hidden:
+                events.emit(
+                    session,
+                    sweep_id,
+                    events.TRIAL,
+                    events.trial_event(tid, arm=arm, epsilon_budget=level, state="cancelled"),
+                    trial_id=tid,
+                )
+        events.emit(
+            session,
+            sweep_id,
+            events.SWEEP,
+            {"state": final.value} | ({"error": error} if error else {}),
+        )
+    rec = BudgetLedger(engine).release(ledger_key, sweep_id=sweep_id, note=f"sweep {final.value}")
+    return {
+        "cancelled_pending": counts["pending"],
+        "stopped_running": counts["running"] + counts["interrupted"],
+        "released_epsilon": float(rec.epsilon) if rec is not None else 0.0,
+        "papernot_steinke": PS_CANCEL_NOTE if hidden else None,
+    }
+
+
+def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
+    """The newest unfinished sweep of exactly this spec, if any."""
+    with Session(engine) as session:
+        return session.scalars(
+            select(Sweep.id)
+            .where(
+                Sweep.spec_hash == spec_hash(spec),
+                Sweep.state.in_([SweepState.pending, SweepState.running]),
+            )
+            .order_by(Sweep.created_at.desc())
+        ).first()

@@ -1,0 +1,198 @@
+"""A sweep's results as shown: the list of sweeps, the best per arm and level, the summary.
+
+What `dpsweep show --json`, the API and the export return for a sweep. Every figure is computed
+from the *released* records (:func:`sweeper.sweeps.released.released_records`), so a
+papernot-steinke grid contributes its selected trial only, and its number of runs is never
+counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+from dpsweep.spec import ArmConfig, randomness_label
+from sweeper.ledger import BudgetLedger, EntryKind, LedgerEntry
+from sweeper.releases import (
+    evaluation_statement,
+    grid_releases,
+    lifetime_release,
+    sweep_release,
+)
+from sweeper.store import Sweep, TrialState, iso, sweep_ledger_key
+from sweeper.sweeps.released import released_records
+from sweeper.sweeps.results import (
+    ArmLevelResult,
+    best_per_arm_level,
+    calibration_front,
+    epsilon_front,
+)
+from sweeper.sweeps.stored import (
+    grid_key,
+    hidden_grids,
+    load_sweep,
+    randomness_fields,
+    typed_spec,
+)
+
+
+def list_sweeps(engine: Engine, *, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest ``limit`` sweeps, as `dpsweep sweeps` lists them."""
+    with Session(engine) as session:
+        rows = session.scalars(select(Sweep).order_by(Sweep.created_at.desc()).limit(limit))
+        return [
+            {
+                "id": s.id,
+                "name": s.name,
+                "dataset": s.dataset,
+                "state": s.state.value,
+                "created_at": iso(s.created_at),
+                "finished_at": iso(s.finished_at),
+                "randomness": randomness_label(s.spec or {}),
+            }
+            for s in rows
+        ]
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    """A sweep's released records, the best configuration per arm and level over them, and
+    the objective they were ranked by."""
+
+    results: list[ArmLevelResult]
+    records: list[dict[str, Any]]
+    metric: str
+    mode: str
+
+
+def sweep_results(sweep: Sweep) -> SweepResults:
+    """The :class:`SweepResults` of a sweep loaded with :func:`load_sweep`."""
+    objective = typed_spec(sweep).objective
+    metric, mode = objective.metric, objective.mode
+    records = released_records(sweep, metric=metric, mode=mode)
+    return SweepResults(
+        best_per_arm_level(records, metric=metric, mode=mode), records, metric, mode
+    )
+
+
+def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> dict[str, Any]:
+    """What `dpsweep show --json` and the API return for a sweep (``sweep``: already loaded
+    with :func:`load_sweep`)."""
+    sweep = sweep or load_sweep(engine, sweep_id)
+    res = sweep_results(sweep)
+    hidden = hidden_grids(sweep)
+    counts = {s.value: 0 for s in TrialState}
+    for t in sweep.trials:
+        if grid_key(t.arm, t.epsilon_budget) not in hidden:
+            counts[t.state.value] += 1
+    key = sweep_ledger_key(sweep)
+    balance = BudgetLedger(engine).sweep_balance(key, sweep_id=sweep.id)
+    with Session(engine) as session:
+        n_charges = session.scalar(
+            select(func.count(LedgerEntry.id)).where(
+                LedgerEntry.dataset == key,
+                LedgerEntry.sweep_id == sweep.id,
+                LedgerEntry.kind == EntryKind.CHARGE,
+            )
+        )
+    efront = epsilon_front(res.results, mode=res.mode)
+    cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
+    plan = list(sweep.plan or [])
+    # One epsilon per release, each saying what it covers (sweeper/releases.py). Grid and
+    # sweep figures are public (planned from public quantities); the lifetime figure is the
+    # ledger's, and the hash-derived ledger key itself is never shown.
+    privacy = {
+        "grids": grid_releases(plan),
+        "sweep": sweep_release(plan),
+        "dataset_lifetime": lifetime_release(BudgetLedger(engine).summary(key)),
+        "evaluation": evaluation_statement(plan),
+    }
+    return {
+        "id": sweep.id,
+        "name": sweep.name,
+        "dataset": sweep.dataset,
+        "state": sweep.state.value,
+        "owner": sweep.owner,
+        "error": sweep.error,
+        "created_at": iso(sweep.created_at),
+        "started_at": iso(sweep.started_at),
+        "finished_at": iso(sweep.finished_at),
+        **randomness_fields(sweep.spec),
+        "objective": {"metric": res.metric, "mode": res.mode},
+        "arms": [
+            {"name": arm.label, "strategy": arm.strategy} | _grid_and_params(arm)
+            for arm in typed_spec(sweep).arms
+        ],
+        "plan": [
+            {
+                k: g[k]
+                for k in (
+                    "arm",
+                    "strategy",
+                    "epsilon_budget",
+                    "delta",
+                    "noise_multiplier",
+                    "gradient_noise_multiplier",
+                    "steps_per_trial",
+                    "sample_rate",
+                    "epsilon_total",
+                    "epsilon_per_trial",
+                    "epsilon_verified",
+                    "verified_by",
+                    "accountant",
+                    "accounting",
+                    "release",
+                    "retries",
+                    "input_scaling",
+                    "count_noise",
+                    "warnings",
+                    "n_train",
+                    "n_eval",
+                    "eval_mode",
+                    "eval_dataset",
+                    "eval_releases",
+                    "eval_noise_multiplier",
+                    "epsilon_eval",
+                )
+                if k in g
+            }
+            | ({} if g["grid"] in hidden else {"trials": g["planned_trials"]})
+            for g in sweep.plan or []
+        ],
+        "trials": counts,
+        "privacy": privacy,
+        "budget": {
+            "epsilon_reserved": float(balance.epsilon_reserved),
+            "epsilon_charged": float(balance.epsilon_charged),
+            "epsilon_released": float(balance.epsilon_released),
+            "epsilon_outstanding": float(balance.epsilon_outstanding),
+            "delta_reserved": float(balance.delta_reserved),
+            "delta_charged": float(balance.delta_charged),
+            "charges": int(n_charges or 0) if not hidden else None,
+        },
+        "results": [r.to_dict() for r in res.results],
+        "pareto": {
+            "epsilon": [
+                {"x": p.x, "y": p.y, "arm": p.label, "dominated": p.dominated} for p in efront
+            ],
+            "calibration": [
+                {
+                    "x": p.x,
+                    "y": p.y,
+                    "arm": p.label,
+                    "trial": p.payload["id"],
+                    "dominated": p.dominated,
+                }
+                for p in cfront
+            ],
+        },
+    }
+
+
+def _grid_and_params(arm: ArmConfig) -> dict[str, Any]:
+    """An arm's grid and params as stored (JSON; an axis as its mapping), copied out of the
+    shared typed spec."""
+    return arm.model_dump(mode="json", include={"grid", "params"})

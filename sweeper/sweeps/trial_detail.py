@@ -1,0 +1,175 @@
+"""One released trial for the API: its details, its privacy charges, its metric history.
+
+A trial exists for a viewer only if the viewer sees its sweep and the trial is released: a
+papernot-steinke grid's other trials are "not found". The released trial shows no position,
+timestamps, durations or worker, and its privacy charges are the grid's one whole-search charge:
+each of those could tell how many runs went before or beside it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, selectinload
+
+from dpsweep.errors import TrialNotFound
+from dpsweep.spec import randomness_label
+from sweeper.catalog import Viewer
+from sweeper.charges import exact_sum, ps_charge_note
+from sweeper.ledger import BudgetLedger, EntryKind
+from sweeper.store import MetricPoint, Sweep, Trial, iso
+from sweeper.sweeps.released import released_records
+from sweeper.sweeps.stored import grid_key, hidden_grids, schedules, typed_spec
+from sweeper.sweeps.trial_pages import trial_item
+
+
+def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> tuple[Trial, bool]:
+    """The trial, if the viewer may see it, and whether it is a papernot-steinke grid's
+    selected trial (shown without its position, timestamps and worker).
+
+    Raises:
+        TrialNotFound: no such trial, someone else's, or a papernot-steinke trial that is not
+            (or not yet) released.
+    """
+    trial = session.get(Trial, trial_id)
+    if trial is not None:
+        sweep = session.get(Sweep, trial.sweep_id)
+        if sweep is not None and viewer.sees(sweep.owner):
+            hidden = hidden_grids(sweep)
+            if grid_key(trial.arm, trial.epsilon_budget) not in hidden:
+                return trial, False
+            objective = typed_spec(sweep).objective
+            metric, mode = objective.metric, objective.mode
+            # A papernot-steinke trial exists for the caller only if it is the selected one.
+            full = session.scalars(
+                select(Sweep)
+                .where(Sweep.id == sweep.id)
+                .options(selectinload(Sweep.trials).selectinload(Trial.result))
+            ).one()
+            if any(r["id"] == trial_id for r in released_records(full, metric=metric, mode=mode)):
+                return trial, True
+    raise TrialNotFound(f"no trial {trial_id!r}; GET /api/v1/sweeps/{{id}}/trials lists them")
+
+
+def _clean(value: Any) -> Any:
+    """JSON cannot carry NaN or infinities; they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any]:
+    """Everything about one released trial: parameters, planned σ, its privacy charges,
+    best-checkpoint and final metrics, reliability bins and trajectories."""
+    with Session(engine) as session:
+        trial, selected_only = _released_trial(session, trial_id, viewer)
+        sweep = session.get(Sweep, trial.sweep_id)
+        assert sweep is not None
+        r = trial.result
+        out = trial_item(trial, selected_only=selected_only)
+        out["randomness"] = randomness_label(sweep.spec or {})
+        grid = grid_key(trial.arm, trial.epsilon_budget)
+        # A papernot-steinke grid's trials, whose one charge (held by whichever trial ran
+        # first) is the released trial's: who paid says whether it ran first.
+        grid_trials = (
+            set(
+                session.scalars(
+                    select(Trial.id).where(
+                        Trial.sweep_id == trial.sweep_id,
+                        Trial.arm == trial.arm,
+                        Trial.epsilon_budget == trial.epsilon_budget,
+                    )
+                )
+            )
+            if selected_only
+            else set()
+        )
+        plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
+        sched = schedules(sweep).get(grid)
+        dataset = sweep.ledger_key or sweep.dataset
+        out |= {
+            "target_delta": trial.target_delta,
+            # Which worker process ran a papernot-steinke run hints at how many ran before.
+            "worker": None if selected_only else trial.worker,
+            "planned": {
+                "noise_multiplier": trial.noise_multiplier,
+                "gradient_noise_multiplier": plan.get("gradient_noise_multiplier"),
+                "steps": plan.get("steps_per_trial"),
+                "sample_rate": plan.get("sample_rate"),
+                "accountant": plan.get("accountant"),
+                "accounting": plan.get("accounting"),
+                "grid_epsilon_budget": plan.get("epsilon_budget"),
+                "grid_runs_reserved": sched.runs if sched and not sched.whole_grid else None,
+            },
+            "final_metrics": (r.final_metrics if r is not None else None) or {},
+            "accountant": r.accountant if r is not None else None,
+            "reliability": (r.reliability if r is not None else None) or [],
+            "trajectories": (r.trajectories if r is not None else None) or {},
+            # A packed run's step time is its pack's, and pack sizes follow the number of runs.
+            "step_time_ms_median": (
+                r.step_time_ms_median if r is not None and not selected_only else None
+            ),
+            "diverged_at": r.diverged_at if r is not None else None,
+        }
+    entries = BudgetLedger(engine).entries(dataset, trial.sweep_id)
+    if selected_only:
+        # The grid's whole-search charge, whoever holds it, without its time (the time of
+        # the grid's first run). Summed, so that sweeps stored when every run wrote an entry
+        # (zero after the first) still show one.
+        mine = [e for e in entries if e.kind == EntryKind.CHARGE and e.trial_id in grid_trials]
+        charges = (
+            [
+                {
+                    "kind": EntryKind.CHARGE.value,
+                    "epsilon": float(exact_sum([e.epsilon for e in mine])),
+                    "delta": float(exact_sum([e.delta for e in mine])),
+                    "at": None,
+                    "note": ps_charge_note(grid),
+                }
+            ]
+            if mine
+            else []
+        )
+    else:
+        charges = [
+            {
+                "kind": e.kind.value,
+                "epsilon": float(e.epsilon),
+                "delta": float(e.delta),
+                "at": iso(e.created_at),
+                "note": e.note,
+            }
+            for e in entries
+            if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
+        ]
+    out["privacy"] = {
+        "charges": charges,
+        "epsilon_charged": sum(c["epsilon"] for c in charges),
+        "delta_charged": sum(c["delta"] for c in charges),
+        "single_run_epsilon": out["single_run_epsilon"],
+    }
+    return _clean(out)
+
+
+def metric_history(
+    engine: Engine, trial_id: str, viewer: Viewer, *, name: str | None = None
+) -> dict[str, Any]:
+    """A released trial's evaluation history: ``{name: [{step, value}, ...]}``."""
+    with Session(engine) as session:
+        _released_trial(session, trial_id, viewer)  # raises unless released
+        stmt = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
+            MetricPoint.trial_id == trial_id
+        )
+        if name is not None:
+            stmt = stmt.where(MetricPoint.name == name)
+        rows = session.execute(stmt.order_by(MetricPoint.name, MetricPoint.step)).all()
+    series: dict[str, list[dict[str, Any]]] = {}
+    for n, step, value in rows:
+        series.setdefault(n, []).append({"step": step, "value": value})
+    return {"trial": trial_id, "metrics": series}
