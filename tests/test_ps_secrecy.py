@@ -33,7 +33,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-import sweeper.sweeps as sweeps_mod
+import sweeper.sweeps.create as sweeps_mod
 from sweeper import catalog, db, reads
 from sweeper.catalog import Viewer
 from sweeper.charges import ps_charge_note
