@@ -6,10 +6,10 @@ is all that submission and planning need. The torch side (``build_model``, ``reg
 ``MODELS``, ...; :mod:`workers.models.registry`) is loaded, with every built-in architecture
 registered, the first time one of those names is used.
 
-The built-in architectures are one file each (:data:`BUILTIN_MODULES`). A new model is a
-:class:`ModelDescriptor` registered with :func:`register_model_descriptor` plus a builder
-registered with :func:`workers.models.registry.register_model`: in a file added to
-:data:`BUILTIN_MODULES`, or in an installed package whose entry point (group
+The built-in architectures are one file each (``workers.models.registry.BUILTIN_MODULES``). A
+new model is a :class:`ModelDescriptor` registered with :func:`register_model_descriptor` plus a
+builder registered with :func:`workers.models.registry.register_model`: in a file added to
+``BUILTIN_MODULES``, or in an installed package whose entry point (group
 ``dpsweep.models``, :mod:`workers.plugins`) registers both. The contract tests
 (``tests/workers/test_model_contract.py``) then run over it.
 """
@@ -35,20 +35,21 @@ from workers.models.descriptors import (
 
 if TYPE_CHECKING:
     from workers.models.registry import (
+        BUILTIN_MODULES,
         MODELS,
         Builder,
         ModelEntry,
         build_model,
+        load_builtin_models,
         model_names,
         model_task,
         register_model,
     )
 
-#: The modules of the built-in architectures (each registers its builder when imported).
-BUILTIN_MODULES = ("logreg", "mlp", "cnn", "autoencoder", "bow_fc", "lip_mlp")
-
 # Torch-side names, resolved on first access (module __getattr__, PEP 562).
 _LAZY = {
+    "BUILTIN_MODULES": "workers.models.registry",
+    "load_builtin_models": "workers.models.registry",
     "MODELS": "workers.models.registry",
     "Builder": "workers.models.registry",
     "ModelEntry": "workers.models.registry",
@@ -59,15 +60,10 @@ _LAZY = {
 }
 
 
-def load_builtin_models() -> None:
-    """Import (and so register) every built-in architecture. Imports torch."""
-    for module in BUILTIN_MODULES:
-        importlib.import_module(f"workers.models.{module}")
-
-
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        load_builtin_models()
+        # The torch side, with every built-in architecture registered.
+        importlib.import_module("workers.models.registry").load_builtin_models()
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from workers.errors import ConfigError
+from workers.plugins import load_plugins
 from workers.strategies.descriptors import HParam
 
 Task = Literal["classification", "reconstruction"]
@@ -182,26 +183,20 @@ def register_model_descriptor(descriptor: ModelDescriptor) -> ModelDescriptor:
 
 def model_descriptor_names() -> list[str]:
     """Every described model's name, the installed plug-ins' included."""
-    _load_plugins()
+    load_plugins("models")
     return sorted(DESCRIPTORS)
 
 
 def get_model_descriptor(name: str) -> ModelDescriptor:
     """The descriptor of a model; raises :class:`ConfigError` (field ``model.name``) if unknown."""
     if name not in DESCRIPTORS:
-        _load_plugins()
+        load_plugins("models")
     if name not in DESCRIPTORS:
         raise ConfigError(
             f"unknown model {name!r}; choose one of: {', '.join(model_descriptor_names())}",
             field="model.name",
         )
     return DESCRIPTORS[name]
-
-
-def _load_plugins() -> None:
-    from workers.plugins import load_plugins
-
-    load_plugins("models")
 
 
 # ---------------------------------------------------------------------------------------------

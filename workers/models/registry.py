@@ -14,6 +14,7 @@ architectures live one per file in this package and register themselves when imp
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +29,12 @@ from workers.models.descriptors import (
     Task,
     register_model_descriptor,
 )
+from workers.plugins import load_plugins
 
 Builder = Callable[..., nn.Sequential]
+
+#: The modules of the built-in architectures (each registers its builder when imported).
+BUILTIN_MODULES = ("logreg", "mlp", "cnn", "autoencoder", "bow_fc", "lip_mlp")
 
 
 @dataclass(frozen=True)
@@ -95,11 +100,14 @@ def model_task(name: str) -> Task:
     return _entry(name).task
 
 
+def load_builtin_models() -> None:
+    """Import (and so register) every built-in architecture."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"workers.models.{module}")
+
+
 def _load_all() -> None:
     """Register the built-in architectures and the installed plug-ins (once per process)."""
-    from workers.models import load_builtin_models
-    from workers.plugins import load_plugins
-
     load_builtin_models()
     load_plugins("models")
 
