@@ -22,21 +22,16 @@ from workers.accounting import calibrate_noise_multiplier
 from workers.datasets import DatasetSpec, load_dataset
 from workers.engine import DPEngine
 from workers.errors import ConfigError
-from workers.lipschitz import (
-    CROSS_ENTROPY_LIPSCHITZ,
-    GroupSort,
-    InputBall,
-    LipschitzBound,
-    certified_spectral_bound,
-    gram_spectral_bound,
-    group_sort,
-    project_to_ball,
-)
+from workers.lipschitz.bound import CROSS_ENTROPY_LIPSCHITZ, LipschitzBound
+from workers.lipschitz.layers import GroupSort, InputBall, group_sort, project_to_ball
+from workers.lipschitz.spectral import certified_spectral_bound, gram_spectral_bound
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
+from workers.schedule import plan_steps
 from workers.strategies import NoiseSource, StepContext, get_strategy
-from workers.trainer import PackSpec, TrialSpec, plan_steps, train_trial
+from workers.training.loop import train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 
 def lip_pack(k: int, d: int, classes: int, **options: object) -> PackedModel:

@@ -16,7 +16,8 @@ from workers.packed import PackedModel
 from workers.packing import estimate_trial_bytes, form_packs, max_pack_size, pack_key
 from workers.settings import WorkerSettings
 from workers.strategies import NoiseSource, get_strategy
-from workers.trainer import PackSpec, TrialSpec, train_pack, train_trial
+from workers.training.loop import train_pack, train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 # (strategy, model, three trials' (lr, params)) -- per-trial hyperparameters differ on purpose.
 CASES = [

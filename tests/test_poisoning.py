@@ -30,7 +30,8 @@ from workers.datasets import (
 )
 from workers.errors import DatasetError
 from workers.models import ModelSpec
-from workers.trainer import PackSpec, TrialSpec, train_trial
+from workers.training.loop import train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 SPLIT_SEED = 3
 TEST_FRACTION = 0.2

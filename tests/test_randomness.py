@@ -37,7 +37,8 @@ from workers.randomness import (
     add_snapped_noise,
     snap_grid,
 )
-from workers.trainer import PackSpec, TrialSpec, train_pack, train_trial
+from workers.training.loop import train_pack, train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 DPSWEEP = shutil.which("dpsweep", path=str(Path(sys.executable).parent)) or "dpsweep"
 REPO = Path(__file__).resolve().parents[1]

@@ -16,8 +16,10 @@ from workers.errors import ConfigError
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
+from workers.schedule import plan_steps
 from workers.strategies import NoiseSource, StepContext, get_strategy
-from workers.trainer import PackSpec, TrialSpec, plan_steps, train_trial
+from workers.training.loop import train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 K, B, L = 2, 6, 3
 

@@ -9,7 +9,9 @@ import pytest
 from workers.datasets import DatasetSpec, load_dataset
 from workers.errors import ConfigError
 from workers.models import ModelSpec
-from workers.trainer import PackSpec, TrialSpec, plan_steps, train_pack, train_trial
+from workers.schedule import plan_steps
+from workers.training.loop import train_pack, train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 
 def digits_spec(strategy: str, trials: list[TrialSpec], **kw) -> PackSpec:  # type: ignore[no-untyped-def]

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from workers.errors import PrivacyError
 from workers.optim import PackedOptimizer
-from workers.packed import PackedModel
+from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext

@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
-from workers.models import build_model
-from workers.packed import PackedModel
+from workers.models.registry import build_model
+from workers.packed.model import PackedModel
 from workers.settings import WorkerSettings
 from workers.strategies import get_descriptor
-from workers.trainer import DIAGNOSTIC_BATCH, PackSpec
+from workers.training.evaluation import DIAGNOSTIC_BATCH
+from workers.training.specs import PackSpec
 
 
 def pack_key(spec: PackSpec) -> str:

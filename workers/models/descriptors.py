@@ -1,0 +1,293 @@
+"""What a model *is*, without torch: its name, the input it takes, its options and their ranges.
+
+A :class:`ModelDescriptor` is the torch-free half of a model. Submission, planning and the API
+read only descriptors, so they can refuse an unknown model or a bad option value without
+importing torch. The torch half (a builder registered with
+:func:`workers.models.registry.register_model`) is looked up by the same stable name, and
+:func:`workers.models.registry.build_model` checks options with the same
+:meth:`ModelDescriptor.validate` before it builds.
+
+Registration is a function call (:func:`register_model_descriptor`), so that plug-ins
+(entry points of the group ``dpsweep.models``, :mod:`workers.plugins`) may add models; the
+built-in descriptors are registered when this module is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from workers.errors import ConfigError
+from workers.plugins import load_plugins
+from workers.strategies.descriptors import HParam
+
+Task = Literal["classification", "reconstruction"]
+
+#: What input shape a model builds on: ``"image"`` needs examples ``[C, H, W]``, ``"flat"``
+#: needs one feature vector ``[d]``, ``"any"`` flattens whatever it gets.
+InputKind = Literal["flat", "image", "any"]
+
+INPUT_KINDS: tuple[str, ...] = ("flat", "image", "any")
+
+#: The activation names a model option may choose (the torch side maps each to a module).
+ACTIVATION_NAMES: tuple[str, ...] = ("elu", "gelu", "leaky_relu", "relu", "sigmoid", "tanh")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registry name plus builder options (e.g. ``{"hidden": [128]}`` for ``mlp``)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelOption(HParam):
+    """A declared model option: an :class:`HParam` (kind, range, choices, default, help).
+
+    Args:
+        sequence: the option is a list of such values (a single value is accepted as a list of
+            one), e.g. the hidden widths of an MLP. An empty list is allowed.
+        multiple_of: each (integer) value must be a multiple of this (GroupSort pairs units).
+    """
+
+    sequence: bool = False
+    multiple_of: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ModelDescriptor:
+    """The torch-free description of a model.
+
+    Args:
+        name: the stable name stored in the database and used in specs.
+        input_kind: the input it builds on (:data:`InputKind`).
+        task: ``classification`` (cross-entropy on logits) or ``reconstruction`` (MSE).
+        description: one line for listings.
+        options: the declared builder options, by name.
+    """
+
+    name: str
+    input_kind: InputKind = "any"
+    task: Task = "classification"
+    description: str = ""
+    options: Mapping[str, ModelOption] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.input_kind not in INPUT_KINDS:
+            raise ValueError(
+                f"model {self.name!r}: input_kind must be one of {list(INPUT_KINDS)}; "
+                f"got {self.input_kind!r}"
+            )
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    @property
+    def needs_image(self) -> bool:
+        return self.input_kind == "image"
+
+    def validate(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check every value: type, finiteness, range, choices.
+
+        Returns:
+            Every declared option, with defaults filled (sequences as lists, numbers as
+            float / int; an optional option left out is ``None``).
+
+        Raises:
+            ConfigError: an unknown option (field ``model.options``) or a bad value (field
+                ``model.options.<name>``).
+        """
+        unknown = set(options) - set(self.options)
+        if unknown:
+            raise ConfigError(
+                f"unknown option(s) {sorted(unknown)} for model {self.name!r}; "
+                f"allowed: {sorted(self.options) or 'none'}",
+                field="model.options",
+            )
+        out: dict[str, Any] = {}
+        for name, opt in self.options.items():
+            v = options.get(name, opt.default)
+            if v is None:
+                if opt.optional:
+                    out[name] = None
+                    continue
+                raise ConfigError(
+                    f"model {self.name!r} needs option {name}", field=f"model.options.{name}"
+                )
+            if opt.sequence:
+                values = list(v) if isinstance(v, list | tuple) else [v]
+                out[name] = [self._check(name, opt, x) for x in values]
+            else:
+                out[name] = self._check(name, opt, v)
+        return out
+
+    def _check(self, name: str, opt: ModelOption, v: Any) -> Any:
+        where = f"model.options.{name}"
+        if opt.kind == "choice":
+            if isinstance(v, bool) or v not in opt.choices:
+                raise ConfigError(
+                    f"{name} for model {self.name!r} must be one of {list(opt.choices)}; got {v!r}",
+                    field=where,
+                )
+            return v
+        number: float | int
+        try:
+            if isinstance(v, bool):
+                raise TypeError
+            x = float(v)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(
+                f"{name} for model {self.name!r} must be a number; got {v!r}", field=where
+            ) from None
+        if not math.isfinite(x):
+            raise ConfigError(
+                f"{name} for model {self.name!r} must be finite; got {v!r}", field=where
+            )
+        if opt.kind == "int":
+            if not x.is_integer():
+                raise ConfigError(
+                    f"{name} for model {self.name!r} must be a whole number; got {v!r}",
+                    field=where,
+                )
+            number = int(x)
+            if opt.multiple_of is not None and number % opt.multiple_of:
+                raise ConfigError(
+                    f"{name} for model {self.name!r} must be a multiple of {opt.multiple_of}; "
+                    f"got {v!r}",
+                    field=where,
+                )
+        else:
+            number = x
+        if not opt.in_range(number):
+            raise ConfigError(
+                f"{name} for model {self.name!r} must be {opt.range_text()}; got {v!r}",
+                field=where,
+            )
+        return number
+
+
+DESCRIPTORS: dict[str, ModelDescriptor] = {}
+
+
+def register_model_descriptor(descriptor: ModelDescriptor) -> ModelDescriptor:
+    """Register a descriptor under its name (a stable contract stored in the database)."""
+    if descriptor.name in DESCRIPTORS:
+        if DESCRIPTORS[descriptor.name] is descriptor:
+            return descriptor
+        raise ValueError(f"model {descriptor.name!r} is described twice")
+    DESCRIPTORS[descriptor.name] = descriptor
+    return descriptor
+
+
+def model_descriptor_names() -> list[str]:
+    """Every described model's name, the installed plug-ins' included."""
+    load_plugins("models")
+    return sorted(DESCRIPTORS)
+
+
+def get_model_descriptor(name: str) -> ModelDescriptor:
+    """The descriptor of a model; raises :class:`ConfigError` (field ``model.name``) if unknown."""
+    if name not in DESCRIPTORS:
+        load_plugins("models")
+    if name not in DESCRIPTORS:
+        raise ConfigError(
+            f"unknown model {name!r}; choose one of: {', '.join(model_descriptor_names())}",
+            field="model.name",
+        )
+    return DESCRIPTORS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The built-in models (their torch builders: workers/models/<name>.py).
+
+LOGREG = register_model_descriptor(
+    ModelDescriptor(name="logreg", description="multinomial logistic regression")
+)
+
+MLP = register_model_descriptor(
+    ModelDescriptor(
+        name="mlp",
+        description="fully connected network (default one hidden layer of 128, ReLU)",
+        options={
+            "hidden": ModelOption(
+                default=128, kind="int", low=1, sequence=True, help="hidden layer widths"
+            ),
+            "activation": ModelOption(
+                default="relu", kind="choice", choices=ACTIVATION_NAMES, help="activation"
+            ),
+        },
+    )
+)
+
+CNN = register_model_descriptor(
+    ModelDescriptor(
+        name="cnn",
+        input_kind="image",
+        description="the CNN of OSO-DPSGD (004, Table 5); 551,322 parameters on 28x28 MNIST",
+    )
+)
+
+AUTOENCODER = register_model_descriptor(
+    ModelDescriptor(
+        name="autoencoder",
+        input_kind="image",
+        task="reconstruction",
+        description="convolutional autoencoder of 004 (Table 6), MSE objective; 48,705 parameters",
+    )
+)
+
+BOW_FC = register_model_descriptor(
+    ModelDescriptor(
+        name="bow_fc",
+        description="bag-of-words fully connected network of 004 (Table 7): 128-128, LeakyReLU",
+    )
+)
+
+LIP_MLP = register_model_descriptor(
+    ModelDescriptor(
+        name="lip_mlp",
+        description=(
+            "1-Lipschitz MLP for clipless DP-SGD (002): input ball of radius X (default "
+            "sqrt(features)), spectrally normalised linear layers (default 128-128), GroupSort"
+        ),
+        options={
+            "hidden": ModelOption(
+                default=(128, 128),
+                kind="int",
+                low=2,
+                multiple_of=2,
+                sequence=True,
+                help="hidden layer widths, even (GroupSort pairs units)",
+            ),
+            "input_bound": ModelOption(
+                default=None,
+                optional=True,
+                help="X, the radius of the input ball (default sqrt(features))",
+            ),
+            "temperature": ModelOption(default=1.0, help="tau, a fixed scale of the logits"),
+        },
+    )
+)
+
+
+__all__ = [
+    "ACTIVATION_NAMES",
+    "AUTOENCODER",
+    "BOW_FC",
+    "CNN",
+    "DESCRIPTORS",
+    "INPUT_KINDS",
+    "LIP_MLP",
+    "LOGREG",
+    "MLP",
+    "InputKind",
+    "ModelDescriptor",
+    "ModelOption",
+    "ModelSpec",
+    "Task",
+    "get_model_descriptor",
+    "model_descriptor_names",
+    "register_model_descriptor",
+]

@@ -1,0 +1,159 @@
+"""The model registry: torch builders by name, and :func:`build_model`.
+
+Every model is a plain ``torch.nn.Sequential`` built for a given input shape. The training engine
+compiles it into a *packed* model with a leading trial dimension (see :mod:`workers.packed`), and
+the same ``nn.Module`` is what tests and benchmarks hand to Opacus, so both see one architecture.
+
+Models must not mix examples (no batch norm): per-sample gradients rely on it.
+
+A model is two registrations under one stable name: its torch-free
+:class:`~workers.models.descriptors.ModelDescriptor` (input kind, task, options and their ranges)
+and, here, its builder ``fn(input_shape, num_classes, **options) -> nn.Sequential``. The built-in
+architectures live one per file in this package and register themselves when imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from workers.errors import ConfigError, DatasetError
+from workers.models.descriptors import (
+    DESCRIPTORS,
+    ModelDescriptor,
+    ModelSpec,
+    Task,
+    register_model_descriptor,
+)
+from workers.plugins import load_plugins
+
+Builder = Callable[..., nn.Sequential]
+
+#: The modules of the built-in architectures (each registers its builder when imported).
+BUILTIN_MODULES = ("logreg", "mlp", "cnn", "autoencoder", "bow_fc", "lip_mlp")
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered model: its descriptor and its torch builder."""
+
+    descriptor: ModelDescriptor
+    builder: Builder
+
+    @property
+    def name(self) -> str:
+        return self.descriptor.name
+
+    @property
+    def task(self) -> Task:
+        return self.descriptor.task
+
+    @property
+    def needs_image(self) -> bool:
+        return self.descriptor.needs_image
+
+    @property
+    def option_names(self) -> frozenset[str]:
+        return frozenset(self.descriptor.options)
+
+    @property
+    def description(self) -> str:
+        return self.descriptor.description
+
+
+MODELS: dict[str, ModelEntry] = {}
+
+
+def register_model(model: ModelDescriptor | str) -> Callable[[Builder], Builder]:
+    """Register a model builder ``fn(input_shape, num_classes, **options) -> nn.Sequential``.
+
+    Args:
+        model: the model's descriptor (registered here if it is not yet), or the name of a
+            registered descriptor.
+    """
+    if isinstance(model, str):
+        if model not in DESCRIPTORS:
+            raise ValueError(f"model {model!r} has no descriptor; register_model_descriptor first")
+        descriptor = DESCRIPTORS[model]
+    else:
+        descriptor = register_model_descriptor(model)
+
+    def deco(fn: Builder) -> Builder:
+        if descriptor.name in MODELS:
+            raise ValueError(f"model {descriptor.name!r} is registered twice")
+        MODELS[descriptor.name] = ModelEntry(descriptor, fn)
+        return fn
+
+    return deco
+
+
+def model_names() -> list[str]:
+    _load_all()
+    return sorted(MODELS)
+
+
+def model_task(name: str) -> Task:
+    return _entry(name).task
+
+
+def load_builtin_models() -> None:
+    """Import (and so register) every built-in architecture."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"workers.models.{module}")
+
+
+def _load_all() -> None:
+    """Register the built-in architectures and the installed plug-ins (once per process)."""
+    load_builtin_models()
+    load_plugins("models")
+
+
+def _entry(name: str) -> ModelEntry:
+    if name not in MODELS:
+        _load_all()
+    if name not in MODELS:
+        raise ConfigError(
+            f"unknown model {name!r}; choose one of: {', '.join(model_names())}", field="model.name"
+        )
+    return MODELS[name]
+
+
+def build_model(
+    spec: ModelSpec, *, input_shape: tuple[int, ...], num_classes: int, seed: int
+) -> nn.Sequential:
+    """Build a freshly initialised model; the initial weights depend only on ``seed``.
+
+    Raises:
+        ConfigError: unknown model, unknown option or an option value out of its range.
+        DatasetError: the data's shape does not fit the model (e.g. a CNN on tabular data).
+    """
+    entry = _entry(spec.name)
+    unknown = set(spec.options) - entry.option_names
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {sorted(unknown)} for model {spec.name!r}; "
+            f"allowed: {sorted(entry.option_names) or 'none'}",
+            field="model.options",
+        )
+    kind = entry.descriptor.input_kind
+    if kind == "image" and len(input_shape) != 3:
+        raise DatasetError(
+            f"model {spec.name!r} needs image input [C, H, W]; this dataset's examples have "
+            f"shape {list(input_shape)}. Use 'mlp', 'logreg' or 'bow_fc' for tabular data."
+        )
+    if kind == "flat" and len(input_shape) != 1:
+        raise DatasetError(
+            f"model {spec.name!r} needs flat input [features]; this dataset's examples have "
+            f"shape {list(input_shape)}"
+        )
+    # The same check as at submission; the builder gets the options as given (its own
+    # defaults apply), so a model's weights do not depend on where it was validated.
+    entry.descriptor.validate(spec.options)
+    # Initialise from the trial's own seed without disturbing anyone else's global RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return entry.builder(tuple(input_shape), num_classes, **spec.options)

@@ -1,0 +1,151 @@
+"""What a pack is asked to train, and what each of its trials returns: plain dataclasses.
+
+:class:`PackSpec` (with its :class:`TrialSpec` list) is what the sweeper and ``dpsweep train``
+hand to :func:`workers.training.loop.train_pack`; :class:`TrialResult` is what comes back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from workers.datasets import DatasetSpec
+from workers.models.descriptors import ModelSpec
+from workers.plan_check import PlannedRun
+from workers.randomness import REPRODUCIBLE_WARNING, Randomness
+
+
+@dataclass
+class TrialSpec:
+    """One trial of a pack: what differs between trials of a grid.
+
+    Args:
+        lr: learning rate.
+        seed: the public seed: initial weights (and, in reproducible mode only, Poisson
+            sampling and noise).
+        noise_multiplier: planned sigma (required for private strategies).
+        target_delta: the delta the trial's epsilon is reported at.
+        params: strategy hyperparameters (e.g. ``{"clip": 1.0}``).
+    """
+
+    lr: float
+    seed: int = 0
+    noise_multiplier: float | None = None
+    target_delta: float = 1e-5
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PackSpec:
+    """Everything the trials of a pack share, plus the trials themselves."""
+
+    dataset: DatasetSpec
+    model: ModelSpec
+    strategy: str
+    trials: list[TrialSpec]
+    batch_size: int = 64
+    epochs: float = 5.0
+    steps: int | None = None
+    optimizer: str = "sgd"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eval_every: int = 50
+    accountant: str = "rdp"
+    device: str = "auto"
+    threads: int = 1
+    # "secret": every trial draws a fresh OS secret for its batches and noise when it starts.
+    # "reproducible": they come from the public seed (not private against anyone who knows it).
+    randomness: Randomness = "secret"
+    # What the trials' privacy budget was reserved for. A sweep always sets it, and the pack
+    # refuses to run (PlanMismatch) unless q, T, sigma, strategy and the data equal it.
+    planned: PlannedRun | None = None
+    # DP evaluation (eval mode dp): the noise multiplier of each noisy count of correct
+    # predictions on the private evaluation records. None: the evaluation records are public
+    # (a carve-out declared unprotected, or a public dataset) and metrics are exact.
+    eval_noise_multiplier: float | None = None
+
+
+@dataclass
+class Progress:
+    """A progress report: after every step, and with ``evals`` after every evaluation."""
+
+    step: int
+    total_steps: int
+    evals: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class TrialResult:
+    """Outcome of one trial. ``metrics`` are those of the best checkpoint (004's protocol)."""
+
+    index: int
+    strategy: str
+    lr: float
+    seed: int
+    params: dict[str, Any]
+    private: bool
+    noise_multiplier: float | None
+    sample_rate: float
+    steps: int
+    target_delta: float | None
+    epsilon: float | None
+    accountant: str | None
+    objective: str
+    best_step: int | None
+    metrics: dict[str, Any]
+    final_metrics: dict[str, Any]
+    history: list[dict[str, Any]]
+    trajectories: dict[str, list[float | None]]
+    step_time_ms_median: float
+    diverged_at: int | None = None
+    device: str = "cpu"
+    randomness: Randomness = "secret"
+    # How the evaluation records were protected: "carve-out" and "public" give exact metrics;
+    # "dp" gives noisy accuracy only (the metrics' values are noisy releases).
+    evaluation: str = "carve-out"
+    # Flat weights of the best checkpoint (CPU); not part of the serialised result.
+    checkpoint: torch.Tensor | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("checkpoint", None)
+        return d
+
+    def summary(self) -> dict[str, Any]:
+        """The flat summary printed by ``dpsweep train --json``."""
+        m = self.metrics
+        return {
+            "strategy": self.strategy,
+            "accuracy": m.get("accuracy"),
+            "loss": m.get("loss"),
+            "mse": m.get("mse"),
+            "ece": m.get("ece"),
+            "mce": m.get("mce"),
+            "epsilon": self.epsilon,
+            "delta": self.target_delta,
+            "noise_multiplier": self.noise_multiplier,
+            "sample_rate": self.sample_rate,
+            "steps": self.steps,
+            "best_step": self.best_step,
+            "step_time_ms_median": self.step_time_ms_median,
+            "lr": self.lr,
+            "seed": self.seed,
+            "params": self.params,
+            "accountant": self.accountant,
+            "private": self.private,
+            "diverged_at": self.diverged_at,
+            "device": self.device,
+            "randomness": self.randomness,
+            "evaluation": self.evaluation,
+            **({"warning": REPRODUCIBLE_WARNING} if self.randomness == "reproducible" else {}),
+            "reliability": m.get("reliability"),
+            "clip_final": self.trajectories.get("clip", [None])[-1],
+            "lr_final": self.trajectories["lr"][-1] if self.trajectories.get("lr") else None,
+            "trajectories": self.trajectories,
+        }
+
+
+def results_to_json(results: list[TrialResult]) -> list[dict[str, Any]]:
+    return [r.to_dict() for r in results]
