@@ -32,7 +32,8 @@ GROUPS: dict[str, str] = {
 }
 
 _loaded: set[str] = set()
-_lock = threading.Lock()
+# Re-entrant: a plug-in's register() may look a name up in its own registry.
+_lock = threading.RLock()
 
 
 def load_plugins(kind: str) -> list[str]:
