@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpsweep.errors import ConnectionFailed, ServerError
-from dpsweep.transport import Event
-
-if TYPE_CHECKING:
-    from dpsweep.client import Client
+from dpsweep.transport import Event, HttpTransport
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
@@ -23,7 +20,7 @@ class Sweep:
         data: Everything the server last said about it (``GET /api/v1/sweeps/{id}``).
     """
 
-    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+    def __init__(self, client: HttpTransport, data: dict[str, Any]) -> None:
         self._client = client
         self.data = dict(data)
 
@@ -118,7 +115,7 @@ class Sweep:
     def best_trial(self) -> dict[str, Any] | None:
         """The finished trial with the best objective, in full (None if none finished)."""
         for t in self.trials(state="done", sort="objective", page_size=1):
-            return self._client.trial(t["id"])
+            return dict(self._client._json("GET", f"/trials/{t['id']}"))
         return None
 
     # -- changes --------------------------------------------------------------------------------
