@@ -108,6 +108,7 @@ def _shown(value: Decimal | None) -> str:
 
 
 def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Register a data file under a name; print its identity."""
     from dpsweep.errors import ConfigError, DatasetError, DpsweepError
     from sweeper.catalog import register_file
 
@@ -213,6 +214,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
 
 
 def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """List the dataset names with their identities and budgets."""
     from dpsweep.errors import DpsweepError
 
     try:
@@ -279,6 +281,7 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
 
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a name's records' ledger: caps, spend, reservations, entries."""
     from dpsweep.errors import DpsweepError
 
     try:
@@ -327,6 +330,7 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Set the lifetime cap of a name's records."""
     from dpsweep.errors import ConfigError, DpsweepError
     from sweeper.catalog import ledger_key_of
     from sweeper.ledger import BudgetLedger
@@ -356,6 +360,7 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Delete a name (its records' ledger stays)."""
     from dpsweep.errors import DpsweepError
     from sweeper.catalog import delete_name
 

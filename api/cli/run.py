@@ -88,6 +88,7 @@ def _resolved_dataset(spec: Any, url: str | None) -> Any:
 
 
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from dpsweep.errors import ConfigError, DpsweepError
     from dpsweep.spec import load_spec
     from sweeper.planner import plan_sweep
@@ -226,6 +227,7 @@ def _progress_view(snap: Any, name: str) -> Group:
 
 
 def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Plan (or resume) a sweep, run it on Ray, print its results, write its plots."""
     from dpsweep.errors import ConfigError, DpsweepError
     from dpsweep.spec import load_spec
     from sweeper.runner import run_sweep

@@ -120,6 +120,7 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
 
 
 def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """List the stored sweeps."""
     from dpsweep.errors import DpsweepError
     from sweeper.sweeps import list_sweeps
 
@@ -148,6 +149,7 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a sweep's summary: budget, privacy and results."""
     from dpsweep.errors import DpsweepError
     from sweeper.sweeps import summarize
 
@@ -163,6 +165,7 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Write a sweep's trials as CSV or JSON (to a file or stdout)."""
     from dpsweep.errors import DpsweepError
     from sweeper.sweeps import export_sweep
 
@@ -179,6 +182,7 @@ def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Cancel a sweep and say what was released."""
     from dpsweep.errors import DpsweepError
     from sweeper.sweeps import cancel_sweep
 

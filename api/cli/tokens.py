@@ -51,6 +51,7 @@ def _info(t: Any) -> dict[str, Any]:
 
 
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Create, list or revoke API tokens."""
     from dpsweep.errors import DpsweepError
     from sweeper import db, tokens
 

@@ -114,6 +114,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Train one model as the flags say; print its metrics and the epsilon charged."""
     # Heavy imports only now: the client install has no torch.
     from dpsweep.errors import ConfigError, DpsweepError
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
