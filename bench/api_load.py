@@ -3,7 +3,7 @@
 For each backend it creates a fresh database (SQLite: a temporary file; PostgreSQL: a
 throwaway server started here with initdb + pg_ctl on 127.0.0.1, stopped at the end), loads a
 *finished* sweep of ``--trials`` trials (default 2,000) straight through the store, starts a
-real ``dpsweep serve`` on loopback (API only, no scheduler; ``tests/apiserver.py``) and
+real ``dpsweep serve`` on loopback (API only, no scheduler; ``api/testing/server.py``) and
 measures, one endpoint at a time:
 
 * ``GET /api/v1/sweeps/{id}/pareto`` (epsilon front of the objective),
@@ -76,6 +76,8 @@ import httpx  # noqa: E402
 from sqlalchemy import insert, select, update  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
+from api.testing.postgres import PostgresMissing, throwaway_postgres  # noqa: E402
+from api.testing.server import start_server  # noqa: E402
 from sweeper import db, events  # noqa: E402
 from sweeper.charges import EXACT, exact_sum  # noqa: E402
 from sweeper.ledger import BudgetLedger, DatasetBudget, EntryKind, LedgerEntry  # noqa: E402
@@ -90,8 +92,6 @@ from sweeper.store import (  # noqa: E402
     TrialState,
 )
 from sweeper.sweeps import create_sweep, grid_key, schedules  # noqa: E402
-from tests.apiserver import start_server  # noqa: E402
-from tests.pg import PostgresMissing, throwaway_postgres  # noqa: E402
 
 TARGET_P99_MS = 100.0
 TARGET_BACKEND = "postgresql"
@@ -127,7 +127,7 @@ def sqlite_database() -> Iterator[str]:
 
 
 def postgres_database() -> contextlib.AbstractContextManager[str]:
-    """A throwaway PostgreSQL server on 127.0.0.1 (:mod:`tests.pg`, as the tests use)."""
+    """A throwaway PostgreSQL server on 127.0.0.1 (:mod:`api.testing.postgres`, as in the tests)."""
     return throwaway_postgres(prefix="dpsweep-bench-pg-")
 
 

@@ -3,7 +3,7 @@
 It loads a finished sweep of ``--trials`` trials (default 2,000; the same real, bulk-finished
 sweep as ``bench/api_load.py``: 4 arms x 5 epsilon levels) into a fresh SQLite database,
 starts ``dpsweep serve`` on loopback (no scheduler, auth off) and opens the sweep's page in
-the system Chromium (``tests/browser.py``), ``--repeats`` times in fresh browser tabs (the
+the system Chromium (``api/testing/browser.py``), ``--repeats`` times in fresh browser tabs (the
 first open of a version also builds the server's cached summary; later ones reuse it).
 
 Per open it reports the wall time from navigation to:
@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from api_load import load_finished_sweep  # noqa: E402
 
+from api.testing.browser import chromium  # noqa: E402
+from api.testing.server import start_server  # noqa: E402
 from sweeper import db  # noqa: E402
-from tests.apiserver import start_server  # noqa: E402
-from tests.browser import chromium  # noqa: E402
 
 TARGET_MS = 2000.0
 

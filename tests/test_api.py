@@ -14,11 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
+from api.testing.server import SMALL_SPEC, Server, start_server
 from sweeper import db
 from sweeper.catalog import ledger_key_of
 from sweeper.ledger import BudgetLedger
 from sweeper.tokens import revoke_token
-from tests.apiserver import SMALL_SPEC, Server, start_server
 from tests.conftest import fresh_postgres_database
 
 PROBLEM = "application/problem+json"

@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from api.testing.browser import chromium, screenshot
+from api.testing.server import Server, start_server
 from sweeper import db
 from sweeper.tokens import create_token, revoke_token
-from tests.apiserver import Server, start_server
-from tests.browser import chromium, screenshot
 
 pytestmark = pytest.mark.slow
 

@@ -18,6 +18,8 @@ import httpx
 import pytest
 import yaml
 
+from api.testing.postgres import free_port
+from api.testing.server import DPSWEEP, start_server
 from sweeper import db
 from sweeper.tokens import (
     EXAMPLE_ADMIN_TOKEN,
@@ -28,8 +30,6 @@ from sweeper.tokens import (
     revoke_token,
     verify_token,
 )
-from tests.apiserver import DPSWEEP, start_server
-from tests.pg import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 STRONG = "dps_" + "k3Yq" * 10

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sweeper.plots import (
+from api.plots import (
     NO_TRIALS_TEXT,
     PARETO_GID,
     PARETO_LEGEND,

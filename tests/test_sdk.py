@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import pytest
 
+from api.testing.postgres import free_port
+from api.testing.server import SMALL_SPEC, Server, start_server
 from dpsweep import (
     AuthError,
     Client,
@@ -27,8 +29,6 @@ from dpsweep import (
     ServerError,
     ValidationError,
 )
-from tests.apiserver import SMALL_SPEC, Server, start_server
-from tests.pg import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from decimal import Decimal
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from sweeper.cli_sweeps import EXIT_FAILURE, _engine, _fail
+from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
 
 #: How many hex digits of an identity ``list`` shows.
 PREFIX_DIGITS = 12
@@ -31,7 +30,6 @@ PREFIX_DIGITS = 12
 
 def add_parsers(sub: Any) -> None:
     """Register ``dpsweep datasets ...`` on the top-level subparsers."""
-    db_help = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
     top = sub.add_parser(
         "datasets",
         help="dataset names and their records' lifetime privacy budgets",
@@ -62,18 +60,18 @@ def add_parsers(sub: Any) -> None:
         "(eval: {mode: public, dataset: NAME}); no epsilon covers them. Registering again "
         "without --public withdraws the declaration",
     )
-    r.add_argument("--db", help=db_help)
+    r.add_argument("--db", help=DB_HELP)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_register, subparser=r)
 
     ls = dsub.add_parser("list", help="names, identities and budgets")
-    ls.add_argument("--db", help=db_help)
+    ls.add_argument("--db", help=DB_HELP)
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_list, subparser=ls)
 
     sh = dsub.add_parser("show", help="a name's records' ledger: cap, spent, reserved, entries")
     sh.add_argument("name")
-    sh.add_argument("--db", help=db_help)
+    sh.add_argument("--db", help=DB_HELP)
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(func=cmd_show, subparser=sh)
 
@@ -86,7 +84,7 @@ def add_parsers(sub: Any) -> None:
     ca.add_argument("name")
     ca.add_argument("--epsilon", type=float, required=True, help="lifetime ε cap (>= 0)")
     ca.add_argument("--delta", type=float, help="lifetime δ cap in [0, 1) (default: unchanged)")
-    ca.add_argument("--db", help=db_help)
+    ca.add_argument("--db", help=DB_HELP)
     ca.set_defaults(func=cmd_cap, subparser=ca)
 
     de = dsub.add_parser(
@@ -97,12 +95,8 @@ def add_parsers(sub: Any) -> None:
         "reservation on the records.",
     )
     de.add_argument("name")
-    de.add_argument("--db", help=db_help)
+    de.add_argument("--db", help=DB_HELP)
     de.set_defaults(func=cmd_delete, subparser=de)
-
-
-def _out() -> Console:
-    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def _num(value: Decimal | None) -> float | None:
@@ -114,11 +108,12 @@ def _shown(value: Decimal | None) -> str:
 
 
 def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Register a data file under a name; print its identity."""
+    from dpsweep.errors import ConfigError, DatasetError, DpsweepError
     from sweeper.catalog import register_file
-    from workers.errors import ConfigError, DatasetError, DpsweepError
 
     try:
-        engine = _engine(args.db, migrate=True)
+        engine = open_engine(args.db, migrate=True)
         binding, info = register_file(
             engine,
             args.file,
@@ -129,11 +124,11 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             public=args.public,
         )
     except DatasetError as exc:  # the file's content: not a usage error
-        return _fail(exc)
+        return fail(exc)
     except ConfigError as exc:
         parser.error(str(exc))
     except DpsweepError as exc:
-        return _fail(exc)
+        return fail(exc)
     if args.json:
         print(
             json.dumps(
@@ -151,7 +146,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             )
         )
         return 0
-    out = _out()
+    out = stdout_console()
     out.print(
         f"registered [bold]{binding.name}[/bold]: {info['n_examples']} examples "
         f"({info['kind']}, shape {tuple(info['input_shape'])}, {info['num_classes']} classes)"
@@ -219,12 +214,13 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
 
 
 def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from workers.errors import DpsweepError
+    """List the dataset names with their identities and budgets."""
+    from dpsweep.errors import DpsweepError
 
     try:
-        rows = _rows(_engine(args.db, migrate=True))
+        rows = _rows(open_engine(args.db, migrate=True))
     except DpsweepError as exc:
-        return _fail(exc)
+        return fail(exc)
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -242,7 +238,7 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"{r['epsilon_spent']:.6g}",
             f"{r['epsilon_reserved']:.6g}",
         )
-    _out().print(table)
+    stdout_console().print(table)
     return 0
 
 
@@ -285,16 +281,17 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
 
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from workers.errors import DpsweepError
+    """Print a name's records' ledger: caps, spend, reservations, entries."""
+    from dpsweep.errors import DpsweepError
 
     try:
-        view = ledger_view(_engine(args.db, migrate=True), args.name)
+        view = ledger_view(open_engine(args.db, migrate=True), args.name)
     except DpsweepError as exc:
-        return _fail(exc)
+        return fail(exc)
     if args.json:
         print(json.dumps(view))
         return 0
-    out = _out()
+    out = stdout_console()
     out.print(f"[bold]{view['name']}[/bold]: identity {view['identity']}")
     out.print(
         "declared public by its owner: usable as a public evaluation dataset"
@@ -333,12 +330,13 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Set the lifetime cap of a name's records."""
+    from dpsweep.errors import ConfigError, DpsweepError
     from sweeper.catalog import ledger_key_of
     from sweeper.ledger import BudgetLedger
-    from workers.errors import ConfigError, DpsweepError
 
     try:
-        engine = _engine(args.db, migrate=True)
+        engine = open_engine(args.db, migrate=True)
         key = ledger_key_of(engine, args.name)
         ledger = BudgetLedger(engine)
         # Only the caps given change: a δ cap stays unless --delta is given.
@@ -351,9 +349,9 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
         return EXIT_FAILURE
     except DpsweepError as exc:
-        return _fail(exc)
+        return fail(exc)
     left = s.remaining.epsilon
-    _out().print(
+    stdout_console().print(
         f"{args.name}: lifetime ε cap {_shown(s.epsilon_cap)}, δ cap {_shown(s.delta_cap)} "
         f"(spent {_shown(s.epsilon_spent)}, reserved {_shown(s.epsilon_reserved)}, left "
         f"{_shown(left)}); it applies to every name of the same records"
@@ -362,17 +360,20 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Delete a name (its records' ledger stays)."""
+    from dpsweep.errors import DpsweepError
     from sweeper.catalog import delete_name
-    from workers.errors import DpsweepError
 
     try:
-        others = delete_name(_engine(args.db, migrate=True), args.name)
+        others = delete_name(open_engine(args.db, migrate=True), args.name)
     except DpsweepError as exc:
-        return _fail(exc)
+        return fail(exc)
     tail = (
         f"; other names of the same records: {', '.join(others)}"
         if others
         else "; registering or uploading the same records again finds it"
     )
-    _out().print(f"deleted the name {args.name!r}; its records' ledger and cap stay{tail}")
+    stdout_console().print(
+        f"deleted the name {args.name!r}; its records' ledger and cap stay{tail}"
+    )
     return 0

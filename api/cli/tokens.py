@@ -9,13 +9,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from api.cli.common import DB_HELP, EXIT_FAILURE
 from sweeper.store import iso
-
-EXIT_FAILURE = 1
 
 
 def add_parsers(sub: Any) -> None:
-    db_help = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+    """Register ``dpsweep token ...`` on the top-level subparsers."""
     t = sub.add_parser("token", help="API bearer tokens: create, list, revoke")
     tsub = t.add_subparsers(dest="token_command", metavar="ACTION")
     tsub.required = True
@@ -27,16 +26,16 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--name", required=True, help="the owner name the token acts as")
     c.add_argument("--admin", action="store_true", help="sees every owner's objects")
-    c.add_argument("--db", help=db_help)
+    c.add_argument("--db", help=DB_HELP)
     c.add_argument("--json", action="store_true", help="print one JSON object")
     c.set_defaults(func=cmd_token, subparser=c)
     ls = tsub.add_parser("list", help="list tokens (never their secrets)")
-    ls.add_argument("--db", help=db_help)
+    ls.add_argument("--db", help=DB_HELP)
     ls.add_argument("--json", action="store_true", help="print a JSON list")
     ls.set_defaults(func=cmd_token, subparser=ls)
     r = tsub.add_parser("revoke", help="revoke a token: requests with it get 401 from now on")
     r.add_argument("id", help="the token's id (see `dpsweep token list`)")
-    r.add_argument("--db", help=db_help)
+    r.add_argument("--db", help=DB_HELP)
     r.set_defaults(func=cmd_token, subparser=r)
 
 
@@ -52,8 +51,9 @@ def _info(t: Any) -> dict[str, Any]:
 
 
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Create, list or revoke API tokens."""
+    from dpsweep.errors import DpsweepError
     from sweeper import db, tokens
-    from workers.errors import DpsweepError
 
     err = Console(stderr=True)
     url = db.database_url(args.db)

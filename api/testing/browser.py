@@ -14,7 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts" / "dashboard"
+# The checkout's root (this file is api/testing/browser.py).
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -57,6 +58,7 @@ def chromium() -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str) -> Path:
+    """Save a full-page screenshot as ``test-artifacts/dashboard/NAME.png``; its path."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)

@@ -1,0 +1,52 @@
+"""The ``dpsweep`` command line: the sweeper's commands plus ``serve`` and ``scheduler``.
+
+It lives here, in the top layer (presentation), so that the domain (``sweeper``) never imports
+it. One module per command group:
+
+* :mod:`api.cli.train`: ``train`` (one DP model, charged to its dataset's ledger);
+* :mod:`api.cli.run`: ``plan`` and ``run`` (a sweep spec, planned; and run on Ray);
+* :mod:`api.cli.sweeps`: ``sweeps``, ``show``, ``export``, ``cancel``;
+* :mod:`api.cli.datasets`: ``datasets register | list | show | cap | delete``;
+* :mod:`api.cli.tokens`: ``token create | list | revoke``;
+* :mod:`api.serve`: ``serve`` and ``scheduler``;
+* :mod:`api.cli.database`: ``db upgrade | current``.
+
+Commands import their heavy dependencies (torch, the workers, the database) only when they run,
+so ``dpsweep --help`` stays fast on the light client install.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dpsweep`` parser, with every command (in the order ``--help`` lists them)."""
+    from api.cli import database, datasets, run, sweeps, tokens, train
+    from api.serve import add_parsers as add_serve_parsers
+
+    parser = argparse.ArgumentParser(
+        prog="dpsweep",
+        description="Hyperparameter sweeps for differentially private deep learning.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add_parsers in (
+        train.add_parsers,
+        run.add_parsers,
+        sweeps.add_parsers,
+        datasets.add_parsers,
+        tokens.add_parsers,
+        add_serve_parsers,
+        database.add_parsers,
+    ):
+        add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``dpsweep`` command; its exit code (2 for usage errors, as argparse)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args.subparser, args) or 0)

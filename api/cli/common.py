@@ -1,0 +1,44 @@
+"""What every command group shares: exit codes, the database flag, engines and error lines."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+
+EXIT_USAGE = 2  # argparse's convention for bad arguments
+EXIT_FAILURE = 1
+
+DB_HELP = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
+
+
+def open_engine(url: str | None, *, migrate: bool = False) -> Any:
+    """An engine on ``url`` (default: ``DPSWEEP_DATABASE_URL`` or the embedded SQLite file).
+
+    Args:
+        url: The ``--db`` flag's value, or None.
+        migrate: Upgrade an embedded SQLite database to head first (it is migrated on first
+            use); any other database must already be at head.
+
+    Raises:
+        DpsweepError: the schema is behind head.
+    """
+    from sweeper import db
+
+    url = db.database_url(url)
+    if migrate and url.startswith("sqlite"):
+        db.upgrade(url)  # the embedded database is migrated on first use
+    db.require_head(url)
+    return db.make_engine(url)
+
+
+def fail(exc: Exception) -> int:
+    """Print ``error: ...`` on stderr; the failure exit code."""
+    Console(stderr=True).print(f"[red]error:[/red] {exc}")
+    return EXIT_FAILURE
+
+
+def stdout_console() -> Console:
+    """The console of tables on stdout: the terminal's width, or 160 columns when piped."""
+    return Console() if sys.stdout.isatty() else Console(width=160)

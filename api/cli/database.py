@@ -1,0 +1,40 @@
+"""``dpsweep db upgrade | current``: the database schema (Alembic migrations)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from api.cli.common import DB_HELP, EXIT_FAILURE
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dpsweep db ...`` on the top-level subparsers."""
+    db = sub.add_parser("db", help="database schema (Alembic migrations)")
+    dbsub = db.add_subparsers(dest="db_command", metavar="ACTION")
+    dbsub.required = True
+    for name, text in (
+        ("upgrade", "create or upgrade the schema to head"),
+        ("current", "print the schema revision and head"),
+    ):
+        c = dbsub.add_parser(name, help=text)
+        c.add_argument("--db", help=DB_HELP)
+        c.set_defaults(func=cmd_db, subparser=c)
+
+
+def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Upgrade the schema (``upgrade``), then print its revision and head."""
+    from sweeper import db
+
+    url = db.database_url(args.db)
+    try:
+        if args.db_command == "upgrade":
+            db.upgrade(url)
+        shown = db.display_url(url)
+        print(f"{shown}: schema revision {db.current_revision(url)} (head {db.head_revision()})")
+    except Exception as exc:  # a driver or connection error: say which database failed
+        Console(stderr=True).print(f"[red]error:[/red] {db.display_url(url)}: {exc}")
+        return EXIT_FAILURE
+    return 0

@@ -1,0 +1,300 @@
+"""``dpsweep plan | run``: a sweep spec's privacy plan, and the sweep run on Ray."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
+from api.cli.sweeps import describe_scaling, print_results
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dpsweep plan`` and ``dpsweep run`` on the top-level subparsers."""
+    pl = sub.add_parser(
+        "plan",
+        help="plan a sweep's privacy: one noise multiplier per grid, verified; trains nothing",
+        description="Split each per-grid epsilon budget of a sweep spec across its trials and "
+        "verify every grid with an independent accountant. Nothing is trained.",
+    )
+    pl.add_argument("spec", help="sweep spec file (YAML or JSON)")
+    pl.add_argument("--json", action="store_true", help="print a JSON list, one object per grid")
+    pl.add_argument(
+        "--db",
+        help="database URL, for registered dataset names and a public evaluation dataset "
+        "(default: DPSWEEP_DATABASE_URL or the embedded SQLite file)",
+    )
+    pl.set_defaults(func=cmd_plan, subparser=pl)
+
+    r = sub.add_parser(
+        "run",
+        help="plan and run a sweep on Ray (resumes an unfinished sweep of the same spec)",
+        description="Plan a sweep spec (infeasible plans are refused before anything trains), "
+        "reserve its budget, run its trials on Ray with a progress display, then print the "
+        "results and write the Pareto plots. Running the same spec again resumes an unfinished "
+        "sweep of it (after a crash, say); --new starts a fresh one.",
+    )
+    r.add_argument("spec", help="sweep spec file (YAML or JSON)")
+    r.add_argument("--db", help=DB_HELP)
+    r.add_argument("--workers", type=int, help="trials (packs) run at once (default: CPUs)")
+    r.add_argument("--new", action="store_true", help="never resume: always a new sweep")
+    r.add_argument(
+        "--plots",
+        default=None,
+        help="where to write the Pareto plots: a directory, or a .png/.svg/.pdf file "
+        "(default: dpsweep-results/SWEEP_ID/)",
+    )
+    r.add_argument("--json", action="store_true", help="print `show --json` output at the end")
+    r.add_argument("--quiet", action="store_true", help="no progress display")
+    r.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="set privacy.reproducible: batches and noise from the public seeds (same spec, "
+        "same result; for debugging). NOT private against anyone who knows the seeds",
+    )
+    r.set_defaults(func=cmd_run, subparser=r)
+
+
+PLAN_KEYS = (
+    "arm",
+    "strategy",
+    "epsilon_budget",
+    "delta",
+    "trials",
+    "steps_per_trial",
+    "sample_rate",
+    "noise_multiplier",
+    "epsilon_per_trial",
+    "epsilon_total",
+    "epsilon_verified",
+    "accounting",
+)
+
+
+def _resolved_dataset(spec: Any, url: str | None) -> Any:
+    """The spec's worker dataset; the database is opened only for catalog names."""
+    from sweeper.catalog import in_catalog, resolve
+
+    needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
+    if not needs_db:
+        return resolve(None, spec.dataset, spec.eval)
+    return resolve(open_engine(url, migrate=True), spec.dataset, spec.eval)
+
+
+def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
+    from dpsweep.errors import ConfigError, DpsweepError
+    from dpsweep.spec import load_spec
+    from sweeper.planner import plan_sweep
+
+    err = Console(stderr=True)
+    try:
+        spec = load_spec(args.spec)
+        plan = plan_sweep(spec, dataset=_resolved_dataset(spec, getattr(args, "db", None)))
+    except ConfigError as exc:
+        parser.error(str(exc))
+        return EXIT_USAGE  # unreachable
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+    rows = [g.to_dict() for g in plan.grids]
+    if args.json:
+        extra = (
+            "delta_per_trial",
+            "gradient_noise_multiplier",
+            "accountant",
+            "verified_by",
+            "release",
+            "input_scaling",
+            "count_noise",
+            "warnings",
+            "n_train",
+            "n_eval",
+            "eval_mode",
+            "eval_dataset",
+            "eval_releases",
+            "eval_noise_multiplier",
+            "epsilon_eval",
+        )
+        print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
+        return 0
+    table = Table(title=f"privacy plan: {spec.name} ({spec.privacy.accounting})")
+    for col in (
+        "arm",
+        "level ε",
+        "trials",
+        "σ",
+        "σ_g",
+        "ε per trial",
+        "grid ε",
+        "verified ε",
+        "steps",
+        "q",
+        "release",
+    ):
+        table.add_column(col, justify="left" if col in ("arm", "release") else "right")
+    for r in rows:
+        table.add_row(
+            r["arm"],
+            f"{r['epsilon_budget']:g}",
+            str(r["trials"]),
+            f"{r['noise_multiplier']:.4g}",
+            f"{r['gradient_noise_multiplier']:.4g}",
+            f"{r['epsilon_per_trial']:.4g}",
+            f"{r['epsilon_total']:.4g}",
+            f"{r['epsilon_verified']:.4g}",
+            str(r["steps_per_trial"]),
+            f"{r['sample_rate']:.4g}",
+            r["release"],
+        )
+    console = stdout_console()
+    console.print(table)
+    from sweeper.releases import evaluation_statement, sweep_release
+
+    whole = sweep_release(rows)
+    assert whole is not None
+    console.print(
+        f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
+        f"({whole['method']}; the grids' sum, which the dataset's ledger is charged, is "
+        f"{plan.epsilon_total:.4g}); grids verified by {rows[0]['verified_by']}"
+    )
+    for r in rows:
+        if r.get("count_noise") is not None:
+            console.print(
+                f"{r['arm']} at ε {r['epsilon_budget']:g}: quantile count noise sigma_b = "
+                f"{r['count_noise']:.4g} (chosen: the spec leaves count_noise out)"
+            )
+        if r.get("eval_releases"):
+            console.print(
+                f"{r['arm']} at ε {r['epsilon_budget']:g}: DP evaluation, {r['eval_releases']} "
+                f"noisy counts per trial at sigma_e = {r['eval_noise_multiplier']:.4g} "
+                f"(the evaluations alone: ε {r['epsilon_eval']:.4g}; included in the grid's ε)"
+            )
+        for w in r.get("warnings") or ():
+            console.print(
+                f"[bold yellow]warning[/bold yellow] ({r['arm']} at ε {r['epsilon_budget']:g}): {w}"
+            )
+    if rows[0].get("input_scaling"):
+        console.print(describe_scaling(rows[0]["input_scaling"]))
+    console.print(evaluation_statement(rows)["statement"])
+    return 0
+
+
+def _progress_view(snap: Any, name: str) -> Group:
+    """The live progress of ``dpsweep run``.
+
+    A sweep with papernot-steinke grids shows elapsed time and which searches are under way,
+    never done/running/failed counts or an ETA: each would follow the secret number of runs.
+    """
+    if snap.hidden_grids:
+        from sweeper.runner import format_elapsed
+
+        head = Table.grid(padding=(0, 2))
+        head.add_row(f"[bold]{name}[/bold]", f"elapsed {format_elapsed(snap.elapsed)}")
+        return Group(
+            head,
+            f"[dim]{snap.hidden_grids} papernot-steinke grid(s): the number of runs is private; "
+            "each grid releases its selected trial when its search completes[/dim]",
+            f"[dim]{snap.last_event}[/dim]",
+        )
+    c = snap.counts
+    head = Table.grid(padding=(0, 2))
+    eta = "—" if snap.eta is None else f"{snap.eta:,.0f} s"
+    head.add_row(
+        f"[bold]{name}[/bold]",
+        f"done [green]{c.get('done', 0)}[/green]/{snap.total}",
+        f"running [cyan]{c.get('running', 0)}[/cyan]",
+        f"failed [red]{c.get('failed', 0)}[/red]",
+        f"elapsed {snap.elapsed:,.0f} s",
+        f"ETA {eta}",
+    )
+    best = Table(title=f"best {snap.metric} so far", title_justify="left", box=None)
+    best.add_column("arm")
+    best.add_column(snap.metric, justify="right")
+    for arm, value in sorted(snap.best.items()):
+        best.add_row(arm, f"{value:.4f}")
+    parts: list[Any] = [head]
+    if snap.best:
+        parts.append(best)
+    parts.append(f"[dim]{snap.last_event}[/dim]")
+    return Group(*parts)
+
+
+def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Plan (or resume) a sweep, run it on Ray, print its results, write its plots."""
+    from dpsweep.errors import ConfigError, DpsweepError
+    from dpsweep.spec import load_spec
+    from sweeper.runner import run_sweep
+    from sweeper.sweeps import create_sweep, find_resumable, summarize
+
+    if args.workers is not None and args.workers < 1:
+        parser.error(f"--workers must be >= 1; got {args.workers}")
+    console = Console(stderr=True)
+    try:
+        spec = load_spec(args.spec)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if args.reproducible:
+        spec.privacy.reproducible = True
+    if spec.privacy.reproducible:
+        from workers.randomness import REPRODUCIBLE_WARNING
+
+        console.print(f"[bold yellow]warning:[/bold yellow] {REPRODUCIBLE_WARNING}")
+    try:
+        engine = open_engine(args.db, migrate=True)
+        sweep_id = None if args.new else find_resumable(engine, spec)
+        if sweep_id:
+            console.print(f"resuming sweep [bold]{sweep_id}[/bold] ({spec.name})")
+        else:
+            with console.status("planning the sweep's privacy (one noise multiplier per grid)"):
+                sweep_id = create_sweep(engine, spec)
+            console.print(f"sweep [bold]{sweep_id}[/bold] ({spec.name}) planned and reserved")
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except DpsweepError as exc:
+        return fail(exc)
+
+    live = None
+    if not args.quiet:
+        live = Live(console=console, refresh_per_second=4, transient=False)
+        live.start()
+
+    def on_progress(snap: Any) -> None:
+        if live is not None:
+            live.update(_progress_view(snap, spec.name))
+
+    try:
+        outcome = run_sweep(engine, sweep_id, workers=args.workers, on_progress=on_progress)
+    except DpsweepError as exc:
+        return fail(exc)
+    finally:
+        if live is not None:
+            live.stop()
+    summary = summarize(engine, sweep_id)
+    out = stdout_console()
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_results(out, summary)
+    paths = _write_plots(engine, sweep_id, args.plots)
+    for p in paths:
+        console.print(f"wrote {p}")
+    if outcome.state != "done":
+        console.print(f"[red]sweep {sweep_id} ended {outcome.state}[/red]")
+        return EXIT_FAILURE
+    return 0
+
+
+def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:
+    from api.plots import write_pareto_plots
+    from sweeper.sweeps import load_sweep, sweep_results
+
+    res = sweep_results(load_sweep(engine, sweep_id))
+    out = Path(where) if where else Path("dpsweep-results") / sweep_id
+    return write_pareto_plots(res.records, out=out, metric=res.metric, mode=res.mode)

@@ -1,0 +1,211 @@
+"""``dpsweep sweeps | show | export | cancel``: stored sweeps, and how a sweep's results print."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from api.cli.common import DB_HELP, fail, open_engine, stdout_console
+
+
+def add_parsers(sub: Any) -> None:
+    """Register the commands on stored sweeps on the top-level subparsers."""
+    ls = sub.add_parser("sweeps", help="list sweeps")
+    ls.add_argument("--db", help=DB_HELP)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_sweeps, subparser=ls)
+
+    sh = sub.add_parser("show", help="show a sweep, its budget and its results")
+    sh.add_argument("sweep_id")
+    sh.add_argument("--db", help=DB_HELP)
+    sh.add_argument("--json", action="store_true")
+    sh.set_defaults(func=cmd_show, subparser=sh)
+
+    ex = sub.add_parser("export", help="export a sweep's trials as CSV or JSON")
+    ex.add_argument("sweep_id")
+    ex.add_argument("--format", choices=("csv", "json"), default="csv")
+    ex.add_argument("--output", "-o", help="file to write (default: stdout)")
+    ex.add_argument("--db", help=DB_HELP)
+    ex.set_defaults(func=cmd_export, subparser=ex)
+
+    ca = sub.add_parser(
+        "cancel",
+        help="cancel a sweep: unstarted trials release their budget, running ones stop",
+    )
+    ca.add_argument("sweep_id")
+    ca.add_argument("--db", help=DB_HELP)
+    ca.set_defaults(func=cmd_cancel, subparser=ca)
+
+
+def describe_scaling(scaling: dict[str, Any]) -> str:
+    """One line on how a dataset's inputs are scaled and bounded (``Dataset.input_scaling``)."""
+    lo, hi = scaling["clip"]
+    return f"inputs: {scaling['method']}, clipped to [{lo:g}, {hi:g}] ({scaling['source']})"
+
+
+def print_privacy(console: Console, p: dict[str, Any] | None) -> None:
+    """One line per release: each epsilon with what it covers (sweeper/releases.py)."""
+    if not p:
+        return
+    sw = p.get("sweep")
+    if sw:
+        console.print(
+            f"ε {sw['epsilon']:.4g} (δ {sw['delta']:.2g}) for the whole sweep: {sw['covers']} "
+            f"[{sw['method']}; the grids' sum is {sw['epsilon_summed']:.4g}]"
+        )
+    for g in p.get("grids") or []:
+        console.print(f"  ε {g['epsilon']:.4g} for grid {g['grid']}: {g['covers']}")
+    life = p.get("dataset_lifetime")
+    if life:
+        cap = "no cap" if life["epsilon_cap"] is None else f"cap {life['epsilon_cap']:.4g}"
+        console.print(
+            f"ε {life['epsilon_spent']:.4g} spent over the dataset's lifetime ({cap}): "
+            f"{life['covers']}"
+        )
+    ev = p.get("evaluation")
+    if ev:
+        console.print(f"[bold]evaluation:[/bold] {ev['statement']}")
+
+
+def print_results(console: Console, s: dict[str, Any]) -> None:
+    """The results table of a sweep summary (`show` and the end of `run`)."""
+    obj = s["objective"]
+    b = s["budget"]
+    console.print(
+        f"sweep [bold]{s['id']}[/bold] {s['name']} on {s['dataset']}: [bold]{s['state']}"
+        f"[/bold]; trials {', '.join(f'{k} {v}' for k, v in s['trials'].items() if v)}"
+    )
+    console.print(
+        f"privacy: ε reserved {b['epsilon_reserved']:.4g}, charged {b['epsilon_charged']:.4g}, "
+        f"released {b['epsilon_released']:.4g}, outstanding {b['epsilon_outstanding']:.4g}"
+    )
+    print_privacy(console, s.get("privacy"))
+    scaling = next(
+        (g["input_scaling"] for g in s.get("plan") or [] if g.get("input_scaling")), None
+    )
+    if scaling:  # sweeps planned before inputs were bounded have none
+        console.print(describe_scaling(scaling))
+    if s.get("warning"):
+        console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
+    front = {(p["arm"], p["x"]) for p in s["pareto"]["epsilon"] if not p["dominated"]}
+    table = Table(title=f"best configuration per arm and ε ({obj['metric']}, {obj['mode']})")
+    for col in ("arm", "strategy", "ε", "best params", obj["metric"], "± std", "ECE", "seeds"):
+        table.add_column(
+            col, justify="left" if col in ("arm", "strategy", "best params") else "right"
+        )
+    table.add_column("Pareto", justify="center")
+    for r in s["results"]:
+        params = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in r["best_params"].items()
+        )
+        table.add_row(
+            r["arm"],
+            r["strategy"],
+            f"{r['epsilon_budget']:g}",
+            params,
+            f"{r['objective_mean']:.4f}",
+            f"{r['objective_std']:.4f}",
+            "—" if r["ece_mean"] is None else f"{r['ece_mean']:.4f}",
+            str(r["seeds"]),
+            "★" if (r["arm"], r["epsilon_budget"]) in front else "",
+        )
+    console.print(table)
+
+
+def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """List the stored sweeps."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.sweeps import list_sweeps
+
+    try:
+        rows = list_sweeps(open_engine(args.db))
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title="sweeps")
+    for col in ("id", "name", "dataset", "state", "created", "finished", "randomness"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["id"],
+            r["name"],
+            r["dataset"],
+            r["state"],
+            r["created_at"][:19],
+            (r["finished_at"] or "")[:19],
+            r["randomness"],
+        )
+    stdout_console().print(table)
+    return 0
+
+
+def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a sweep's summary: budget, privacy and results."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.sweeps import summarize
+
+    try:
+        summary = summarize(open_engine(args.db), args.sweep_id)
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_results(stdout_console(), summary)
+    return 0
+
+
+def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Write a sweep's trials as CSV or JSON (to a file or stdout)."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.sweeps import export_sweep
+
+    try:
+        text = export_sweep(open_engine(args.db), args.sweep_id, fmt=args.format)
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.output:
+        Path(args.output).write_text(text)
+        Console(stderr=True).print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Cancel a sweep and say what was released."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.sweeps import cancel_sweep
+
+    try:
+        r = cancel_sweep(open_engine(args.db), args.sweep_id)
+    except DpsweepError as exc:
+        return fail(exc)
+    Console().print(cancel_message(args.sweep_id, r))
+    return 0
+
+
+def cancel_message(sweep_id: str, r: dict[str, Any]) -> str:
+    """What ``dpsweep cancel`` prints. Its counts leave papernot-steinke grids out (their
+    number of runs is secret); for those it states the rule instead."""
+    note = r.get("papernot_steinke")
+    if note and not (r["cancelled_pending"] or r["stopped_running"]):
+        return (
+            f"cancelled sweep {sweep_id}: ε {r['released_epsilon']:.4g} released (grids whose "
+            f"search had not started); papernot-steinke: {note}"
+        )
+    text = (
+        f"cancelled sweep {sweep_id}: {r['cancelled_pending']} unstarted trial(s) "
+        f"released ε {r['released_epsilon']:.4g}; {r['stopped_running']} running trial(s) "
+        "stopped (they stay charged)"
+    )
+    return text + (f"; papernot-steinke grids (not counted): {note}" if note else "")

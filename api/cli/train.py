@@ -1,0 +1,397 @@
+"""``dpsweep train``: one DP model (a single trial), charged to its dataset's ledger."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from api.cli.arguments import STRATEGY_FLAGS, delta, key_value, positive_float, positive_int
+from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dpsweep train`` on the top-level subparsers."""
+    # Torch-free: the registry imports no accountant library.
+    from workers.accountants import WORKER_ALIASES, accountant_names, get_accountant
+
+    t = sub.add_parser(
+        "train",
+        help="train one DP model (a single trial) and report its metrics and epsilon",
+        description="Train one model with DP-SGD. Give --epsilon (the noise multiplier is "
+        "calibrated to it) or --noise-multiplier (epsilon is computed from it).",
+    )
+    d = t.add_argument_group("data and model")
+    d.add_argument("--dataset", default="digits", help="registry name (default: digits)")
+    d.add_argument("--data-path", help="data file for idx (images), npz or csv datasets")
+    d.add_argument("--labels-path", help="labels file for the idx dataset")
+    d.add_argument("--label-column", help="label column for the csv dataset")
+    d.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.2,
+        help="share held out as the public evaluation split (default 0.2)",
+    )
+    d.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
+    d.add_argument("--model", default="mlp", help="registry name (default: mlp)")
+    d.add_argument(
+        "--model-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model builder option, e.g. hidden=[256,128] (repeatable)",
+    )
+    p = t.add_argument_group("privacy")
+    p.add_argument("--strategy", default="fixed", help="clipping strategy (default: fixed)")
+    p.add_argument("--epsilon", type=positive_float("epsilon"), help="target epsilon")
+    p.add_argument(
+        "--noise-multiplier",
+        type=positive_float("noise multiplier"),
+        help="noise multiplier sigma (instead of --epsilon)",
+    )
+    p.add_argument("--delta", type=delta, default=1e-5, help="target delta (default 1e-5)")
+    p.add_argument(
+        "--accountant",
+        default="opacus-rdp",
+        choices=(*accountant_names(), *WORKER_ALIASES),
+        metavar="ACCOUNTANT",
+        help="the accountant of the reported epsilon (and of --epsilon's calibration): "
+        + ", ".join(f"{d.name} ({d.library})" for d in map(get_accountant, accountant_names()))
+        + "; default opacus-rdp. Legacy names: rdp = opacus-rdp, prv = opacus-prv",
+    )
+    p.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="draw batches and noise from --seed instead of a fresh OS secret: same seed, same "
+        "result (for debugging). NOT private against anyone who knows the seed",
+    )
+    for flag, dest, kind, text in STRATEGY_FLAGS:
+        p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other strategy hyperparameter (repeatable)",
+    )
+    o = t.add_argument_group("training")
+    o.add_argument("--epochs", type=positive_float("epochs"), default=5.0)
+    o.add_argument(
+        "--steps", type=positive_int("steps"), help="number of steps (overrides --epochs)"
+    )
+    o.add_argument(
+        "--batch-size",
+        type=positive_int("batch size"),
+        default=64,
+        help="expected batch size b; the sample rate is b / n_train",
+    )
+    o.add_argument("--lr", type=positive_float("lr"), default=0.5)
+    o.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
+    o.add_argument("--momentum", type=float, default=0.0)
+    o.add_argument("--eval-every", type=positive_int("eval every"), default=50)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    o.add_argument(
+        "--threads",
+        type=positive_int("threads"),
+        default=1,
+        help="CPU threads for this trial (default 1)",
+    )
+    t.add_argument(
+        "--db",
+        help="database whose privacy ledger this run is charged to (default "
+        "DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db): the run spends the dataset's lifetime "
+        "budget like a one-trial grid, and is refused if the cap would be exceeded",
+    )
+    t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    t.set_defaults(func=cmd_train, subparser=t)
+
+
+def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Train one model as the flags say; print its metrics and the epsilon charged."""
+    # Heavy imports only now: the client install has no torch.
+    from dpsweep.errors import ConfigError, DpsweepError
+    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
+    from workers.datasets import DATASETS, DatasetSpec, dataset_names, load_dataset
+    from workers.devices import DEVICES
+    from workers.models import MODELS, ModelSpec, model_names
+    from workers.optim import OPTIMIZERS
+    from workers.plan_check import PlannedRun
+    from workers.strategies import STRATEGIES, strategy_names
+    from workers.trainer import PackSpec, TrialSpec, plan_steps
+
+    def usage(msg: str) -> None:
+        parser.error(msg)  # exits with code 2
+
+    if args.dataset not in DATASETS:
+        usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
+    if args.model not in MODELS:
+        usage(f"unknown model {args.model!r}; choose one of: {', '.join(model_names())}")
+    if args.strategy not in STRATEGIES:
+        usage(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(strategy_names())}")
+    if args.accountant not in ACCOUNTANTS:
+        usage(f"unknown accountant {args.accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}")
+    if args.optimizer not in OPTIMIZERS:
+        usage(f"unknown optimizer {args.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+    if args.device not in DEVICES:
+        usage(f"unknown device {args.device!r}; choose one of: {', '.join(DEVICES)}")
+    strategy_cls = STRATEGIES[args.strategy]
+    if strategy_cls.private:
+        if (args.epsilon is None) == (args.noise_multiplier is None):
+            usage(
+                f"strategy {args.strategy!r} is private: give exactly one of --epsilon or "
+                "--noise-multiplier"
+            )
+    elif args.epsilon is not None or args.noise_multiplier is not None:
+        usage("--strategy nonprivate adds no noise; drop --epsilon / --noise-multiplier")
+
+    params: dict[str, Any] = dict(args.param)
+    for flag, dest, _, _ in STRATEGY_FLAGS:
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        if dest not in strategy_cls.hyperparameters:
+            takes = (
+                ", ".join(f"--{h.replace('_', '-')}" for h in strategy_cls.hyperparameters)
+                or "no hyperparameters"
+            )
+            usage(f"{flag} does not apply to strategy {args.strategy!r}; it takes: {takes}")
+        params[dest] = value
+    model_options: dict[str, Any] = dict(args.model_option)
+
+    err = Console(stderr=True)
+    try:
+        strategy_cls.validate(params)
+        dataset_spec = DatasetSpec(
+            name=args.dataset,
+            path=args.data_path,
+            labels_path=args.labels_path,
+            label_column=args.label_column,
+            test_fraction=args.test_fraction,
+            split_seed=args.split_seed,
+        )
+        data = load_dataset(dataset_spec)
+        q, steps = plan_steps(
+            n_train=data.n_train, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps
+        )
+        n_records = data.n_train + int(data.x_test.shape[0])
+        if args.delta >= 1.0 / n_records:
+            usage(
+                f"--delta {args.delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
+                "such a guarantee allows releasing an example outright; use --delta "
+                f"{10 ** math.floor(math.log10(0.1 / n_records)):g} or smaller"
+            )
+        sigma = args.noise_multiplier
+        if strategy_cls.private and args.epsilon is not None:
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=args.epsilon,
+                target_delta=args.delta,
+                sample_rate=q,
+                steps=steps,
+                accountant=args.accountant,
+            )
+        charge = _charge_training_run(args, dataset_spec, data, q=q, steps=steps, sigma=sigma)
+        spec = PackSpec(
+            dataset=dataset_spec,
+            model=ModelSpec(args.model, model_options),
+            strategy=args.strategy,
+            trials=[
+                TrialSpec(
+                    lr=args.lr,
+                    seed=args.seed,
+                    noise_multiplier=sigma,
+                    target_delta=args.delta,
+                    params=params,
+                )
+            ],
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            steps=args.steps,
+            optimizer=args.optimizer,
+            momentum=args.momentum,
+            eval_every=args.eval_every,
+            accountant=args.accountant,
+            device=args.device,
+            threads=args.threads,
+            randomness="reproducible" if args.reproducible else "secret",
+            # The run refuses to start unless it is exactly what was charged.
+            planned=PlannedRun(
+                strategy=args.strategy,
+                sample_rate=q,
+                steps=steps,
+                noise_multiplier=sigma,
+                dataset_sha256=data.content_sha256,
+            )
+            if strategy_cls.private
+            else None,
+        )
+        show_bar = not args.json or err.is_terminal
+        result = _run_with_progress(spec, data, show_bar=show_bar, console=err)
+    except ConfigError as exc:
+        usage(str(exc))
+        return EXIT_USAGE  # unreachable: usage exits
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+
+    summary = result.summary()
+    summary["ledger"] = charge
+    if args.json:
+        summary.pop("reliability", None)
+        summary.update(
+            {"dataset": args.dataset, "model": args.model, "batch_size": args.batch_size}
+        )
+        print(json.dumps(summary))
+    else:
+        _print_summary(Console(), summary, args)
+    return 0
+
+
+def _charge_training_run(
+    args: argparse.Namespace, dataset_spec: Any, data: Any, *, q: float, steps: int, sigma: Any
+) -> dict[str, Any] | None:
+    """Charge a `dpsweep train` run to its dataset's ledger, like a one-trial grid.
+
+    The run reserves and is charged, before it touches the data, the epsilon of its own
+    noise, rate and steps; a cap that cannot cover it refuses the run (BudgetExhausted). A
+    non-private run has no finite epsilon to record, so it is refused on a dataset with an
+    epsilon cap and, elsewhere, runs uncharged (the summary says so).
+
+    Returns:
+        What was charged (``None`` for a non-private run).
+    """
+    from dpsweep.errors import PrivacyError
+    from sweeper.catalog import bind_name
+    from sweeper.ledger import BudgetLedger
+    from sweeper.store import new_id
+    from workers.accounting import compute_epsilon
+
+    name = (
+        dataset_spec.name
+        if dataset_spec.path is None
+        else f"{dataset_spec.name}:{dataset_spec.path}"
+    )
+    engine = open_engine(args.db, migrate=True)
+    try:
+        binding = bind_name(
+            engine,
+            name,
+            data.content_sha256,
+            new_row={"config": {"name": dataset_spec.name, "path": dataset_spec.path}},
+        )
+        ledger = BudgetLedger(engine)
+        key = binding.ledger_key
+        if sigma is None:
+            if ledger.summary(key).epsilon_cap is not None:
+                raise PrivacyError(
+                    f"dataset {name!r} has a lifetime epsilon cap, and a non-private run would "
+                    "spend without bound; train it with a private strategy"
+                )
+            return None
+        epsilon = compute_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps,
+            target_delta=args.delta,
+            accountant=args.accountant,
+        )
+        run_id = f"train_{new_id()}"
+        note = f"dpsweep train: one {args.strategy} run on {name!r}"
+        ledger.reserve(key, sweep_id=run_id, epsilon=epsilon, delta=args.delta, note=note)
+        ledger.charge(
+            key, sweep_id=run_id, trial_id=run_id, epsilon=epsilon, delta=args.delta, note=note
+        )
+        return {
+            "run": run_id,
+            "dataset": name,
+            "epsilon_charged": epsilon,
+            "delta_charged": args.delta,
+            "covers": "this one training run (a one-trial grid), charged to the dataset's "
+            "lifetime budget",
+        }
+    finally:
+        engine.dispose()
+
+
+def _run_with_progress(spec: Any, data: Any, *, show_bar: bool, console: Console) -> Any:
+    from workers.trainer import train_pack
+
+    if not show_bar:
+        return train_pack(spec, dataset=data)[0]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]training[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("steps"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("train", total=None, status="")
+
+        def on_progress(p: Any) -> None:
+            bar.update(task, completed=p.step, total=p.total_steps)
+            if p.evals:
+                m = p.evals[0]
+                status = f"acc {m['accuracy']:.3f}" if "accuracy" in m else f"mse {m['mse']:.4f}"
+                bar.update(task, status=status)
+
+        return train_pack(spec, dataset=data, progress=on_progress)[0]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace) -> None:
+    table = Table(title=f"{args.strategy} · {args.model} on {args.dataset}", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    rows = [
+        ("accuracy", s["accuracy"]),
+        ("loss", s["loss"]),
+        ("mse", s["mse"]),
+        ("ECE", s["ece"]),
+        ("MCE", s["mce"]),
+        ("best step", s["best_step"]),
+        ("steps", s["steps"]),
+        ("epsilon (this run alone)", s["epsilon"] if s["private"] else "inf (non-private)"),
+        ("delta", s["delta"]),
+        ("noise multiplier", s["noise_multiplier"]),
+        ("sample rate", s["sample_rate"]),
+        ("accountant", s["accountant"]),
+        ("final clip C_t", s["clip_final"]),
+        ("final learning rate", s["lr_final"]),
+        ("step time (median ms)", s["step_time_ms_median"]),
+        ("device", s["device"]),
+        ("randomness", s["randomness"]),
+    ]
+    for name, v in rows:
+        if v is not None:
+            table.add_row(name, _fmt(v))
+    if s.get("diverged_at") is not None:
+        table.add_row("diverged at step", str(s["diverged_at"]))
+    console.print(table)
+    ledger = s.get("ledger")
+    if ledger:
+        console.print(
+            f"charged ε {ledger['epsilon_charged']:.4g}, δ {ledger['delta_charged']:g} to the "
+            f"lifetime budget of {ledger['dataset']} (run {ledger['run']})"
+        )
+    elif s["private"] is False:
+        console.print("not private: nothing could be charged to the dataset's ledger")
+    if s.get("warning"):
+        console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
