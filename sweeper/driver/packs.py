@@ -1,10 +1,11 @@
 """Packs: what a worker trains, and which pending trials train together.
 
-:func:`pack_spec` builds the :class:`workers.trainer.PackSpec` of one or more trials of one
-planned grid (a single trial is a pack of one). :class:`Packer` groups the queued trials into
-packs of compatible trials (:func:`workers.packing.pack_key`), caps a pack by memory
-(:func:`workers.packing.max_pack_size`), and checks a pack against its plan on the data as it
-is now, before anything is charged (:mod:`workers.plan_check`).
+:func:`pack_spec` builds the :class:`workers.trainer.PackSpec` of one trial or a pack of trials
+of one planned grid: what a worker trains (the sweep driver and ``dpsweep train`` alike).
+:class:`Packer` groups the queued trials into packs of compatible trials
+(:func:`workers.packing.pack_key`), caps a pack by memory (:func:`workers.packing.max_pack_size`),
+and checks a pack against its plan on the data as it is now, before anything is charged
+(:mod:`workers.plan_check`).
 """
 
 from __future__ import annotations
@@ -40,32 +41,45 @@ class TrialToTrain(Protocol):
 
 def pack_spec(
     spec: SweepSpec,
-    grid: PlannedGrid,
     trials: Sequence[TrialToTrain],
     *,
     dataset: Any | Callable[[], Any],
-    gpu: bool = False,
+    grid: PlannedGrid | None = None,
+    accountant: str | None = None,
+    planned: Any = None,
+    device: str = "cpu",
+    threads: int = 1,
 ) -> Any:
-    """The :class:`workers.trainer.PackSpec` that trains ``trials`` of one planned grid.
+    """The :class:`workers.trainer.PackSpec` that trains ``trials`` (one, or a pack of several
+    of one grid and strategy).
 
     Args:
-        spec: The sweep's spec (model, training settings, privacy, arms).
-        grid: The trials' grid as planned and stored; the worker refuses to run anything but
-            what it covers (:class:`workers.plan_check.PlannedRun`).
-        trials: One or more trials of ``grid`` (one strategy); each one's params are its arm's
-            fixed params overridden by its own, ``lr`` taken out.
+        spec: The spec (model, training settings, privacy, arms); each trial's params are its
+            arm's fixed params overridden by its own, ``lr`` taken out.
+        trials: What to train (:class:`TrialToTrain`); the pack's strategy is the first one's.
         dataset: The worker-side dataset (:func:`sweeper.catalog.resolve` of the spec's dataset
             and eval sections), or a function returning it, called once the trials' own
             settings are read (so that their errors come first, as they always did).
-        gpu: Train on CUDA (the cluster has GPUs), else on CPU.
+        grid: The trials' grid as planned and stored. Given, the worker refuses to run anything
+            but what it covers (its :class:`workers.plan_check.PlannedRun`), reports epsilon
+            with the accountant its stored one maps to, and uses its DP-evaluation noise.
+        accountant: The worker's accountant (:mod:`workers.accountants`); default: the grid's
+            stored one, mapped. Required without ``grid``.
+        planned: The :class:`workers.plan_check.PlannedRun` to enforce; default: the grid's
+            (None without a grid: the run is not checked against a plan).
+        device: Where to train (``cpu``, ``cuda``, ...).
+        threads: Torch threads of the worker.
 
     Raises:
         StopIteration: a trial's arm is not in the spec.
         ConfigError: the grid's stored accountant is unknown.
+        ValueError: neither ``grid`` nor ``accountant`` is given.
     """
     from workers.models import ModelSpec
     from workers.trainer import PackSpec, TrialSpec
 
+    if grid is None and accountant is None:
+        raise ValueError("pack_spec needs a planned grid or an accountant")
     m, tr = spec.model, spec.training
     specs = []
     for t in trials:
@@ -95,17 +109,24 @@ def pack_spec(
         eval_every=tr.eval_every,
         # Trials report single-run epsilon with the accountant the grid's stored one maps
         # to (workers.accountants.PLAN_TO_WORKER); an unknown stored name is refused.
-        accountant=trial_accountant_for_plan(grid.accountant),
-        device="cuda" if gpu else "cpu",
-        threads=1,
+        accountant=_worker_accountant(grid, accountant),
+        device=device,
+        threads=threads,
         # Secret per-trial randomness unless the spec opted into reproducible mode (a spec
         # stored before that option existed runs its remaining trials with secrets too).
         randomness="reproducible" if spec.privacy.reproducible else "secret",
         # The worker refuses to run anything but what the grid's reservation covers.
-        planned=grid.planned_run(),
+        planned=planned if planned is not None or grid is None else grid.planned_run(),
         # DP evaluation: each noisy count's multiplier, as planned and charged per grid.
-        eval_noise_multiplier=grid.eval_noise_multiplier,
+        eval_noise_multiplier=None if grid is None else grid.eval_noise_multiplier,
     )
+
+
+def _worker_accountant(grid: PlannedGrid | None, accountant: str | None) -> str:
+    if accountant is not None:
+        return accountant
+    assert grid is not None  # pack_spec checked
+    return trial_accountant_for_plan(grid.accountant)
 
 
 class Packer:
@@ -126,7 +147,13 @@ class Packer:
         """The pack spec of ``trials`` (all of one grid)."""
         held = self.held
         grid = held.grid_plan(trials[0].grid)
-        return pack_spec(held.spec, grid, trials, dataset=self.dataset_spec, gpu=held.gpus)
+        return pack_spec(
+            held.spec,
+            trials,
+            dataset=self.dataset_spec,
+            grid=grid,
+            device="cuda" if held.gpus else "cpu",
+        )
 
     def dataset_spec(self) -> Any:
         """The worker-side dataset of the sweep, resolved once."""
