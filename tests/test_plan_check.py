@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
 from sweeper import db
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.ray_backend import ray_session
 from sweeper.ledger import BudgetLedger, EntryKind
-from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps import create_sweep

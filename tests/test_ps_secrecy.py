@@ -39,9 +39,11 @@ from sweeper.catalog import Viewer
 from sweeper.charges import ps_charge_note
 from sweeper.cli import main
 from sweeper.cli_sweeps import _progress_view, cancel_message
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.progress import Snapshot, format_elapsed
+from sweeper.driver.ray_backend import ray_session
 from sweeper.events import read_events
 from sweeper.ledger import BudgetLedger, EntryKind
-from sweeper.runner import Snapshot, format_elapsed, ray_session, run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import (

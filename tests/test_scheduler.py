@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from sweeper import db
+from sweeper.driver.ray_backend import ray_session
+from sweeper.driver.scheduler import Scheduler, live_schedulers
 from sweeper.ledger import BudgetLedger
-from sweeper.runner import ray_session
-from sweeper.scheduler import Scheduler, live_schedulers
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepEvent, Trial
 from sweeper.sweeps import create_sweep

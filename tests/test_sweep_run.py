@@ -21,9 +21,10 @@ from sqlalchemy.orm import Session
 from sweeper import db
 from sweeper.charges import EXACT, ChargeSchedule, exact_sum
 from sweeper.cli import main
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.ray_backend import ray_session
 from sweeper.ledger import BudgetLedger, EntryKind
 from sweeper.results import pareto_mask
-from sweeper.runner import ray_session, run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import cancel_sweep, create_sweep, grid_key, summarize
@@ -438,10 +439,10 @@ def test_cancel_between_claim_and_charge_leaves_exact_books(
     """A cancel that lands after the driver claimed trials but before it charged them: the
     cancel releases the reservation, so the charges are refused; those trials never run, and
     their books say so (no attempt, no charge, no "stays charged")."""
-    from sweeper.runner import SweepRunner
+    from sweeper.driver.claims import Claims
 
     sid = create_sweep(engine, tiny_spec())
-    original = SweepRunner._charge
+    original = Claims.charge
     cancelled: list[dict[str, Any]] = []
 
     def charge_after_a_cancel(self: Any, claimed: list[Any]) -> list[Any]:
@@ -449,7 +450,7 @@ def test_cancel_between_claim_and_charge_leaves_exact_books(
             cancelled.append(cancel_sweep(engine, sid))
         return original(self, claimed)
 
-    monkeypatch.setattr(SweepRunner, "_charge", charge_after_a_cancel)
+    monkeypatch.setattr(Claims, "charge", charge_after_a_cancel)
     out = run_sweep(engine, sid)
     assert out.state == "cancelled" and cancelled
     with Session(engine) as s:

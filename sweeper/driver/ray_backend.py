@@ -1,0 +1,202 @@
+"""The Ray backend: starting or joining Ray, the pack task, submitting, waiting, killing.
+
+Why Ray core tasks and not Ray Tune: Tune keeps its own experiment state (trial table,
+checkpoints, resume files under ``storage_path``) and its own idea of which trials ran. Our
+database already holds that state, and the ledger must be charged *before* a trial touches
+data, at a moment the driver controls. With core tasks the driver decides everything (what
+runs, when it is charged, what a crash means) and Ray only executes: one task per *pack* (a
+batch of compatible trials trained as one computation, :mod:`workers.packing`), one CPU each
+(and a GPU fraction on clusters with GPUs). Tasks are Ray *generators*: they stream evaluation
+metrics back as they happen, and the driver alone writes them to the database.
+
+Ray is imported only inside these functions: ``sweeper`` imports no Ray at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sweeper.settings import SweeperSettings
+
+# ---------------------------------------------------------------------------------------------
+# The Ray task (runs in a worker process; never touches the database)
+
+
+def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
+    """Train one pack and stream its events: ``started``, ``eval`` (per evaluation),
+    then ``result`` or ``error``."""
+    from workers.errors import PrivacyError as _PrivacyError
+    from workers.trainer import train_pack
+
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def progress(p: Any) -> None:
+        if p.evals is not None:
+            evals = [{k: v for k, v in m.items() if k != "reliability"} for m in p.evals]
+            events.put({"type": "eval", "step": p.step, "total": p.total_steps, "evals": evals})
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        try:
+            results = train_pack(spec, progress=progress)
+            seconds = time.perf_counter() - t0
+            events.put(
+                {"type": "result", "seconds": seconds, "results": [r.to_dict() for r in results]}
+            )
+        except BaseException as exc:  # reported to the driver, which marks the trials failed
+            events.put(
+                {
+                    "type": "error",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "privacy": isinstance(exc, _PrivacyError),
+                }
+            )
+        finally:
+            events.put(None)
+
+    yield {"type": "started", "worker": f"{socket.gethostname()}:{os.getpid()}@{_node_id()}"}
+    thread = threading.Thread(target=work, name="dpsweep-pack", daemon=True)
+    thread.start()
+    while (event := events.get()) is not None:
+        yield event
+    thread.join()
+
+
+def _node_id() -> str:
+    """The Ray node this worker runs on (its id's first 12 hex digits), to tell the nodes of
+    a cluster apart when several share a host name."""
+    try:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())[:12]
+    except Exception:  # not under Ray (a direct call)
+        return "local"
+
+
+def gpu_request(trials: int, *, gpus_per_trial: float | None, gpu_fraction: float) -> float:
+    """The GPU share of a pack of ``trials`` on a cluster with GPUs: its trials' shares summed
+    (at most one whole GPU: a pack runs on one device), else the pack's ``gpu_fraction``.
+
+    Example: ``gpu_request(3, gpus_per_trial=0.25, gpu_fraction=1.0) == 0.75``.
+    """
+    if gpus_per_trial is None:
+        return gpu_fraction
+    return min(1.0, round(gpus_per_trial * max(1, trials), 6))
+
+
+_REMOTE: Any = None
+
+
+def _remote() -> Any:
+    global _REMOTE
+    if _REMOTE is None:
+        import ray
+
+        _REMOTE = ray.remote(_pack_task)
+    return _REMOTE
+
+
+# ---------------------------------------------------------------------------------------------
+# The driver's side
+
+
+@contextmanager
+def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Iterator[None]:
+    """Use the Ray already initialised, else join ``ray_address``, else start a local Ray
+    (capped object store, no dashboard, quiet, listening on 127.0.0.1). Only a Ray started
+    here is shut down here."""
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    import logging
+
+    # Ray's token authentication stays on (a local cluster is still reachable by other local
+    # users); its notice about it is not news to a dpsweep user.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": "WARNING",
+        "log_to_driver": False,
+        "configure_logging": True,
+    }
+    if settings.ray_address:
+        ray.init(address=settings.ray_address, **kwargs)
+    else:
+        ray.init(
+            num_cpus=workers or settings.workers or os.cpu_count() or 1,
+            object_store_memory=settings.ray_object_store_mb * 2**20,
+            **kwargs,
+        )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def cluster_resources() -> dict[str, float]:
+    """The Ray cluster's total resources (``CPU``, ``GPU``, ...)."""
+    import ray
+
+    return dict(ray.cluster_resources())
+
+
+def submit_pack(spec: Any, *, num_gpus: float) -> Any:
+    """Start the pack task on one CPU (and ``num_gpus``); returns its event generator."""
+    return (
+        _remote()
+        .options(
+            num_cpus=1,
+            num_gpus=num_gpus,
+            # Never let Ray re-run a pack on its own after a worker or node died: a second
+            # run under the one charge would release more than was paid for. A lost pack
+            # goes through the crash policy instead (sweeper.driver.crash), which charges any
+            # re-run.
+            max_retries=0,
+            retry_exceptions=False,
+        )
+        .remote(spec)
+    )
+
+
+def wait_any(gens: list[Any], *, timeout: float) -> list[Any]:
+    """The generators among ``gens`` with an event ready, waiting at most ``timeout`` s."""
+    import ray
+
+    ready, _ = ray.wait(gens, num_returns=1, timeout=timeout)
+    return list(ready)
+
+
+def next_event(gen: Any) -> dict[str, Any]:
+    """The next event of a pack task.
+
+    Raises:
+        StopIteration: the task ended.
+        Exception: the worker process or its node died (the task reports its own errors as
+            events, so anything raised here is the infrastructure's).
+    """
+    import ray
+
+    ref = next(gen)
+    event: dict[str, Any] = ray.get(ref)
+    return event
+
+
+def kill(gens: list[Any]) -> None:
+    """Kill the pack tasks of ``gens`` at once (their trials stay charged)."""
+    import ray
+
+    for gen in gens:
+        ray.cancel(gen, force=True)
