@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -116,22 +116,26 @@ def add_parsers(sub: Any) -> None:
 def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Train one model as the flags say; print its metrics and the epsilon charged."""
     # Heavy imports only now: the client install has no torch.
+    from pydantic import ValidationError
+
     from dpsweep.errors import ConfigError, DpsweepError
+    from dpsweep.spec import ModelConfig, TrainingConfig
+    from sweeper.driver.packs import training_pack
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
     from workers.datasets import DATASETS, DatasetSpec, dataset_names, load_dataset
     from workers.devices import DEVICES
-    from workers.models import MODELS, ModelSpec, model_names
+    from workers.models import get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
     from workers.plan_check import PlannedRun
     from workers.strategies import STRATEGIES, strategy_names
-    from workers.trainer import PackSpec, TrialSpec, plan_steps
+    from workers.trainer import TrialSpec, plan_steps
 
-    def usage(msg: str) -> None:
+    def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
 
     if args.dataset not in DATASETS:
         usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
-    if args.model not in MODELS:
+    if args.model not in model_names():  # (model_names() includes plug-ins)
         usage(f"unknown model {args.model!r}; choose one of: {', '.join(model_names())}")
     if args.strategy not in STRATEGIES:
         usage(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(strategy_names())}")
@@ -165,6 +169,28 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         params[dest] = value
     model_options: dict[str, Any] = dict(args.model_option)
 
+    # The same typed sections and the same builder as a sweep's packs: the flags are
+    # validated by the spec's own models and the model's descriptor (a bad value is a usage
+    # error naming the flag) before any data is read or any budget charged.
+    try:
+        model = ModelConfig(name=args.model, options=model_options)
+        training = TrainingConfig(
+            epochs=args.epochs,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            optimizer=args.optimizer,
+            momentum=args.momentum,
+            eval_every=args.eval_every,
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        flag = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        usage(f"{flag}: {first['msg']}")
+    try:
+        get_model_descriptor(args.model).validate(model_options)
+    except ConfigError as exc:
+        usage(f"--model-option: {exc}")
+
     err = Console(stderr=True)
     try:
         strategy_cls.validate(params)
@@ -197,9 +223,9 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 accountant=args.accountant,
             )
         charge = _charge_training_run(args, dataset_spec, data, q=q, steps=steps, sigma=sigma)
-        spec = PackSpec(
-            dataset=dataset_spec,
-            model=ModelSpec(args.model, model_options),
+        spec = training_pack(
+            model=model,
+            training=training,
             strategy=args.strategy,
             trials=[
                 TrialSpec(
@@ -210,16 +236,9 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                     params=params,
                 )
             ],
-            batch_size=args.batch_size,
-            epochs=args.epochs,
-            steps=args.steps,
-            optimizer=args.optimizer,
-            momentum=args.momentum,
-            eval_every=args.eval_every,
+            dataset=dataset_spec,
             accountant=args.accountant,
-            device=args.device,
-            threads=args.threads,
-            randomness="reproducible" if args.reproducible else "secret",
+            reproducible=args.reproducible,
             # The run refuses to start unless it is exactly what was charged.
             planned=PlannedRun(
                 strategy=args.strategy,
@@ -230,6 +249,8 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             )
             if strategy_cls.private
             else None,
+            device=args.device,
+            threads=args.threads,
         )
         show_bar = not args.json or err.is_terminal
         result = _run_with_progress(spec, data, show_bar=show_bar, console=err)

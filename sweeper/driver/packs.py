@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dpsweep.errors import ConfigError
-from dpsweep.spec import SweepSpec
+from dpsweep.spec import ModelConfig, SweepSpec, TrainingConfig
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
 from workers.accountants import trial_accountant_for_plan
@@ -75,12 +75,10 @@ def pack_spec(
         ConfigError: the grid's stored accountant is unknown.
         ValueError: neither ``grid`` nor ``accountant`` is given.
     """
-    from workers.models import ModelSpec
-    from workers.trainer import PackSpec, TrialSpec
+    from workers.trainer import TrialSpec
 
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
-    m, tr = spec.model, spec.training
     specs = []
     for t in trials:
         arm = arm_named(spec, t.arm)
@@ -95,30 +93,84 @@ def pack_spec(
                 params=params,
             )
         )
-    return PackSpec(
-        dataset=dataset() if callable(dataset) else dataset,
-        model=ModelSpec(m.name, m.options),
+    return training_pack(
+        model=spec.model,
+        training=spec.training,
         strategy=trials[0].strategy,
         trials=specs,
-        batch_size=tr.batch_size,
-        epochs=tr.epochs if tr.epochs is not None else 1.0,
-        steps=tr.steps,
-        optimizer=tr.optimizer,
-        momentum=tr.momentum,
-        weight_decay=tr.weight_decay,
-        eval_every=tr.eval_every,
+        dataset=dataset,
         # Trials report single-run epsilon with the accountant the grid's stored one maps
         # to (workers.accountants.PLAN_TO_WORKER); an unknown stored name is refused.
         accountant=_worker_accountant(grid, accountant),
-        device=device,
-        threads=threads,
         # Secret per-trial randomness unless the spec opted into reproducible mode (a spec
         # stored before that option existed runs its remaining trials with secrets too).
-        randomness="reproducible" if spec.privacy.reproducible else "secret",
+        reproducible=spec.privacy.reproducible,
         # The worker refuses to run anything but what the grid's reservation covers.
         planned=planned if planned is not None or grid is None else grid.planned_run(),
         # DP evaluation: each noisy count's multiplier, as planned and charged per grid.
         eval_noise_multiplier=None if grid is None else grid.eval_noise_multiplier,
+        device=device,
+        threads=threads,
+    )
+
+
+def training_pack(
+    *,
+    model: ModelConfig,
+    training: TrainingConfig,
+    strategy: str,
+    trials: Sequence[Any],
+    dataset: Any | Callable[[], Any],
+    accountant: str,
+    reproducible: bool,
+    planned: Any,
+    eval_noise_multiplier: float | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+) -> Any:
+    """The :class:`workers.trainer.PackSpec` of trials already resolved to their settings.
+
+    The one place where the typed spec's model and training sections become what a worker
+    trains: :func:`pack_spec` (a sweep's trials) and ``dpsweep train`` (one run from flags,
+    validated by the same :class:`~dpsweep.spec.TrainingConfig`) both build through it.
+
+    Args:
+        model: The model section (registered name and options).
+        training: The training section (steps or epochs, batch size, optimizer, evaluation).
+        strategy: The pack's strategy (one per pack).
+        trials: :class:`workers.trainer.TrialSpec` of each trial (lr, seed, sigma, delta,
+            params).
+        dataset: The worker-side dataset, or a function returning it (called last).
+        accountant: The worker's accountant of each trial's single-run epsilon.
+        reproducible: Draw noise and sampling from the public seed (labelled, not private
+            against whoever knows it) instead of a fresh OS secret per trial.
+        planned: The :class:`workers.plan_check.PlannedRun` the worker enforces before its
+            first step (``None``: not checked against a plan, e.g. a non-private run).
+        eval_noise_multiplier: DP evaluation's noise per count, as planned (``None``: none).
+        device: Where to train (``cpu``, ``cuda``, ...).
+        threads: Torch threads of the worker.
+    """
+    from workers.models import ModelSpec
+    from workers.trainer import PackSpec
+
+    return PackSpec(
+        dataset=dataset() if callable(dataset) else dataset,
+        model=ModelSpec(model.name, model.options),
+        strategy=strategy,
+        trials=list(trials),
+        batch_size=training.batch_size,
+        epochs=training.epochs if training.epochs is not None else 1.0,
+        steps=training.steps,
+        optimizer=training.optimizer,
+        momentum=training.momentum,
+        weight_decay=training.weight_decay,
+        eval_every=training.eval_every,
+        accountant=accountant,
+        device=device,
+        threads=threads,
+        randomness="reproducible" if reproducible else "secret",
+        planned=planned,
+        eval_noise_multiplier=eval_noise_multiplier,
     )
 
 

@@ -1,8 +1,9 @@
 """Submission checks: refuse a spec that cannot run honestly, before anything is planned.
 
-Every arm names a known private strategy and a learning rate, and every value a trial may get
-is checked against the strategy's torch-free descriptor (type, finiteness, range, choices), so
-a bad hyperparameter is refused at submission, naming its field, and nothing is reserved.
+The model is registered with options in range, every arm names a known private strategy and a
+learning rate, and every value a trial may get is checked against the strategy's torch-free
+descriptor (type, finiteness, range, choices), so a bad hyperparameter or model option is
+refused at submission, naming its field, and nothing is reserved.
 """
 
 from __future__ import annotations
@@ -26,7 +27,20 @@ def check_spec(spec: SweepSpec) -> None:
             "and must be charged; set charge_repeats: true (or seeds: 1)",
             field="privacy.charge_repeats",
         )
+    _check_model(spec)
     _check_arms(spec)
+
+
+def _check_model(spec: SweepSpec) -> None:
+    """The model is registered and its options are in range (its torch-free descriptor).
+
+    The worker builds the model with the same :meth:`~workers.models.ModelDescriptor.validate`;
+    checking here refuses a bad option at submission (HTTP 422 naming ``model.options.<name>``)
+    instead of after every trial was charged.
+    """
+    from workers.models import get_model_descriptor
+
+    get_model_descriptor(spec.model.name).validate(spec.model.options)
 
 
 def _check_arms(spec: SweepSpec) -> None:
