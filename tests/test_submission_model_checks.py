@@ -83,9 +83,9 @@ def test_train_refuses_bad_flags_before_charging(
     tmp_path: Path, flags: list[str], message: str
 ) -> None:
     db = tmp_path / "ledger.db"
+    base = [DPSWEEP, "train", "--dataset", "digits", "--steps", "2", "--epsilon", "2", "--json"]
     r = subprocess.run(
-        [DPSWEEP, "train", "--dataset", "digits", "--steps", "2", "--epsilon", "2", "--json"]
-        + ["--db", f"sqlite:///{db}", *flags],
+        [*base, "--db", f"sqlite:///{db}", *flags],
         capture_output=True,
         text=True,
         timeout=300,
