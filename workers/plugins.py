@@ -32,7 +32,8 @@ GROUPS: dict[str, str] = {
 }
 
 _loaded: set[str] = set()
-_lock = threading.Lock()
+# Re-entrant: a plug-in's register() may look names up, which loads plug-ins (a no-op then).
+_lock = threading.RLock()
 
 
 def load_plugins(kind: str) -> list[str]:
