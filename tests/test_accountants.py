@@ -1,4 +1,4 @@
-"""The accountant registry (workers.accountants): every accountant honours one contract."""
+"""The accountant registry (workers.accounting.registry): every accountant honours one contract."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from workers.accountants import (
+from workers.accounting import compute_epsilon
+from workers.accounting.registry import (
     AccountantDescriptor,
     accountant_names,
     get_accountant,
@@ -15,7 +16,6 @@ from workers.accountants import (
     trial_accountant_for_plan,
     worker_accountant,
 )
-from workers.accounting import compute_epsilon
 from workers.errors import ConfigError
 
 Q, T, DELTA = 0.01, 500, 1e-5

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.datasets import Dataset, DatasetSpec, _split, dataset_names, load_dataset, read_idx
+from workers.datasets import Dataset, DatasetSpec, dataset_names, load_dataset, read_idx
+from workers.datasets.splits import _split
 from workers.errors import ConfigError, DatasetError
 
 

@@ -20,8 +20,7 @@ import pytest
 from sweeper import datasets as catalog
 from sweeper import db
 from sweeper.cli import main
-from workers import datasets
-from workers.datasets import DatasetSpec, load_dataset
+from workers.datasets import DatasetSpec, load_dataset, scaling
 from workers.errors import ConfigError, DatasetError
 
 # Declared bounds whose scale is a power of two: id / 4096 is exact in float32, so a scaled
@@ -206,7 +205,7 @@ def test_carve_out_is_the_split_and_scaling_of_before(tmp_path: Path, seed: int)
     xs = np.column_stack([ids, feats]).astype(np.float64)
     ys = np.asarray(labels)
     tr, te = old_split(len(xs), ys, 0.2, seed)
-    centre, scale = datasets._robust_centre_scale(xs[te])
+    centre, scale = scaling._robust_centre_scale(xs[te])
     for got, part in ((c.x_train, xs[tr]), (c.x_test, xs[te])):
         want = np.clip((part - centre) / scale, -5.0, 5.0).astype(np.float32)
         np.testing.assert_array_equal(got, want)
@@ -250,7 +249,7 @@ def test_public_mode_trains_on_every_record(private_and_public: tuple[Path, Path
         "source": "public evaluation dataset",
     }
     pub = np.column_stack([np.arange(50) + 10_000, records(50, seed=9)[1] * 3])
-    centre, scale = datasets._robust_centre_scale(pub)
+    centre, scale = scaling._robust_centre_scale(pub)
     np.testing.assert_array_equal(
         d.x_test, np.clip((pub - centre) / scale, -5, 5).astype(np.float32)
     )

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from scipy.special import gammaln, logsumexp
 
 from sweeper.planner import GridPlan, GridRequest, plan_grid, repeat_and_select_epsilon, verify_plan
-from workers import accounting_audit as audit
-from workers.accounting import pld_epsilon
+from workers.accounting import audit, pld_epsilon
+from workers.accounting.audit import sweep as audit_sweep
 from workers.errors import PrivacyError
 
 REF_Q = 256 / 60000
@@ -327,7 +327,7 @@ def test_random_search_and_compose_sweep_in_rdp() -> None:
 
 def test_sweep_disagreement_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     a = plan_grid(req(trials=4))
-    real = audit._pld_sweep
-    monkeypatch.setattr(audit, "_pld_sweep", lambda gs, d: real(gs, d) * 0.8)
+    real = audit_sweep._pld_sweep
+    monkeypatch.setattr(audit_sweep, "_pld_sweep", lambda gs, d: real(gs, d) * 0.8)
     with pytest.raises(PrivacyError, match="disagree beyond their error bars"):
         audit.sweep_epsilon([a])

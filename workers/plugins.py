@@ -32,7 +32,7 @@ GROUPS: dict[str, str] = {
 }
 
 _loaded: set[str] = set()
-# Re-entrant: a plug-in's register() may look a name up in its own registry.
+# Re-entrant: a plug-in's register() may look names up, which loads plug-ins (a no-op then).
 _lock = threading.RLock()
 
 

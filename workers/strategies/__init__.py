@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from workers.plugins import load_plugins
 from workers.strategies.descriptors import (
     DESCRIPTORS,
     HParam,
@@ -57,9 +58,14 @@ _LAZY = {
 
 
 def load_builtin_strategies() -> None:
-    """Import (and so register) every built-in strategy class. Imports torch."""
+    """Import (and so register) every built-in strategy class, then the plug-ins. Imports torch.
+
+    Plug-ins (entry points of the group ``dpsweep.strategies``) are loaded once per process; the
+    torch side's lookups (``get_strategy``, ``strategy_names``) call this first.
+    """
     for module in BUILTIN_MODULES:
         importlib.import_module(f"workers.strategies.{module}")
+    load_plugins("strategies")
 
 
 def __getattr__(name: str) -> Any:

@@ -9,7 +9,9 @@ validates trial parameters with the same :meth:`StrategyDescriptor.validate` and
 with the same :meth:`StrategyDescriptor.noise_split`, so submission, plan and run agree.
 
 Registration is a function call (:func:`register_descriptor`), so that plugins may add
-strategies later; the built-in descriptors are registered when this module is imported.
+strategies later; the built-in descriptors are registered when this module is imported, and
+plug-ins (entry points of the group ``dpsweep.strategies``, :mod:`workers.plugins`) the first
+time the names are listed or a name is not found.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from workers.count_noise import auto_count_noise
 from workers.errors import ConfigError
+from workers.plugins import load_plugins
 
 
 @dataclass(frozen=True)
@@ -254,11 +257,18 @@ def register_descriptor(descriptor: StrategyDescriptor) -> StrategyDescriptor:
 
 
 def descriptor_names() -> list[str]:
+    """The described strategies' names, plug-ins' included."""
+    load_plugins("strategies")
     return sorted(DESCRIPTORS)
 
 
 def get_descriptor(name: str) -> StrategyDescriptor:
-    """The descriptor of a strategy; raises :class:`ConfigError` (field ``strategy``) if unknown."""
+    """The descriptor of a strategy; raises :class:`ConfigError` (field ``strategy``) if unknown.
+
+    Plug-ins (entry points of the group ``dpsweep.strategies``) are loaded on a miss.
+    """
+    if name not in DESCRIPTORS:
+        load_plugins("strategies")
     if name not in DESCRIPTORS:
         raise ConfigError(
             f"unknown strategy {name!r}; choose one of: {', '.join(descriptor_names())}",

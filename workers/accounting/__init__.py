@@ -1,0 +1,72 @@
+"""Privacy accounting for DP-SGD runs: epsilon from the noise actually used, and calibration.
+
+The package, by concept (no module imports this face, so there is no cycle):
+
+* :mod:`~workers.accounting.registry`: the accountant registry (``pld``, ``dp-rdp``,
+  ``opacus-rdp``, ``opacus-prv`` and plug-ins of the group ``dpsweep.accountants``), and the
+  legacy names' tables;
+* :mod:`~workers.accounting.epsilon`: each built-in accountant's epsilon;
+* :mod:`~workers.accounting.compute`: the checked entry points :func:`compute_epsilon` and
+  :func:`calibrate_noise_multiplier`;
+* :mod:`~workers.accounting.audit`: the independent verifier of the planner's figures (PRV
+  accountant, independent RDP, Papernot-Steinke bounds, a sweep's composition); not imported
+  here, so that this face costs no numpy.
+
+Libraries are imported lazily, so callers without torch (the sweeper) can import this package.
+"""
+
+from __future__ import annotations
+
+from workers.accounting.compute import (
+    ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
+    calibrate_noise_multiplier,
+    compute_epsilon,
+)
+from workers.accounting.epsilon import (
+    PLD_DISCRETIZATION,
+    dp_rdp_epsilon,
+    opacus_epsilon,
+    pld_epsilon,
+)
+from workers.accounting.registry import (
+    BUILTIN_ACCOUNTANTS,
+    PLAN_ALIASES,
+    PLAN_TO_WORKER,
+    SPEC_ALIASES,
+    WORKER_ALIASES,
+    AccountantDescriptor,
+    EpsilonFn,
+    accountant_names,
+    get_accountant,
+    plan_accountant,
+    register_accountant,
+    spec_accountant,
+    trial_accountant_for_plan,
+    worker_accountant,
+)
+
+__all__ = [
+    "ACCOUNTANTS",
+    "BUILTIN_ACCOUNTANTS",
+    "DEFAULT_ACCOUNTANT",
+    "PLAN_ALIASES",
+    "PLAN_TO_WORKER",
+    "PLD_DISCRETIZATION",
+    "SPEC_ALIASES",
+    "WORKER_ALIASES",
+    "AccountantDescriptor",
+    "EpsilonFn",
+    "accountant_names",
+    "calibrate_noise_multiplier",
+    "compute_epsilon",
+    "dp_rdp_epsilon",
+    "get_accountant",
+    "opacus_epsilon",
+    "plan_accountant",
+    "pld_epsilon",
+    "register_accountant",
+    "spec_accountant",
+    "trial_accountant_for_plan",
+    "worker_accountant",
+]

@@ -1,0 +1,206 @@
+"""Loaders for files a user already has: IDX (MNIST format), NPZ and CSV.
+
+Importing this module registers the ``idx``, ``npz`` and ``csv`` loaders. Each refuses a
+malformed file with a :class:`~workers.errors.DatasetError` that names the file and what is
+wrong with it.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workers.datasets.records import DatasetSpec, RawData
+from workers.datasets.registry import register_dataset
+from workers.errors import ConfigError, DatasetError
+
+
+def _require_path(spec: DatasetSpec, attr: str, what: str) -> Path:
+    value = getattr(spec, attr)
+    if not value:
+        raise ConfigError(f"dataset {spec.name!r} needs {attr} ({what})", field=f"dataset.{attr}")
+    path = Path(value)
+    if not path.is_file():
+        raise DatasetError(f"{path}: file not found ({what} for dataset {spec.name!r})")
+    return path
+
+
+_IDX_DTYPES: dict[int, np.dtype[Any]] = {
+    0x08: np.dtype(np.uint8),
+    0x09: np.dtype(np.int8),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an MNIST-format IDX file, plain or gzip-compressed.
+
+    Raises:
+        DatasetError: naming the file and what is wrong with it.
+    """
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise DatasetError(f"{path}: corrupt gzip stream ({exc})") from exc
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise DatasetError(
+            f"{path}: not an IDX file (the magic number must start with two zero bytes)"
+        )
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise DatasetError(f"{path}: unknown IDX data type code 0x{code:02x}")
+    if ndim == 0:
+        raise DatasetError(f"{path}: IDX file declares zero dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DatasetError(f"{path}: truncated IDX header")
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    dtype = _IDX_DTYPES[code]
+    expected = int(np.prod(dims)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DatasetError(
+            f"{path}: IDX header declares shape {dims} ({expected} data bytes) "
+            f"but the file holds {len(raw) - header}"
+        )
+    return (
+        np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims).astype(dtype.newbyteorder("="))
+    )
+
+
+@register_dataset("idx")
+def _idx(spec: DatasetSpec) -> RawData:
+    images = read_idx(_require_path(spec, "path", "IDX images file"))
+    labels_path = _require_path(spec, "labels_path", "IDX labels file")
+    labels = read_idx(labels_path)
+    if images.ndim not in (2, 3, 4):
+        raise DatasetError(
+            f"{spec.path}: IDX images must be [N, H, W] or [N, D]; got {images.shape}"
+        )
+    if labels.ndim != 1:
+        raise DatasetError(f"{labels_path}: IDX labels must be one-dimensional; got {labels.shape}")
+    if len(labels) != len(images):
+        raise DatasetError(
+            f"{labels_path}: {len(labels)} labels for {len(images)} images in {spec.path}"
+        )
+    is_image = images.ndim >= 3
+    pixel_max = float(np.iinfo(images.dtype).max) if images.dtype == np.uint8 else None
+    return RawData(
+        x=images,
+        y=labels,
+        kind="image" if is_image else "tabular",
+        pixel_max=pixel_max,
+    )
+
+
+@register_dataset("npz")
+def _npz(spec: DatasetSpec) -> RawData:
+    path = _require_path(spec, "path", "NPZ file with arrays 'x' and 'y'")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = {"x", "y"} - set(z.files)
+            if missing:
+                raise DatasetError(
+                    f"{path}: NPZ file lacks array(s) {sorted(missing)}; it must hold 'x' "
+                    f"(features or images) and 'y' (labels); found {sorted(z.files)}"
+                )
+            x, y = z["x"], z["y"]
+    except DatasetError:
+        raise
+    except Exception as exc:  # np.load raises several unrelated types on bad files
+        raise DatasetError(f"{path}: not a readable NPZ file ({exc})") from exc
+    if y.ndim != 1 or len(y) != len(x):
+        raise DatasetError(
+            f"{path}: 'y' must be one label per row of 'x'; got x{x.shape}, y{y.shape}"
+        )
+    if x.ndim < 2:
+        raise DatasetError(f"{path}: 'x' must be [N, D] or images [N, H, W] / [N, C, H, W]")
+    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+        raise DatasetError(f"{path}: 'x' must be real numbers; got dtype {x.dtype}")
+    pixel_max = 255.0 if x.dtype == np.uint8 else None
+    return RawData(
+        x=x,
+        y=y,
+        kind="image" if x.ndim >= 3 else "tabular",
+        pixel_max=pixel_max,
+    )
+
+
+@register_dataset("csv")
+def _csv(spec: DatasetSpec) -> RawData:
+    path = _require_path(spec, "path", "CSV file with a header row")
+    if not spec.label_column:
+        raise ConfigError(
+            "dataset 'csv' needs label_column (the name of the label column)",
+            field="dataset.label_column",
+        )
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path}: not a text CSV file ({exc})") from exc
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DatasetError(f"{path}: empty CSV file") from None
+    header = [h.strip() for h in header]
+    if spec.label_column not in header:
+        raise DatasetError(f"{path}: no column named {spec.label_column!r}; columns are {header}")
+    li = header.index(spec.label_column)
+    rows_x: list[list[float]] = []
+    labels: list[str] = []
+    lines: list[int] = []
+    for lineno, row in enumerate(reader, start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise DatasetError(
+                f"{path}: line {lineno} has {len(row)} fields, header has {len(header)}"
+            )
+        label = row[li].strip()
+        if not label or (_is_float(label) and not np.isfinite(float(label))):
+            # An empty or NaN label is a missing value, not a class of its own.
+            raise DatasetError(
+                f"{path}: line {lineno}: missing label ({row[li]!r}) in column "
+                f"{spec.label_column!r}; give every row a label or drop the row"
+            )
+        labels.append(label)
+        lines.append(lineno)
+        try:
+            rows_x.append([float(c) for j, c in enumerate(row) if j != li])
+        except ValueError:
+            bad = next(c for j, c in enumerate(row) if j != li and not _is_float(c))
+            raise DatasetError(
+                f"{path}: line {lineno}: non-numeric feature value {bad!r}"
+            ) from None
+    if not rows_x:
+        raise DatasetError(f"{path}: no data rows")
+    if len(header) < 2:
+        raise DatasetError(
+            f"{path}: needs at least one feature column besides {spec.label_column!r}"
+        )
+    # float64: a value such as 1e300 is finite here (it would be inf in float32).
+    return RawData(
+        x=np.asarray(rows_x, dtype=np.float64),
+        y=np.asarray(labels),
+        kind="tabular",
+        lines=lines,
+        columns=[h for j, h in enumerate(header) if j != li],
+    )
+
+
+def _is_float(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,212 @@
+"""Loading a dataset: read its records, check them, separate evaluation records, normalise.
+
+Every loader returns raw arrays; :func:`load_dataset` then separates training from evaluation
+records (by ``DatasetSpec.evaluation``) and normalises the inputs.
+
+Privacy note on evaluation records: evaluation records are never trained on. Three modes say
+what they are and what epsilon covers:
+
+* ``carve-out`` (default): ``test_fraction`` of the dataset is held out by a seeded, stratified
+  shuffle (``split_seed``) and treated as *public*: metrics, the best checkpoint and the
+  scaling statistics below come from it without DP; epsilon covers the training records only.
+* ``public``: every record of the (private) dataset is a training record; the evaluation
+  records are all records of ``eval_dataset``, a separate dataset its owner declared public.
+  It must have the same kind and input shape, and only labels among the training classes.
+  Epsilon covers every private record.
+* ``dp``: a carve-out whose evaluation records stay *private* (their metrics must be released
+  with DP, by the caller). The split is keyed by each record's own content and the public
+  ``split_seed`` (:func:`_keyed_split`), so adding or removing one record moves no other
+  record across the split: neighbouring datasets differ in one record on one side. No
+  statistic of either side may be used for scaling: inputs need declared ``input_bounds`` or
+  a format with a known pixel range.
+
+Normalisation (:mod:`workers.datasets.scaling`) uses no training record, and bounds every input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workers.datasets.finite import _check_finite
+from workers.datasets.identity import _canonical_labels, content_sha256
+from workers.datasets.records import EVAL_MODES, Dataset, DatasetSpec, RawData
+from workers.datasets.registry import DATASETS, dataset_names, has_loader
+from workers.datasets.scaling import _normalise
+from workers.datasets.splits import _keyed_split, _split
+from workers.errors import ConfigError, DatasetError
+
+
+def load_dataset(spec: DatasetSpec) -> Dataset:
+    """Load, split and normalise a dataset.
+
+    How evaluation records are separated from training records follows ``spec.evaluation``
+    (module docstring): ``carve-out`` splits by a seeded shuffle (``spec.split_seed``),
+    ``dp`` by a keyed hash of each record's content (:func:`_keyed_split`), and ``public``
+    trains on every record and evaluates on ``spec.eval_dataset``.
+
+    Raises:
+        ConfigError: unknown name or invalid settings (the message lists what is allowed); in
+            mode ``dp``, inputs that only public statistics could scale; in mode ``public``,
+            an evaluation dataset of another kind or input shape.
+        DatasetError: a missing or malformed file, or NaN / inf values (the message names the
+            file and where the values are); a split that leaves a side empty; in mode
+            ``public``, evaluation labels that are not training classes.
+    """
+    if not has_loader(spec.name):
+        raise ConfigError(
+            f"unknown dataset {spec.name!r}; choose one of: {', '.join(dataset_names())}",
+            field="dataset.name",
+        )
+    if not 0.0 < spec.test_fraction < 1.0:
+        raise ConfigError(
+            f"test_fraction must be strictly between 0 and 1; got {spec.test_fraction}",
+            field="dataset.test_fraction",
+        )
+    mode = spec.evaluation
+    if mode not in EVAL_MODES:
+        raise ConfigError(
+            f"unknown evaluation mode {mode!r}; choose one of: {', '.join(EVAL_MODES)}",
+            field="eval.mode",
+        )
+    if mode == "public" and spec.eval_dataset is None:
+        raise ConfigError(
+            "eval mode public needs the public evaluation dataset (eval.dataset)",
+            field="eval.dataset",
+        )
+    if mode != "public" and spec.eval_dataset is not None:
+        raise ConfigError(
+            f"an evaluation dataset applies to eval mode public only, not {mode}",
+            field="eval.dataset",
+        )
+    raw = DATASETS[spec.name](spec)
+    _check_finite(raw, spec)
+    # The identity is taken from the records as parsed, before the split and the scaling:
+    # those depend on the spec (seed, fraction, bounds), the records do not.
+    identity = content_sha256(raw)
+    classes, y = np.unique(raw.y, return_inverse=True)
+    if len(classes) < 2:
+        raise DatasetError(
+            f"dataset {spec.name!r} ({spec.path or 'built-in'}) has fewer than two classes"
+        )
+    x = raw.x
+    if raw.kind == "image" and x.ndim == 3:
+        x = x[:, None, :, :]  # add the channel axis
+    if mode == "public":
+        assert spec.eval_dataset is not None
+        x_fit, y_fit = x, y
+        x_eval, y_eval = _public_eval_records(
+            spec.eval_dataset, raw, x, classes, bounds=spec.input_bounds is not None
+        )
+    else:
+        if mode == "dp":
+            train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
+        else:
+            train_idx, test_idx = _split(len(x), y, spec.test_fraction, spec.split_seed)
+        x_fit, y_fit = x[train_idx], y[train_idx]
+        x_eval, y_eval = x[test_idx], y[test_idx]
+    x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)
+    return Dataset(
+        name=spec.name,
+        kind=raw.kind,
+        x_train=x_train,
+        y_train=y_fit.astype(np.int64),
+        x_test=x_test,
+        y_test=y_eval.astype(np.int64),
+        num_classes=len(classes),
+        classes=[str(c) for c in classes],
+        input_scaling=scaling,
+        content_sha256=identity,
+        evaluation=mode,
+    )
+
+
+def _public_eval_records(
+    eval_spec: DatasetSpec, raw: RawData, x: np.ndarray, classes: np.ndarray, *, bounds: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``public``: the records of the public evaluation dataset, with channel axis, and
+    their labels as indices into the training ``classes``.
+
+    Its kind and input shape must be the training data's (both are public: the model's input),
+    and so must its pixel format unless ``bounds`` (declared ``input_bounds``) scale both.
+    Messages never name a training label or class: those are the private data's.
+
+    Raises:
+        ConfigError: an unknown loader, or another kind, input shape or pixel format.
+        DatasetError: a missing or malformed file, NaN / inf, no records, or labels that are
+            not training classes.
+    """
+    if not has_loader(eval_spec.name):
+        raise ConfigError(
+            f"unknown loader {eval_spec.name!r} for the evaluation dataset; choose one of: "
+            f"{', '.join(dataset_names())}",
+            field="eval.dataset",
+        )
+    where = eval_spec.path or f"built-in dataset {eval_spec.name!r}"
+    pub = DATASETS[eval_spec.name](eval_spec)
+    _check_finite(pub, eval_spec)
+    if len(pub.x) < 1:
+        raise DatasetError(f"evaluation dataset {where}: no records")
+    if pub.kind != raw.kind:
+        raise ConfigError(
+            f"the evaluation dataset holds {pub.kind} records but the training dataset "
+            f"{raw.kind} records; evaluate on a dataset of the same kind",
+            field="eval.dataset",
+        )
+    x_pub = pub.x
+    if pub.kind == "image" and x_pub.ndim == 3:
+        x_pub = x_pub[:, None, :, :]
+    if x_pub.shape[1:] != x.shape[1:]:
+        raise ConfigError(
+            f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
+            f"the training dataset's {tuple(x.shape[1:])}; evaluate on records of the same "
+            "shape (the model's input)",
+            field="eval.dataset",
+        )
+    if raw.kind == "image" and not bounds and pub.pixel_max != raw.pixel_max:
+        # Both splits are scaled by one rule chosen from the training data's format: a pixel
+        # constant that is not the evaluation data's would scale its records wrongly (declared
+        # bounds apply to both alike).
+        def fmt(p: float | None) -> str:
+            return "no known pixel range" if p is None else f"pixel maximum {p:g}"
+
+        raise ConfigError(
+            f"the evaluation dataset's pixel format ({fmt(pub.pixel_max)}) is not the "
+            f"training dataset's ({fmt(raw.pixel_max)}); store both in the same format (e.g. "
+            "uint8), or declare dataset.input_bounds",
+            field="eval.dataset",
+        )
+    # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one class.
+    index: dict[bytes, int] = {}
+    for i, c in enumerate(_canonical_labels(np.asarray(classes))):
+        index.setdefault(c, i)
+    mapped = [index.get(c, -1) for c in _canonical_labels(pub.y)]
+    y_pub = np.asarray(mapped, dtype=np.int64)
+    unknown = int(np.count_nonzero(y_pub < 0))
+    if unknown:
+        # Neither the training classes nor the offending labels are named: which labels are
+        # missing from the training data would say which classes it has.
+        raise DatasetError(
+            f"evaluation dataset {where}: {unknown} of its {len(y_pub)} records have a label "
+            f"that is not one of the training dataset's {len(classes)} classes; label the "
+            "evaluation records with the training dataset's label values (same spelling), or "
+            "drop records of other classes"
+        )
+    return x_pub, y_pub
+
+
+def dataset_content_sha256(spec: DatasetSpec) -> str:
+    """The identity (:func:`content_sha256`) of the records ``spec`` names, without splitting
+    or scaling them.
+
+    Raises:
+        ConfigError: unknown dataset name.
+        DatasetError: a missing or malformed file, or NaN / inf values.
+    """
+    if not has_loader(spec.name):
+        raise ConfigError(
+            f"unknown dataset {spec.name!r}; choose one of: {', '.join(dataset_names())}",
+            field="dataset.name",
+        )
+    raw = DATASETS[spec.name](spec)
+    _check_finite(raw, spec)
+    return content_sha256(raw)

@@ -1,0 +1,132 @@
+"""What datasets are made of: the spec of what to load, a loader's raw arrays, the split result.
+
+:class:`DatasetSpec` says what to load and how to split it, :class:`RawData` is what a loader
+returns (see :mod:`workers.datasets.registry`), and :class:`Dataset` is the split, normalised
+result of :func:`workers.datasets.loading.load_dataset`. This module needs numpy only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+Kind = Literal["image", "tabular"]
+#: How evaluation records are separated from training records (see the module docstring).
+EVAL_MODES = ("carve-out", "public", "dp")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """What to load and how to split it.
+
+    Args:
+        name: registry name (``digits``, ``breast_cancer``, ``wine``, ``synthetic``, ``idx``,
+            ``npz``, ``csv``).
+        path: data file for ``idx`` (images), ``npz`` and ``csv``.
+        labels_path: labels file for ``idx``.
+        label_column: label column for ``csv``.
+        test_fraction: share of the examples held out as the evaluation split (modes
+            ``carve-out`` and ``dp``; unused in mode ``public``).
+        split_seed: seed of the train/test split (the key of the split in mode ``dp``);
+            shared by every trial of a sweep.
+        options: loader-specific options (for ``synthetic``: ``n_samples``, ``n_features``,
+            ``n_classes``, ``n_informative``, ``seed``).
+        input_bounds: bounds ``(lo, hi)`` of every raw input value, declared by the data owner;
+            values outside are clipped. None: scale by the file format or public statistics.
+        feature_clip: tabular features scaled by public statistics are clipped to
+            ``[-feature_clip, feature_clip]``.
+        evaluation: ``carve-out`` (a held-out split treated as public), ``public`` (every
+            record trains; ``eval_dataset`` evaluates) or ``dp`` (a content-keyed held-out
+            split that stays private). See :mod:`workers.datasets.loading`.
+        eval_dataset: mode ``public``: the worker spec of the public evaluation dataset
+            (loaded with its own loader; its split and scaling settings are not used).
+    """
+
+    name: str
+    path: str | None = None
+    labels_path: str | None = None
+    label_column: str | None = None
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+    input_bounds: tuple[float, float] | None = None
+    feature_clip: float = 5.0
+    evaluation: str = "carve-out"
+    eval_dataset: DatasetSpec | None = None
+
+
+@dataclass
+class RawData:
+    """What a loader returns before splitting and normalisation.
+
+    ``x`` keeps the file's dtype (uint8 stays uint8, floats stay as read): casting to float32
+    before scaling would turn a finite extreme value into inf.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    kind: Kind
+    # Constant that maps pixels to [0, 1] (from the format, never from the data).
+    pixel_max: float | None = None
+    # For messages about bad values: the CSV line of each row and the feature column names.
+    lines: list[int] | None = None
+    columns: list[str] | None = None
+
+
+@dataclass
+class Dataset:
+    """A split, normalised dataset ready for training.
+
+    ``x_*`` are float32 arrays shaped ``[N, *input_shape]``, every value inside
+    ``input_scaling["clip"]``; ``y_*`` are int64 class indices. Images always carry a channel
+    axis (``[C, H, W]``). ``input_scaling`` says how inputs were scaled (method, clip range,
+    source); it holds no record's values and nothing computed from the training split, so it
+    may be shown with the plan.
+
+    ``content_sha256`` is the data's identity (:func:`content_sha256`): a hash of all its
+    records, the same whatever the file's name, path, format or row order. It is the key of
+    the dataset's privacy ledger. It holds no record's value, but it is still a deterministic
+    function of every record: someone who knows all records but one could test guesses of
+    the last one against it. Show it to the operator and the data owner only, never to
+    analysts with released results. In mode ``public`` it is the identity of the private
+    (training) records only, never of the public evaluation dataset.
+
+    ``evaluation`` is the mode the records were separated by (``carve-out``, ``public``,
+    ``dp``): in mode ``public`` ``x_test`` holds the public dataset's records, and
+    :attr:`n_private` counts the training records only.
+    """
+
+    name: str
+    kind: Kind
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    classes: list[str]
+    input_scaling: dict[str, Any] = field(default_factory=dict)
+    content_sha256: str = ""
+    evaluation: str = "carve-out"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.x_train.shape[1:])
+
+    @property
+    def n_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+    @property
+    def n_private(self) -> int:
+        """How many records of the (private) dataset were loaded: training plus carved-out
+        evaluation records; in mode ``public`` the training records only (the evaluation
+        records are another, public, dataset's)."""
+        n_eval = 0 if self.evaluation == "public" else int(self.x_test.shape[0])
+        return self.n_train + n_eval
+
+
+# Records are converted (identity hash, keyed split) and scaled in chunks of about this many
+# values, so the float64 working copy stays small (~32 MiB) whatever the size of the dataset.
+_CHUNK_VALUES = 1 << 22

@@ -1,0 +1,76 @@
+"""Separating evaluation records from training records (modes ``carve-out`` and ``dp``).
+
+* ``carve-out``: :func:`_split`, a seeded, stratified shuffle; the held-out records are
+  treated as public.
+* ``dp``: :func:`_keyed_split`, keyed by each record's own content and the public
+  ``split_seed``, so adding or removing one record moves no other record across the split:
+  neighbouring datasets differ in one record on one side.
+
+Mode ``public`` trains on every record and evaluates on another dataset
+(:func:`workers.datasets.loading._public_eval_records`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from workers.datasets.identity import _canonical_records
+from workers.datasets.records import RawData
+from workers.errors import DatasetError
+
+
+def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    n_test = round(n * test_fraction)
+    if n_test < 1 or n - n_test < 1:
+        raise DatasetError(f"{n} examples cannot be split with test_fraction={test_fraction}")
+    from sklearn.model_selection import train_test_split
+
+    idx = np.arange(n)
+    counts = np.bincount(y)
+    # Stratify when every class can appear on both sides; it keeps small sets balanced.
+    stratify = y if counts.min() >= 2 and n_test >= len(counts) else None
+    train_idx, test_idx = train_test_split(
+        idx, test_size=n_test, random_state=seed, shuffle=True, stratify=stratify
+    )
+    return np.sort(train_idx), np.sort(test_idx)
+
+
+# The keyed split's hash: personalised, so its values are unrelated to any other use of the
+# same bytes (content_sha256 uses SHA-256, unkeyed).
+_KEYED_SPLIT_PERSON = b"dpsweep-evalsplt"
+
+
+def _keyed_split(raw: RawData, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``dp``: each record's side from its own content and the public ``seed`` only.
+
+    A record is an evaluation record iff ``BLAKE2b(key=seed)`` of its canonical form (the
+    one :func:`content_sha256` hashes: float64 inputs and canonical label), read as a number
+    in [0, 1), is below ``test_fraction``. Adding or removing a record therefore moves no
+    other record across the split (neighbouring datasets differ in one record on one side),
+    and equal records fall on the same side. The share of evaluation records is
+    ``test_fraction`` only on average; classes are not stratified.
+
+    Raises:
+        DatasetError: either side empty, saying how to fix it.
+    """
+    key = str(int(seed)).encode()
+    threshold = test_fraction * 2.0**64
+    blake = hashlib.blake2b
+    to_eval: list[bool] = []
+    for inputs, label in _canonical_records(raw):
+        h = blake(inputs, digest_size=8, key=key, person=_KEYED_SPLIT_PERSON)
+        h.update(label)
+        to_eval.append(int.from_bytes(h.digest(), "big") < threshold)
+    mask = np.asarray(to_eval, dtype=bool).reshape(len(raw.x))
+    test_idx, train_idx = np.flatnonzero(mask), np.flatnonzero(~mask)
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        empty = "evaluation" if len(test_idx) == 0 else "training"
+        raise DatasetError(
+            f"eval mode dp splits each record by its own content: {len(mask)} records with "
+            f"test_fraction={test_fraction} and split_seed={seed} leave no {empty} record; "
+            "use more records, a test_fraction further from "
+            f"{'0' if empty == 'evaluation' else '1'} or another dataset.split_seed"
+        )
+    return train_idx, test_idx
