@@ -2,7 +2,7 @@
 
 Layers: the routes (``api.routes``) are thin; every rule lives in ``sweeper`` (planning,
 budgets, release policy, visibility). The database is the single source of truth: this
-process never runs trials; a scheduler (``sweeper.scheduler``) picks up what it stores.
+process never runs trials; a scheduler (``sweeper.driver.scheduler``) picks up what it stores.
 """
 
 from __future__ import annotations
@@ -26,16 +26,17 @@ API_PREFIX = "/api/v1"
 
 def create_app(settings: ApiSettings | None = None, *, database_url: str | None = None) -> FastAPI:
     """The API app. The database must already be at schema head (``dpsweep db upgrade``)."""
-    from sweeper import db
-    from sweeper.ledger import read_only
-    from sweeper.spec import SweepSpec
+    from dpsweep.spec import SweepSpec
+    from sweeper.store.engine import database_url as resolved_url
+    from sweeper.store.engine import read_only
+    from sweeper.store.schema import require_head
 
     settings = settings or ApiSettings()
-    url = db.database_url(database_url or settings.database_url)
+    url = resolved_url(database_url or settings.database_url)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        db.require_head(url)
+        require_head(url)
         app.state.engine = _engine(url, settings)
         app.state.read_engine = read_only(app.state.engine)
         app.state.planner = Planner(settings.planner_processes)
@@ -99,7 +100,7 @@ def app_from_env() -> FastAPI:
 
 
 def _engine(url: str, settings: ApiSettings) -> Any:
-    from sweeper.db import make_engine
+    from sweeper.store.engine import make_engine
 
     # Enough connections for every request thread (anyio's pool has 40).
     return make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)

@@ -11,8 +11,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
-from sweeper.catalog import Viewer
-from sweeper.tokens import verify_token
+from sweeper.datasets.access import Viewer
+from sweeper.store.tokens import verify_token
 
 _bearer = HTTPBearer(auto_error=False, description="a token from `dpsweep token create`")
 

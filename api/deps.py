@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 from api.auth import current_viewer
 from api.planning import Planner
 from api.settings import ApiSettings
-from sweeper.catalog import Viewer
+from sweeper.datasets.access import Viewer
 
 
 def engine(request: Request) -> Engine:

@@ -17,20 +17,20 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dpsweep.errors import IllegalState
-from sweeper.ledger import BudgetExhausted
-from sweeper.planner import InfeasiblePlan
-from workers.errors import (
+from dpsweep.errors import (
     AuthError,
     ConfigError,
     Conflict,
     DpsweepError,
+    IllegalState,
     NotFound,
     PermissionDenied,
     PrivacyError,
     RateLimited,
     TrainingError,
 )
+from sweeper.privacy.grids import InfeasiblePlan
+from sweeper.privacy.ledger.errors import BudgetExhausted
 
 log = logging.getLogger("dpsweep.api")
 

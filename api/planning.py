@@ -19,8 +19,8 @@ from collections import OrderedDict
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
-from sweeper.spec import SweepSpec
-from sweeper.sweeps import PreparedSweep, prepare_sweep
+from dpsweep.spec import SweepSpec
+from sweeper.sweeps.create import PreparedSweep, prepare_sweep
 
 CACHE_SIZE = 128
 

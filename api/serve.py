@@ -1,6 +1,6 @@
 """``dpsweep serve``: migrations, then the API (uvicorn) and a scheduler in one process tree.
 
-The scheduler is a child process (``python -m sweeper.scheduler``) that exits when this
+The scheduler is a child process (``python -m sweeper.driver.scheduler``) that exits when this
 process does; on SIGTERM/SIGINT the server stops taking requests and the scheduler drains
 (running trials may finish for ``DPSWEEP_DRAIN_SECONDS``) before it exits.
 """
@@ -74,7 +74,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_scheduler(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from sweeper.scheduler import main
+    from sweeper.driver.scheduler import main
 
     argv = (["--db", args.db] if args.db else []) + (
         ["--workers", str(args.workers)] if args.workers else []
@@ -88,8 +88,9 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
     from api.app import create_app
     from api.settings import ApiSettings
-    from sweeper import db
-    from workers.errors import ConfigError
+    from dpsweep.errors import ConfigError
+    from sweeper.store.engine import database_url, display_url
+    from sweeper.store.schema import require_head, upgrade
 
     err = Console(stderr=True)
     settings = ApiSettings()
@@ -100,18 +101,18 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 "bind --host 127.0.0.1, or create tokens with `dpsweep token create`"
             )
         settings = settings.model_copy(update={"auth": False})
-    url = db.database_url(args.db or settings.database_url)
+    url = database_url(args.db or settings.database_url)
     try:
         _check_secrets(settings, url)
         if args.no_migrate:
-            db.require_head(url)
+            require_head(url)
         else:
-            db.upgrade(url)
+            upgrade(url)
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 1
     except Exception as exc:  # a driver or connection error: say which database failed
-        err.print(f"[red]error:[/red] {db.display_url(url)}: {exc}")
+        err.print(f"[red]error:[/red] {display_url(url)}: {exc}")
         return 1
     if not settings.auth:
         err.print(
@@ -119,12 +120,12 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"http://{args.host}:{args.port} acts as the local user"
         )
     else:
-        from sweeper.db import make_engine
-        from sweeper.tokens import list_tokens
+        from sweeper.store.engine import make_engine
+        from sweeper.store.tokens import list_tokens
 
         engine = make_engine(url)
         if settings.admin_token is not None:
-            from sweeper.tokens import ensure_token
+            from sweeper.store.tokens import ensure_token
 
             info = ensure_token(
                 engine, name="admin", secret=settings.admin_token.get_secret_value(), admin=True
@@ -139,14 +140,14 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         engine.dispose()
     child = None
     if not args.no_scheduler:
-        cmd = [sys.executable, "-m", "sweeper.scheduler", "--db", url]
+        cmd = [sys.executable, "-m", "sweeper.driver.scheduler", "--db", url]
         cmd += ["--parent-pid", str(os.getpid())]
         if args.workers:
             cmd += ["--workers", str(args.workers)]
         child = subprocess.Popen(cmd)
     if args.api_workers < 1:
         parser.error("--api-workers must be at least 1")
-    shown = db.display_url(url)
+    shown = display_url(url)
     err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {shown})")
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would kill this process before the scheduler is drained. A no-op handler
@@ -175,8 +176,8 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _check_secrets(settings: Any, url: str) -> None:
     """Outside dev mode, refuse to serve with the example secrets of ``.env.example``."""
-    from sweeper.tokens import EXAMPLE_DB_PASSWORD, EXAMPLE_RAY_TOKEN, check_bootstrap_secret
-    from workers.errors import ConfigError
+    from dpsweep.errors import ConfigError
+    from sweeper.store.tokens import EXAMPLE_DB_PASSWORD, EXAMPLE_RAY_TOKEN, check_bootstrap_secret
 
     if settings.admin_token is not None:
         check_bootstrap_secret(settings.admin_token.get_secret_value(), dev=settings.dev)

@@ -2,7 +2,8 @@
 
 A summary reads every trial of a sweep; a finished sweep of thousands of trials is read many
 times (dashboards poll). What a summary shows changes only with an event or a ledger entry of
-the sweep (:func:`sweeper.reads.sweep_head`), so summaries are cached under that version:
+the sweep (:func:`sweeper.sweeps.sweep_pages.sweep_head`), so summaries are cached under
+that version:
 a finished sweep is computed once. Sweeps with papernot-steinke grids are never cached while
 they run (their trials change without events, by design).
 
@@ -23,11 +24,12 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from sweeper.catalog import Viewer
-from sweeper.reads import sweep_head
-from sweeper.results import best_per_arm_level, epsilon_front, pareto_mask
-from sweeper.sweeps import TERMINAL_SWEEPS, SweepResults, load_sweep, summarize, sweep_results
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
+from sweeper.datasets.access import Viewer
+from sweeper.sweeps.results import best_per_arm_level, epsilon_front, pareto_mask
+from sweeper.sweeps.stored import TERMINAL_SWEEPS, load_sweep
+from sweeper.sweeps.summary import SweepResults, summarize, sweep_results
+from sweeper.sweeps.sweep_pages import sweep_head
 
 # Metrics where lower is better; every other metric is maximised.
 LOWER_IS_BETTER = frozenset({"loss", "ece", "mce", "mse", "nll", "brier", "epsilon"})

@@ -37,11 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from api_load import load_finished_sweep  # noqa: E402
+from finished_sweep import load_finished_sweep  # noqa: E402
 
 from api.testing.browser import chromium  # noqa: E402
 from api.testing.server import start_server  # noqa: E402
-from sweeper import db  # noqa: E402
+from sweeper.store.schema import upgrade  # noqa: E402
 
 TARGET_MS = 2000.0
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="dpsweep-bench-dash-") as tmp:
         url = f"sqlite:///{tmp}/bench.db"
-        db.upgrade(url)
+        upgrade(url)
         loaded = load_finished_sweep(url, args.trials)
         server = start_server(url, Path(tmp), scheduler=False, auth=False)
         try:

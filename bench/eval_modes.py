@@ -33,14 +33,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from sweeper.catalog import resolve
-from sweeper.planner import plan_sweep
-from sweeper.spec import load_spec
-from workers.datasets import load_dataset
+from dpsweep.spec import load_spec
+from sweeper.datasets.resolution import resolve
+from sweeper.privacy.planner import plan_sweep
+from workers.datasets.loading import load_dataset
 from workers.models import ModelSpec, build_model
 from workers.packed import PackedModel
 from workers.plan_check import PlannedRun
-from workers.trainer import PackSpec, TrialSpec, train_pack
+from workers.training.loop import train_pack
+from workers.training.specs import PackSpec, TrialSpec
 
 DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.yaml"
 

@@ -33,9 +33,12 @@ import torch
 import torch.nn.functional as F
 
 from workers.accounting import calibrate_noise_multiplier
-from workers.datasets import DatasetSpec, load_dataset
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec, build_model
-from workers.trainer import PackSpec, TrialSpec, plan_steps, train_pack
+from workers.schedule import plan_steps
+from workers.training.loop import train_pack
+from workers.training.specs import PackSpec, TrialSpec
 
 BATCH = 64
 

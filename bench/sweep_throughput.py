@@ -4,7 +4,7 @@ A 16-trial digits sweep (one ``fixed`` arm, lr in [0.05, 0.1, 0.2, 0.5] x clip i
 [0.5, 1, 2, 4], epsilon 8, delta 1e-5, batch 64, eval every 50 steps, ``mlp`` with one hidden
 layer of 64 or ``--model cnn``; ``--steps`` per trial, by default 2000 for mlp and 300 for cnn,
 about 1 to 1.5 s of training each so that training dominates) runs through
-:func:`sweeper.runner.run_sweep` into a temporary SQLite database, on one local Ray with 2 CPUs
+:func:`sweeper.driver.loop.run_sweep` into a temporary SQLite database, on one local Ray with 2 CPUs
 started once (and warmed up with an untimed 2-trial sweep, so that worker start-up and imports
 are not billed to the first configuration).
 Each configuration gets a fresh sweep, created (privacy planned, trials stored) outside the
@@ -58,11 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from sweeper import db
-from sweeper.runner import run_sweep
+from sweeper.driver.loop import run_sweep
 from sweeper.settings import SweeperSettings
 from sweeper.store import Trial, TrialState
-from sweeper.sweeps import create_sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
 
 TARGETS = {"speedup": 1.7, "overhead_s": 0.5}
 WORKERS = (1, 2)
@@ -138,8 +139,8 @@ def run(*, model: str, steps: int, repeats: int, pack_size: int, quick: bool) ->
     n_trials = 0
     with tempfile.TemporaryDirectory(prefix="dpsweep-bench-") as tmp:
         url = f"sqlite:///{tmp}/bench.db"
-        db.upgrade(url)
-        engine = db.make_engine(url)
+        upgrade(url)
+        engine = make_engine(url)
         ray = start_ray()
         try:
             # Warm-up: start both worker processes and import torch and the trainer there.

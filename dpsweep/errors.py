@@ -1,8 +1,8 @@
 """dpsweep's one exception hierarchy, shared by the SDK, the CLI, the API and the server.
 
 It lives in the light ``dpsweep`` package (no torch, no Ray, no database) because that is the
-bottom layer: ``workers``, ``sweeper`` and ``api`` import it (``workers.errors`` re-exports it)
-and add their own subclasses; the API maps the whole tree to HTTP in one place
+bottom layer: ``workers``, ``sweeper`` and ``api`` import it and add their subclasses only
+inside this tree; the API maps the whole tree to HTTP in one place
 (``api/errors.py``), and the client maps a problem+json reply back with :func:`error_for`.
 
 ============================  ==============================================================

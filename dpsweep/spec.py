@@ -6,7 +6,8 @@ with a grid of hyperparameters and fixed params. Every arm at every level is one
 planner gives each grid its noise multiplier.
 
 It lives in the light ``dpsweep`` package (pydantic and PyYAML only) so the SDK validates a spec
-with the server's own models before sending it; ``sweeper.spec`` re-exports it.
+with the server's own models before sending it, and the server carries these typed models end
+to end (submission, planning, the driver).
 """
 
 from __future__ import annotations

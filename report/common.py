@@ -3,7 +3,8 @@ and the tables and figure scaffolding.
 
 Every number in the report comes from dpsweep's own released outputs: ``dpsweep run`` into a
 fresh SQLite database (local Ray), ``dpsweep export --format json`` (the summary and the
-released trials), and :func:`sweeper.reads.trial_detail` for a trial's bins and trajectories.
+released trials), and :func:`sweeper.sweeps.trial_detail.trial_detail` for a trial's bins and
+trajectories.
 A papernot-steinke sweep therefore shows only its selected trials, as it must.
 """
 
@@ -23,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sweeper import db
-from sweeper.catalog import Viewer
-from sweeper.reads import trial_detail
+from sweeper.datasets.access import Viewer
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.trial_detail import trial_detail
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -125,7 +127,7 @@ def run_spec(
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     url = f"sqlite:///{work / 'report.db'}"
     with _UPGRADE_LOCK:  # Alembic's command context is process-global: one upgrade at a time.
-        db.upgrade(url)
+        upgrade(url)
     t0 = time.perf_counter()
     cmd = [
         DPSWEEP,
@@ -161,7 +163,7 @@ def run_spec(
     data = json.loads(exported.stdout)
     run = Run(spec, data["sweep"], data["trials"], seconds)
     if details:
-        engine = db.make_engine(url)
+        engine = make_engine(url)
         try:
             for t in run.done():
                 run.details[t["id"]] = trial_detail(engine, t["id"], LOCAL)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from dpsweep.errors import ConfigError
 from workers.accounting import compute_epsilon
 from workers.accounting.registry import (
     AccountantDescriptor,
@@ -16,7 +17,6 @@ from workers.accounting.registry import (
     trial_accountant_for_plan,
     worker_accountant,
 )
-from workers.errors import ConfigError
 
 Q, T, DELTA = 0.01, 500, 1e-5
 NAMES = accountant_names()
@@ -107,7 +107,8 @@ def test_the_runner_maps_stored_plan_accountants_explicitly() -> None:
 
 def test_spec_pld_and_legacy_prv_plan_identically() -> None:
     from dpsweep.spec import PrivacyConfig
-    from sweeper.planner import GridRequest, _plan_accountant_name, plan_grid
+    from sweeper.privacy.grids import GridRequest
+    from sweeper.privacy.planner import _plan_accountant_name, plan_grid
 
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="pld").accountant == "pld"
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="prv").accountant == "prv"

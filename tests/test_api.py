@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from api.testing.server import SMALL_SPEC, Server, start_server
-from sweeper import db
-from sweeper.catalog import ledger_key_of
-from sweeper.ledger import BudgetLedger
-from sweeper.tokens import revoke_token
+from sweeper.datasets.identity import ledger_key_of
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.store.tokens import revoke_token
 from tests.conftest import fresh_postgres_database
 
 PROBLEM = "application/problem+json"
@@ -103,7 +104,7 @@ def assert_problem(r: httpx.Response, status: int, *, field: str | None = None) 
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     work = tmp_path_factory.mktemp("api")
     url = f"sqlite:///{work / 'api.db'}"
-    db.upgrade(url)
+    upgrade(url)
     s = start_server(
         url,
         work,
@@ -147,7 +148,7 @@ def test_health_ready_and_bearer_auth(server: Server) -> None:
         assert r.headers["www-authenticate"].startswith("Bearer")
     token = server.token("eve")
     assert server.client(token).get("/api/v1/sweeps").status_code == 200
-    engine = db.make_engine(server.db_url)
+    engine = make_engine(server.db_url)
     revoke_token(engine, token.split("_")[1])
     engine.dispose()
     assert_problem(server.client(token).get("/api/v1/sweeps"), 401)
@@ -269,6 +270,11 @@ def test_bad_input_gets_problem_json_and_stores_nothing(server: Server) -> None:
     # Hyperparameter values are checked at submission, before any budget is reserved.
     zero_clip = _spec(arms=[{"strategy": "fixed", "grid": {"lr": [0.3], "clip": [0, 1]}}])
     assert_problem(post("/api/v1/sweeps", json=zero_clip), 422, field="arms.fixed.grid.clip")
+    # So are the model's and the dataset's options (their torch-free descriptors).
+    bad_model = _spec(model={"name": "mlp", "options": {"hidden": [0]}})
+    assert_problem(post("/api/v1/sweeps", json=bad_model), 422, field="model.options.hidden")
+    bad_data = _spec(dataset={"name": "synthetic", "options": {"n_samples": -1}})
+    assert_problem(post("/api/v1/sweeps", json=bad_data), 422, field="dataset.options.n_samples")
     r = post("/api/v1/sweeps", content=b"name: x", headers={"Content-Type": "text/plain"})
     assert_problem(r, 415)
     big = "name: x\n" + "# padding\n" * 3000
@@ -422,7 +428,7 @@ def test_tenants_see_only_their_own_objects(server: Server, finished: dict[str, 
 @pytest.fixture
 def pg_server(postgres_url: str, tmp_path: Path) -> Any:
     url = fresh_postgres_database(postgres_url, str(tmp_path))
-    db.upgrade(url)
+    upgrade(url)
     s = start_server(url, tmp_path, scheduler=False)
     yield s
     s.stop()
@@ -466,7 +472,7 @@ def test_budget_race_thirty_concurrent_submissions_on_postgresql(pg_server: Serv
     for b in bodies:
         if b.get("status") == 409:
             assert b["type"].endswith("budget-exhausted") and ds in b["detail"]
-    engine = db.make_engine(pg_server.db_url)
+    engine = make_engine(pg_server.db_url)
     summary = BudgetLedger(engine).summary(ledger_key_of(engine, ds))
     engine.dispose()
     assert summary.epsilon_spent + summary.epsilon_reserved <= Decimal(str(cap))
@@ -478,7 +484,7 @@ def test_budget_race_thirty_concurrent_submissions_on_postgresql(pg_server: Serv
 @pytest.mark.slow
 def test_restart_mid_sweep_resumes_and_reports_consistently(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'restart.db'}"
-    db.upgrade(url)
+    upgrade(url)
     # One trial at a time, so that the stop comes between trials of one sweep.
     env = {"DPSWEEP_DRAIN_SECONDS": "120", "DPSWEEP_MAX_PACK_SIZE": "1"}
     server = start_server(url, tmp_path, workers=1, env=env)
@@ -529,7 +535,7 @@ def _check_stopped_cleanly(url: str, sid: str) -> None:
 
     from sweeper.store import Sweep
 
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     with Session(engine) as session:
         row = session.get(Sweep, sid)
         assert row is not None and row.state.value == "running" and row.driver is None
@@ -554,7 +560,7 @@ def test_papernot_steinke_sweeps_serve_only_the_selected_trial(
         },
         search={"method": "random", "n": 3},
     )
-    engine = db.make_engine(server.db_url)
+    engine = make_engine(server.db_url)
     for _ in range(6):  # the number of runs is random (Poisson, mean 3): want at least two
         r = ada.post("/api/v1/sweeps", json=spec)
         assert r.status_code == 201, r.text

@@ -25,8 +25,8 @@ import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
 
-from sweeper import db
-from tests.apiserver import SMALL_SPEC, Server, start_server
+from api.testing.server import SMALL_SPEC, Server, start_server
+from sweeper.store.schema import upgrade
 
 PROBLEM = "application/problem+json"
 YAML = {"Content-Type": "application/yaml"}
@@ -133,7 +133,7 @@ def _spec(dataset: str) -> dict[str, Any]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     work: Path = tmp_path_factory.mktemp("api-schema")
     url = f"sqlite:///{work / 'api.db'}"
-    db.upgrade(url)
+    upgrade(url)
     s = start_server(url, work, scheduler=False)
     try:
         yield s

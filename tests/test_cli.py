@@ -211,9 +211,10 @@ def test_user_files_train_through_the_cli(tmp_path: Path) -> None:
 
 
 def test_train_charges_the_ledger_and_respects_the_cap(tmp_path: Path) -> None:
-    from sweeper import db
-    from sweeper.catalog import ledger_key_of
-    from sweeper.ledger import BudgetLedger, EntryKind
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.privacy.ledger.rows import EntryKind
+    from sweeper.store.engine import make_engine
 
     url = f"sqlite:///{tmp_path / 'l.db'}"
     args = ["--dataset", "digits", "--model", "logreg", "--epsilon", "1.0", "--json", *FAST]
@@ -222,7 +223,7 @@ def test_train_charges_the_ledger_and_respects_the_cap(tmp_path: Path) -> None:
     out = json.loads(p.stdout)
     charged = out["ledger"]["epsilon_charged"]
     assert charged == pytest.approx(out["epsilon"]) and 0.9 < charged <= 1.0
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     key = ledger_key_of(engine, "digits")
     ledger = BudgetLedger(engine)
     assert float(ledger.summary(key).epsilon_spent) == charged

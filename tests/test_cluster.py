@@ -28,11 +28,13 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sweeper import db
-from sweeper.ledger import BudgetLedger, EntryKind
+from api.testing.postgres import free_port
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import Sweep, SweepState, Trial, TrialState
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
 from tests.conftest import fresh_postgres_database
-from tests.pg import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -184,7 +186,7 @@ def _aware(dt: datetime) -> datetime:
 
 
 def _trials(url: str) -> list[Trial]:
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     try:
         with Session(engine) as s:
             return list(s.scalars(select(Trial)))
@@ -198,7 +200,7 @@ def test_a_sweep_runs_on_two_nodes_and_survives_losing_one(
     node = cluster.up()
     assert set(node) == {"head", "second"}
     url = fresh_postgres_database(postgres_url, str(tmp_path))
-    db.upgrade(url)
+    upgrade(url)
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     env = {
@@ -253,7 +255,7 @@ def test_a_sweep_runs_on_two_nodes_and_survives_losing_one(
             run.wait()
         log.close()
 
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     try:
         with Session(engine) as s:
             sweep = s.scalars(select(Sweep)).one()

@@ -67,28 +67,53 @@ def test_the_sdk_and_its_spec_load_without_the_server() -> None:
 
 
 def test_the_server_names_are_the_same_class_objects() -> None:
-    import sweeper.spec
     import workers
-    import workers.errors
 
     for name in NAMES:
-        cls = getattr(errors, name)
-        assert getattr(workers.errors, name) is cls, name
-        assert getattr(dpsweep, name) is cls, name
+        assert getattr(dpsweep, name) is getattr(errors, name), name
     for name in ("ConfigError", "DatasetError", "DpsweepError", "PrivacyError", "TrainingError"):
         assert getattr(workers, name) is getattr(errors, name)
-    for name in dpsweep.spec.__all__:
-        assert getattr(sweeper.spec, name) is getattr(dpsweep.spec, name), name
-    assert sweeper.spec._first_error is dpsweep.spec._first_error
-    assert sweeper.spec._Strict is dpsweep.spec._Strict
 
     # ValidationError is ConfigError: a spec refused locally is what a 422 raises.
     assert errors.ValidationError is errors.ConfigError
     assert issubclass(errors.ConfigError, ValueError)
     assert issubclass(errors.DatasetError, errors.ConfigError)
     assert issubclass(errors.PermissionDenied, errors.AuthError)
-    with pytest.raises(workers.errors.ConfigError):
+    with pytest.raises(errors.ConfigError):
         dpsweep.spec.load_spec({"name": "x"})
+
+
+# Exceptions of the test harness, never raised to a user of the service.
+HARNESS_ERRORS = {"api.testing.postgres.PostgresMissing"}
+
+
+def test_every_server_exception_belongs_to_the_one_tree() -> None:
+    """No module of the server defines an error outside dpsweep.errors' tree (one hierarchy,
+    mapped to HTTP in one place), and the old re-export modules are gone."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    outside = []
+    for package in ("sweeper", "workers", "api"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            if info.name.endswith("__main__"):
+                continue
+            module = importlib.import_module(info.name)
+            for name, obj in vars(module).items():
+                if (
+                    inspect.isclass(obj)
+                    and issubclass(obj, BaseException)
+                    and obj.__module__ == module.__name__
+                    and not issubclass(obj, errors.DpsweepError)
+                    and f"{module.__name__}.{name}" not in HARNESS_ERRORS
+                ):
+                    outside.append(f"{module.__name__}.{name}")
+    assert outside == []
+    for gone in ("sweeper.spec", "workers.errors"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(gone)
 
 
 def test_a_spec_refused_locally_names_its_field() -> None:
@@ -190,9 +215,9 @@ def test_every_server_error_class_has_an_http_status() -> None:
         assert row is not errors.DpsweepError, f"{cls.__module__}.{cls.__name__} has no row"
         assert 400 <= status < 500 and kind, cls
     # The statuses and problem types the API has always answered with.
-    from sweeper.ledger import BudgetExhausted, ReservationExceeded
-    from sweeper.planner import InfeasiblePlan
-    from sweeper.sweeps import IllegalState, SweepNotFound
+    from dpsweep.errors import IllegalState, SweepNotFound
+    from sweeper.privacy.grids import InfeasiblePlan
+    from sweeper.privacy.ledger.errors import BudgetExhausted, ReservationExceeded
     from workers.plan_check import PlanMismatch
 
     expected = {

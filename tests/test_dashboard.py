@@ -21,8 +21,8 @@ import pytest
 
 from api.testing.browser import chromium, screenshot
 from api.testing.server import Server, start_server
-from sweeper import db
-from sweeper.tokens import create_token, revoke_token
+from sweeper.store.engine import make_engine
+from sweeper.store.tokens import create_token, revoke_token
 
 pytestmark = pytest.mark.slow
 
@@ -161,7 +161,7 @@ def test_sign_in_rejects_a_bad_token_and_401_returns_to_it(
         assert pg.evaluate("sessionStorage.getItem('dpsweep.token')") is None
         screenshot(pg, "signin-rejected")
 
-        engine = db.make_engine(server.db_url)
+        engine = make_engine(server.db_url)
         try:
             secret, info = create_token(engine, name="bob")
             pg.fill("#token", secret)

@@ -19,24 +19,24 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import PermissionDenied
+from api.cli import main
+from dpsweep.errors import ConfigError, IllegalState, PermissionDenied
 from sweeper import datasets as catalog
-from sweeper import db
-from sweeper.cli import main
 from sweeper.datasets.access import Viewer
-from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind, identity_key
 from sweeper.privacy.charges import exact_sum
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.errors import BudgetExhausted
+from sweeper.privacy.ledger.keys import identity_key
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import Dataset, Sweep, SweepState
-from sweeper.sweeps import IllegalState, cancel_sweep, create_sweep
-from workers.datasets import (
-    DATASETS,
-    DatasetSpec,
-    RawData,
-    content_sha256,
-    dataset_content_sha256,
-    load_dataset,
-)
-from workers.errors import ConfigError
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import current_revision, downgrade, upgrade
+from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.lifecycle import cancel_sweep
+from workers.datasets.identity import content_sha256
+from workers.datasets.loading import dataset_content_sha256, load_dataset
+from workers.datasets.records import DatasetSpec, RawData
+from workers.datasets.registry import DATASETS
 
 N = 120
 
@@ -44,13 +44,13 @@ N = 120
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     u = f"sqlite:///{tmp_path / 'identity.db'}"
-    db.upgrade(u)
+    upgrade(u)
     return u
 
 
 @pytest.fixture
 def engine(url: str) -> Any:
-    eng = db.make_engine(url)
+    eng = make_engine(url)
     yield eng
     eng.dispose()
 
@@ -393,8 +393,8 @@ def test_binding_and_carry_over_on_postgresql(
     from tests.conftest import fresh_postgres_database
 
     pg = fresh_postgres_database(postgres_url, str(tmp_path))
-    db.upgrade(pg)
-    engine = db.make_engine(pg)
+    upgrade(pg)
+    engine = make_engine(pg)
     ledger = BudgetLedger(engine)
     ledger.set_cap("alpha", epsilon_cap=2.0)
     _legacy_sweep(engine, "old", "alpha")
@@ -418,11 +418,11 @@ def test_migration_0004_adds_and_drops_the_columns(url: str) -> None:
     cols = {c["name"] for c in sa.inspect(eng).get_columns("sweeps")}
     assert "ledger_key" in cols
     assert "content_sha256" in {c["name"] for c in sa.inspect(eng).get_columns("datasets")}
-    db.downgrade(url, "0003")
+    downgrade(url, "0003")
     assert "ledger_key" not in {c["name"] for c in sa.inspect(eng).get_columns("sweeps")}
     assert "content_sha256" not in {c["name"] for c in sa.inspect(eng).get_columns("datasets")}
-    db.upgrade(url)
-    assert db.current_revision(url) == "0004"
+    upgrade(url)
+    assert current_revision(url) == "0004"
     eng.dispose()
 
 
@@ -451,7 +451,7 @@ def test_cli_datasets_end_to_end(
     code, out, _ = cli(capsys, "cap", "alpha", "--epsilon", "2", "--delta", "1e-4", "--db", url)
     assert code == 0 and "lifetime ε cap 2" in out
 
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     sid = create_sweep(engine, spec({"name": "beta"}))
     reserved = float(reserved_of(engine, sid))
 

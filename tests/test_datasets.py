@@ -12,9 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.datasets import Dataset, DatasetSpec, dataset_names, load_dataset, read_idx
+from dpsweep.errors import ConfigError, DatasetError
+from workers.datasets.formats import read_idx
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import Dataset, DatasetSpec
+from workers.datasets.registry import dataset_names
 from workers.datasets.splits import _split
-from workers.errors import ConfigError, DatasetError
 
 
 def write_idx(path: Path, arr: np.ndarray, *, gz: bool = False) -> Path:

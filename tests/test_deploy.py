@@ -20,8 +20,9 @@ import yaml
 
 from api.testing.postgres import free_port
 from api.testing.server import DPSWEEP, start_server
-from sweeper import db
-from sweeper.tokens import (
+from sweeper.store.engine import display_url, make_engine
+from sweeper.store.schema import upgrade
+from sweeper.store.tokens import (
     EXAMPLE_ADMIN_TOKEN,
     EXAMPLE_DB_PASSWORD,
     EXAMPLE_RAY_TOKEN,
@@ -224,7 +225,7 @@ def test_dev_mode_allows_the_example_token_and_a_strong_one_works(tmp_path: Path
             assert r.json()["admin"] is True
         finally:
             server.stop()
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     try:
         assert len(list_tokens(engine)) == 2  # the example one (dev run) and the strong one
     finally:
@@ -233,8 +234,8 @@ def test_dev_mode_allows_the_example_token_and_a_strong_one_works(tmp_path: Path
 
 def test_ensure_token_is_idempotent_and_a_revoked_bootstrap_stays_revoked(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     try:
         a = ensure_token(engine, name="admin", secret=STRONG, admin=True)
         b = ensure_token(engine, name="admin", secret=STRONG, admin=True)
@@ -248,7 +249,7 @@ def test_ensure_token_is_idempotent_and_a_revoked_bootstrap_stays_revoked(tmp_pa
 
 
 def test_the_database_password_is_masked_in_messages() -> None:
-    shown = db.display_url("postgresql+psycopg://dpsweep:hunter2@db:5432/dpsweep")
+    shown = display_url("postgresql+psycopg://dpsweep:hunter2@db:5432/dpsweep")
     assert "hunter2" not in shown and shown.endswith("@db:5432/dpsweep")
     out = subprocess.run(
         [DPSWEEP, "db", "current", "--db", "postgresql+psycopg://u:hunter2@127.0.0.1:1/x"],
@@ -266,7 +267,7 @@ def test_the_database_password_is_masked_in_messages() -> None:
 
 
 def test_gpu_request_sums_trial_shares_up_to_one_gpu() -> None:
-    from sweeper.runner import gpu_request
+    from sweeper.driver.ray_backend import gpu_request
 
     assert gpu_request(3, gpus_per_trial=0.25, gpu_fraction=1.0) == 0.75
     assert gpu_request(8, gpus_per_trial=0.25, gpu_fraction=1.0) == 1.0
@@ -275,9 +276,9 @@ def test_gpu_request_sums_trial_shares_up_to_one_gpu() -> None:
 
 
 def test_resources_in_the_spec_are_validated_and_do_not_change_the_sweep_hash() -> None:
-    from sweeper.spec import load_spec
-    from sweeper.sweeps import spec_hash
-    from workers.errors import ConfigError
+    from dpsweep.errors import ConfigError
+    from dpsweep.spec import load_spec
+    from sweeper.sweeps.create import spec_hash
 
     base = yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text())
     plain = load_spec(base)

@@ -13,15 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import compute_epsilon
-from workers.datasets import DatasetSpec, load_dataset
-from workers.errors import ConfigError, PrivacyError
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec, build_model
 from workers.packed import PackedModel
 from workers.plan_check import PlanMismatch, PlannedRun
 from workers.randomness import NoiseSource, TrialRandomness
 from workers.schedule import eval_releases, plan_steps
-from workers.trainer import PackSpec, TrialSpec, _noisy_accuracy, train_pack
+from workers.training.evaluation import _noisy_accuracy
+from workers.training.loop import train_pack
+from workers.training.specs import PackSpec, TrialSpec
 
 DP_DIGITS = DatasetSpec("digits", evaluation="dp")
 SIGMA_E = 4.0

@@ -18,14 +18,13 @@ from hypothesis import strategies as st
 from scipy.optimize import brentq
 from scipy.stats import norm
 
+from dpsweep.errors import PrivacyError
+from dpsweep.spec import SweepSpec
 from sweeper.privacy.grids import GridPlan, GridRequest, InfeasiblePlan
 from sweeper.privacy.planner import grid_requests, plan_grid
 from sweeper.privacy.releases import sweep_release
 from sweeper.privacy.verification import verify_plan
-from sweeper.spec import SweepSpec
-from workers import accounting_audit as audit
-from workers.accounting import compute_epsilon, dp_rdp_epsilon, pld_epsilon
-from workers.errors import PrivacyError
+from workers.accounting import audit, compute_epsilon, dp_rdp_epsilon, pld_epsilon
 from workers.schedule import eval_releases
 
 DELTA = 1e-5

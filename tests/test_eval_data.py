@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from api.cli import main
+from dpsweep.errors import ConfigError, DatasetError
 from sweeper import datasets as catalog
-from sweeper import db
-from sweeper.cli import main
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
 from workers.datasets import DatasetSpec, load_dataset, scaling
-from workers.errors import ConfigError, DatasetError
 
 # Declared bounds whose scale is a power of two: id / 4096 is exact in float32, so a scaled
 # record's id column gives its id back.
@@ -263,7 +264,7 @@ def test_public_mode_trains_on_every_record(private_and_public: tuple[Path, Path
 def test_pack_key_takes_a_nested_spec(private_and_public: tuple[Path, Path]) -> None:
     from workers.models import ModelSpec
     from workers.packing import pack_key
-    from workers.trainer import PackSpec, TrialSpec
+    from workers.training.specs import PackSpec, TrialSpec
 
     private, public = private_and_public
 
@@ -357,13 +358,13 @@ def test_public_images_need_the_same_pixel_format(tmp_path: Path) -> None:
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     u = f"sqlite:///{tmp_path / 'eval.db'}"
-    db.upgrade(u)
+    upgrade(u)
     return u
 
 
 @pytest.fixture
 def engine(url: str) -> Any:
-    eng = db.make_engine(url)
+    eng = make_engine(url)
     yield eng
     eng.dispose()
 
@@ -410,7 +411,7 @@ def test_register_public_and_resolve(
     d = load_dataset(spec)
     assert d.n_train == 120 and len(d.x_test) == 50
 
-    from sweeper.spec import EvalConfig
+    from dpsweep.spec import EvalConfig
 
     assert catalog.resolve(engine, {"name": "patients"}, EvalConfig(dataset="reference")) == spec
     assert catalog.resolve(engine, {"name": "digits"}, EvalConfig(dataset="reference")).eval_dataset

@@ -19,18 +19,21 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from sweeper import db
-from sweeper.cli import main
+from api.cli import main
+from dpsweep.errors import ConfigError
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.datasets.registration import register_file
-from sweeper.ledger import BudgetLedger
-from sweeper.runner import ray_session, run_sweep
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.ray_backend import ray_session
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
 from tests.test_sweep import tiny_spec
-from workers.datasets import DatasetSpec, load_dataset
-from workers.errors import ConfigError
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +46,8 @@ def local_ray() -> Any:
 
 def _engine(tmp_path: Path) -> tuple[str, Any]:
     url = f"sqlite:///{tmp_path / 'e.db'}"
-    db.upgrade(url)
-    return url, db.make_engine(url)
+    upgrade(url)
+    return url, make_engine(url)
 
 
 def _show(url: str, sid: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.schema import CreateTable
 
+from dpsweep.errors import ConfigError, PrivacyError
 from sweeper.privacy.ledger import (
     BudgetExhausted,
     BudgetLedger,
@@ -40,7 +41,6 @@ from sweeper.privacy.ledger import (
 )
 from sweeper.privacy.ledger.core import _budget_row_stmt
 from sweeper.store.engine import create_ledger_engine
-from workers.errors import ConfigError, PrivacyError
 
 DS = "digits"
 D = Decimal

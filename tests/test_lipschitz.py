@@ -16,12 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from dpsweep.errors import ConfigError
 from tests.streams import noise_stream, sample_stream
 from tests.test_per_sample import packed_infos
 from workers.accounting import calibrate_noise_multiplier
-from workers.datasets import DatasetSpec, load_dataset
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.engine import DPEngine
-from workers.errors import ConfigError
 from workers.lipschitz.bound import CROSS_ENTROPY_LIPSCHITZ, LipschitzBound
 from workers.lipschitz.layers import GroupSort, InputBall, group_sort, project_to_ball
 from workers.lipschitz.spectral import certified_spectral_bound, gram_spectral_bound

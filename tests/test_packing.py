@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.streams import noise_stream, sample_stream
-from workers.datasets import DatasetSpec
+from workers.datasets.records import DatasetSpec
 from workers.engine import DPEngine
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer

@@ -172,7 +172,7 @@ def test_packed_forward_matches_modules() -> None:
 
 
 def test_unsupported_layer_is_rejected_with_a_clear_message() -> None:
-    from workers.errors import ConfigError
+    from dpsweep.errors import ConfigError
 
     with pytest.raises(ConfigError, match="BatchNorm1d is not supported"):
         PackedModel([nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))])

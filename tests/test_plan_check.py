@@ -14,17 +14,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy.orm import Session
 
-from sweeper import db
 from sweeper.driver.loop import run_sweep
 from sweeper.driver.ray_backend import ray_session
-from sweeper.ledger import BudgetLedger, EntryKind
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, Trial, TrialState
-from sweeper.sweeps import create_sweep
-from workers.datasets import DatasetSpec, load_dataset
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
 from workers.plan_check import PlanMismatch, PlannedRun, check_plan
-from workers.trainer import PackSpec, TrialSpec, train_pack
+from workers.training.loop import train_pack
+from workers.training.specs import PackSpec, TrialSpec
 
 PLANNED = PlannedRun(
     strategy="fixed", sample_rate=0.05, steps=30, noise_multiplier=1.25, dataset_sha256="ab" * 32
@@ -146,8 +150,8 @@ def test_a_sweep_on_an_edited_file_refuses_and_charges_nothing(
     tmp_path: Path, local_ray: Any, edit: str
 ) -> None:
     url = f"sqlite:///{tmp_path / 'plan.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     path = _digits_csv(tmp_path / "digits.csv")
     spec = {
         "name": "edited",

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpsweep.errors import ConfigError, PrivacyError
+from dpsweep.spec import load_spec
 from sweeper.privacy import noise_split as planner
 from sweeper.privacy.calibration import calibrate
 from sweeper.privacy.grids import GridRequest, InfeasiblePlan
 from sweeper.privacy.papernot_steinke import repeat_and_select_epsilon
 from sweeper.privacy.planner import plan_grid
-from sweeper.spec import load_spec
 from workers.accounting import pld_epsilon
-from workers.errors import ConfigError, PrivacyError
 
 REF_Q = 256 / 60000
 REF_STEPS = int(60 / REF_Q)
@@ -187,7 +187,7 @@ def test_delta_must_be_below_one_over_n() -> None:
 
 
 def test_a_plan_that_fails_verification_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers import accounting_audit as audit
+    from workers.accounting import audit
 
     real = audit.prv_epsilon
 
@@ -234,7 +234,7 @@ def test_quantile_count_noise_is_chosen_when_left_out(sigma: float, b: int) -> N
 def test_planning_imports_no_torch() -> None:
     code = (
         "import sys; from sweeper.privacy.planner import plan_sweep;"
-        "from sweeper.spec import load_spec;"
+        "from dpsweep.spec import load_spec;"
         f"plan_sweep(load_spec({str(ROOT / 'examples' / 'digits-clipping.yaml')!r}));"
         "print('torch' in sys.modules)"
     )

@@ -21,8 +21,8 @@ from api.plots import (
     save_figure,
     write_pareto_plots,
 )
-from sweeper.results import FrontPoint, best_per_arm_level, calibration_front, epsilon_front
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
+from sweeper.sweeps.results import FrontPoint, best_per_arm_level, calibration_front, epsilon_front
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -17,18 +17,17 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
-from sweeper import db
-from sweeper.planner import plan_sweep
-from sweeper.spec import load_spec
-from sweeper.sweeps import create_sweep, summarize
-from workers.datasets import (
-    Dataset,
-    DatasetSpec,
-    _robust_centre_scale,
-    _split,
-    load_dataset,
-)
-from workers.errors import DatasetError
+from dpsweep.errors import DatasetError
+from dpsweep.spec import load_spec
+from sweeper.privacy.planner import plan_sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.summary import summarize
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import Dataset, DatasetSpec
+from workers.datasets.scaling import _robust_centre_scale
+from workers.datasets.splits import _split
 from workers.models import ModelSpec
 from workers.training.loop import train_trial
 from workers.training.specs import PackSpec, TrialSpec
@@ -248,8 +247,8 @@ def test_the_plan_records_the_input_scaling(tmp_path: Path, clean: Any) -> None:
     assert declared.grids[0].to_dict()["input_scaling"]["clip"] == [-1.0, 1.0]
     # Stored with the sweep and shown by `dpsweep show` / the API.
     url = f"sqlite:///{tmp_path / 's.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     try:
         sid = create_sweep(engine, spec)
         assert all(g["input_scaling"] == robust for g in summarize(engine, sid)["plan"])
@@ -270,10 +269,10 @@ def test_planning_a_path_dataset_with_nan_is_refused_clearly(tmp_path: Path, cle
 
 @pytest.mark.slow
 def test_api_upload_with_nan_or_inf_is_refused_and_nothing_is_stored(tmp_path: Path) -> None:
-    from tests.apiserver import start_server
+    from api.testing.server import start_server
 
     url = f"sqlite:///{tmp_path / 'api.db'}"
-    db.upgrade(url)
+    upgrade(url)
     server = start_server(url, tmp_path, scheduler=False)
     try:
         me = server.client(server.token("owner"))

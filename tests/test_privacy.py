@@ -7,11 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opacus.accountants import PRVAccountant, RDPAccountant
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import calibrate_noise_multiplier, compute_epsilon
-from workers.datasets import DatasetSpec
-from workers.errors import ConfigError, PrivacyError
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
-from workers.trainer import PackSpec, TrialSpec, train_trial
+from workers.training.loop import train_trial
+from workers.training.specs import PackSpec, TrialSpec
 
 
 def opacus_epsilon(acc_cls, sigma: float, q: float, steps: int, delta: float) -> float:  # type: ignore[no-untyped-def]

@@ -34,31 +34,33 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import sweeper.sweeps.create as sweeps_mod
-from sweeper import catalog, db, reads
-from sweeper.catalog import Viewer
-from sweeper.charges import ps_charge_note
-from sweeper.cli import main
-from sweeper.cli_sweeps import _progress_view, cancel_message
+from api.cli import main
+from api.cli.run import _progress_view
+from api.cli.sweeps import cancel_message
+from dpsweep.errors import ConfigError, TrialNotFound
+from sweeper.datasets.access import Viewer
+from sweeper.datasets.views import budget
 from sweeper.driver.loop import run_sweep
 from sweeper.driver.progress import Snapshot, format_elapsed
 from sweeper.driver.ray_backend import ray_session
-from sweeper.events import read_events
-from sweeper.ledger import BudgetLedger, EntryKind
+from sweeper.privacy.charges import ps_charge_note
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState, Trial, TrialResultRow, TrialState
-from sweeper.sweeps import (
-    PS_CANCEL_NOTE,
-    cancel_sweep,
-    create_sweep,
-    export_sweep,
-    grid_key,
-    list_sweeps,
-    load_sweep,
-    released_records,
-    summarize,
-)
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.events import read_events
+from sweeper.sweeps.export import export_sweep
+from sweeper.sweeps.lifecycle import PS_CANCEL_NOTE, cancel_sweep
+from sweeper.sweeps.released import released_records
+from sweeper.sweeps.stored import grid_key, load_sweep
+from sweeper.sweeps.summary import list_sweeps, summarize
+from sweeper.sweeps.sweep_pages import page_sweeps, sweep_head
+from sweeper.sweeps.trial_detail import metric_history, trial_detail
+from sweeper.sweeps.trial_pages import page_trials
 from tests.test_sweep import digits_key, tiny_spec
-from workers.errors import ConfigError
 
 ADMIN = Viewer(owner=None, admin=True)
 
@@ -185,8 +187,8 @@ def ps_spec(**over: Any) -> dict[str, Any]:
 
 def fresh_engine(path: Path) -> tuple[Any, str]:
     url = f"sqlite:///{path}"
-    db.upgrade(url)
-    return db.make_engine(url), url
+    upgrade(url)
+    return make_engine(url), url
 
 
 def create_with_runs(engine: Any, spec: dict[str, Any], runs: int) -> str:
@@ -251,26 +253,26 @@ def outputs(w: World, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     out["sweeps_json"] = json.loads(capsys.readouterr().out)
     out["export_json"] = json.loads(export_sweep(e, sid, fmt="json"))
     out["export_csv"] = csv_shape(export_sweep(e, sid, fmt="csv"))
-    out["sweep_page"] = dataclasses.asdict(reads.page_sweeps(e, ADMIN))
-    out["head"] = dataclasses.asdict(reads.sweep_head(e, sid, ADMIN))
+    out["sweep_page"] = dataclasses.asdict(page_sweeps(e, ADMIN))
+    out["head"] = dataclasses.asdict(sweep_head(e, sid, ADMIN))
     pages: dict[str, Any] = {}
     for sort in ("number", "objective"):
-        pages[sort] = dataclasses.asdict(reads.page_trials(e, sid, ADMIN, sort=sort))
+        pages[sort] = dataclasses.asdict(page_trials(e, sid, ADMIN, sort=sort))
         # One at a time, following the cursors: a cursor must not encode a position either.
         chain, cursor = [], None
         while True:
-            page = reads.page_trials(e, sid, ADMIN, sort=sort, limit=1, cursor=cursor)
+            page = page_trials(e, sid, ADMIN, sort=sort, limit=1, cursor=cursor)
             chain.append(dataclasses.asdict(page))
             if page.next_cursor is None:
                 break
             cursor = page.next_cursor
         pages[f"{sort}_by_one"] = chain
     for state in ("done", "failed", "cancelled", "pending"):
-        pages[state] = dataclasses.asdict(reads.page_trials(e, sid, ADMIN, state=state))
+        pages[state] = dataclasses.asdict(page_trials(e, sid, ADMIN, state=state))
     out["trial_pages"] = pages
     items = pages["number"]["items"]
-    out["trial_detail"] = [reads.trial_detail(e, t["id"], ADMIN) for t in items]
-    out["metric_history"] = [reads.metric_history(e, t["id"], ADMIN) for t in items]
+    out["trial_detail"] = [trial_detail(e, t["id"], ADMIN) for t in items]
+    out["metric_history"] = [metric_history(e, t["id"], ADMIN) for t in items]
     out["events"] = [dataclasses.asdict(ev) for ev in read_events(e, sid)]
     out["ledger"] = [
         {
@@ -282,7 +284,7 @@ def outputs(w: World, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
         }
         for x in BudgetLedger(e).entries(digits_key(e), sid)
     ]
-    out["dataset_budget"] = catalog.budget(e, "digits", ADMIN)
+    out["dataset_budget"] = budget(e, "digits", ADMIN)
     entry = SummaryCache().get(e, sid, ADMIN)
     out["cached"] = {"summary": entry.summary, "etag": entry.etag}
     for name, x, y in (
@@ -534,7 +536,7 @@ def test_cancel_before_running_counts_no_ps_trials(tmp_path: Path) -> None:
 
 
 def test_ps_rows_hide_their_position(tmp_path: Path) -> None:
-    from sweeper.spec import load_spec
+    from dpsweep.spec import load_spec
 
     # In the order they are drawn (j = 0..K-1): nothing in a row follows j.
     spec = load_spec(ps_spec(seeds=3))
@@ -605,7 +607,7 @@ def test_a_cancelled_search_releases_nothing(tmp_path: Path) -> None:
     assert rec["id"] == ids[1] and rec["number"] == 0
     assert rec["started_at"] is None and rec["finished_at"] is None
     assert rec["train_seconds"] is None
-    assert reads.trial_detail(engine, ids[1], ADMIN)["started_at"] is None
+    assert trial_detail(engine, ids[1], ADMIN)["started_at"] is None
     # A failed run is part of the search's outcome: still released.
     with Session(engine) as s, s.begin():
         row = s.get(Trial, ids[3])
@@ -619,11 +621,11 @@ def test_a_cancelled_search_releases_nothing(tmp_path: Path) -> None:
         row.state = TrialState.cancelled
     assert released() == []
     assert summarize(engine, sid)["results"] == []
-    assert reads.page_trials(engine, sid, ADMIN).items == []
-    with pytest.raises(reads.TrialNotFound):
-        reads.trial_detail(engine, ids[1], ADMIN)
-    with pytest.raises(reads.TrialNotFound):
-        reads.metric_history(engine, ids[1], ADMIN)
+    assert page_trials(engine, sid, ADMIN).items == []
+    with pytest.raises(TrialNotFound):
+        trial_detail(engine, ids[1], ADMIN)
+    with pytest.raises(TrialNotFound):
+        metric_history(engine, ids[1], ADMIN)
     engine.dispose()
 
 
@@ -657,7 +659,7 @@ def test_crash_policy_with_one_charge_per_grid(
         for t in trials[:2]:
             t.state, t.attempts, t.started_at = TrialState.running, 1, datetime.now(UTC)
     if started:
-        from sweeper.charges import ChargeSchedule
+        from sweeper.privacy.charges import ChargeSchedule
 
         e, d = ChargeSchedule.from_json(plan[0]["charges"]).charge_for_run(1)
         BudgetLedger(engine).charge(

@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from workers.datasets import DatasetSpec
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
 from workers.randomness import (
     GRID_BITS,
@@ -332,7 +332,7 @@ def test_an_attacker_cannot_read_low_bits_of_the_private_value() -> None:
 
 @pytest.fixture(scope="module")
 def local_ray():  # type: ignore[no-untyped-def]
-    from sweeper.runner import ray_session
+    from sweeper.driver.ray_backend import ray_session
     from sweeper.settings import SweeperSettings
 
     with ray_session(SweeperSettings(), workers=2):
@@ -340,14 +340,15 @@ def local_ray():  # type: ignore[no-untyped-def]
 
 
 def _run_sweep(tmp_path: Path, name: str, *, reproducible: bool | None) -> tuple[object, str]:
-    from sweeper import db
-    from sweeper.runner import run_sweep
-    from sweeper.sweeps import create_sweep
+    from sweeper.driver.loop import run_sweep
+    from sweeper.store.engine import make_engine
+    from sweeper.store.schema import upgrade
+    from sweeper.sweeps.create import create_sweep
     from tests.test_sweep import tiny_spec
 
     url = f"sqlite:///{tmp_path / (name + '.db')}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     spec = tiny_spec(
         arms=[{"strategy": "quantile", "grid": {"lr": [0.3, 1.0]}}],
         privacy={"budgets": [6], "delta": 1e-5}
@@ -364,9 +365,13 @@ def test_reproducible_sweeps_repeat_and_are_labelled_everywhere(
 ) -> None:
     import json as _json
 
-    from sweeper.catalog import Viewer
-    from sweeper.reads import page_sweeps, page_trials, trial_detail
-    from sweeper.sweeps import export_sweep, load_sweep, summarize
+    from sweeper.datasets.access import Viewer
+    from sweeper.sweeps.export import export_sweep
+    from sweeper.sweeps.stored import load_sweep
+    from sweeper.sweeps.summary import summarize
+    from sweeper.sweeps.sweep_pages import page_sweeps
+    from sweeper.sweeps.trial_detail import trial_detail
+    from sweeper.sweeps.trial_pages import page_trials
 
     def clip_curves(engine: object, sweep_id: str) -> list[list[float | None]]:
         viewer = Viewer(None)
@@ -402,7 +407,7 @@ def test_reproducible_sweeps_repeat_and_are_labelled_everywhere(
 
 def test_stored_sweeps_without_the_field_are_labelled_reproducible() -> None:
     """Sweeps stored before secret randomness existed drew noise from public seeds."""
-    from sweeper.spec import randomness_label
+    from dpsweep.spec import randomness_label
 
     assert randomness_label({"privacy": {"budgets": [1], "delta": 1e-5}}) == "reproducible"
     assert randomness_label({"privacy": {"reproducible": False}}) == "secret"

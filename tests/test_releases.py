@@ -9,15 +9,17 @@ from typing import Any
 
 import pytest
 
-from sweeper import db
-from sweeper.cli import main
+from api.cli import main
 from sweeper.datasets.identity import ledger_key_of
-from sweeper.ledger import BudgetLedger
-from sweeper.runner import ray_session, run_sweep
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.ray_backend import ray_session
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
-from sweeper.sweeps import create_sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
 from tests.test_sweep import tiny_spec
-from workers.accounting_audit import prv_compose_epsilon
+from workers.accounting.audit.prv import prv_compose_epsilon
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,8 @@ def test_show_json_states_each_release_and_what_it_covers(
     tmp_path: Path, local_ray: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     sid = create_sweep(engine, tiny_spec())  # two arms at two epsilon levels: four grids
     assert run_sweep(engine, sid).state == "done"
 

@@ -11,21 +11,22 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sweeper import db
 from sweeper.driver.ray_backend import ray_session
 from sweeper.driver.scheduler import Scheduler, live_schedulers
-from sweeper.ledger import BudgetLedger
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepEvent, Trial
-from sweeper.sweeps import create_sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
 from tests.test_sweep import digits_key, tiny_spec
 
 
 @pytest.fixture
 def engine(tmp_path: Path) -> Any:
     url = f"sqlite:///{tmp_path / 'sched.db'}"
-    db.upgrade(url)
-    eng = db.make_engine(url)
+    upgrade(url)
+    eng = make_engine(url)
     yield eng
     eng.dispose()
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.spec import load_spec
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
+from dpsweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {

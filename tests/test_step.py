@@ -186,8 +186,8 @@ def test_an_example_with_a_non_finite_gradient_gets_weight_zero(poison: float) -
 
 def test_sensitivity_errors_carry_no_private_value() -> None:
     """The fail-closed check names the release and trial, never a norm from private data."""
+    from dpsweep.errors import PrivacyError
     from workers.engine import _check_sensitivity
-    from workers.errors import PrivacyError
 
     sq = torch.tensor([[[4.0], [9.0]]])  # norms 2 and 3
     with pytest.raises(PrivacyError) as err:

@@ -11,11 +11,19 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from sweeper import db
+from dpsweep.errors import ConfigError
 from sweeper.privacy.ledger import BudgetExhausted, BudgetLedger
 from sweeper.store import Dataset, MetricPoint, Sweep, Trial, TrialResultRow, TrialState
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import (
+    VERSION_TABLE,
+    current_revision,
+    downgrade,
+    head_revision,
+    require_head,
+    upgrade,
+)
 from tests.conftest import fresh_postgres_database
-from workers.errors import ConfigError
 
 TABLES = {
     "datasets",
@@ -29,7 +37,7 @@ TABLES = {
     "api_tokens",
     "idempotency_keys",
     "service_heartbeats",
-    db.VERSION_TABLE,
+    VERSION_TABLE,
 }
 
 
@@ -43,14 +51,14 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     with pytest.raises(ConfigError, match="run `dpsweep db upgrade` first"):
-        db.require_head(url)
-    db.upgrade(url)
-    assert db.current_revision(url) == db.head_revision()
-    db.require_head(url)
+        require_head(url)
+    upgrade(url)
+    assert current_revision(url) == head_revision()
+    require_head(url)
     engine = sa.create_engine(url)
     assert set(sa.inspect(engine).get_table_names()) == TABLES
     # Down to 0002 removes the API's tables and the uploads' columns.
-    db.downgrade(url, "0002")
+    downgrade(url, "0002")
     assert set(sa.inspect(engine).get_table_names()) == TABLES - {
         "sweep_events",
         "api_tokens",
@@ -59,14 +67,14 @@ def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     }
     assert "owner" not in {c["name"] for c in sa.inspect(engine).get_columns("datasets")}
     # One step down removes 0002's columns and keeps the data model of 0001.
-    db.downgrade(url, "-1")
-    assert db.current_revision(url) == "0001"
+    downgrade(url, "-1")
+    assert current_revision(url) == "0001"
     cols = {c["name"] for c in sa.inspect(engine).get_columns("sweeps")}
     assert "heartbeat_at" not in cols and "spec_hash" not in cols
     assert "number" not in {c["name"] for c in sa.inspect(engine).get_columns("trials")}
-    db.downgrade(url, "-1")
-    assert set(sa.inspect(engine).get_table_names()) == {db.VERSION_TABLE}
-    db.upgrade(url)
+    downgrade(url, "-1")
+    assert set(sa.inspect(engine).get_table_names()) == {VERSION_TABLE}
+    upgrade(url)
     assert set(sa.inspect(engine).get_table_names()) == TABLES
     cols = {c["name"] for c in sa.inspect(engine).get_columns("trials")}
     assert {"number", "config", "train_seconds"} <= cols
@@ -80,11 +88,11 @@ def test_migrations_match_the_models(url: str) -> None:
 
     from sweeper.store import metadata
 
-    db.upgrade(url)
+    upgrade(url)
     engine = sa.create_engine(url)
     with engine.connect() as conn:
         ctx = MigrationContext.configure(
-            conn, opts={"version_table": db.VERSION_TABLE, "compare_type": False}
+            conn, opts={"version_table": VERSION_TABLE, "compare_type": False}
         )
         diff = [d for d in compare_metadata(ctx, metadata) if d[0] != "remove_table"]
     engine.dispose()
@@ -92,8 +100,8 @@ def test_migrations_match_the_models(url: str) -> None:
 
 
 def test_round_trip_and_cascade(url: str) -> None:
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     with Session(engine) as s, s.begin():
         s.add(Dataset(name="digits", config={"name": "digits"}, n_examples=1797))
         sweep = Sweep(
@@ -151,8 +159,8 @@ def test_round_trip_and_cascade(url: str) -> None:
 
 
 def test_ledger_on_the_migrated_schema_never_overspends(url: str) -> None:
-    db.upgrade(url)
-    engine = db.make_engine(url)
+    upgrade(url)
+    engine = make_engine(url)
     ledger = BudgetLedger(engine)
     ledger.set_cap("digits", epsilon_cap=2.0)
     wins: list[bool] = []
@@ -190,5 +198,5 @@ def test_cli_db_upgrade(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL,
     )
     assert p.returncode == 0, p.stderr
-    assert f"schema revision {db.head_revision()}" in p.stdout
-    assert db.current_revision(target) == db.head_revision()
+    assert f"schema revision {head_revision()}" in p.stdout
+    assert current_revision(target) == head_revision()

@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
+from dpsweep.errors import ConfigError
 from tests.streams import noise_stream, sample_stream
 from tests.test_per_sample import packed_infos, reference_per_sample
 from workers.accounting import calibrate_noise_multiplier
-from workers.datasets import DatasetSpec, load_dataset
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.engine import DPEngine
-from workers.errors import ConfigError
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel

@@ -20,16 +20,19 @@ import torch
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-import sweeper.planner as planner
 import workers.strategies.base as strategies_base
 import workers.strategies.descriptors as descriptors
-from sweeper import db
-from sweeper.ledger import LedgerEntry
-from sweeper.spec import load_spec
+from dpsweep.errors import ConfigError
+from dpsweep.spec import load_spec
+from sweeper.privacy.grids import InfeasiblePlan
+from sweeper.privacy.ledger.rows import LedgerEntry
+from sweeper.privacy.noise_split import gradient_noise_multiplier
 from sweeper.store import Sweep, Trial
-from sweeper.sweeps import check_spec, create_sweep
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.checks import check_spec
+from sweeper.sweeps.create import create_sweep
 from tests.test_sweep import tiny_spec
-from workers.errors import ConfigError
 from workers.models import ModelSpec, build_model
 from workers.packed import PackedModel
 from workers.strategies import (
@@ -236,7 +239,7 @@ def test_the_noise_split_is_the_one_the_class_uses(name: str, sigma: float, b: f
             assert (s.gradient**-2 + s.second**-2) ** -0.5 == pytest.approx(float(sigmas[i]))
     # The planner uses the same split.
     for i, p in enumerate(cases):
-        assert planner.gradient_noise_multiplier(
+        assert gradient_noise_multiplier(
             name, p, noise_multiplier=float(sigmas[i]), expected_batch_size=b
         ) == pytest.approx(want[i], rel=1e-12)
 
@@ -246,8 +249,8 @@ def test_an_infeasible_split_is_a_config_error_in_the_worker_and_infeasible_when
     with pytest.raises(NoiseSplitInfeasible) as exc:
         d.noise_split(7.0, {"count_noise": 3.0}, expected_batch_size=64)
     assert exc.value.field == "params.count_noise"
-    with pytest.raises(planner.InfeasiblePlan, match="count_noise"):
-        planner.gradient_noise_multiplier(
+    with pytest.raises(InfeasiblePlan, match="count_noise"):
+        gradient_noise_multiplier(
             "quantile", {"count_noise": 3.0}, noise_multiplier=7.0, expected_batch_size=64
         )
 
@@ -291,9 +294,9 @@ def test_registration_checks_the_class_against_its_descriptor(scratch_registries
 
 
 def test_packing_reads_the_descriptor(scratch_registries: None) -> None:
-    from workers.datasets import DatasetSpec
+    from workers.datasets.records import DatasetSpec
     from workers.packing import max_pack_size
-    from workers.trainer import PackSpec, TrialSpec
+    from workers.training.specs import PackSpec, TrialSpec
 
     descriptors.DESCRIPTORS["fixed"] = dataclasses.replace(descriptors.FIXED, packable=False)
     spec = PackSpec(
@@ -401,9 +404,9 @@ def test_checking_a_spec_imports_no_torch() -> None:
     bad = tiny_spec(arms=[{"strategy": "fixed", "grid": {"lr": [0.1], "clip": [0, 1]}}])
     code = (
         "import sys\n"
-        "from sweeper.spec import load_spec\n"
+        "from dpsweep.spec import load_spec\n"
         "from sweeper.sweeps import check_spec\n"
-        "from workers.errors import ConfigError\n"
+        "from dpsweep.errors import ConfigError\n"
         f"check_spec(load_spec({str(ROOT / 'examples' / 'digits-clipping.yaml')!r}))\n"
         "try:\n"
         f"    check_spec(load_spec({bad!r}))\n"
@@ -424,8 +427,8 @@ def test_checking_a_spec_imports_no_torch() -> None:
 @pytest.fixture
 def engine(tmp_path: Path) -> Any:
     url = f"sqlite:///{tmp_path / 'sweeps.db'}"
-    db.upgrade(url)
-    eng = db.make_engine(url)
+    upgrade(url)
+    eng = make_engine(url)
     yield eng
     eng.dispose()
 

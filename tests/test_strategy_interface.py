@@ -117,7 +117,7 @@ class LyingStrategy(ClippingStrategy):
 def test_an_understated_sensitivity_fails_closed() -> None:
     import pytest
 
-    from workers.errors import PrivacyError
+    from dpsweep.errors import PrivacyError
 
     module, x, y = tiny_problem()
     model = PackedModel([module])
@@ -143,8 +143,8 @@ def test_an_understated_sensitivity_fails_closed() -> None:
 def test_sensitivity_check_tolerates_diverged_trials_but_not_finite_excess() -> None:
     import pytest
 
+    from dpsweep.errors import PrivacyError
     from workers.engine import _check_sensitivity
-    from workers.errors import PrivacyError
 
     sq = torch.tensor([[[4.0], [1.0]], [[1.0], [1.0]]])  # [K=2, B=2, groups=1]
     sens = torch.tensor([1.0, 1.0])

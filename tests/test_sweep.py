@@ -15,19 +15,21 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import IllegalState
-from sweeper import db
-from sweeper.catalog import ledger_key_of
-from sweeper.charges import EXACT, charge_schedule, exact_sum
-from sweeper.ledger import BudgetExhausted, BudgetLedger, EntryKind
-from sweeper.planner import GridPlan
-from sweeper.spec import SearchDistribution, load_spec
+from dpsweep.errors import ConfigError, IllegalState, PrivacyError
+from dpsweep.spec import SearchDistribution, load_spec
+from sweeper.datasets.identity import ledger_key_of
+from sweeper.privacy.charges import EXACT, charge_schedule, exact_sum
+from sweeper.privacy.grids import GridPlan
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.errors import BudgetExhausted
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import Sweep, Trial, TrialState
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.search import draw_run_count, random_points
 from sweeper.sweeps.summary import summarize
-from workers.errors import ConfigError, PrivacyError
 
 
 def tiny_spec(**over: Any) -> dict[str, Any]:
@@ -78,8 +80,8 @@ def digits_key(engine: Any) -> str:
 @pytest.fixture
 def engine(tmp_path: Path) -> Any:
     url = f"sqlite:///{tmp_path / 'sweeps.db'}"
-    db.upgrade(url)
-    eng = db.make_engine(url)
+    upgrade(url)
+    eng = make_engine(url)
     yield eng
     eng.dispose()
 
@@ -295,8 +297,8 @@ def test_the_sweeper_layer_imports_no_torch_ray_or_matplotlib() -> None:
 
     code = (
         "import importlib, pkgutil, sys, sweeper, api.app\n"
-        "for m in pkgutil.iter_modules(sweeper.__path__):\n"
-        "    importlib.import_module('sweeper.' + m.name)\n"
+        "for m in pkgutil.walk_packages(sweeper.__path__, 'sweeper.'):\n"
+        "    importlib.import_module(m.name)\n"
         "print([m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -18,16 +18,21 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.orm import Session
 
-from sweeper import db
-from sweeper.charges import EXACT, ChargeSchedule, exact_sum
-from sweeper.cli import main
+from api.cli import main
 from sweeper.driver.loop import run_sweep
 from sweeper.driver.ray_backend import ray_session
-from sweeper.ledger import BudgetLedger, EntryKind
-from sweeper.results import pareto_mask
+from sweeper.privacy.charges import EXACT, ChargeSchedule, exact_sum
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.settings import SweeperSettings
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
-from sweeper.sweeps import cancel_sweep, create_sweep, grid_key, summarize
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.lifecycle import cancel_sweep
+from sweeper.sweeps.results import pareto_mask
+from sweeper.sweeps.stored import grid_key
+from sweeper.sweeps.summary import summarize
 from tests.conftest import fresh_postgres_database
 from tests.test_sweep import digits_key, tiny_spec
 
@@ -49,8 +54,8 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         url = f"sqlite:///{tmp_path / 'run.db'}"
     else:
         url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
-    db.upgrade(url)
-    eng = db.make_engine(url)
+    upgrade(url)
+    eng = make_engine(url)
     eng.info_url = url  # type: ignore[attr-defined]
     yield eng
     eng.dispose()
@@ -298,7 +303,7 @@ SLOW_SPEC = {
 def _start(spec_path: Path, url: str, cwd: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "DPSWEEP_MAX_PACK_SIZE": "2", "RAY_USAGE_STATS_ENABLED": "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "sweeper.cli", "run", str(spec_path), "--db", url, "--quiet"],
+        [sys.executable, "-m", "api.cli", "run", str(spec_path), "--db", url, "--quiet"],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
@@ -359,7 +364,7 @@ def test_sigkill_mid_sweep_then_resume(tmp_path: Path) -> None:
         _reap(second)
     assert second.returncode == 0, err.decode()[-3000:]
     assert b"resuming sweep" in err
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     with Session(engine) as s:
         (sweep,) = s.scalars(sa.select(Sweep))
         trials = list(s.scalars(sa.select(Trial)))
@@ -393,7 +398,7 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
     proc = _start(spec_path, url, tmp_path)
     try:
         _wait_for(url, lambda s: s.get("done", 0) >= 1 and s.get("pending", 0) >= 1, proc)
-        engine = db.make_engine(url)
+        engine = make_engine(url)
         with Session(engine) as s:
             (sid,) = s.scalars(sa.select(Sweep.id))
         result = cancel_sweep(engine, sid)

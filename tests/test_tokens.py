@@ -9,20 +9,21 @@ import pytest
 import sqlalchemy as sa
 
 from api.cli import main
-from sweeper import db
+from dpsweep.errors import ConfigError
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
 from sweeper.store.tokens import create_token, list_tokens, revoke_token, verify_token
-from workers.errors import ConfigError
 
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     u = f"sqlite:///{tmp_path / 'tokens.db'}"
-    db.upgrade(u)
+    upgrade(u)
     return u
 
 
 def test_tokens_verify_until_revoked_and_only_a_hash_is_stored(url: str) -> None:
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     secret, info = create_token(engine, name="ada")
     _, admin = create_token(engine, name="root", admin=True)
     p = verify_token(engine, secret)
@@ -52,7 +53,7 @@ def test_token_cli_create_list_revoke(url: str, capsys: pytest.CaptureFixture[st
     assert [t["id"] for t in listed] == [created["id"]]
     assert created["token"] not in json.dumps(listed)
     assert main(["token", "revoke", created["id"], "--db", url]) == 0
-    engine = db.make_engine(url)
+    engine = make_engine(url)
     assert verify_token(engine, created["token"]) is None
     engine.dispose()
     assert main(["token", "revoke", "nope", "--db", url]) == 1

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from workers.datasets import DatasetSpec, load_dataset
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
 from workers.schedule import plan_steps
 from workers.training.loop import train_pack, train_trial

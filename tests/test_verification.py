@@ -13,10 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import gammaln, logsumexp
 
-from sweeper.planner import GridPlan, GridRequest, plan_grid, repeat_and_select_epsilon, verify_plan
+from dpsweep.errors import PrivacyError
+from sweeper.privacy.grids import GridPlan, GridRequest
+from sweeper.privacy.papernot_steinke import repeat_and_select_epsilon
+from sweeper.privacy.planner import plan_grid
+from sweeper.privacy.verification import verify_plan
 from workers.accounting import audit, pld_epsilon
 from workers.accounting.audit import sweep as audit_sweep
-from workers.errors import PrivacyError
 
 REF_Q = 256 / 60000
 REF_STEPS = int(60 / REF_Q)

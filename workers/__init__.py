@@ -8,6 +8,6 @@ cheap for the light client install.
 
 from __future__ import annotations
 
-from workers.errors import ConfigError, DatasetError, DpsweepError, PrivacyError, TrainingError
+from dpsweep.errors import ConfigError, DatasetError, DpsweepError, PrivacyError, TrainingError
 
 __all__ = ["ConfigError", "DatasetError", "DpsweepError", "PrivacyError", "TrainingError"]

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 

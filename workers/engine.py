@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from workers.errors import PrivacyError
+from dpsweep.errors import PrivacyError
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, RandomStream, add_snapped_noise

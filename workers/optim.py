@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 OptimizerName = Literal["sgd", "adam"]
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam")

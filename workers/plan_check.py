@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.errors import PrivacyError
+from dpsweep.errors import PrivacyError
 
 
 class PlanMismatch(PrivacyError):
@@ -73,7 +73,7 @@ class PlannedRun:
 
 
 def check_pack(spec: Any, data: Any) -> tuple[float, int]:
-    """Check a :class:`workers.trainer.PackSpec` against its plan, on the data it would load.
+    """Check a :class:`workers.training.specs.PackSpec` against its plan, on the data it would load.
 
     The runner calls it before charging and the worker after loading, before the first step.
 

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from types import ModuleType
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 #: The registry kinds and their entry-point groups.
 GROUPS: dict[str, str] = {

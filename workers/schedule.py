@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 
 def plan_steps(

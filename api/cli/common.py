@@ -24,13 +24,14 @@ def open_engine(url: str | None, *, migrate: bool = False) -> Any:
     Raises:
         DpsweepError: the schema is behind head.
     """
-    from sweeper import db
+    from sweeper.store.engine import database_url, make_engine
+    from sweeper.store.schema import require_head, upgrade
 
-    url = db.database_url(url)
+    url = database_url(url)
     if migrate and url.startswith("sqlite"):
-        db.upgrade(url)  # the embedded database is migrated on first use
-    db.require_head(url)
-    return db.make_engine(url)
+        upgrade(url)  # the embedded database is migrated on first use
+    require_head(url)
+    return make_engine(url)
 
 
 def fail(exc: Exception) -> int:

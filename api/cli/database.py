@@ -26,15 +26,16 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Upgrade the schema (``upgrade``), then print its revision and head."""
-    from sweeper import db
+    from sweeper.store.engine import database_url, display_url
+    from sweeper.store.schema import current_revision, head_revision, upgrade
 
-    url = db.database_url(args.db)
+    url = database_url(args.db)
     try:
         if args.db_command == "upgrade":
-            db.upgrade(url)
-        shown = db.display_url(url)
-        print(f"{shown}: schema revision {db.current_revision(url)} (head {db.head_revision()})")
+            upgrade(url)
+        shown = display_url(url)
+        print(f"{shown}: schema revision {current_revision(url)} (head {head_revision()})")
     except Exception as exc:  # a driver or connection error: say which database failed
-        Console(stderr=True).print(f"[red]error:[/red] {db.display_url(url)}: {exc}")
+        Console(stderr=True).print(f"[red]error:[/red] {display_url(url)}: {exc}")
         return EXIT_FAILURE
     return 0

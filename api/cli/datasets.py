@@ -110,7 +110,7 @@ def _shown(value: Decimal | None) -> str:
 def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Register a data file under a name; print its identity."""
     from dpsweep.errors import ConfigError, DatasetError, DpsweepError
-    from sweeper.catalog import register_file
+    from sweeper.datasets.registration import register_file
 
     try:
         engine = open_engine(args.db, migrate=True)
@@ -185,7 +185,8 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from sweeper.ledger import BudgetLedger, identity_key
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.privacy.ledger.keys import identity_key
     from sweeper.store import Dataset
 
     ledger = BudgetLedger(engine)
@@ -244,8 +245,11 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     """What ``show --json`` prints: a name's records' ledger, with every entry."""
-    from sweeper.catalog import content_identity, is_public, names_of
-    from sweeper.ledger import BudgetLedger, identity_key
+    from sweeper.datasets.identity import content_identity
+    from sweeper.datasets.registration import names_of
+    from sweeper.datasets.resolution import is_public
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.privacy.ledger.keys import identity_key
 
     content = content_identity(engine, name)
     key = identity_key(content)
@@ -332,8 +336,8 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Set the lifetime cap of a name's records."""
     from dpsweep.errors import ConfigError, DpsweepError
-    from sweeper.catalog import ledger_key_of
-    from sweeper.ledger import BudgetLedger
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 
     try:
         engine = open_engine(args.db, migrate=True)
@@ -362,7 +366,7 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Delete a name (its records' ledger stays)."""
     from dpsweep.errors import DpsweepError
-    from sweeper.catalog import delete_name
+    from sweeper.datasets.registration import delete_name
 
     try:
         others = delete_name(open_engine(args.db, migrate=True), args.name)

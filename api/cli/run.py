@@ -79,7 +79,8 @@ PLAN_KEYS = (
 
 def _resolved_dataset(spec: Any, url: str | None) -> Any:
     """The spec's worker dataset; the database is opened only for catalog names."""
-    from sweeper.catalog import in_catalog, resolve
+    from sweeper.datasets.names import in_catalog
+    from sweeper.datasets.resolution import resolve
 
     needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
     if not needs_db:
@@ -91,7 +92,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from dpsweep.errors import ConfigError, DpsweepError
     from dpsweep.spec import load_spec
-    from sweeper.planner import plan_sweep
+    from sweeper.privacy.planner import plan_sweep
 
     err = Console(stderr=True)
     try:
@@ -155,7 +156,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     console = stdout_console()
     console.print(table)
-    from sweeper.releases import evaluation_statement, sweep_release
+    from sweeper.privacy.releases import evaluation_statement, sweep_release
 
     whole = sweep_release(rows)
     assert whole is not None
@@ -193,7 +194,7 @@ def _progress_view(snap: Any, name: str) -> Group:
     never done/running/failed counts or an ETA: each would follow the secret number of runs.
     """
     if snap.hidden_grids:
-        from sweeper.runner import format_elapsed
+        from sweeper.driver.progress import format_elapsed
 
         head = Table.grid(padding=(0, 2))
         head.add_row(f"[bold]{name}[/bold]", f"elapsed {format_elapsed(snap.elapsed)}")
@@ -230,8 +231,10 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Plan (or resume) a sweep, run it on Ray, print its results, write its plots."""
     from dpsweep.errors import ConfigError, DpsweepError
     from dpsweep.spec import load_spec
-    from sweeper.runner import run_sweep
-    from sweeper.sweeps import create_sweep, find_resumable, summarize
+    from sweeper.driver.loop import run_sweep
+    from sweeper.sweeps.create import create_sweep
+    from sweeper.sweeps.lifecycle import find_resumable
+    from sweeper.sweeps.summary import summarize
 
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1; got {args.workers}")
@@ -293,7 +296,8 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:
     from api.plots import write_pareto_plots
-    from sweeper.sweeps import load_sweep, sweep_results
+    from sweeper.sweeps.stored import load_sweep
+    from sweeper.sweeps.summary import sweep_results
 
     res = sweep_results(load_sweep(engine, sweep_id))
     out = Path(where) if where else Path("dpsweep-results") / sweep_id

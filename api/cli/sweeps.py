@@ -50,7 +50,7 @@ def describe_scaling(scaling: dict[str, Any]) -> str:
 
 
 def print_privacy(console: Console, p: dict[str, Any] | None) -> None:
-    """One line per release: each epsilon with what it covers (sweeper/releases.py)."""
+    """One line per release: each epsilon with what it covers (sweeper/privacy/releases.py)."""
     if not p:
         return
     sw = p.get("sweep")
@@ -122,7 +122,7 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
 def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """List the stored sweeps."""
     from dpsweep.errors import DpsweepError
-    from sweeper.sweeps import list_sweeps
+    from sweeper.sweeps.summary import list_sweeps
 
     try:
         rows = list_sweeps(open_engine(args.db))
@@ -151,7 +151,7 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep's summary: budget, privacy and results."""
     from dpsweep.errors import DpsweepError
-    from sweeper.sweeps import summarize
+    from sweeper.sweeps.summary import summarize
 
     try:
         summary = summarize(open_engine(args.db), args.sweep_id)
@@ -167,7 +167,7 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Write a sweep's trials as CSV or JSON (to a file or stdout)."""
     from dpsweep.errors import DpsweepError
-    from sweeper.sweeps import export_sweep
+    from sweeper.sweeps.export import export_sweep
 
     try:
         text = export_sweep(open_engine(args.db), args.sweep_id, fmt=args.format)
@@ -184,7 +184,7 @@ def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Cancel a sweep and say what was released."""
     from dpsweep.errors import DpsweepError
-    from sweeper.sweeps import cancel_sweep
+    from sweeper.sweeps.lifecycle import cancel_sweep
 
     try:
         r = cancel_sweep(open_engine(args.db), args.sweep_id)

@@ -53,16 +53,18 @@ def _info(t: Any) -> dict[str, Any]:
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Create, list or revoke API tokens."""
     from dpsweep.errors import DpsweepError
-    from sweeper import db, tokens
+    from sweeper.store.engine import database_url, make_engine
+    from sweeper.store.schema import require_head
+    from sweeper.store.tokens import create_token, list_tokens, revoke_token
 
     err = Console(stderr=True)
-    url = db.database_url(args.db)
+    url = database_url(args.db)
     try:
-        db.require_head(url)
-        engine = db.make_engine(url)
+        require_head(url)
+        engine = make_engine(url)
         try:
             if args.token_command == "create":
-                secret, info = tokens.create_token(engine, name=args.name, admin=args.admin)
+                secret, info = create_token(engine, name=args.name, admin=args.admin)
                 if args.json:
                     print(json.dumps({"token": secret, **_info(info)}))
                 else:
@@ -73,7 +75,7 @@ def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                         "send it as 'Authorization: Bearer <token>'"
                     )
             elif args.token_command == "list":
-                rows = [_info(t) for t in tokens.list_tokens(engine)]
+                rows = [_info(t) for t in list_tokens(engine)]
                 if args.json:
                     print(json.dumps(rows, indent=2))
                 else:
@@ -89,7 +91,7 @@ def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                         )
                     Console().print(table)
             else:
-                info = tokens.revoke_token(engine, args.id)
+                info = revoke_token(engine, args.id)
                 print(f"revoked token {info.id} ({info.name})")
         finally:
             engine.dispose()

@@ -17,7 +17,7 @@ from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
 def add_parsers(sub: Any) -> None:
     """Register ``dpsweep train`` on the top-level subparsers."""
     # Torch-free: the registry imports no accountant library.
-    from workers.accountants import WORKER_ALIASES, accountant_names, get_accountant
+    from workers.accounting.registry import WORKER_ALIASES, accountant_names, get_accountant
 
     t = sub.add_parser(
         "train",
@@ -122,13 +122,16 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from dpsweep.spec import ModelConfig, TrainingConfig
     from sweeper.driver.packs import training_pack
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
-    from workers.datasets import DATASETS, DatasetSpec, dataset_names, load_dataset
+    from workers.datasets.loading import load_dataset
+    from workers.datasets.records import DatasetSpec
+    from workers.datasets.registry import DATASETS, dataset_names
     from workers.devices import DEVICES
     from workers.models import get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
     from workers.plan_check import PlannedRun
+    from workers.schedule import plan_steps
     from workers.strategies import STRATEGIES, strategy_names
-    from workers.trainer import TrialSpec, plan_steps
+    from workers.training.specs import TrialSpec
 
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
@@ -288,8 +291,8 @@ def _charge_training_run(
         What was charged (``None`` for a non-private run).
     """
     from dpsweep.errors import PrivacyError
-    from sweeper.catalog import bind_name
-    from sweeper.ledger import BudgetLedger
+    from sweeper.datasets.identity import bind_name
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
     from sweeper.store import new_id
     from workers.accounting import compute_epsilon
 
@@ -341,7 +344,7 @@ def _charge_training_run(
 
 
 def _run_with_progress(spec: Any, data: Any, *, show_bar: bool, console: Console) -> Any:
-    from workers.trainer import train_pack
+    from workers.training.loop import train_pack
 
     if not show_bar:
         return train_pack(spec, dataset=data)[0]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from dpsweep.errors import ConfigError
-from sweeper.results import FrontPoint
+from sweeper.sweeps.results import FrontPoint
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

@@ -19,7 +19,7 @@ from api.plots.drawing import (
     new_figure,
     no_data,
 )
-from sweeper.results import FrontPoint
+from sweeper.sweeps.results import FrontPoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,7 +41,7 @@ def epsilon_front_figure(
     Points with a non-finite x or y are skipped.
 
     Args:
-        points: Output of :func:`sweeper.results.epsilon_front`.
+        points: Output of :func:`sweeper.sweeps.results.epsilon_front`.
         metric: Name of the objective metric, used for the y-axis label.
         mode: ``"max"`` when a higher objective is better, ``"min"`` otherwise.
         title: Figure title; a default naming the metric when None.
@@ -130,7 +130,7 @@ def calibration_front_figure(
     of the dominated region. Points with a non-finite x or y are skipped.
 
     Args:
-        points: Output of :func:`sweeper.results.calibration_front`.
+        points: Output of :func:`sweeper.sweeps.results.calibration_front`.
         metric: Name of the objective metric, used for the x-axis label.
         mode: ``"max"`` when a higher objective is better, ``"min"`` otherwise.
         title: Figure title; a default naming the metric when None.

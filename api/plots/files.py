@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from api.plots.drawing import check_mode
 from api.plots.figures import calibration_front_figure, epsilon_front_figure
 from dpsweep.errors import ConfigError
-from sweeper.results import best_per_arm_level, calibration_front, epsilon_front
+from sweeper.sweeps.results import best_per_arm_level, calibration_front, epsilon_front
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -80,7 +80,7 @@ def write_pareto_plots(
 ) -> list[Path]:
     """Compute both Pareto fronts from trial records and write one figure for each.
 
-    Trial records are the plain dicts documented in :mod:`sweeper.results`. Unfinished trials
+    Trial records are the plain dicts documented in :mod:`sweeper.sweeps.results`. Unfinished trials
     and trials whose objective is missing or non-finite are skipped; with none left, the
     figures are still written and say so.
 

@@ -16,8 +16,11 @@ from starlette.datastructures import UploadFile
 from api.deps import EngineDep, ReadEngineDep, SettingsDep, ViewerDep
 from api.errors import ApiError, problem_responses
 from api.schemas import BudgetOut, CapsIn, DatasetList, DatasetOut
-from sweeper import catalog
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
+from sweeper.datasets.names import UPLOAD_FORMATS
+from sweeper.datasets.uploads import store_upload
+from sweeper.datasets.views import budget, describe, set_caps
+from sweeper.datasets.views import list_datasets as visible_datasets
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -31,7 +34,7 @@ UPLOAD_BODY = {
                     "required": ["file"],
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
-                        "format": {"type": "string", "enum": list(catalog.UPLOAD_FORMATS)},
+                        "format": {"type": "string", "enum": list(UPLOAD_FORMATS)},
                         "label_column": {"type": "string"},
                         "name": {"type": "string"},
                         "epsilon_cap": {"type": "number", "minimum": 0},
@@ -64,7 +67,7 @@ def _float(form: Any, name: str) -> float | None:
     "", response_model=DatasetList, responses=problem_responses(401), summary="Datasets you can use"
 )
 def list_datasets(engine: ReadEngineDep, viewer: ViewerDep) -> Any:
-    return JSONResponse({"items": catalog.list_datasets(engine, viewer)})
+    return JSONResponse({"items": visible_datasets(engine, viewer)})
 
 
 @router.post(
@@ -131,7 +134,7 @@ async def upload(
     finally:
         await form.close()
     out = await run_in_threadpool(
-        lambda: catalog.store_upload(
+        lambda: store_upload(
             engine,
             owner=viewer.owner,
             content=content,
@@ -154,7 +157,7 @@ async def upload(
     summary="One dataset (never its data)",
 )
 def get_dataset(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
-    return JSONResponse(catalog.describe(engine, dataset_id, viewer))
+    return JSONResponse(describe(engine, dataset_id, viewer))
 
 
 @router.get(
@@ -164,7 +167,7 @@ def get_dataset(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> An
     summary="Lifetime budget: caps, committed, reserved, remaining, and the sweeps that spent it",
 )
 def get_budget(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
-    return JSONResponse(catalog.budget(engine, dataset_id, viewer))
+    return JSONResponse(budget(engine, dataset_id, viewer))
 
 
 @router.put(
@@ -177,7 +180,7 @@ def put_budget(
     engine: EngineDep, viewer: ViewerDep, dataset_id: str, caps: Annotated[CapsIn, ...]
 ) -> Any:
     return JSONResponse(
-        catalog.set_caps(
+        set_caps(
             engine,
             dataset_id,
             viewer,

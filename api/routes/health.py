@@ -21,8 +21,8 @@ def health() -> dict[str, str]:
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
 def ready(request: Request) -> Any:
-    from sweeper import db
-    from sweeper.scheduler import live_schedulers
+    from sweeper.driver.scheduler import live_schedulers
+    from sweeper.store.schema import current_revision, head_revision
 
     state = request.app.state
     out: dict[str, Any] = {
@@ -34,8 +34,8 @@ def ready(request: Request) -> Any:
     try:
         with state.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
-        out["schema_revision"] = db.current_revision(state.database_url)
-        if out["schema_revision"] != db.head_revision():
+        out["schema_revision"] = current_revision(state.database_url)
+        if out["schema_revision"] != head_revision():
             out["status"] = "schema behind head: run `dpsweep db upgrade`"
         out["schedulers"] = len(
             live_schedulers(state.engine, within_seconds=state.settings.scheduler_stale_seconds)

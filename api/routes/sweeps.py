@@ -37,12 +37,17 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import pareto
-from sweeper import catalog, reads
-from sweeper.charges import exact_sum
-from sweeper.events import read_events
-from sweeper.spec import SweepSpec, load_spec
-from sweeper.sweeps import TERMINAL_SWEEPS, cancel_sweep, create_sweep, dataset_key
-from workers.errors import ConfigError, DpsweepError
+from dpsweep.errors import ConfigError, DpsweepError
+from dpsweep.spec import SweepSpec, load_spec
+from sweeper.datasets.access import check_access
+from sweeper.datasets.resolution import resolve
+from sweeper.privacy.charges import exact_sum
+from sweeper.sweeps.create import create_sweep, dataset_key
+from sweeper.sweeps.events import read_events
+from sweeper.sweeps.lifecycle import cancel_sweep
+from sweeper.sweeps.stored import TERMINAL_SWEEPS
+from sweeper.sweeps.sweep_pages import check_sweep, page_sweeps
+from sweeper.sweeps.trial_pages import page_trials
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
@@ -128,10 +133,10 @@ def _check_limits(spec: SweepSpec, max_trials: int) -> None:
 
 def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int) -> Any:
     _check_limits(spec, max_trials)
-    catalog.check_access(engine, spec.dataset, viewer)
+    check_access(engine, spec.dataset, viewer)
     # Loader names pass through; uploads, registered names and a public evaluation dataset
     # are looked up in the catalog.
-    return planner.prepare(spec, dataset=catalog.resolve(engine, spec.dataset, spec.eval))
+    return planner.prepare(spec, dataset=resolve(engine, spec.dataset, spec.eval))
 
 
 def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
@@ -296,9 +301,7 @@ def list_sweeps(
     limit: Limit = None,
     cursor: Cursor = None,
 ) -> dict[str, Any]:
-    page = reads.page_sweeps(
-        engine, viewer, state=state, limit=page_size(limit, settings), cursor=cursor
-    )
+    page = page_sweeps(engine, viewer, state=state, limit=page_size(limit, settings), cursor=cursor)
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
@@ -335,7 +338,7 @@ def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any
     search had started stay charged in full and release nothing unless their search had
     already completed; ``papernot_steinke`` says so.
     """
-    reads.check_sweep(engine, sweep_id, viewer)
+    check_sweep(engine, sweep_id, viewer)
     out = cancel_sweep(engine, sweep_id)
     return {"id": sweep_id, "state": "cancelled", **out}
 
@@ -401,7 +404,7 @@ def list_trials(
     limit: Limit = None,
     cursor: Cursor = None,
 ) -> Any:
-    page = reads.page_trials(
+    page = page_trials(
         engine,
         sweep_id,
         viewer,
@@ -452,7 +455,7 @@ async def events(
         int | None, Query(ge=0, le=2**63 - 1, description="like Last-Event-ID")
     ] = None,
 ) -> StreamingResponse:
-    await run_in_threadpool(reads.check_sweep, engine, sweep_id, viewer)
+    await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
     start = after or 0
     if last_event_id:
         if not last_event_id.strip().isdigit() or int(last_event_id.strip()) > 2**63 - 1:
@@ -478,7 +481,7 @@ async def events(
             if batch:
                 quiet_since = time.monotonic()
                 continue
-            state, _ = await run_in_threadpool(reads.check_sweep, engine, sweep_id, viewer)
+            state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
             if state in TERMINAL:
                 # Ended before this stream started (or its end event was already delivered).
                 more = await run_in_threadpool(read_events, engine, sweep_id, after=last)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from api.deps import ReadEngineDep, ViewerDep
 from api.errors import problem_responses
 from api.schemas import MetricHistory, TrialDetail
-from sweeper import reads
+from sweeper.sweeps.trial_detail import metric_history, trial_detail
 
 router = APIRouter(prefix="/trials", tags=["trials"])
 
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/trials", tags=["trials"])
     summary="A trial: parameters, planned noise, privacy charges, metrics, bins, trajectories",
 )
 def get_trial(engine: ReadEngineDep, viewer: ViewerDep, trial_id: str) -> Any:
-    return JSONResponse(reads.trial_detail(engine, trial_id, viewer))
+    return JSONResponse(trial_detail(engine, trial_id, viewer))
 
 
 @router.get(
@@ -37,4 +37,4 @@ def get_metrics(
     trial_id: str,
     name: Annotated[str | None, Query(max_length=64)] = None,
 ) -> Any:
-    return JSONResponse(reads.metric_history(engine, trial_id, viewer, name=name))
+    return JSONResponse(metric_history(engine, trial_id, viewer, name=name))

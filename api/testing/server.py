@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 
 from api.testing.postgres import free_port
-from sweeper import db
-from sweeper.tokens import create_token
+from sweeper.store.engine import make_engine
+from sweeper.store.tokens import create_token
 
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 
@@ -42,7 +42,7 @@ class Server:
         """A token for ``name`` (created once per server)."""
         key = f"{name}:{admin}"
         if key not in self.tokens:
-            engine = db.make_engine(self.db_url)
+            engine = make_engine(self.db_url)
             try:
                 self.tokens[key], _ = create_token(engine, name=name, admin=admin)
             finally:

@@ -4,7 +4,8 @@ The privacy ledger is keyed by the content of a dataset's records (``sha256:<hex
 longer by its name. Each name (``datasets`` row) records the identity it is bound to, and each
 sweep the ledger key it reserved under. Both columns are NULL for rows stored before: such a
 sweep keeps using its name as its ledger key, and a name is bound (its old ledger row, if any,
-carried over to the identity's) the next time it is used (``sweeper.catalog.bind_name``). A
+carried over to the identity's) the next time it is used
+(``sweeper.datasets.identity.bind_name``). A
 migration cannot compute identities itself: that needs loading every dataset.
 
 Downgrading drops both columns. Old code then keys the ledger by name again: rows keyed

@@ -28,7 +28,7 @@ def worker_spec(
     """The :class:`workers.datasets.DatasetSpec` of loader ``name`` (for a stored file: its
     format) at ``path``, with the split and scaling settings of ``d`` (a spec's ``dataset``
     section, or a dict)."""
-    from workers.datasets import DatasetSpec
+    from workers.datasets.records import DatasetSpec
 
     get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
     # The scaling settings travel with the dataset: every loader (planner, upload check,
@@ -67,7 +67,7 @@ def load_file(spec: Any, shown_as: str) -> tuple[dict[str, Any], str]:
     Raises:
         DatasetError: the file cannot be loaded (named ``shown_as``, not by its path).
     """
-    from workers.datasets import load_dataset
+    from workers.datasets.loading import load_dataset
 
     try:
         data = load_dataset(spec)

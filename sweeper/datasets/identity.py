@@ -23,8 +23,11 @@ from sqlalchemy.orm import Session
 from dpsweep.errors import ConfigError, DatasetNotFound
 from sweeper.datasets.files import builtin_description, file_spec, worker_spec
 from sweeper.datasets.names import BUILTIN
-from sweeper.ledger import BudgetLedger, CarriedOver, identity_key, writable
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.keys import identity_key
+from sweeper.privacy.ledger.records import CarriedOver
 from sweeper.store import Dataset, Sweep
+from sweeper.store.engine import writable
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def content_identity(engine: Engine, name: str) -> str:
     if builtin and name in _BUILTIN_IDENTITY:
         sha = _BUILTIN_IDENTITY[name]
     else:
-        from workers.datasets import dataset_content_sha256
+        from workers.datasets.loading import dataset_content_sha256
 
         sha = dataset_content_sha256(spec)
         if builtin:

@@ -31,7 +31,7 @@ def is_upload(name: str) -> bool:
 def in_catalog(name: str) -> bool:
     """Whether a spec's dataset name is looked up in the catalog (an upload or a registered
     name) rather than being a loader of :mod:`workers.datasets` (``digits``, ``csv``...)."""
-    from workers.datasets import DATASETS
+    from workers.datasets.registry import DATASETS
 
     return is_upload(name) or name not in DATASETS
 
@@ -40,7 +40,7 @@ def unknown_dataset(name: str) -> str:
     """The message for a dataset name that reads nothing (or nothing the asker may see)."""
     if is_upload(name):
         return f"no uploaded dataset {name!r}; GET /api/v1/datasets lists yours"
-    from workers.datasets import dataset_names
+    from workers.datasets.registry import dataset_names
 
     return (
         f"unknown dataset {name!r}: neither a loader ({', '.join(dataset_names())}) nor a name "
@@ -81,7 +81,7 @@ def check_registered_name(name: str) -> None:
     Raises:
         ConfigError: naming the rule.
     """
-    from workers.datasets import DATASETS
+    from workers.datasets.registry import DATASETS
 
     if not _REGISTERED.match(name) or is_upload(name):
         raise ConfigError(

@@ -17,7 +17,8 @@ from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
 from sweeper.datasets.files import load_file, worker_spec
 from sweeper.datasets.identity import Binding, bind_name
 from sweeper.datasets.names import check_registered_name, format_of
-from sweeper.ledger import BudgetLedger, identity_key
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.keys import identity_key
 from sweeper.store import Dataset, Sweep, SweepState
 
 

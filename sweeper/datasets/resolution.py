@@ -36,9 +36,9 @@ def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
     Args:
         engine: The store's engine (None: local use without a database; catalog names then
             cannot be resolved).
-        dataset: The spec's ``dataset`` section (a :class:`sweeper.spec.DatasetConfig` or a
+        dataset: The spec's ``dataset`` section (a :class:`dpsweep.spec.DatasetConfig` or a
             dict).
-        evaluation: The spec's ``eval`` section (:class:`sweeper.spec.EvalConfig`, or a dict
+        evaluation: The spec's ``eval`` section (:class:`dpsweep.spec.EvalConfig`, or a dict
             with ``mode`` and ``dataset``); None: mode ``carve-out``. Mode ``public`` resolves
             ``dataset`` to a registered name its owner declared public
             (:func:`public_eval_spec`).
@@ -47,11 +47,13 @@ def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
         The worker spec with ``evaluation`` (and in mode ``public`` ``eval_dataset``) set.
 
     Raises:
-        ConfigError: an upload id or name that does not exist, or a path given with a
-            registered name (field ``dataset.*``); an evaluation dataset that is not a
+        ConfigError: an upload id or name that does not exist, a path given with a
+            registered name, or an option its loader does not declare or a value out of its
+            range (field ``dataset.*``); an evaluation dataset that is not a
             registered name declared public, or is the training dataset (``eval.dataset``).
     """
     spec = _resolve_training(engine, dataset)
+    _check_options(spec)
     mode, eval_name = _eval_settings(evaluation)
     if mode == "carve-out":
         return spec
@@ -60,6 +62,15 @@ def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
     get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
     eval_spec = public_eval_spec(engine, eval_name, training=str(get("name")))
     return replace(spec, evaluation="public", eval_dataset=eval_spec)
+
+
+def _check_options(spec: Any) -> None:
+    """The loader's options against its torch-free descriptor (name, ranges, unknown options),
+    so that a bad ``dataset.options`` value is refused when the sweep is planned, before any
+    budget is reserved (the loader checks the same declaration again when it runs)."""
+    from workers.datasets.descriptors import get_dataset_descriptor
+
+    get_dataset_descriptor(spec.name).validate(spec.options)
 
 
 def _eval_settings(evaluation: Any) -> tuple[str, str | None]:
@@ -94,7 +105,7 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             declared public); the training dataset's own name or records; a name that is not
             registered or not declared public; no database.
     """
-    from workers.datasets import DATASETS
+    from workers.datasets.registry import DATASETS
 
     field = "eval.dataset"
     if not name:

@@ -23,7 +23,7 @@ from sweeper.datasets.files import load_file, worker_spec
 from sweeper.datasets.identity import bind_name
 from sweeper.datasets.names import UPLOAD_FORMATS, UPLOAD_PREFIX
 from sweeper.datasets.views import describe
-from sweeper.ledger import BudgetLedger
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Dataset
 
 # What an upload's label may be (it is shown to its owner and admins).

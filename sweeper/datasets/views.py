@@ -17,8 +17,10 @@ from sweeper.datasets.access import Viewer
 from sweeper.datasets.files import builtin_description
 from sweeper.datasets.identity import content_identity, view_key
 from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
-from sweeper.ledger import BudgetLedger, EntryKind, identity_key
 from sweeper.privacy.charges import EXACT, exact_sum
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.keys import identity_key
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import Dataset, Sweep, iso
 
 

@@ -2,7 +2,8 @@
 
 A trial is claimed (``running``, in one transaction that checks the sweep is still running and
 this process still drives it), then **charged** in the ledger (its grid's next run,
-:mod:`sweeper.charges`), and only then submitted. A trial whose charge is refused never runs:
+:mod:`sweeper.privacy.charges`), and only then submitted. A trial whose charge is refused never
+runs:
 it ends ``failed``, "not run, and not charged", with its attempt taken back.
 """
 
@@ -14,15 +15,15 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from sweeper import events
-from sweeper.charges import ps_charge_note
+from dpsweep.errors import PrivacyError
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
-from sweeper.ledger import ReservationExceeded
+from sweeper.privacy.charges import ps_charge_note
+from sweeper.privacy.ledger.errors import ReservationExceeded
 from sweeper.store import SweepState, Trial, TrialState
-from workers.errors import PrivacyError
+from sweeper.sweeps import events
 
 
 class Claims:

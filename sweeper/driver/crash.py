@@ -41,12 +41,12 @@ from typing import NamedTuple
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from sweeper import events
 from sweeper.driver.claims import Claims
 from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.store import Trial, TrialState
+from sweeper.sweeps import events
 
 
 class TrialRow(NamedTuple):

@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import SweepNotFound
 from dpsweep.spec import ArmConfig, SweepSpec
-from sweeper import events
-from sweeper.charges import ChargeSchedule
-from sweeper.ledger import BudgetLedger
+from sweeper.privacy.charges import ChargeSchedule
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep
-from sweeper.sweeps import SweepNotFound, grid_key
+from sweeper.sweeps import events
+from sweeper.sweeps.stored import grid_key
 
 
 @dataclass

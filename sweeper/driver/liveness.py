@@ -16,13 +16,14 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import IllegalState
 from dpsweep.spec import SweepSpec
-from sweeper import events
 from sweeper.driver.held_sweep import HeldSweep, PlannedGrid, sweep_for_update
-from sweeper.ledger import BudgetLedger
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState
-from sweeper.sweeps import TERMINAL_SWEEPS, IllegalState, hidden_grids, schedules
+from sweeper.sweeps import events
+from sweeper.sweeps.stored import TERMINAL_SWEEPS, hidden_grids, schedules
 
 
 def utc_now() -> datetime:

@@ -8,7 +8,7 @@ for ``search: tpe`` (:mod:`sweeper.driver.tpe`).
 
 The life of a trial: ``pending`` → claimed (``running``, in one transaction that checks the
 sweep is still running and this process still drives it) → **charged** in the ledger (its
-grid's next run, :mod:`sweeper.charges`) → submitted → ``done`` / ``failed`` (charged either
+grid's next run, :mod:`sweeper.privacy.charges`) → submitted → ``done`` / ``failed`` (charged either
 way). A trial whose charge is refused never runs (:mod:`sweeper.driver.claims`).
 
 A driver writes a heartbeat (:mod:`sweeper.driver.liveness`). When a sweep is started again
@@ -30,8 +30,6 @@ from collections.abc import Callable
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
-from sweeper import events
-from sweeper.charges import exact_sum
 from sweeper.driver import ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
@@ -41,10 +39,13 @@ from sweeper.driver.pack_events import PackEvents
 from sweeper.driver.packs import Packer
 from sweeper.driver.progress import Progress, RunOutcome, Snapshot, run_outcome
 from sweeper.driver.tpe import TpeSearch
-from sweeper.ledger import BudgetLedger, EntryKind
+from sweeper.privacy.charges import exact_sum
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.settings import SweeperSettings
 from sweeper.store import SweepState, Trial, TrialState
-from sweeper.sweeps import grid_key
+from sweeper.sweeps import events
+from sweeper.sweeps.stored import grid_key
 
 
 class SweepRunner:

@@ -14,7 +14,6 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from sweeper import events
 from sweeper.driver import ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy
@@ -23,6 +22,7 @@ from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
 from sweeper.store import MetricPoint, Trial, TrialResultRow, TrialState
+from sweeper.sweeps import events
 
 
 def finite(value: Any) -> float | None:

@@ -1,7 +1,7 @@
 """Packs: what a worker trains, and which pending trials train together.
 
-:func:`pack_spec` builds the :class:`workers.trainer.PackSpec` of one trial or a pack of trials
-of one planned grid: what a worker trains (the sweep driver and ``dpsweep train`` alike).
+:func:`pack_spec` builds the :class:`workers.training.specs.PackSpec` of one trial or a pack of
+trials of one planned grid: what a worker trains (the sweep driver and ``dpsweep train`` alike).
 :class:`Packer` groups the queued trials into packs of compatible trials
 (:func:`workers.packing.pack_key`), caps a pack by memory (:func:`workers.packing.max_pack_size`),
 and checks a pack against its plan on the data as it is now, before anything is charged
@@ -18,7 +18,7 @@ from dpsweep.errors import ConfigError
 from dpsweep.spec import ModelConfig, SweepSpec, TrainingConfig
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
-from workers.accountants import trial_accountant_for_plan
+from workers.accounting.registry import trial_accountant_for_plan
 
 
 class TrialToTrain(Protocol):
@@ -50,21 +50,21 @@ def pack_spec(
     device: str = "cpu",
     threads: int = 1,
 ) -> Any:
-    """The :class:`workers.trainer.PackSpec` that trains ``trials`` (one, or a pack of several
-    of one grid and strategy).
+    """The :class:`workers.training.specs.PackSpec` that trains ``trials`` (one, or a pack of
+    several of one grid and strategy).
 
     Args:
         spec: The spec (model, training settings, privacy, arms); each trial's params are its
             arm's fixed params overridden by its own, ``lr`` taken out.
         trials: What to train (:class:`TrialToTrain`); the pack's strategy is the first one's.
-        dataset: The worker-side dataset (:func:`sweeper.catalog.resolve` of the spec's dataset
-            and eval sections), or a function returning it, called once the trials' own
-            settings are read (so that their errors come first, as they always did).
+        dataset: The worker-side dataset (:func:`sweeper.datasets.resolution.resolve` of the
+            spec's dataset and eval sections), or a function returning it, called once the
+            trials' own settings are read (so that their errors come first, as they always did).
         grid: The trials' grid as planned and stored. Given, the worker refuses to run anything
             but what it covers (its :class:`workers.plan_check.PlannedRun`), reports epsilon
             with the accountant its stored one maps to, and uses its DP-evaluation noise.
-        accountant: The worker's accountant (:mod:`workers.accountants`); default: the grid's
-            stored one, mapped. Required without ``grid``.
+        accountant: The worker's accountant (:mod:`workers.accounting.registry`); default: the
+            grid's stored one, mapped. Required without ``grid``.
         planned: The :class:`workers.plan_check.PlannedRun` to enforce; default: the grid's
             (None without a grid: the run is not checked against a plan).
         device: Where to train (``cpu``, ``cuda``, ...).
@@ -75,7 +75,7 @@ def pack_spec(
         ConfigError: the grid's stored accountant is unknown.
         ValueError: neither ``grid`` nor ``accountant`` is given.
     """
-    from workers.trainer import TrialSpec
+    from workers.training.specs import TrialSpec
 
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
@@ -100,7 +100,7 @@ def pack_spec(
         trials=specs,
         dataset=dataset,
         # Trials report single-run epsilon with the accountant the grid's stored one maps
-        # to (workers.accountants.PLAN_TO_WORKER); an unknown stored name is refused.
+        # to (workers.accounting.registry.PLAN_TO_WORKER); an unknown stored name is refused.
         accountant=_worker_accountant(grid, accountant),
         # Secret per-trial randomness unless the spec opted into reproducible mode (a spec
         # stored before that option existed runs its remaining trials with secrets too).
@@ -128,7 +128,7 @@ def training_pack(
     device: str = "cpu",
     threads: int = 1,
 ) -> Any:
-    """The :class:`workers.trainer.PackSpec` of trials already resolved to their settings.
+    """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
 
     The one place where the typed spec's model and training sections become what a worker
     trains: :func:`pack_spec` (a sweep's trials) and ``dpsweep train`` (one run from flags,
@@ -138,7 +138,7 @@ def training_pack(
         model: The model section (registered name and options).
         training: The training section (steps or epochs, batch size, optimizer, evaluation).
         strategy: The pack's strategy (one per pack).
-        trials: :class:`workers.trainer.TrialSpec` of each trial (lr, seed, sigma, delta,
+        trials: :class:`workers.training.specs.TrialSpec` of each trial (lr, seed, sigma, delta,
             params).
         dataset: The worker-side dataset, or a function returning it (called last).
         accountant: The worker's accountant of each trial's single-run epsilon.
@@ -151,7 +151,7 @@ def training_pack(
         threads: Torch threads of the worker.
     """
     from workers.models import ModelSpec
-    from workers.trainer import PackSpec
+    from workers.training.specs import PackSpec
 
     return PackSpec(
         dataset=dataset() if callable(dataset) else dataset,
@@ -211,7 +211,7 @@ class Packer:
         """The worker-side dataset of the sweep, resolved once."""
         # Uploads (ds_...) resolve to their stored file; the workers never see the database.
         if self._dataset is None:
-            from sweeper.catalog import resolve
+            from sweeper.datasets.resolution import resolve
 
             spec = self.held.spec
             self._dataset = resolve(self.held.engine, spec.dataset, spec.eval)
@@ -232,7 +232,7 @@ class Packer:
 
     def current_data(self, dataset: Any) -> Any:
         """The dataset as it is now on disk, reloaded whenever one of its files changed."""
-        from workers.datasets import load_dataset
+        from workers.datasets.loading import load_dataset
 
         stamp = []
         public_eval = getattr(dataset, "eval_dataset", None)

@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import SweepNotFound
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial
 from sweeper.store import Sweep, Trial
-from sweeper.sweeps import SweepNotFound, grid_key, hidden_grids
+from sweeper.sweeps.stored import grid_key, hidden_grids
 
 
 @dataclass

@@ -32,8 +32,8 @@ from sweeper.settings import SweeperSettings
 def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
     """Train one pack and stream its events: ``started``, ``eval`` (per evaluation),
     then ``result`` or ``error``."""
-    from workers.errors import PrivacyError as _PrivacyError
-    from workers.trainer import train_pack
+    from dpsweep.errors import PrivacyError as _PrivacyError
+    from workers.training.loop import train_pack
 
     events: queue.Queue[dict[str, Any] | None] = queue.Queue()
 

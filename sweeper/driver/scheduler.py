@@ -1,7 +1,7 @@
 """The scheduler: drives the sweeps the database says are waiting, on one Ray.
 
 ``dpsweep serve`` starts one as a child process next to the API (``python -m
-sweeper.scheduler``, an entry kept for it; the scheduler lives in ``sweeper.driver.scheduler``);
+sweeper.driver.scheduler``);
 ``dpsweep scheduler`` runs one alone (API replicas plus one scheduler, say). It talks to nothing
 but the database, the single source of truth: the API creates and cancels sweeps there, and the
 scheduler finds them there.
@@ -160,7 +160,7 @@ class Scheduler:
 
     def _reap(self) -> None:
         from dpsweep.errors import IllegalState
-        from sweeper.sweeps import fail_sweep
+        from sweeper.sweeps.lifecycle import fail_sweep
 
         for sid, drive in list(self._drives.items()):
             if drive.thread.is_alive():
@@ -239,14 +239,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from sweeper import db
+    from sweeper.store.engine import database_url, make_engine
+    from sweeper.store.schema import require_head
 
     settings = SweeperSettings()
     if args.workers:
         settings = settings.model_copy(update={"workers": args.workers})
-    url = db.database_url(args.db or settings.database_url)
-    db.require_head(url)
-    engine = db.make_engine(url)
+    url = database_url(args.db or settings.database_url)
+    require_head(url)
+    engine = make_engine(url)
     stop = threading.Event()
     Scheduler(engine, settings, parent_pid=args.parent_pid).run(stop, handle_signals=True)
     engine.dispose()

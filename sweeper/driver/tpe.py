@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial
 from sweeper.store import Trial, TrialState
-from sweeper.sweeps import grid_key
+from sweeper.sweeps.stored import grid_key
 
 
 class TpeSearch:
@@ -40,7 +40,7 @@ class TpeSearch:
         if grid not in self._studies:
             import optuna
 
-            from sweeper.search import optuna_distributions
+            from sweeper.sweeps.search import optuna_distributions
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             arm = self.held.arm(arm_label)

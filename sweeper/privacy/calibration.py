@@ -2,7 +2,7 @@
 
 Used by the ``compose`` and ``basic`` methods (:mod:`sweeper.privacy.composition`); the
 accountants are the planner's (dp_accounting's PLD or RDP,
-:func:`workers.accountants.plan_accountant`), so planning never imports torch.
+:func:`workers.accounting.registry.plan_accountant`), so planning never imports torch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 from scipy.stats import norm
 
-from workers.accountants import plan_accountant
+from workers.accounting.registry import plan_accountant
 
 # Calibrated grids land within this fraction below their budget (never above).
 CALIBRATION_SLACK = 0.01

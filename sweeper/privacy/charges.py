@@ -126,7 +126,7 @@ def _compose_epsilons(plan: Any) -> list[float]:
         raise PrivacyError(
             f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
         )
-    from workers.accountants import plan_accountant
+    from workers.accounting.registry import plan_accountant
 
     accountant = plan_accountant(plan.accountant)
     if not accountant.tight:

@@ -13,7 +13,7 @@ sample rate q (Mohapatra et al. 2022, the protocol of 004). Methods (stable regi
   released (:mod:`sweeper.privacy.papernot_steinke`).
 
 Every plan is then **verified** by a second accountant that shares no code with the first
-(:func:`sweeper.privacy.verification.verify_plan`, :mod:`workers.accounting_audit`): Gopi et
+(:func:`sweeper.privacy.verification.verify_plan`, :mod:`workers.accounting.audit`): Gopi et
 al. (2021)'s PRV accountant for compose and basic, an independent Rényi-DP implementation of
 Papernot & Steinke's theorems for papernot-steinke. A plan is refused when the two disagree
 beyond their stated errors (the planner under-states, or a PLD figure lies far above the PRV's
@@ -45,7 +45,7 @@ from sweeper.privacy.limits import (
 from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
 from sweeper.privacy.papernot_steinke import plan_papernot_steinke
 from sweeper.privacy.verification import verify_plan
-from workers.accountants import spec_accountant
+from workers.accounting.registry import spec_accountant
 from workers.count_noise import auto_count_noise
 
 # The accounting methods by their stable names, in the order messages list them.
@@ -109,7 +109,7 @@ class SweepPlan:
 
 
 # What a new plan stores for each planning accountant: the planner's historical values ("rdp"
-# is dp_accounting's RDP in plans; workers.accountants.PLAN_ALIASES reads it back).
+# is dp_accounting's RDP in plans; workers.accounting.registry.PLAN_ALIASES reads it back).
 _PLAN_STORED_NAME = {"pld": "pld", "dp-rdp": "rdp"}
 
 
@@ -125,7 +125,7 @@ def _plan_accountant_name(spec_name: str) -> str:
 
 
 def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridRequest]:
-    """One request per arm and epsilon level of a :class:`sweeper.spec.SweepSpec`.
+    """One request per arm and epsilon level of a :class:`dpsweep.spec.SweepSpec`.
 
     With ``eval: {mode: dp}`` every trial is charged its E noisy evaluations
     (:func:`workers.schedule.eval_releases`) at the spec's ``eval.noise_multiplier``, or at
@@ -184,7 +184,7 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             default: the spec's.
     """
     from sweeper.datasets.resolution import resolve
-    from workers.datasets import load_dataset
+    from workers.datasets.loading import load_dataset
 
     evaluation = getattr(spec, "eval", None)
     # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
@@ -193,7 +193,7 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     n = data.n_private
     arms = {a.label: a for a in spec.arms}
     b = spec.training.batch_size
-    from sweeper.parallel import pmap
+    from sweeper.privacy.parallel import pmap
 
     grids = []
     requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)

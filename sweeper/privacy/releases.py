@@ -5,7 +5,7 @@ Three releases are reported, each with the epsilon that covers it and a sentence
 * **grid**: releasing every trial of one grid (an arm at one epsilon level), or, for a
   papernot-steinke random search, its selected trial; this is the grid's planned total.
 * **sweep**: releasing everything the sweep releases from its dataset, all grids composed
-  tightly (not summed) at the sum of their deltas (:func:`workers.accounting_audit.sweep_epsilon`).
+  tightly (not summed) at the sum of their deltas (:func:`workers.accounting.audit.sweep_epsilon`).
 * **dataset lifetime**: everything released from these records so far, by every sweep and
   ``dpsweep train`` run; the ledger adds the charges up (basic composition, an upper bound).
 
@@ -79,7 +79,7 @@ def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _sweep_release(grids_json: str) -> tuple[tuple[str, Any], ...]:
     # Summaries are read often (dashboard polling); the composition depends only on the plan.
     from dpsweep.errors import DpsweepError
-    from workers.accounting_audit import sweep_epsilon
+    from workers.accounting.audit.sweep import sweep_epsilon
 
     grids = json.loads(grids_json)
     summed = sum(float(g["epsilon_total"]) for g in grids)

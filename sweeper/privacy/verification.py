@@ -1,6 +1,6 @@
 """Verification: every plan's epsilon recomputed by a second accountant that shares no code.
 
-:func:`verify_plan` uses :mod:`workers.accounting_audit`: Gopi et al. (2021)'s PRV accountant
+:func:`verify_plan` uses :mod:`workers.accounting.audit`: Gopi et al. (2021)'s PRV accountant
 for compose and basic, an independent Rényi-DP implementation of Papernot & Steinke's theorems
 for papernot-steinke. A plan is refused when the two disagree beyond their stated errors (the
 planner under-states, or a PLD figure lies far above the PRV's upper bound) or when either
@@ -14,8 +14,8 @@ from dataclasses import replace
 from dpsweep.errors import PrivacyError
 from sweeper.privacy.evaluation_releases import plan_eval_releases
 from sweeper.privacy.grids import GridPlan
-from workers.accountants import plan_accountant
-from workers.accounting_audit import EpsilonBounds
+from workers.accounting.audit.bounds import EpsilonBounds
+from workers.accounting.registry import plan_accountant
 
 # The verifying PLD uses dp_accounting's default grid, finer than the calibrating one.
 VERIFY_DISCRETIZATION = 1e-4
@@ -30,7 +30,7 @@ def verify_plan(plan: GridPlan) -> GridPlan:
 
     * compose: Gopi et al.'s PRV accountant on K*T steps at delta;
     * basic: the PRV accountant on one trial's T steps at delta/K, times K;
-    * papernot-steinke: :func:`workers.accounting_audit.papernot_steinke_bounds`.
+    * papernot-steinke: :func:`workers.accounting.audit.papernot_steinke_bounds`.
 
     With DP evaluation (``eval_releases`` E and ``eval_noise_multiplier`` sigma_e) the second
     accountant charges them too: K*E plain Gaussians (q = 1) in the PRV composition (E per
@@ -41,13 +41,13 @@ def verify_plan(plan: GridPlan) -> GridPlan:
 
     * Every plan: its epsilon_total (and for basic K * epsilon_per_trial, what the ledger
       charges) must not lie below the verifier's lower bound. PRV's bounds are rigorous
-      (once its mean is computed right, see workers.accounting_audit._prv_bounds), so a
+      (once its mean is computed right, see workers.accounting.audit.prv._prv_bounds), so a
       figure below them under-states the cost. The independent RDP bound optimises over a
       superset of dp_accounting's orders with exact Rényi moments, so dp_accounting's figure
       can only be higher; its lower bar is the order-grid tolerance RDP_AGREEMENT (2 %).
     * PLD-calibrated compose and basic plans must also not lie above the PRV's upper bound
       by more than the PLD's own stated over-statement
-      (:func:`workers.accounting_audit.pld_overstatement`): such a figure does not describe
+      (:func:`workers.accounting.audit.pld_overstatement`): such a figure does not describe
       the plan's sigma. RDP-calibrated plans (accountant rdp, and papernot-steinke) are only
       loose upper bounds, so the upper side does not apply to them.
     * epsilon_total, and the verifier's lower bound, must both fit the budget.
@@ -61,7 +61,7 @@ def verify_plan(plan: GridPlan) -> GridPlan:
             cannot compute (fail closed). The message names the arm, both figures, both
             accountants and the error bars.
     """
-    from workers.accounting_audit import PLD_STATED_ERROR, pld_overstatement
+    from workers.accounting.audit.prv import PLD_STATED_ERROR, pld_overstatement
 
     bounds, verified_by = _verify_grid(plan)
     where = f"arm {plan.arm!r} at epsilon {plan.epsilon_budget:g} ({plan.accounting})"
@@ -128,7 +128,7 @@ def verify_plan(plan: GridPlan) -> GridPlan:
 
 def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
     """The second accountant's epsilon bounds for a plan, and a readable name for it."""
-    from workers import accounting_audit as audit
+    from workers.accounting import audit
 
     sigma, q, steps, k = (
         plan.noise_multiplier,

@@ -81,7 +81,7 @@ class Dataset(Base):
     seen with (:func:`workers.datasets.content_sha256`); the lifetime budget lives in the
     ledger under ``sha256:<content_sha256>``, so several names of the same records share one
     cap and one ledger, and deleting a name deletes no budget. ``NULL`` for rows stored before
-    identities existed, until the name is next used (:func:`sweeper.catalog.bind_name`).
+    identities existed, until the name is next used (:func:`sweeper.datasets.identity.bind_name`).
     Uploads and registered files also record their format and the file they are read from
     (uploads also their owner); the API never serves the file back.
     """
@@ -222,7 +222,7 @@ class SweepEvent(Base):
     """One event of a sweep's life (state changes, metric points), for the live stream.
 
     Ids increase in commit order within a sweep: every transaction that appends events first
-    locks the sweep's row (:func:`sweeper.events.lock_sweep`), so a reader that resumes after
+    locks the sweep's row (:func:`sweeper.sweeps.events.lock_sweep`), so a reader that resumes after
     id ``n`` never misses an event committed later with a smaller id.
     """
 

@@ -1,8 +1,9 @@
 """Creating a sweep: check and plan its spec, store it with its trials, reserve its cost.
 
-The runner (:mod:`sweeper.runner`), the CLI and the API all create sweeps here. Nothing here
+The runner (:mod:`sweeper.driver.loop`), the CLI and the API all create sweeps here. Nothing here
 imports torch: the spec is checked against the strategies' torch-free descriptors
-(:mod:`sweeper.sweeps.checks`) and planned by :mod:`sweeper.planner` before anything is stored,
+(:mod:`sweeper.sweeps.checks`) and planned by :mod:`sweeper.privacy.planner` before anything is
+stored,
 and the whole cost is reserved on the dataset's ledger before the sweep is, so a scheduler that
 picks a pending sweep up finds its reservation in place.
 """
@@ -20,9 +21,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from dpsweep.spec import ArmConfig, SweepSpec, load_spec
-from sweeper.charges import ChargeSchedule, charge_schedule, exact_sum
-from sweeper.ledger import BudgetExhausted, BudgetLedger
-from sweeper.planner import SweepPlan, plan_sweep
+from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.errors import BudgetExhausted
+from sweeper.privacy.planner import SweepPlan, plan_sweep
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
 from sweeper.sweeps.checks import check_spec
@@ -43,15 +45,15 @@ def spec_hash(spec: SweepSpec) -> str:
 def dataset_key(spec: SweepSpec) -> str:
     """The name of the spec's dataset as users see it (``sweeps.dataset``): its name, plus
     the file for file datasets. Not the ledger's key: the ledger is keyed by the identity of
-    the records (``sweeps.ledger_key``, see :mod:`sweeper.catalog`)."""
+    the records (``sweeps.ledger_key``, see :mod:`sweeper.datasets`)."""
     d = spec.dataset
     return d.name if d.path is None else f"{d.name}:{d.path}"
 
 
 def _content_of(engine: Engine, spec: SweepSpec) -> str:
     """The identity of the spec's records, for plans made without it (loads the data)."""
-    from sweeper.catalog import resolve
-    from workers.datasets import dataset_content_sha256
+    from sweeper.datasets.resolution import resolve
+    from workers.datasets.loading import dataset_content_sha256
 
     return dataset_content_sha256(resolve(engine, spec.dataset))
 
@@ -113,7 +115,7 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
     """
     check_spec(spec)
     plan = plan_sweep(spec, dataset=dataset)
-    from sweeper.parallel import pmap
+    from sweeper.privacy.parallel import pmap
 
     return PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
 
@@ -144,12 +146,12 @@ def create_sweep(
     check_spec(spec)
     if prepared is None:
         if plan is None:
-            from sweeper.catalog import resolve
+            from sweeper.datasets.resolution import resolve
 
             # Loader names pass through; uploads, registered names and a public evaluation
             # dataset are looked up in the catalog.
             plan = plan_sweep(spec, dataset=resolve(engine, spec.dataset, spec.eval))
-        from sweeper.parallel import pmap
+        from sweeper.privacy.parallel import pmap
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
@@ -202,7 +204,7 @@ def create_sweep(
     sweep.trials = trials
     sweep.id = new_id()
     sweep_id, name = sweep.id, sweep.dataset
-    from sweeper.catalog import bind_name
+    from sweeper.datasets.identity import bind_name
 
     # Bind the name to its records before reserving: a cap or spend still kept under the name
     # (from before ledgers were keyed by content) must apply to this reservation.

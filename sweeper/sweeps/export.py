@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import randomness_label
-from sweeper.releases import evaluation_statement
+from sweeper.privacy.releases import evaluation_statement
 from sweeper.sweeps.stored import load_sweep
 from sweeper.sweeps.summary import summarize, sweep_results
 

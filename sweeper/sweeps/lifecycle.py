@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import IllegalState, SweepNotFound
 from dpsweep.spec import SweepSpec
-from sweeper.ledger import BudgetLedger
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Sweep, SweepState, Trial, TrialState, sweep_ledger_key
 from sweeper.sweeps import events
 from sweeper.sweeps.create import spec_hash

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, defer, selectinload
 
 from dpsweep.errors import SweepNotFound
 from dpsweep.spec import SweepSpec, randomness_label
-from sweeper.charges import ChargeSchedule
+from sweeper.privacy.charges import ChargeSchedule
 from sweeper.store import Sweep, SweepState, Trial, TrialResultRow, TrialState
 from workers.randomness import REPRODUCIBLE_WARNING
 

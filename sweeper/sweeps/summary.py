@@ -15,8 +15,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from dpsweep.spec import ArmConfig, randomness_label
-from sweeper.ledger import BudgetLedger, EntryKind, LedgerEntry
-from sweeper.releases import (
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
+from sweeper.privacy.releases import (
     evaluation_statement,
     grid_releases,
     lifetime_release,
@@ -101,7 +102,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
     efront = epsilon_front(res.results, mode=res.mode)
     cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
     plan = list(sweep.plan or [])
-    # One epsilon per release, each saying what it covers (sweeper/releases.py). Grid and
+    # One epsilon per release, each saying what it covers (sweeper/privacy/releases.py). Grid and
     # sweep figures are public (planned from public quantities); the lifetime figure is the
     # ledger's, and the hash-derived ledger key itself is never shown.
     privacy = {

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, SweepNotFound
 from dpsweep.spec import randomness_label
-from sweeper.catalog import Viewer
-from sweeper.ledger import LedgerEntry
+from sweeper.datasets.access import Viewer
+from sweeper.privacy.ledger.rows import LedgerEntry
 from sweeper.store import Sweep, SweepEvent, SweepState, Trial, TrialResultRow, TrialState, iso
 from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.stored import typed_spec

@@ -16,9 +16,10 @@ from sqlalchemy.orm import Session, selectinload
 
 from dpsweep.errors import TrialNotFound
 from dpsweep.spec import randomness_label
-from sweeper.catalog import Viewer
-from sweeper.charges import exact_sum, ps_charge_note
-from sweeper.ledger import BudgetLedger, EntryKind
+from sweeper.datasets.access import Viewer
+from sweeper.privacy.charges import exact_sum, ps_charge_note
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import MetricPoint, Sweep, Trial, iso
 from sweeper.sweeps.released import released_records
 from sweeper.sweeps.stored import grid_key, hidden_grids, schedules, typed_spec

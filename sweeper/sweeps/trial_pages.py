@@ -14,7 +14,7 @@ from sqlalchemy import Engine, case, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
-from sweeper.catalog import Viewer
+from sweeper.datasets.access import Viewer
 from sweeper.store import Trial, TrialResultRow, TrialState, iso
 from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.released import released_records, trial_record

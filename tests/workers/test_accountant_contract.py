@@ -15,6 +15,7 @@ import math
 
 import pytest
 
+from dpsweep.errors import ConfigError
 from workers.accounting import accountant_names, compute_epsilon, get_accountant
 from workers.accounting.audit import (
     RDP_AGREEMENT,
@@ -26,7 +27,6 @@ from workers.accounting.audit import (
     rdp_to_epsilon,
     subsampled_gaussian_rdp,
 )
-from workers.errors import ConfigError
 
 NAMES = accountant_names()
 SIGMA, Q, T, DELTA = 1.0, 0.01, 500, 1e-5

@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from workers.datasets import (
+from dpsweep.errors import ConfigError
+from workers.datasets.descriptors import (
     INPUT_KINDS,
-    DatasetSpec,
     dataset_descriptor_names,
-    dataset_names,
     get_dataset_descriptor,
-    load_dataset,
 )
-from workers.errors import ConfigError
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
+from workers.datasets.registry import dataset_names
 
 NAMES = dataset_descriptor_names()
 N = 60  # records of each sample file: enough for a split with both classes on each side

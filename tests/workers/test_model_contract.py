@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from workers.errors import ConfigError, DatasetError
+from dpsweep.errors import ConfigError, DatasetError
 from workers.models import (
     ACTIVATION_NAMES,
     ModelDescriptor,

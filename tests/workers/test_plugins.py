@@ -20,21 +20,20 @@ from typing import Any
 
 import pytest
 
+from dpsweep.errors import ConfigError
 from tests.workers.test_accountant_contract import check_accountant_contract
 from tests.workers.test_dataset_contract import check_dataset_contract, check_descriptor_contract
 from workers.accounting import accountant_names, get_accountant
 from workers.accounting import compute as accounting_compute
 from workers.accounting import registry as accounting_registry
-from workers.datasets import (
+from workers.datasets.descriptors import (
     DATASET_DESCRIPTORS,
-    DATASETS,
-    DatasetSpec,
     dataset_descriptor_names,
-    dataset_names,
     get_dataset_descriptor,
-    load_dataset,
 )
-from workers.errors import ConfigError
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import DatasetSpec
+from workers.datasets.registry import DATASETS, dataset_names
 from workers.plugins import reset_plugins
 from workers.strategies.descriptors import DESCRIPTORS, descriptor_names, get_descriptor
 

@@ -16,9 +16,9 @@ import functools
 import math
 import warnings
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting.epsilon import _eval_sigma
 from workers.accounting.registry import BUILTIN_ACCOUNTANTS, WORKER_ALIASES, worker_accountant
-from workers.errors import ConfigError, PrivacyError
 
 # Every built-in name compute_epsilon accepts: the registry's, then the legacy worker aliases
 # (taken at import, so without plug-ins: registry.accountant_names() lists theirs too).

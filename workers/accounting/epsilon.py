@@ -18,7 +18,7 @@ import math
 import warnings
 from typing import Any
 
-from workers.errors import ConfigError, PrivacyError
+from dpsweep.errors import ConfigError, PrivacyError
 
 # Value discretisation of the PLD accountant. The estimate is pessimistic (an upper bound) at
 # any grid; 2.5e-4 stays within ~0.3 % of the fine value on 30k compositions in 0.03-0.4 s,

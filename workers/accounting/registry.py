@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from dpsweep.errors import ConfigError
 from workers.accounting.epsilon import dp_rdp_epsilon, opacus_epsilon, pld_epsilon
-from workers.errors import ConfigError
 from workers.plugins import load_plugins
 
 

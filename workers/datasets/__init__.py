@@ -43,10 +43,6 @@ from workers.datasets.registry import (
     register_dataset,
 )
 
-# Temporary re-exports (issue 21): private helpers that tests import from the old module.
-from workers.datasets.scaling import _robust_centre_scale  # noqa: F401
-from workers.datasets.splits import _split  # noqa: F401
-
 __all__ = [
     "DATASETS",
     "DATASET_DESCRIPTORS",

@@ -5,10 +5,10 @@ Importing this module registers their loaders; scikit-learn is imported when one
 
 from __future__ import annotations
 
+from dpsweep.errors import ConfigError
 from workers.datasets.descriptors import SYNTHETIC
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
-from workers.errors import ConfigError
 
 
 @register_dataset("digits")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.plugins import load_plugins
 from workers.strategies.descriptors import HParam
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpsweep.errors import DatasetError
 from workers.datasets.records import DatasetSpec, RawData
-from workers.errors import DatasetError
 
 # How many offending positions a refusal of non-finite values lists.
 _SHOW_BAD = 5

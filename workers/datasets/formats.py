@@ -1,7 +1,7 @@
 """Loaders for files a user already has: IDX (MNIST format), NPZ and CSV.
 
 Importing this module registers the ``idx``, ``npz`` and ``csv`` loaders. Each refuses a
-malformed file with a :class:`~workers.errors.DatasetError` that names the file and what is
+malformed file with a :class:`~dpsweep.errors.DatasetError` that names the file and what is
 wrong with it.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
-from workers.errors import ConfigError, DatasetError
 
 
 def _require_path(spec: DatasetSpec, attr: str, what: str) -> Path:

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.finite import _check_finite
 from workers.datasets.identity import _canonical_labels, content_sha256
 from workers.datasets.records import EVAL_MODES, Dataset, DatasetSpec, RawData
 from workers.datasets.registry import DATASETS, dataset_names, has_loader
 from workers.datasets.scaling import _normalise
 from workers.datasets.splits import _keyed_split, _split
-from workers.errors import ConfigError, DatasetError
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from dpsweep.errors import ConfigError
 from workers.datasets.records import _CHUNK_VALUES, DatasetSpec, RawData
-from workers.errors import ConfigError
 
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 

@@ -16,9 +16,9 @@ import hashlib
 
 import numpy as np
 
+from dpsweep.errors import DatasetError
 from workers.datasets.identity import _canonical_records
 from workers.datasets.records import RawData
-from workers.errors import DatasetError
 
 
 def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

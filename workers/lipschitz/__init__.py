@@ -17,33 +17,4 @@ The model itself, ``lip_mlp``, is :mod:`workers.models.lip_mlp`.
 The loss is softmax cross-entropy, whose gradient w.r.t. the logits is ``softmax(z) - onehot(y)``
 with norm at most ``sqrt(2)``: ``||p - e_y||^2 = (1 - p_y)^2 + sum_{j != y} p_j^2 <=
 2 (1 - p_y)^2 <= 2``.
-
-Temporary re-exports (issue 21) below: the names of the former module ``workers/lipschitz.py``.
 """
-
-from __future__ import annotations
-
-from workers.lipschitz.bound import (  # noqa: F401
-    CROSS_ENTROPY_LIPSCHITZ,
-    FLOAT_MARGIN,
-    LipschitzBound,
-    lipschitz_plan,
-    round_up_float32,
-    sensitivity_bound,
-)
-from workers.lipschitz.layers import (  # noqa: F401
-    GroupSort,
-    InputBall,
-    LogitScale,
-    PGroupSort,
-    PInputBall,
-    group_sort,
-    project_to_ball,
-    safe_radius,
-)
-from workers.lipschitz.spectral import (  # noqa: F401
-    CERTIFICATE_GAPS,
-    certified_spectral_bound,
-    certify_lambda_max,
-    gram_spectral_bound,
-)

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.lipschitz.layers import LogitScale, PGroupSort, PInputBall
 from workers.lipschitz.rounding import _unit_roundoff
 from workers.lipschitz.spectral import _gram_into, _Workspace, certify_lambda_max

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.lipschitz.rounding import _gamma, _unit_roundoff
 from workers.packed.layer import Act, PackedLayer
 from workers.packed.parameter_free import PElementwise

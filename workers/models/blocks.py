@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 
 def flat_dim(input_shape: tuple[int, ...]) -> int:

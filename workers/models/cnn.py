@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from workers.errors import DatasetError
+from dpsweep.errors import DatasetError
 from workers.models.descriptors import CNN
 from workers.models.registry import register_model
 

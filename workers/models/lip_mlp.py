@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.lipschitz.layers import GroupSort, InputBall, LogitScale
 from workers.models.blocks import flat_dim
 from workers.models.descriptors import LIP_MLP

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.models.blocks import activation as make_activation
 from workers.models.blocks import flat_dim
 from workers.models.descriptors import MLP

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from workers.errors import ConfigError, DatasetError
+from dpsweep.errors import ConfigError, DatasetError
 from workers.models.descriptors import (
     DESCRIPTORS,
     ModelDescriptor,

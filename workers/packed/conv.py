@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.packed.layer import Act, ParamLayer
 from workers.packed.registry import register_packed_layer
 

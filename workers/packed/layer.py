@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 
 Layout = Literal["kb", "bk"]
 

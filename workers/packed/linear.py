@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.packed.layer import Act, ParamLayer
 from workers.packed.registry import register_packed_layer
 

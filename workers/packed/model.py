@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.packed.layer import Act, CompositeLayer, PackedLayer, ParamLayer, param_layers_of
 from workers.packed.linear import PLinear
 from workers.packed.registry import SUPPORTED, convert_layer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.packed.layer import Act, PackedLayer
 from workers.packed.registry import register_packed_layer
 

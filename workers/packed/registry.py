@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import nn
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.packed.layer import PackedLayer
 
 #: Builds a packed layer from one module (of the type it is registered for).

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import Tensor
 
-from workers.errors import ConfigError
+from dpsweep.errors import ConfigError
 from workers.randomness import NoiseSource
 from workers.strategies.descriptors import (
     DESCRIPTORS,

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from dpsweep.errors import ConfigError
 from workers.count_noise import auto_count_noise
-from workers.errors import ConfigError
 from workers.plugins import load_plugins
 
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from workers.errors import ConfigError
-from workers.lipschitz import LipschitzBound, round_up_float32
+from dpsweep.errors import ConfigError
+from workers.lipschitz.bound import LipschitzBound, round_up_float32
 from workers.strategies.base import ClippingStrategy, ClipResult, StepContext, register_strategy
 from workers.strategies.descriptors import LIPSCHITZ
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from workers.datasets import Dataset
-from workers.errors import ConfigError, PrivacyError
+from dpsweep.errors import ConfigError, PrivacyError
+from workers.datasets.records import Dataset
 from workers.metrics import classification_metrics, reconstruction_metrics
 from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, add_snapped_noise

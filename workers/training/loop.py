@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import compute_epsilon
-from workers.datasets import Dataset, load_dataset
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
-from workers.errors import ConfigError, PrivacyError
 from workers.models.registry import build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel

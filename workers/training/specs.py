@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from workers.datasets import DatasetSpec
+from workers.datasets.records import DatasetSpec
 from workers.models.descriptors import ModelSpec
 from workers.plan_check import PlannedRun
 from workers.randomness import REPRODUCIBLE_WARNING, Randomness

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from workers.errors import ConfigError, PrivacyError
+from dpsweep.errors import ConfigError, PrivacyError
 
 
 @dataclass(frozen=True)

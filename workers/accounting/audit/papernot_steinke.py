@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from dpsweep.errors import ConfigError
 from workers.accounting.audit.bounds import EpsilonBounds, _check_mechanism, _eval_pair
 from workers.accounting.audit.rdp import (
     RDP_ORDERS,
@@ -22,7 +23,6 @@ from workers.accounting.audit.rdp import (
     rdp_to_epsilon,
     subsampled_gaussian_rdp,
 )
-from workers.errors import ConfigError
 
 RDP_SOURCE = "independent RDP (numerical integration; Papernot & Steinke 2022 Thms 2 and 6)"
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from dpsweep.errors import PrivacyError
 from workers.accounting.audit.bounds import EpsilonBounds, _check_delta, _check_mechanism
 from workers.accounting.epsilon import PLD_DISCRETIZATION
-from workers.errors import PrivacyError
 
 PRV_CITATION = "Gopi et al. 2021"
 # The PRV accountant's epsilon error bar, as a fraction of the expected epsilon. 2 % keeps a

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting.audit.bounds import _check_delta, _check_mechanism
-from workers.errors import ConfigError, PrivacyError
 
 # Rényi orders of the independent RDP curves: dense near 1 (where small epsilons and the
 # Theorem 6 conversion live), fractional up to 64, then coarser up to 1024 (large orders

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting.audit.bounds import EpsilonBounds, _eval_pair
 from workers.accounting.audit.papernot_steinke import RDP_AGREEMENT, RDP_SOURCE, _ps_rdp
 from workers.accounting.audit.prv import pld_overstatement, prv_compose_epsilon, prv_error
@@ -24,7 +25,6 @@ from workers.accounting.audit.rdp import (
     subsampled_gaussian_rdp,
 )
 from workers.accounting.epsilon import PLD_DISCRETIZATION
-from workers.errors import ConfigError, PrivacyError
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def sweep_epsilon(grids: Iterable[Any]) -> SweepEpsilon:
     in a random search they belong to each run, inside its RepeatAndSelect.
 
     Args:
-        grids: :class:`sweeper.planner.GridPlan` objects, or their ``to_dict()`` (stored
+        grids: :class:`sweeper.privacy.grids.GridPlan` objects, or their ``to_dict()`` (stored
             plans): accounting, trials, steps_per_trial, sample_rate, noise_multiplier,
             delta, epsilon_total, and for random search distribution_shape (a number, or
             "inf" for Poisson) and optionally mean_trials (default: ``trials``); with DP

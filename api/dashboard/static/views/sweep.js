@@ -238,7 +238,7 @@ export function sweepView(el, id) {
         h("p", {}, h("a", { href: `/datasets?focus=${encodeURIComponent(s.dataset)}` }, `Dataset ${s.dataset}'s budget`))));
   }
 
-  // One ε per release, each with what it covers (sweeper/releases.py).
+  // One ε per release, each with what it covers (sweeper/privacy/releases.py).
   function privacyCard(p) {
     if (!p) return "";
     const rows = [];

@@ -1,5 +1,6 @@
-"""A bad model (name or option) is refused at submission, naming its field, before anything is
-reserved; `dpsweep train` refuses bad model and training flags before it reads data or charges.
+"""A bad model or dataset (name or option) is refused at submission, naming its field, before
+anything is reserved; `dpsweep train` refuses bad model and training flags before it reads data
+or charges. The checks read the torch-free descriptors of the model and dataset registries.
 """
 
 from __future__ import annotations
@@ -65,6 +66,32 @@ def test_create_sweep_refuses_a_bad_model_option_and_reserves_nothing(tmp_path: 
         with pytest.raises(ConfigError) as exc:
             create_sweep(engine, spec_with_model({"name": "mlp", "options": {"hidden": [-4]}}))
         assert exc.value.field == "model.options.hidden"
+        with Session(engine) as s:
+            for table in (Sweep, Trial, LedgerEntry):
+                assert s.scalar(select(func.count()).select_from(table)) == 0
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("dataset", "field"),
+    [
+        ({"name": "synthetic", "options": {"n_samples": -3}}, "dataset.options.n_samples"),
+        ({"name": "synthetic", "options": {"n_classes": 1}}, "dataset.options.n_classes"),
+        ({"name": "digits", "options": {"zoom": 2}}, "dataset.options.zoom"),
+    ],
+)
+def test_create_sweep_refuses_a_bad_dataset_option_and_reserves_nothing(
+    tmp_path: Path, dataset: dict[str, Any], field: str
+) -> None:
+    url = f"sqlite:///{tmp_path / 'sweeps.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        spec = spec_with_model({"name": "logreg"}) | {"dataset": dataset}
+        with pytest.raises(ConfigError) as exc:
+            create_sweep(engine, spec)
+        assert exc.value.field == field
         with Session(engine) as s:
             for table in (Sweep, Trial, LedgerEntry):
                 assert s.scalar(select(func.count()).select_from(table)) == 0
