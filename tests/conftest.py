@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
-    """A PostgreSQL server on 127.0.0.1 for this test session (:mod:`tests.pg`)."""
+    """A PostgreSQL server on 127.0.0.1 for this test session (:mod:`api.testing.postgres`)."""
     from api.testing.postgres import pg_bin, throwaway_postgres
 
     if pg_bin("initdb") is None or pg_bin("pg_ctl") is None:

@@ -21,8 +21,11 @@ from typing import Any
 import pytest
 
 from dpsweep.errors import ConfigError
-from tests.workers.test_accountant_contract import check_accountant_contract
-from tests.workers.test_dataset_contract import check_dataset_contract, check_descriptor_contract
+from tests.workers.accounting.test_accountant_contract import check_accountant_contract
+from tests.workers.datasets.test_dataset_contract import (
+    check_dataset_contract,
+    check_descriptor_contract,
+)
 from workers.accounting import accountant_names, get_accountant
 from workers.accounting import compute as accounting_compute
 from workers.accounting import registry as accounting_registry

@@ -1,0 +1,180 @@
+"""The benchmarks run and report every column (figures are not asserted here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(path: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``ROOT / path`` with this interpreter, as `make bench` / `make report` would."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_step_overhead_benchmark_smoke() -> None:
+    args = [
+        "--json",
+        "--repeats",
+        "2",
+        "--models",
+        "mlp",
+        "--batches",
+        "64",
+        "--strategies",
+        "quantile,online,bam",
+    ]
+    p = _script("bench/step_overhead.py", *args)
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["mlp"]["64"]
+    assert set(row) == {
+        "nonprivate_ms",
+        "fixed",
+        "fixed_plain_noise",
+        "opacus_hooks",
+        "opacus_ghost",
+        "quantile",
+        "online",
+        "bam",
+    }
+    assert all(v > 0 for v in row.values())
+
+
+def test_packing_benchmark_smoke() -> None:
+    p = _script("bench/packing.py", "--json", "--quick", "--models", "mlp")
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["mlp"]
+    assert row["trials"] == 25 and row["speedup"] > 0 and row["per_trial_step_vs_nonprivate"] > 0
+
+
+def test_eval_modes_benchmark_smoke() -> None:
+    p = _script("bench/eval_modes.py", "--json", "--quick", "--shares", "0.3")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out["modes"]) == {"carve-out", "dp@0.3"}
+    exact, dp = out["modes"]["carve-out"]["grids"][0], out["modes"]["dp@0.3"]["grids"][0]
+    # The carve-out's released best is exact: the picked model's true accuracy.
+    assert exact["released"] == pytest.approx(exact["true"]) and exact["acc_std"] == 0
+    # DP evaluation: more training noise (the evaluations share the budget), noisy releases.
+    assert dp["sigma"] > exact["sigma"] and dp["acc_std"] > 0
+    assert 0 <= dp["true"] <= 1 and 0 <= dp["released"] <= 1
+
+
+def test_sweep_throughput_benchmark_smoke() -> None:
+    p = _script("bench/sweep_throughput.py", "--quick", "--json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {
+        "trials",
+        "workers_1_s",
+        "workers_2_s",
+        "speedup",
+        "overhead_mean_s",
+        "overhead_max_s",
+        "targets",
+        "model",
+        "steps",
+        "pack_size",
+    } <= set(out)
+    assert out["targets"] == {"speedup": 1.7, "overhead_s": 0.5}
+    assert out["trials"] == 4 and out["pack_size"] == 1
+    assert out["speedup"] > 0
+    assert isinstance(out["overhead_mean_s"], float) and math.isfinite(out["overhead_mean_s"])
+
+
+def test_api_load_benchmark_smoke() -> None:
+    # 200 trials plan faster than 40 (larger grids get more noise, which the PLD accountant
+    # handles faster); a few requests per endpoint, SQLite only.
+    args = ["--json", "--trials", "200", "--clients", "4", "--requests", "3", "--warmup", "2"]
+    p = _script("bench/api_load.py", *args, "--backends", "sqlite")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["trials"] == 200 and out["clients"] == 4 and out["backends"] == ["sqlite"]
+    assert out["target_p99_ms"] == 100.0
+    rows = out["sqlite"]
+    assert set(rows) == {
+        "GET /sweeps/{id}/pareto",
+        "GET /sweeps/{id}/trials?limit=100",
+        "GET /sweeps/{id}",
+    }
+    for row in rows.values():
+        assert row["n"] == 12 and row["errors"] == 0
+        assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("p50_ms", "p99_ms", "rps"))
+        assert row["p50_ms"] <= row["p99_ms"] and isinstance(row["meets_target"], bool)
+    assert out["sweeps"]["sqlite"]["trials"] == 200
+
+
+@pytest.mark.slow
+def test_dashboard_open_benchmark_smoke() -> None:
+    args = ["--json", "--trials", "200", "--repeats", "1"]
+    p = _script("bench/dashboard_open.py", *args, timeout=600)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["trials"] == 200
+    first = out["first"]
+    assert set(first) == {
+        "header_ms",
+        "eps_front_ms",
+        "calibration_ms",
+        "trials_first_page_ms",
+        "trials_all_ms",
+    }
+    assert 0 < first["header_ms"] <= first["eps_front_ms"] <= first["calibration_ms"]
+    assert any("pareto?x=accuracy&y=ece" in path for path in out["bytes"])
+
+
+@pytest.mark.slow
+def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
+    """`make report`'s pipeline, tiny: every experiment's real sweeps, read back, tables,
+    figures and markdown."""
+    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    facts = json.loads(p.stdout)
+    assert list(facts) == ["strategies", "calibration", "clip-bias", "clipless", "tuning-cost"]
+    md = (tmp_path / "results.md").read_text()
+    heads = [md.index(f"## {i}. ") for i in range(1, 6)]
+    assert heads == sorted(heads)  # sections in the experiments' order
+    # 1: compose and basic per strategy at the tiny levels (1 and 8), basic below compose's σ cap.
+    assert set(facts["strategies"]["seconds"]) == {"digits_compose", "digits_basic"}
+    assert "| fixed | 1 |" in md and "| online | 8 |" in md
+    assert "`privacy.accounting: basic`" in md
+    # 2: calibration's plan and results tables.
+    cal = facts["calibration"]
+    assert cal["seconds"] > 0 and len([k for k in cal if k.startswith("ece_")]) == 4
+    assert "| small-C | 3 |" in md and "| large-C | 3 |" in md
+    assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md
+    # 3: a bias trajectory per arm, measured: finite everywhere, positive under heavy clipping
+    # (C = 0.1 clips every example). At C = 5 two tiny epochs may clip nothing, and then plain
+    # DP-SGD's bias is exactly 0, which is the right answer.
+    bias = {
+        k.removeprefix("bias_"): v for k, v in facts["clip-bias"].items() if k.startswith("bias_")
+    }
+    assert set(bias) == {
+        f"{m} C={c}" for m in ("dp-sgd", "bam-0.02", "bam-0.1") for c in ("0.1", "5")
+    }
+    assert all(0 <= v < math.inf for v in bias.values()), bias
+    assert all(v > 0 for arm, v in bias.items() if arm.endswith("C=0.1")), bias
+    # 4: each run's own step time, for the default and tuned Lipschitz networks and the MLP.
+    steps = {k: v for k, v in facts["clipless"].items() if k.startswith("step_ms_")}
+    assert len(steps) == 3 and all(v > 0 for v in steps.values())
+    # 5: compose and papernot-steinke keep each level's ε; the naive search composes to more,
+    # and the papernot-steinke run count is never shown.
+    tc = facts["tuning-cost"]
+    for level in (1, 8):
+        assert tc[f"compose_epsilon_{level}"] <= level and tc[f"ps_epsilon_{level}"] <= level
+        assert tc[f"naive_epsilon_{level}"] > level
+    assert "hidden" in md.split("## 5. ")[1]
+    for name in ("strategies-accuracy", "calibration-reliability", "clip-bias", "clipless"):
+        assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name
