@@ -2,8 +2,8 @@
 
 The bound is a privacy claim, so the central tests measure real per-sample gradient norms (from
 the packed engine, which tests/workers/packed/test_per_sample.py checks against per-example
-backward passes) and compare them with the computed sensitivity, including on inputs far outside the ball and on
-weights that were never projected.
+backward passes) and compare them with the computed sensitivity, including on inputs far
+outside the ball and on weights that were never projected.
 """
 
 from __future__ import annotations
