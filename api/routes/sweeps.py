@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Annotated, Any
 
-import yaml
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -26,7 +25,7 @@ from api.deps import (
     ViewerDep,
     page_size,
 )
-from api.errors import PROBLEM, ApiError, exception_body, problem_responses
+from api.errors import PROBLEM, exception_body, problem_responses
 from api.schemas import (
     CancelOut,
     ParetoOut,
@@ -36,9 +35,10 @@ from api.schemas import (
     SweepPage,
     TrialPage,
 )
+from api.spec_body import check_limits, parse_spec, read_body
 from api.views import pareto
 from dpsweep.errors import ConfigError, DpsweepError
-from dpsweep.spec import SweepSpec, load_spec
+from dpsweep.spec import SweepSpec
 from sweeper.datasets.access import check_access
 from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
@@ -51,8 +51,6 @@ from sweeper.sweeps.trial_pages import page_trials
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 
-JSON_TYPES = ("application/json",)
-YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
 SPEC_BODY = {
     "requestBody": {
         "required": True,
@@ -69,70 +67,8 @@ NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 }
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without anchors and aliases: a small document must not expand into a huge one."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise ConfigError("YAML aliases (*name) are not accepted in a spec", field="body")
-        return super().compose_node(parent, index)
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise ApiError(
-            413,
-            f"the spec is {int(declared)} bytes; the limit is {limit} (DPSWEEP_MAX_SPEC_BYTES)",
-            kind="too-large",
-        )
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(
-                413,
-                f"the spec is over the limit of {limit} bytes (DPSWEEP_MAX_SPEC_BYTES)",
-                kind="too-large",
-            )
-    return bytes(body)
-
-
-def _parse_spec(content_type: str, body: bytes) -> SweepSpec:
-    ctype = content_type.split(";")[0].strip().lower()
-    try:
-        if ctype in JSON_TYPES or ctype.endswith("+json"):
-            data = json.loads(body)
-        elif ctype in YAML_TYPES:
-            data = yaml.load(body.decode("utf-8"), Loader=_NoAliasLoader)
-        else:
-            raise ApiError(
-                415,
-                f"a spec is sent as application/json or application/yaml, not {ctype or 'nothing'}",
-                kind="unsupported-media-type",
-            )
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:
-        raise ConfigError(f"the body is not valid JSON or YAML: {exc}", field="body") from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            "a spec must be a mapping with keys name, dataset, model, privacy, arms",
-            field="body",
-        )
-    return load_spec(data)
-
-
-def _check_limits(spec: SweepSpec, max_trials: int) -> None:
-    n = spec.planned_trials()
-    if n > max_trials:
-        raise ConfigError(
-            f"the sweep plans {n} trials; this server allows at most {max_trials} per sweep "
-            "(DPSWEEP_MAX_TRIALS_PER_SWEEP): use fewer grid points, levels or seeds",
-            field="arms",
-        )
-
-
 def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int) -> Any:
-    _check_limits(spec, max_trials)
+    check_limits(spec, max_trials)
     check_access(engine, spec.dataset, viewer)
     # Loader names pass through; uploads, registered names and a public evaluation dataset
     # are looked up in the catalog.
@@ -163,7 +99,7 @@ async def create(
         Header(description="retrying with the same key replays the first response"),
     ] = None,
 ) -> Response:
-    body = await _read_body(request, settings.max_spec_bytes)
+    body = await read_body(request, settings.max_spec_bytes)
     ctype = request.headers.get("content-type", "")
     key = idempotency.check_key(idempotency_key) if idempotency_key is not None else None
 
@@ -187,7 +123,7 @@ async def create(
                     replay.body, status_code=replay.status, headers=headers, media_type=media
                 )
         try:
-            spec = _parse_spec(ctype, body)
+            spec = parse_spec(ctype, body)
             prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
             sweep_id = create_sweep(engine, spec, owner=viewer.owner, prepared=prepared)
             summary = _summary(request, engine, sweep_id, viewer)
@@ -236,11 +172,11 @@ async def plan(
     planner: PlannerDep,
     viewer: ViewerDep,
 ) -> dict[str, Any]:
-    body = await _read_body(request, settings.max_spec_bytes)
+    body = await read_body(request, settings.max_spec_bytes)
     ctype = request.headers.get("content-type", "")
 
     def work() -> dict[str, Any]:
-        spec = _parse_spec(ctype, body)
+        spec = parse_spec(ctype, body)
         prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
         grids = []
         for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True):
