@@ -124,7 +124,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
     from workers.datasets.loading import load_dataset
     from workers.datasets.records import DatasetSpec
-    from workers.datasets.registry import DATASETS, dataset_names
+    from workers.datasets.registry import dataset_names, has_loader
     from workers.devices import DEVICES
     from workers.models import get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
@@ -136,7 +136,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
 
-    if args.dataset not in DATASETS:
+    if not has_loader(args.dataset):  # (plug-ins included)
         usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
     if args.model not in model_names():  # (model_names() includes plug-ins)
         usage(f"unknown model {args.model!r}; choose one of: {', '.join(model_names())}")

@@ -31,9 +31,9 @@ def is_upload(name: str) -> bool:
 def in_catalog(name: str) -> bool:
     """Whether a spec's dataset name is looked up in the catalog (an upload or a registered
     name) rather than being a loader of :mod:`workers.datasets` (``digits``, ``csv``...)."""
-    from workers.datasets.registry import DATASETS
+    from workers.datasets.registry import has_loader
 
-    return is_upload(name) or name not in DATASETS
+    return is_upload(name) or not has_loader(name)
 
 
 def unknown_dataset(name: str) -> str:
@@ -81,7 +81,7 @@ def check_registered_name(name: str) -> None:
     Raises:
         ConfigError: naming the rule.
     """
-    from workers.datasets.registry import DATASETS
+    from workers.datasets.registry import dataset_names, has_loader
 
     if not _REGISTERED.match(name) or is_upload(name):
         raise ConfigError(
@@ -89,8 +89,9 @@ def check_registered_name(name: str) -> None:
             f"letter, not starting with {UPLOAD_PREFIX!r} (upload ids)",
             field="name",
         )
-    if name in DATASETS:
+    if has_loader(name):
         raise ConfigError(
-            f"{name!r} is a loader of dpsweep ({', '.join(sorted(DATASETS))}); choose another name",
+            f"{name!r} is a loader of dpsweep ({', '.join(sorted(dataset_names()))}); choose "
+            "another name",
             field="name",
         )

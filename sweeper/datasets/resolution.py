@@ -105,7 +105,7 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             declared public); the training dataset's own name or records; a name that is not
             registered or not declared public; no database.
     """
-    from workers.datasets.registry import DATASETS
+    from workers.datasets.registry import has_loader
 
     field = "eval.dataset"
     if not name:
@@ -126,7 +126,7 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             f"{_HOW_TO_PUBLISH}",
             field=field,
         )
-    if name in DATASETS:
+    if has_loader(name):
         raise ConfigError(
             f"eval.dataset {name!r} is a loader of dpsweep, not a dataset declared public by its "
             f"owner; {_HOW_TO_PUBLISH}",
