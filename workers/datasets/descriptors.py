@@ -15,15 +15,14 @@ listed or a name is not found. Options are declared with the strategies' :class:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from dpsweep.errors import ConfigError
+from workers.options import HParam, check_value
 from workers.plugins import load_plugins
-from workers.strategies.descriptors import HParam
 
 #: What a dataset's records are for a model: ``flat`` feature vectors, ``image`` arrays
 #: (``[C, H, W]`` once loaded), or ``any``: the file's own shape decides (the file formats).
@@ -115,43 +114,9 @@ class DatasetDescriptor:
         return out
 
     def _check(self, name: str, option: HParam, v: Any) -> Any:
-        where = f"dataset.options.{name}"
-        if option.kind == "choice":
-            if isinstance(v, bool) or v not in option.choices:
-                raise ConfigError(
-                    f"option {name} of dataset {self.name!r} must be one of "
-                    f"{list(option.choices)}; got {v!r}",
-                    field=where,
-                )
-            return v
-        number: float | int
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            x = float(v)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(
-                f"option {name} of dataset {self.name!r} must be a number; got {v!r}", field=where
-            ) from None
-        if not math.isfinite(x):
-            raise ConfigError(
-                f"option {name} of dataset {self.name!r} must be finite; got {v!r}", field=where
-            )
-        if option.kind == "int":
-            if not x.is_integer():
-                raise ConfigError(
-                    f"option {name} of dataset {self.name!r} must be a whole number; got {v!r}",
-                    field=where,
-                )
-            number = int(x)
-        else:
-            number = x
-        if not option.in_range(number):
-            raise ConfigError(
-                f"option {name} of dataset {self.name!r} must be {option.range_text()}; got {v!r}",
-                field=where,
-            )
-        return number
+        return check_value(
+            option, v, name=name, owner=f"dataset {self.name!r}", field=f"dataset.options.{name}"
+        )
 
 
 DATASET_DESCRIPTORS: dict[str, DatasetDescriptor] = {}

@@ -14,15 +14,14 @@ built-in descriptors are registered when this module is imported.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from dpsweep.errors import ConfigError
+from workers.options import HParam, check_value
 from workers.plugins import load_plugins
-from workers.strategies.descriptors import HParam
 
 Task = Literal["classification", "reconstruction"]
 
@@ -125,44 +124,11 @@ class ModelDescriptor:
 
     def _check(self, name: str, opt: ModelOption, v: Any) -> Any:
         where = f"model.options.{name}"
-        if opt.kind == "choice":
-            if isinstance(v, bool) or v not in opt.choices:
-                raise ConfigError(
-                    f"{name} for model {self.name!r} must be one of {list(opt.choices)}; got {v!r}",
-                    field=where,
-                )
-            return v
-        number: float | int
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            x = float(v)
-        except (TypeError, ValueError, OverflowError):
+        number = check_value(opt, v, name=name, owner=f"model {self.name!r}", field=where)
+        if opt.kind == "int" and opt.multiple_of is not None and number % opt.multiple_of:
             raise ConfigError(
-                f"{name} for model {self.name!r} must be a number; got {v!r}", field=where
-            ) from None
-        if not math.isfinite(x):
-            raise ConfigError(
-                f"{name} for model {self.name!r} must be finite; got {v!r}", field=where
-            )
-        if opt.kind == "int":
-            if not x.is_integer():
-                raise ConfigError(
-                    f"{name} for model {self.name!r} must be a whole number; got {v!r}",
-                    field=where,
-                )
-            number = int(x)
-            if opt.multiple_of is not None and number % opt.multiple_of:
-                raise ConfigError(
-                    f"{name} for model {self.name!r} must be a multiple of {opt.multiple_of}; "
-                    f"got {v!r}",
-                    field=where,
-                )
-        else:
-            number = x
-        if not opt.in_range(number):
-            raise ConfigError(
-                f"{name} for model {self.name!r} must be {opt.range_text()}; got {v!r}",
+                f"{name} for model {self.name!r} must be a multiple of {opt.multiple_of}; "
+                f"got {v!r}",
                 field=where,
             )
         return number

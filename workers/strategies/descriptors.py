@@ -16,7 +16,6 @@ time the names are listed or a name is not found.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -24,77 +23,8 @@ from typing import Any
 
 from dpsweep.errors import ConfigError
 from workers.count_noise import auto_count_noise
+from workers.options import HParam, check_value
 from workers.plugins import load_plugins
-
-
-@dataclass(frozen=True)
-class HParam:
-    """A declared strategy hyperparameter.
-
-    Args:
-        default: value when a trial does not set it (``None`` = required unless ``optional``).
-        kind: ``float``, ``int`` or ``choice``.
-        choices: allowed values for ``choice``.
-        positive: shorthand for ``low=0`` exclusive (``> 0``), applied when ``low`` is not
-            given. After construction it says whether the range admits positive values only.
-        shared: must be equal for every trial of a pack (it shapes the computation).
-        optional: ``None`` is allowed and means "derive it" (e.g. from b).
-        low, high: bounds of a numeric value (``None``: unbounded on that side).
-        low_inclusive, high_inclusive: whether the bound itself is allowed.
-    """
-
-    default: Any = None
-    kind: str = "float"
-    choices: tuple[str, ...] = ()
-    positive: bool = True
-    shared: bool = False
-    help: str = ""
-    optional: bool = False
-    low: float | None = None
-    high: float | None = None
-    low_inclusive: bool = True
-    high_inclusive: bool = True
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("float", "int", "choice"):
-            raise ValueError(f"HParam kind must be float, int or choice; got {self.kind!r}")
-        if self.kind == "choice":
-            if not self.choices:
-                raise ValueError("a choice HParam needs choices")
-            object.__setattr__(self, "positive", False)
-            return
-        if self.low is None and self.positive:
-            object.__setattr__(self, "low", 0.0)
-            object.__setattr__(self, "low_inclusive", False)
-        if self.low is not None and self.high is not None and self.low > self.high:
-            raise ValueError(f"HParam range is empty: low {self.low} > high {self.high}")
-        low = self.low
-        object.__setattr__(
-            self, "positive", low is not None and (low > 0 or (low == 0 and not self.low_inclusive))
-        )
-
-    @property
-    def numeric(self) -> bool:
-        return self.kind in ("float", "int")
-
-    def range_text(self) -> str:
-        """The allowed range in words: ``> 0``, ``>= 0``, ``in (0, 1)``, ``any number``."""
-        lo, hi = self.low, self.high
-        if lo is not None and hi is not None:
-            left = "[" if self.low_inclusive else "("
-            right = "]" if self.high_inclusive else ")"
-            return f"in {left}{lo:g}, {hi:g}{right}"
-        if lo is not None:
-            return f"{'>=' if self.low_inclusive else '>'} {lo:g}"
-        if hi is not None:
-            return f"{'<=' if self.high_inclusive else '<'} {hi:g}"
-        return "any finite number"
-
-    def in_range(self, value: float) -> bool:
-        lo, hi = self.low, self.high
-        if lo is not None and (value < lo or (value == lo and not self.low_inclusive)):
-            return False
-        return not (hi is not None and (value > hi or (value == hi and not self.high_inclusive)))
 
 
 @dataclass(frozen=True)
@@ -181,41 +111,9 @@ class StrategyDescriptor:
         return out
 
     def _check(self, name: str, hp: HParam, v: Any) -> Any:
-        where = f"params.{name}"
-        if hp.kind == "choice":
-            if isinstance(v, bool) or v not in hp.choices:
-                raise ConfigError(
-                    f"{name} for strategy {self.name!r} must be one of {list(hp.choices)}; "
-                    f"got {v!r}",
-                    field=where,
-                )
-            return v
-        number: float | int
-        try:
-            if isinstance(v, bool):
-                raise TypeError
-            x = float(v)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(
-                f"{name} for strategy {self.name!r} must be a number; got {v!r}", field=where
-            ) from None
-        if not math.isfinite(x):
-            raise ConfigError(f"{name} must be finite; got {v!r}", field=where)
-        if hp.kind == "int":
-            if not x.is_integer():
-                raise ConfigError(
-                    f"{name} for strategy {self.name!r} must be a whole number; got {v!r}",
-                    field=where,
-                )
-            number = int(x)
-        else:
-            number = x
-        if not hp.in_range(number):
-            raise ConfigError(
-                f"{name} must be {hp.range_text()}; got {v!r} (strategy {self.name!r})",
-                field=where,
-            )
-        return number
+        return check_value(
+            hp, v, name=name, owner=f"strategy {self.name!r}", field=f"params.{name}"
+        )
 
     def noise_split(
         self, noise_multiplier: float, params: Mapping[str, Any], *, expected_batch_size: float

@@ -405,7 +405,7 @@ def test_checking_a_spec_imports_no_torch() -> None:
     code = (
         "import sys\n"
         "from dpsweep.spec import load_spec\n"
-        "from sweeper.sweeps import check_spec\n"
+        "from sweeper.sweeps.checks import check_spec\n"
         "from dpsweep.errors import ConfigError\n"
         f"check_spec(load_spec({str(ROOT / 'examples' / 'digits-clipping.yaml')!r}))\n"
         "try:\n"
