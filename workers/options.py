@@ -9,6 +9,7 @@ finiteness and range rules and the same messages, whatever declared it. Torch-fr
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,3 +132,52 @@ def check_value(option: HParam, value: Any, *, name: str, owner: str, field: str
             f"{name} must be {option.range_text()}; got {value!r} ({owner})", field=field
         )
     return number
+
+
+def check_settings(
+    declared: Mapping[str, HParam],
+    given: Mapping[str, Any],
+    *,
+    owner: str,
+    field: str,
+    what: str = "option",
+    check: Callable[[str, Any, Any], Any] | None = None,
+) -> dict[str, Any]:
+    """Every declared setting, with defaults filled and each value checked.
+
+    Args:
+        declared: The declarations, by name.
+        given: The values given, by name (unknown names are refused).
+        owner: Who declares them, for messages (e.g. ``"model 'mlp'"``).
+        field: The spec field of the settings (``params``, ``model.options``...); an error
+            names ``<field>.<name>``.
+        what: What one setting is called in messages (``hyperparameter``, ``option``).
+        check: ``check(name, declaration, value) -> value`` for one value; default
+            :func:`check_value`.
+
+    Returns:
+        Every declared setting (an optional one left out is ``None``).
+
+    Raises:
+        ConfigError: an unknown name, a required setting left out, or a bad value.
+    """
+    unknown = sorted(str(k) for k in set(given) - set(declared))
+    if unknown:
+        raise ConfigError(
+            f"unknown {what}(s) {unknown} for {owner}; allowed: {sorted(declared) or 'none'}",
+            field=f"{field}.{unknown[0]}",
+        )
+    out: dict[str, Any] = {}
+    for name, option in declared.items():
+        v = given.get(name, option.default)
+        if v is None:
+            if option.optional:
+                out[name] = None
+                continue
+            raise ConfigError(f"{owner} needs {what} {name}", field=f"{field}.{name}")
+        out[name] = (
+            check(name, option, v)
+            if check is not None
+            else check_value(option, v, name=name, owner=owner, field=f"{field}.{name}")
+        )
+    return out

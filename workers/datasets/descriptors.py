@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dpsweep.errors import ConfigError
-from workers.options import HParam, check_value
+from workers.options import HParam, check_settings
 from workers.plugins import load_plugins
 
 #: What a dataset's records are for a model: ``flat`` feature vectors, ``image`` arrays
@@ -92,30 +92,8 @@ class DatasetDescriptor:
                 f"got {type(options).__name__}",
                 field="dataset.options",
             )
-        declared = self.options
-        unknown = sorted(str(k) for k in set(options) - set(declared))
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {unknown} for dataset {self.name!r}; "
-                f"allowed: {sorted(declared) or 'none'}",
-                field=f"dataset.options.{unknown[0]}",
-            )
-        out: dict[str, Any] = {}
-        for name, option in declared.items():
-            v = options.get(name, option.default)
-            if v is None:
-                if option.optional:
-                    out[name] = None
-                    continue
-                raise ConfigError(
-                    f"dataset {self.name!r} needs option {name}", field=f"dataset.options.{name}"
-                )
-            out[name] = self._check(name, option, v)
-        return out
-
-    def _check(self, name: str, option: HParam, v: Any) -> Any:
-        return check_value(
-            option, v, name=name, owner=f"dataset {self.name!r}", field=f"dataset.options.{name}"
+        return check_settings(
+            self.options, options, owner=f"dataset {self.name!r}", field="dataset.options"
         )
 
 

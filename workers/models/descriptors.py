@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from dpsweep.errors import ConfigError
-from workers.options import HParam, check_value
+from workers.options import HParam, check_settings, check_value
 from workers.plugins import load_plugins
 
 Task = Literal["classification", "reconstruction"]
@@ -95,32 +95,21 @@ class ModelDescriptor:
             float / int; an optional option left out is ``None``).
 
         Raises:
-            ConfigError: an unknown option (field ``model.options``) or a bad value (field
-                ``model.options.<name>``).
+            ConfigError: an unknown option or a bad value (field ``model.options.<name>``).
         """
-        unknown = set(options) - set(self.options)
-        if unknown:
-            raise ConfigError(
-                f"unknown option(s) {sorted(unknown)} for model {self.name!r}; "
-                f"allowed: {sorted(self.options) or 'none'}",
-                field="model.options",
-            )
-        out: dict[str, Any] = {}
-        for name, opt in self.options.items():
-            v = options.get(name, opt.default)
-            if v is None:
-                if opt.optional:
-                    out[name] = None
-                    continue
-                raise ConfigError(
-                    f"model {self.name!r} needs option {name}", field=f"model.options.{name}"
-                )
-            if opt.sequence:
-                values = list(v) if isinstance(v, list | tuple) else [v]
-                out[name] = [self._check(name, opt, x) for x in values]
-            else:
-                out[name] = self._check(name, opt, v)
-        return out
+        return check_settings(
+            self.options,
+            options,
+            owner=f"model {self.name!r}",
+            field="model.options",
+            check=self._check_each,
+        )
+
+    def _check_each(self, name: str, opt: Any, v: Any) -> Any:
+        if opt.sequence:
+            values = list(v) if isinstance(v, list | tuple) else [v]
+            return [self._check(name, opt, x) for x in values]
+        return self._check(name, opt, v)
 
     def _check(self, name: str, opt: ModelOption, v: Any) -> Any:
         where = f"model.options.{name}"

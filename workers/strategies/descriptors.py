@@ -23,7 +23,7 @@ from typing import Any
 
 from dpsweep.errors import ConfigError
 from workers.count_noise import auto_count_noise
-from workers.options import HParam, check_value
+from workers.options import HParam, check_settings
 from workers.plugins import load_plugins
 
 
@@ -91,28 +91,12 @@ class StrategyDescriptor:
         Raises:
             ConfigError: naming the field as ``params.<name>``.
         """
-        hps = self.hyperparameters
-        unknown = set(params) - set(hps)
-        if unknown:
-            raise ConfigError(
-                f"unknown hyperparameter(s) {sorted(unknown)} for strategy {self.name!r}; "
-                f"allowed: {sorted(hps) or 'none'}",
-                field=f"params.{sorted(unknown)[0]}",
-            )
-        out: dict[str, Any] = {}
-        for name, hp in hps.items():
-            v = params.get(name, hp.default)
-            if v is None:
-                if hp.optional:
-                    out[name] = None
-                    continue
-                raise ConfigError(f"strategy {self.name!r} needs {name}", field=f"params.{name}")
-            out[name] = self._check(name, hp, v)
-        return out
-
-    def _check(self, name: str, hp: HParam, v: Any) -> Any:
-        return check_value(
-            hp, v, name=name, owner=f"strategy {self.name!r}", field=f"params.{name}"
+        return check_settings(
+            self.hyperparameters,
+            params,
+            owner=f"strategy {self.name!r}",
+            field="params",
+            what="hyperparameter",
         )
 
     def noise_split(

@@ -45,7 +45,7 @@ def spec_with_model(model: dict[str, Any]) -> dict[str, Any]:
         ({"name": "mlp", "options": {"hidden": [0]}}, "model.options.hidden"),
         ({"name": "mlp", "options": {"hidden": [12.5]}}, "model.options.hidden"),
         ({"name": "mlp", "options": {"activation": "sparkle"}}, "model.options.activation"),
-        ({"name": "logreg", "options": {"hidden": [8]}}, "model.options"),
+        ({"name": "logreg", "options": {"hidden": [8]}}, "model.options.hidden"),
     ],
 )
 def test_check_spec_refuses_a_bad_model_naming_the_field(model: dict[str, Any], field: str) -> None:

@@ -144,7 +144,7 @@ def test_refuses_unknown_and_out_of_range_options_naming_the_field(name: str) ->
     shape = shapes(d)[0]
     with pytest.raises(ConfigError) as err:
         d.validate({"no_such_option": 1})
-    assert err.value.field == "model.options"
+    assert err.value.field == "model.options.no_such_option"
     with pytest.raises(ConfigError):
         build(name, shape, {"no_such_option": 1})
     for option, opt in d.options.items():
