@@ -66,66 +66,38 @@ def key_value(text: str) -> tuple[str, Any]:
 
 # Strategy hyperparameter flags: each maps to the hyperparameter of the same name, and is
 # accepted only by strategies that declare it.
-STRATEGY_FLAGS: list[tuple[str, str, Any, str]] = [
-    (
-        "--clip",
-        "clip",
-        positive_float("clip"),
-        "clipping threshold / scale C (fixed, automatic, global, bam; default 1.0)",
-    ),
-    ("--clip-style", "clip_style", str, "flat (default) or layerwise (fixed, automatic, bam)"),
-    (
-        "--stability",
-        "stability",
-        positive_float("stability"),
-        "gamma in C/(n + gamma) (automatic; default 0.01)",
-    ),
-    (
-        "--global-threshold",
-        "global_threshold",
-        positive_float("global threshold"),
-        "threshold Z (global; default 1.0)",
-    ),
-    (
-        "--target-quantile",
-        "target_quantile",
-        positive_float("target quantile"),
-        "quantile gamma tracked by C_t (quantile; default 0.5)",
-    ),
-    (
-        "--clip-init",
-        "clip_init",
-        positive_float("clip init"),
-        "initial threshold C_0 (quantile, online; default 0.1)",
-    ),
-    (
-        "--clip-lr",
-        "clip_lr",
-        positive_float("clip lr"),
-        "step of the C_t update (quantile: eta_C = 0.2; online: rho_c = 2.5e-3)",
-    ),
-    (
-        "--count-noise",
-        "count_noise",
-        positive_float("count noise"),
-        "std sigma_b of the quantile count's noise (quantile; default b/20)",
-    ),
-    (
-        "--lr-lr",
-        "lr_lr",
-        positive_float("lr lr"),
-        "step rho_r of the learning-rate update (online; default 2.5e-3)",
-    ),
-    (
-        "--direction-noise-ratio",
-        "direction_noise_ratio",
-        positive_float("direction noise ratio"),
-        "nu_q / nu (online; default 7.124)",
-    ),
-    (
-        "--bam-lambda",
-        "bam_lambda",
-        positive_float("bam lambda"),
-        "per-sample ascent step lambda (bam; default 0.1)",
-    ),
-]
+def strategy_flags() -> list[tuple[str, str, Any, str]]:
+    """``(flag, dest, type, help)`` for every hyperparameter a registered strategy declares.
+
+    Derived from the strategies' torch-free descriptors (plug-ins included), not restated
+    here: ``clip_init`` becomes ``--clip-init``, its help says which strategies take it and
+    their defaults. Values are checked by the chosen strategy's descriptor (range, kind,
+    choices), the same check a sweep's grid gets at submission.
+    """
+    from workers.strategies import descriptor_names, get_descriptor
+
+    takers: dict[str, list[tuple[str, Any]]] = {}
+    declared: dict[str, Any] = {}
+    helps: dict[str, list[str]] = {}
+    for strategy in descriptor_names():
+        for name, hp in get_descriptor(strategy).hyperparameters.items():
+            takers.setdefault(name, []).append((strategy, hp.default))
+            declared.setdefault(name, hp)
+            if hp.help not in helps.setdefault(name, []):
+                helps[name].append(hp.help)
+    flags = []
+    for name in sorted(takers):
+        hp = declared[name]
+        kind: Any = {"float": float, "int": int}.get(hp.kind, str)
+        defaults = {d for _, d in takers[name]}
+        if len(defaults) == 1:
+            default = next(iter(defaults))
+            where = ", ".join(s for s, _ in takers[name])
+            if default is not None:
+                where += f"; default {default}"
+        else:
+            where = "; ".join(f"{s}: default {d}" for s, d in takers[name])
+        choices = f" ({' or '.join(hp.choices)})" if hp.kind == "choice" else ""
+        text = f"{' / '.join(helps[name])}{choices} [{where}]".replace("%", "%%")  # (argparse)
+        flags.append((f"--{name.replace('_', '-')}", name, kind, text))
+    return flags

@@ -10,7 +10,13 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.arguments import STRATEGY_FLAGS, delta, key_value, positive_float, positive_int
+from api.cli.arguments import (
+    delta,
+    key_value,
+    positive_float,
+    positive_int,
+    strategy_flags,
+)
 from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
 
 
@@ -70,7 +76,7 @@ def add_parsers(sub: Any) -> None:
         help="draw batches and noise from --seed instead of a fresh OS secret: same seed, same "
         "result (for debugging). NOT private against anyone who knows the seed",
     )
-    for flag, dest, kind, text in STRATEGY_FLAGS:
+    for flag, dest, kind, text in strategy_flags():
         p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
     p.add_argument(
         "--param",
@@ -159,7 +165,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         usage("--strategy nonprivate adds no noise; drop --epsilon / --noise-multiplier")
 
     params: dict[str, Any] = dict(args.param)
-    for flag, dest, _, _ in STRATEGY_FLAGS:
+    for flag, dest, _, _ in strategy_flags():
         value = getattr(args, dest)
         if value is None:
             continue

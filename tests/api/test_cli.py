@@ -241,3 +241,17 @@ def test_train_refuses_a_delta_above_one_over_n(tmp_path: Path) -> None:
     p = run("--dataset", "digits", "--epsilon", "1", "--delta", "0.001", *FAST)
     assert p.returncode == 2
     assert "--delta 0.001 is >= 1/N for a dataset of N = 1797 examples" in p.stderr
+
+
+def test_strategy_flags_come_from_the_descriptors() -> None:
+    """Every hyperparameter a registered strategy declares is a `train` flag, typed by its
+    kind; none is restated by hand (a plug-in's hyperparameters get flags too)."""
+    from api.cli.arguments import strategy_flags
+    from workers.strategies import descriptor_names, get_descriptor
+
+    flags = {dest: (flag, kind) for flag, dest, kind, _ in strategy_flags()}
+    for name in descriptor_names():
+        for hp_name, hp in get_descriptor(name).hyperparameters.items():
+            flag, kind = flags[hp_name]
+            assert flag == "--" + hp_name.replace("_", "-")
+            assert kind is {"float": float, "int": int}.get(hp.kind, str)
