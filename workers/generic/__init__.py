@@ -5,12 +5,14 @@
 * :mod:`workers.generic.model`: :class:`GenericModel`, the interface
   :class:`~workers.engine.DPEngine` uses, for K trials of any module;
 * :mod:`workers.generic.dispatch`: :func:`build_pack_model`, the packed path where it applies,
-  else the generic one.
+  else the generic one;
+* :mod:`workers.generic.memory`: a generous per-trial memory estimate for the packer.
 """
 
 from __future__ import annotations
 
 from workers.generic.dispatch import EnginePath, build_pack_model, packable
+from workers.generic.memory import generic_trial_floats
 from workers.generic.model import GenericCaptured, GenericModel
 from workers.generic.validation import validate_module
 
@@ -19,6 +21,7 @@ __all__ = [
     "GenericCaptured",
     "GenericModel",
     "build_pack_model",
+    "generic_trial_floats",
     "packable",
     "validate_module",
 ]
