@@ -58,3 +58,33 @@ def transformers(k: int, seed: int = 0) -> list[nn.Module]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return [TinyTransformer() for _ in range(k)]
+
+
+class TiedLM(nn.Module):
+    """Token ids -> next-token logits with the output layer tied to the embedding."""
+
+    def __init__(self, vocab: int = VOCAB, d: int = 8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.mix = nn.Linear(d, d)
+        self.out = nn.Linear(d, vocab, bias=False)
+        self.out.weight = self.emb.weight  # tied: one parameter, two uses
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.emb(x).mean(dim=1)
+        return self.out(torch.tanh(self.mix(h)) + h)
+
+
+class ResidualConv(nn.Module):
+    """Images ``[B, 1, 8, 8]`` -> logits: convolutions with GroupNorm and a skip connection."""
+
+    def __init__(self, classes: int = CLASSES):
+        super().__init__()
+        self.stem = nn.Conv2d(1, 4, 3, padding=1)
+        self.block = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.GroupNorm(2, 4), nn.ELU())
+        self.head = nn.Linear(4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.stem(x)
+        h = h + self.block(h)
+        return self.head(h.mean(dim=(2, 3)))

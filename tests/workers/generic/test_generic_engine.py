@@ -127,6 +127,55 @@ def test_clipped_per_example_gradients_equal_opacus() -> None:
     torch.testing.assert_close(ours, ref * factor, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["tied", "conv"])
+def test_per_example_gradients_equal_autograd_example_by_example(kind: str) -> None:
+    from tests.workers.generic.nets import VOCAB, ResidualConv, TiedLM
+
+    gen = torch.Generator().manual_seed(2)
+    torch.manual_seed(4)
+    module: nn.Module
+    if kind == "tied":
+        module, classes = TiedLM(), VOCAB
+        x = torch.randint(VOCAB, (5, 4), generator=gen)
+    else:
+        module, classes = ResidualConv(), CLASSES
+        x = torch.randn(5, 1, 8, 8, generator=gen)
+    y = torch.randint(classes, (5,), generator=gen)
+    model = GenericModel([module])
+    out, cap = model.forward(x.unsqueeze(0), capture=True)
+    assert cap is not None
+    infos = model.layer_grads(per_sample_loss(out, y.unsqueeze(0), "classification").sum(), cap)
+    ours = model.per_sample_grads(infos)[0]
+    assert ours.shape == (5, model.numel)
+    for i in range(5):
+        module.zero_grad()
+        nn.functional.cross_entropy(module(x[i : i + 1]), y[i : i + 1]).backward()
+        ref = torch.cat([p.grad.reshape(-1) for p in module.parameters()])  # type: ignore[union-attr]
+        torch.testing.assert_close(ours[i], ref, atol=1e-5, rtol=1e-4)
+
+
+def test_bam_gradients_are_taken_at_each_examples_ascent_point() -> None:
+    x, y = token_problem(n=4)
+    (module,) = transformers(1, seed=5)
+    model = GenericModel([module])
+    engine = make_engine(model, x, y, "bam", {"clip": 0.5, "bam_lambda": 0.3})
+    infos, _, _ = engine.per_sample(x.unsqueeze(0), y.unsqueeze(0), torch.ones(1, 4))
+    ours = model.per_sample_grads(infos)[0]
+    theta = model.flat[0].clone()
+    for i in range(4):
+        # theta'_i = theta + lambda g_i / ||g_i||, g_i the example's gradient at theta.
+        m = model.to_module(0)
+        m.zero_grad()
+        nn.functional.cross_entropy(m(x[i : i + 1]), y[i : i + 1]).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in m.parameters()])  # type: ignore[union-attr]
+        shifted = model.to_module(0, theta + 0.3 * g / g.norm())
+        shifted.zero_grad()
+        nn.functional.cross_entropy(shifted(x[i : i + 1]), y[i : i + 1]).backward()
+        ref = torch.cat([p.grad.reshape(-1) for p in shifted.parameters()])  # type: ignore[union-attr]
+        assert not torch.allclose(ref, g, atol=1e-4)  # the ascent moved the gradient
+        torch.testing.assert_close(ours[i], ref, atol=1e-5, rtol=1e-4)
+
+
 def test_an_example_with_a_non_finite_gradient_gets_weight_zero() -> None:
     from tests.workers.generic.nets import FeatureMixer
 
