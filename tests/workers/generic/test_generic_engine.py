@@ -58,6 +58,7 @@ CASES = [
     ("online", {"clip_init": 0.5}, 1),  # a pack of one takes the engine's split sums
     ("bam", {"clip": 0.5, "bam_lambda": 0.1, "clip_style": "flat"}, 2),
     ("bam", {"clip": 0.5, "bam_lambda": 0.1, "clip_style": "layerwise"}, 2),
+    ("nonprivate", {}, 2),
 ]
 
 
