@@ -11,7 +11,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -21,6 +21,7 @@ from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
+from workers.generic.dispatch import build_pack_model
 from workers.models.registry import build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
@@ -115,7 +116,17 @@ def train_pack(
         )
         for t in spec.trials
     ]
-    model = PackedModel(modules, device=device)
+    # The fast packed path where every layer converts, else the generic (torch.func) path.
+    built, engine_path = build_pack_model(modules, device=device)
+    if engine_path == "generic" and strategy_cls.name == "lipschitz":
+        raise ConfigError(
+            "the lipschitz strategy needs a Lipschitz model the packed path covers (such as "
+            "lip_mlp); this model runs on the generic path",
+            field="strategy",
+        )
+    # GenericModel implements, structurally, everything the engine, the strategies and the
+    # evaluation use of a PackedModel (forward, flat, k, layer algebra).
+    model = cast(PackedModel, built)
     strategy = strategy_cls(
         [t.params for t in spec.trials], n_layers=model.n_param_layers, device=device
     )
@@ -280,6 +291,7 @@ def train_pack(
                 diverged_at=diverged_at[i],
                 device=str(device),
                 randomness=spec.randomness,
+                engine_path=engine_path,
                 evaluation=getattr(data, "evaluation", "carve-out"),
                 checkpoint=best_flat[i].detach().cpu(),
             )

@@ -102,6 +102,9 @@ class TrialResult:
     diverged_at: int | None = None
     device: str = "cpu"
     randomness: Randomness = "secret"
+    # How per-example gradients were computed: "packed" (the fast path for nn.Sequential models
+    # of registered layers) or "generic" (any nn.Module, by torch.func).
+    engine_path: str = "packed"
     # How the evaluation records were protected: "carve-out" and "public" give exact metrics;
     # "dp" gives noisy accuracy only (the metrics' values are noisy releases).
     evaluation: str = "carve-out"
@@ -138,6 +141,7 @@ class TrialResult:
             "diverged_at": self.diverged_at,
             "device": self.device,
             "randomness": self.randomness,
+            "engine_path": self.engine_path,
             "evaluation": self.evaluation,
             **({"warning": REPRODUCIBLE_WARNING} if self.randomness == "reproducible" else {}),
             "reliability": m.get("reliability"),

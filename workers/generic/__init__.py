@@ -1,0 +1,27 @@
+"""The generic DP path: any ``nn.Module``, per-example gradients by ``torch.func``.
+
+* :mod:`workers.generic.validation`: the up-front check (Opacus's validators) that refuses
+  layers breaking per-example DP, naming the layer and the fix;
+* :mod:`workers.generic.model`: :class:`GenericModel`, the interface
+  :class:`~workers.engine.DPEngine` uses, for K trials of any module;
+* :mod:`workers.generic.dispatch`: :func:`build_pack_model`, the packed path where it applies,
+  else the generic one;
+* :mod:`workers.generic.memory`: a generous per-trial memory estimate for the packer.
+"""
+
+from __future__ import annotations
+
+from workers.generic.dispatch import EnginePath, build_pack_model, packable
+from workers.generic.memory import generic_trial_floats
+from workers.generic.model import GenericCaptured, GenericModel
+from workers.generic.validation import validate_module
+
+__all__ = [
+    "EnginePath",
+    "GenericCaptured",
+    "GenericModel",
+    "build_pack_model",
+    "generic_trial_floats",
+    "packable",
+    "validate_module",
+]

@@ -1,0 +1,55 @@
+"""The engine's choice of path per model: the fast packed path where it applies, else generic.
+
+The packed path (:mod:`workers.packed`) covers ``nn.Sequential`` models whose every layer has a
+registered packed implementation (:mod:`workers.packed.registry`); it computes per-example
+gradients analytically and is much faster. Every other ``nn.Module`` takes the generic path
+(:class:`~workers.generic.model.GenericModel`), after the up-front check of its layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from dpsweep.errors import ConfigError
+from workers.generic.model import GenericModel
+from workers.packed.model import PackedModel
+from workers.packed.registry import convert_layer
+
+EnginePath = Literal["packed", "generic"]
+
+
+def packable(module: nn.Module) -> bool:
+    """Whether the fast packed path covers ``module`` (an ``nn.Sequential`` of known layers)."""
+    if not isinstance(module, nn.Sequential):
+        return False
+    try:
+        for layer in module:
+            convert_layer(layer)
+    except ConfigError:
+        return False
+    return True
+
+
+def build_pack_model(
+    modules: Sequence[nn.Module], device: torch.device | str = "cpu"
+) -> tuple[PackedModel | GenericModel, EnginePath]:
+    """The pack's model on the fastest path that covers it, and that path's name.
+
+    Raises:
+        ConfigError: a model the generic path refuses too (e.g. BatchNorm; the message names
+            the layer and the fix).
+    """
+    if not modules:
+        raise ValueError("a pack needs at least one trial")
+    if packable(modules[0]):
+        try:
+            return PackedModel(list(modules), device=device), "packed"  # type: ignore[arg-type]
+        except ConfigError:
+            # Parameters outside the converted layers (e.g. a bare nn.Parameter on the
+            # Sequential itself): the generic path trains those too.
+            pass
+    return GenericModel(modules, device=device), "generic"

@@ -1,0 +1,219 @@
+"""The generic DP path: K trials of any ``nn.Module``, per-example gradients by ``torch.func``.
+
+:class:`GenericModel` implements the interface :class:`~workers.engine.DPEngine` uses (the one
+:class:`~workers.packed.model.PackedModel` implements), so every clipping strategy runs on it
+unchanged. It trades the packed path's speed for generality:
+
+* parameters live in one flat ``[K, P]`` buffer in ``named_parameters()`` order (the order
+  ``to_module`` and the checkpoints use); ``functional_call`` runs the module on views of it,
+  and ``vmap`` over the trial dimension runs the K trials at once (a pack shares one
+  architecture);
+* every example runs alone (``vmap`` over the batch of a single-example call), so examples can
+  never mix, and its gradient is ``torch.func.grad`` of ``<f(theta, x_i), v_i>`` where
+  ``v_i = dL/d out_i`` comes from the engine's own loss (mask included): the exact per-example
+  gradient of whatever loss the engine builds, with no per-layer rule written by hand;
+* clipping "layers" are the *parametrised submodules*: the modules that own parameters
+  directly (``recurse=False``), in ``named_parameters()`` order. ``nn.MultiheadAttention`` is
+  two layers (its own ``in_proj_*`` and its ``out_proj``);
+* BAM's perturbed pass runs each example at its own ``theta + s_i g_i`` (a ``vmap`` over
+  per-example parameters).
+
+Every parameter is trained (as on the packed path). Noise and sampling stay in the engine:
+nothing here draws randomness.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from workers.generic.validation import validate_module
+
+# Per-layer info: the per-example gradients of the layer's parameters, each [K, B, *shape].
+LayerInfo = list[Tensor]
+
+
+@dataclass
+class GenericCaptured:
+    """What a capturing forward leaves for :meth:`GenericModel.layer_grads`."""
+
+    x: Tensor  # [K, B, ...] the inputs
+    params: dict[str, Tensor]  # [K, *shape], or [K, B, *shape] for a perturbed pass
+    per_example: bool  # whether ``params`` carry the batch dimension
+    out: Tensor  # [K, B, ...] the output, a graph root (its gradient is v)
+
+
+class GenericModel:
+    """K trials of one architecture (any ``nn.Module``), parameters in a flat ``[K, P]`` buffer.
+
+    Args:
+        modules: one module per trial, all of the same architecture. Their current parameter
+            values become the pack's initial parameters.
+        device: where the pack lives.
+
+    Raises:
+        ConfigError: a layer that breaks per-example DP (see
+            :func:`workers.generic.validation.validate_module`).
+    """
+
+    def __init__(self, modules: Sequence[nn.Module], device: torch.device | str = "cpu"):
+        if not modules:
+            raise ValueError("a pack needs at least one trial")
+        validate_module(modules[0])
+        self.k = len(modules)
+        self.device = torch.device(device)
+        self.template = copy.deepcopy(modules[0]).to(self.device).train()
+        self.names = [n for n, _ in self.template.named_parameters()]
+        shapes = [tuple(p.shape) for _, p in self.template.named_parameters()]
+        self.shapes = dict(zip(self.names, shapes, strict=True))
+        self.numel = sum(math.prod(s) for s in shapes)
+        self.flat = torch.empty(self.k, self.numel, device=self.device)
+        buffers: list[dict[str, Tensor]] = []
+        for i, m in enumerate(modules):
+            named = list(m.named_parameters())
+            if [(n, tuple(p.shape)) for n, p in named] != list(
+                zip(self.names, shapes, strict=True)
+            ):
+                raise ValueError("all modules in a pack must share one architecture")
+            if named:
+                self.flat[i] = torch.cat([p.detach().reshape(-1) for _, p in named])
+            buffers.append({n: b.detach().to(self.device) for n, b in m.named_buffers()})
+        self.buffers = {n: torch.stack([b[n] for b in buffers]) for n in buffers[0]}
+        # Layers: consecutive parameters owned by the same submodule (one clipping group each).
+        self.layer_names: list[str] = []
+        self.layer_params: list[list[str]] = []
+        for name in self.names:
+            owner = name.rpartition(".")[0]
+            if not self.layer_names or self.layer_names[-1] != owner:
+                self.layer_names.append(owner)
+                self.layer_params.append([])
+            self.layer_params[-1].append(name)
+        self.slices: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, s in zip(self.names, shapes, strict=True):
+            self.slices[name] = (off, off + math.prod(s))
+            off += math.prod(s)
+
+    @property
+    def n_param_layers(self) -> int:
+        return len(self.layer_names)
+
+    def params(self, buf: Tensor | None = None) -> dict[str, Tensor]:
+        """Views ``[K, *shape]`` of ``buf`` (the flat parameters by default), by name."""
+        src = self.flat if buf is None else buf
+        return {n: src[:, a:b].view(self.k, *self.shapes[n]) for n, (a, b) in self.slices.items()}
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def _example_out(
+        self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor
+    ) -> Tensor:
+        # One example as a batch of one: the module sees the shapes it was written for.
+        out = functional_call(self.template, (params, buffers), (x.unsqueeze(0),))
+        if not isinstance(out, Tensor):
+            raise TypeError("the generic DP path needs a module that returns one tensor")
+        return out.squeeze(0)
+
+    def _dot(
+        self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, v: Tensor
+    ) -> Tensor:
+        return (self._example_out(params, buffers, x) * v).sum()
+
+    def _run(self, params: dict[str, Tensor], per_example: bool, x: Tensor) -> Tensor:
+        inner = vmap(self._example_out, in_dims=(0 if per_example else None, None, 0))
+        return vmap(inner, in_dims=(0, 0, 0))(params, self.buffers, x)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        capture: bool = False,
+        perturb: tuple[list[Any], Tensor] | None = None,
+    ) -> tuple[Tensor, GenericCaptured | None]:
+        """Run all trials on ``x`` ``[K, B, ...]``; returns output ``[K, B, ...]``.
+
+        With ``capture``, the output is a graph root whose gradient :meth:`layer_grads` turns
+        into per-example gradients. With ``perturb=(infos, scale)``, example i runs at
+        ``theta + scale_i * g_i`` (``infos`` from a first pass on the same examples).
+        """
+        params = self.params()
+        per_example = perturb is not None
+        if perturb is not None:
+            infos, scale = perturb
+            params = dict(params)
+            for names, info in zip(self.layer_params, infos, strict=True):
+                for n, g in zip(names, info, strict=True):
+                    s = scale.view(*scale.shape, *([1] * (g.dim() - 2)))
+                    params[n] = params[n].unsqueeze(1) + s * g
+        with torch.no_grad():
+            out = self._run(params, per_example, x)
+        if not capture:
+            return out, None
+        out.requires_grad_(True)
+        return out, GenericCaptured(x, params, per_example, out)
+
+    def layer_grads(self, loss_sum: Tensor, cap: GenericCaptured) -> list[LayerInfo]:
+        """Per-example gradients of ``loss_sum`` (a sum of per-example losses), per layer."""
+        (v,) = torch.autograd.grad(loss_sum, cap.out)
+        per_b = vmap(grad(self._dot), in_dims=(0 if cap.per_example else None, None, 0, 0))
+        g = vmap(per_b, in_dims=(0, 0, 0, 0))(cap.params, self.buffers, cap.x, v.detach())
+        return [[g[n] for n in names] for names in self.layer_params]
+
+    def sq_norms(self, infos: list[LayerInfo]) -> Tensor:
+        """Per-sample, per-layer squared gradient norms ``[K, B, L]``."""
+        return torch.stack(
+            [sum(t.pow(2).flatten(2).sum(dim=2) for t in info) for info in infos],  # type: ignore[misc]
+            dim=-1,
+        )
+
+    def weighted_sum_into(self, out: Tensor, infos: list[LayerInfo], weights: Tensor) -> None:
+        """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``; ``weights`` is ``[K, B, R]``
+        (R = 1: one weight per example, R = L: one per layer and example)."""
+        r = weights.shape[-1]
+        for li, (names, info) in enumerate(zip(self.layer_params, infos, strict=True)):
+            w = weights[..., 0 if r == 1 else li].unsqueeze(1)  # [K, 1, B]
+            for n, g in zip(names, info, strict=True):
+                a, b = self.slices[n]
+                out[:, a:b].copy_(torch.bmm(w, g.reshape(self.k, g.shape[1], -1)).squeeze(1))
+
+    def weighted_sums_into(
+        self, outs: list[Tensor], infos: list[LayerInfo], weights: list[Tensor]
+    ) -> None:
+        """:meth:`weighted_sum_into` for several ``[K, B, R]`` weightings."""
+        for out, w in zip(outs, weights, strict=True):
+            self.weighted_sum_into(out, infos, w)
+
+    def split_sums_into(
+        self,
+        main: Tensor,
+        extra: Tensor,
+        infos: list[LayerInfo],
+        w_main: Tensor,
+        w_extra: Tensor,
+        coef: Tensor,
+    ) -> None:
+        """Two releases (see :meth:`PackedModel.split_sums_into`): both weighted sums here."""
+        self.weighted_sums_into([main, extra], infos, [w_main, w_extra])
+
+    def per_sample_grads(self, infos: list[LayerInfo]) -> Tensor:
+        """Flat per-sample gradients ``[K, B, P]`` (tests and small diagnostics)."""
+        return torch.cat([t.flatten(2) for info in infos for t in info], dim=-1)
+
+    # -- export -------------------------------------------------------------------------------
+
+    def to_module(self, trial: int, flat_row: Tensor | None = None) -> nn.Module:
+        """A standalone module holding trial ``trial``'s (or ``flat_row``'s) weights."""
+        m = copy.deepcopy(self.template)
+        row = self.flat[trial] if flat_row is None else flat_row
+        torch.nn.utils.vector_to_parameters(row.detach().clone(), m.parameters())
+        with torch.no_grad():
+            for n, b in m.named_buffers():
+                b.copy_(self.buffers[n][trial])
+        return m
