@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from workers.generic.dispatch import packable
+from workers.generic.memory import generic_trial_floats
 from workers.models.registry import build_model
 from workers.packed.model import PackedModel
 from workers.settings import WorkerSettings
@@ -47,6 +49,20 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
     (its descriptor's ``gradient_passes``: BAM runs a second, perturbed pass).
     """
     module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
+    b = spec.batch_size
+    b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
+    opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
+    param_buffers = 8 + opt_state
+    passes = get_descriptor(spec.strategy).gradient_passes
+    if not packable(module):
+        # The generic path materialises every example's full gradient (workers.generic).
+        return 4 * generic_trial_floats(
+            module,
+            input_shape=input_shape,
+            batch=b_max,
+            passes=passes,
+            param_buffers=param_buffers,
+        )
     model = PackedModel([module])
     with torch.no_grad():
         _, cap = model.forward(torch.zeros(1, 1, *input_shape), capture=True)
@@ -55,11 +71,6 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
     conv_params = sum(
         math.prod(ly.param_shapes[0]) for ly in model.param_layers if len(ly.param_shapes[0]) > 2
     )
-    b = spec.batch_size
-    b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
-    opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
-    param_buffers = 8 + opt_state
-    passes = get_descriptor(spec.strategy).gradient_passes
     floats = (
         param_buffers * model.numel
         + passes * 3 * act_per_example * b_max
