@@ -117,6 +117,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         input_scaling=scaling,
         content_sha256=identity,
         evaluation=mode,
+        vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
     )
 
 
@@ -160,6 +161,13 @@ def _public_eval_records(
             f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
             f"the training dataset's {tuple(x.shape[1:])}; evaluate on records of the same "
             "shape (the model's input)",
+            field="eval.dataset",
+        )
+    if raw.kind == "tokens" and (pub.encoding != raw.encoding or pub.vocab_size != raw.vocab_size):
+        # Ids mean words only under one tokenizer: another one's ids would be other words.
+        raise ConfigError(
+            "the evaluation dataset is tokenized with another tokenizer, vocabulary or "
+            "max_length than the training dataset; give both the same dataset.options",
             field="eval.dataset",
         )
     if raw.kind == "image" and not bounds and pub.pixel_max != raw.pixel_max:
