@@ -5,7 +5,9 @@ of the class folders: the owner declares them by the layout, so they are as publ
 header. Every image has one size (option ``size``, default the first image's); an image of
 another size is refused, naming the file and both sizes (never a pixel value), unless option
 ``resize`` resamples it. Option ``mode`` chooses grey (1 channel) or RGB (3 channels);
-``auto`` is grey when every image is. 8-bit pixels are scaled by the format's fixed range
+``auto`` is grey when every image is and RGB when every image is in colour, and refuses a
+mix (naming a file): one record must not silently change the input shape, which is public.
+8-bit pixels are scaled by the format's fixed range
 [0, 255] (:mod:`workers.datasets.scaling`), never by statistics of the records, and the
 identity (:func:`workers.datasets.identity.content_sha256`) covers the decoded records
 whatever the files' names or order.
@@ -95,7 +97,7 @@ def _image_folder(spec: DatasetSpec) -> RawData:
             field="dataset.options.size",
         )
     # First pass, headers only: every image's mode and size, before any pixel is decoded.
-    grey = True
+    kinds: dict[bool, Path] = {}  # grey or not -> the first such file
     target: tuple[int, int] | None = None if opts["size"] is None else tuple(opts["size"])
     first: Path | None = None
     for _, f in files:
@@ -106,7 +108,7 @@ def _image_folder(spec: DatasetSpec) -> RawData:
                 f"{f}: 16-bit or floating-point pixels (mode {mode}); store the images with "
                 "8 bits per channel, or as a float NPZ with dataset.input_bounds"
             )
-        grey = grey and mode in _GREY_MODES
+        kinds.setdefault(mode in _GREY_MODES, f)
         if resize != "none":
             continue
         if target is None:
@@ -119,7 +121,12 @@ def _image_folder(spec: DatasetSpec) -> RawData:
             )
     assert target is not None
     mode_name = str(opts["mode"])
-    pil_mode = "L" if mode_name == "grayscale" or (mode_name == "auto" and grey) else "RGB"
+    if mode_name == "auto" and len(kinds) == 2:
+        raise DatasetError(
+            f"{spec.path}: grey images (e.g. {kinds[True]}) and colour images (e.g. "
+            f"{kinds[False]}) are mixed; set dataset.options.mode to grayscale or rgb"
+        )
+    pil_mode = "L" if mode_name == "grayscale" or (mode_name == "auto" and True in kinds) else "RGB"
     channels = 1 if pil_mode == "L" else 3
     x = np.empty((len(files), channels, target[0], target[1]), dtype=np.uint8)
     for i, (_, f) in enumerate(files):

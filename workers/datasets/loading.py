@@ -153,6 +153,13 @@ def _public_eval_records(
             f"{raw.kind} records; evaluate on a dataset of the same kind",
             field="eval.dataset",
         )
+    if raw.kind == "tokens" and (pub.encoding != raw.encoding or pub.vocab_size != raw.vocab_size):
+        # Ids mean words only under one tokenizer: another one's ids would be other words.
+        raise ConfigError(
+            "the evaluation dataset is tokenized with another tokenizer, vocabulary or "
+            "max_length than the training dataset; tokenize both with the same options",
+            field="eval.dataset",
+        )
     x_pub = pub.x
     if pub.kind == "image" and x_pub.ndim == 3:
         x_pub = x_pub[:, None, :, :]
@@ -161,13 +168,6 @@ def _public_eval_records(
             f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
             f"the training dataset's {tuple(x.shape[1:])}; evaluate on records of the same "
             "shape (the model's input)",
-            field="eval.dataset",
-        )
-    if raw.kind == "tokens" and (pub.encoding != raw.encoding or pub.vocab_size != raw.vocab_size):
-        # Ids mean words only under one tokenizer: another one's ids would be other words.
-        raise ConfigError(
-            "the evaluation dataset is tokenized with another tokenizer, vocabulary or "
-            "max_length than the training dataset; give both the same dataset.options",
             field="eval.dataset",
         )
     if raw.kind == "image" and not bounds and pub.pixel_max != raw.pixel_max:

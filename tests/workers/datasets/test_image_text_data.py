@@ -210,6 +210,18 @@ def test_a_malformed_image_folder_is_refused_naming_what(tmp_path: Path) -> None
         load_dataset(DatasetSpec("image_folder", path=str(tmp_path / "missing")))
 
 
+def test_mode_auto_refuses_grey_and_colour_images_mixed(tmp_path: Path) -> None:
+    # One record must not silently change the input shape (1 or 3 channels), which is public.
+    root = tmp_path / "a"
+    _write_folder(root, _images(n=6, c=1), ["x", "y"] * 3, names=[f"{i}.png" for i in range(6)])
+    Image.fromarray(_images(n=1, c=3)[0].transpose(1, 2, 0)).save(root / "y" / "colour.png")
+    with pytest.raises(DatasetError, match=r"colour images \(e\.g\. .*colour\.png\) are mixed"):
+        load_dataset(DatasetSpec("image_folder", path=str(root)))
+    for mode, channels in (("grayscale", 1), ("rgb", 3)):
+        spec = DatasetSpec("image_folder", path=str(root), options={"mode": mode})
+        assert load_dataset(spec).input_shape == (channels, 5, 7)
+
+
 def test_16_bit_images_are_refused(tmp_path: Path) -> None:
     root = tmp_path / "a"
     _write_folder(root, _images(n=4, c=1), ["x", "y"] * 2, names=[f"{i}.png" for i in range(4)])
@@ -351,3 +363,29 @@ def test_text_records_split_by_content_in_mode_dp(tmp_path: Path) -> None:
     b = load_dataset(spec)
     assert len(a.x_test) - len(b.x_test) in (0, 1)
     assert len(a.x_train) + len(a.x_test) - len(b.x_train) - len(b.x_test) == 1
+
+
+def test_a_public_evaluation_text_dataset_must_share_the_tokenizer(tmp_path: Path) -> None:
+    vocab, other = tmp_path / "vocab.txt", tmp_path / "other.txt"
+    vocab.write_text("great\nbad\n")
+    other.write_text("bad\ngreat\n")  # the same words, other ids
+    private = _text_csv(tmp_path / "private.csv")
+    public = _text_csv(tmp_path / "public.csv", n=8, extra=" again")
+
+    def spec(eval_vocab: Path, length: int = 16) -> DatasetSpec:
+        evaluation = _text_spec(public, vocab=str(eval_vocab), max_length=length)
+        return DatasetSpec(
+            "text_csv",
+            path=str(private),
+            label_column="label",
+            options={"vocab": str(vocab), "max_length": 16},
+            evaluation="public",
+            eval_dataset=evaluation,
+        )
+
+    data = load_dataset(spec(vocab))
+    assert data.x_test.dtype == np.int64 and len(data.x_test) == 8 and data.n_private == 40
+    for bad in (spec(other), spec(vocab, length=8)):
+        with pytest.raises(ConfigError, match="another tokenizer") as exc:
+            load_dataset(bad)
+        assert exc.value.field == "eval.dataset"
