@@ -3,8 +3,8 @@
 A :class:`DatasetDescriptor` is the torch-free half of a dataset loader: the API, the planner
 and sweep submission read it to refuse an unknown dataset, an unknown option or a bad option
 value before any budget is reserved, and to say which models can take the records (``flat``
-feature vectors or ``image`` arrays). The loader itself (:mod:`workers.datasets.registry`) is
-looked up by the same stable name.
+feature vectors, ``image`` arrays or ``tokens``, token ids). The loader itself
+(:mod:`workers.datasets.registry`) is looked up by the same stable name.
 
 Registration is a function call (:func:`register_dataset_descriptor`); the built-in datasets
 and file formats are described when this module is imported, and plug-ins (entry points of the
