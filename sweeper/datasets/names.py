@@ -17,7 +17,9 @@ UPLOAD_PREFIX = "ds_"
 UPLOAD_FORMATS = ("csv", "npz")
 # Registry names that need no file: every user may run sweeps on them.
 BUILTIN = ("digits", "breast_cancer", "wine", "synthetic")
-REGISTER_FORMATS = ("csv", "npz", "idx")
+#: Formats of ``dpsweep datasets register``: ``image_folder`` is a directory
+#: (``root/<label>/<image>``), ``text_csv`` a CSV of texts (given with ``--format text_csv``).
+REGISTER_FORMATS = ("csv", "npz", "idx", "image_folder", "text_csv")
 # Names given with `dpsweep datasets register`: no ":" (file names in specs are "csv:PATH", and
 # identity keys "sha256:HEX"), so a registered name can never be mistaken for either.
 _REGISTERED = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,99}$")
@@ -49,7 +51,9 @@ def unknown_dataset(name: str) -> str:
 
 
 def format_of(path: Path, fmt: str | None) -> str:
-    """A registered file's format: ``fmt`` when given, else told from the file's name.
+    """A registered file's format: ``fmt`` when given, else told from the file's name (a
+    directory is an ``image_folder``; a ``.csv`` file is read as numeric ``csv``, texts need
+    ``text_csv`` given).
 
     Raises:
         ConfigError: an unknown format, or a name that does not tell it.
@@ -61,6 +65,8 @@ def format_of(path: Path, fmt: str | None) -> str:
                 field="format",
             )
         return fmt
+    if path.is_dir():
+        return "image_folder"
     suffixes = [x.lower() for x in path.suffixes]
     if suffixes[-1:] == [".csv"]:
         return "csv"

@@ -7,6 +7,7 @@ ledger (:mod:`sweeper.datasets.identity`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ def register_file(
     label_column: str | None = None,
     labels_path: str | Path | None = None,
     public: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[Binding, dict[str, Any]]:
     """Load and check a data file and bind ``name`` to the identity of its records.
 
@@ -43,6 +45,11 @@ def register_file(
     evaluation dataset (``eval.dataset``); no epsilon covers them. Stored in the row's
     ``config``; registering again sets it to what is given then (default: not public).
 
+    ``options``: the format's options (:mod:`workers.datasets.descriptors`), e.g. an
+    ``image_folder``'s ``size`` and ``mode`` or a ``text_csv``'s ``text_column`` and public
+    ``vocab`` / ``tokenizer`` file; checked, used to load the file, and stored in the row's
+    ``config`` (``options``) as given.
+
     Returns:
         The binding (``shared_with``: other names of the same records, which share its cap
         and ledger) and what may be shown of the data (N, shape, classes).
@@ -53,10 +60,14 @@ def register_file(
     check_registered_name(name)
     file = Path(path).expanduser().resolve()
     fmt = format_of(file, fmt)
-    if fmt == "csv" and not label_column:
+    if fmt in ("csv", "text_csv") and not label_column:
         raise ConfigError("a CSV file needs --label-column (its label column's header)")
     if fmt == "idx" and not labels_path:
         raise ConfigError("an IDX images file needs --labels-path (the IDX labels file)")
+    from workers.datasets.descriptors import get_dataset_descriptor
+
+    given = dict(options or {})
+    get_dataset_descriptor(fmt).validate(given)
     labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
     with Session(engine) as session:
         existing = session.scalars(select(Dataset).where(Dataset.name == name)).first()
@@ -66,24 +77,34 @@ def register_file(
                 "it; choose another name",
                 field="name",
             )
-    spec = worker_spec({}, path=str(file), name=fmt, label_column=label_column, labels_path=labels)
+    spec = worker_spec(
+        {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
+    )
     info, identity = load_file(spec, str(file))
     fields: dict[str, Any] = {
         "label": name,
         "format": fmt,
-        "size_bytes": file.stat().st_size,
+        "size_bytes": _size_bytes(file),
         "sha256": None,
         "storage_path": str(file),
         "n_examples": info["n_examples"],
         "config": {
             "label_column": label_column,
             "labels_path": labels,
+            **({"options": given} if given else {}),
             **info,
             "public": bool(public),
         },
     }
     binding = bind_name(engine, name, identity, new_row=fields, row_update=fields)
     return binding, {**info, "public": bool(public)}
+
+
+def _size_bytes(file: Path) -> int:
+    """A file's size, or a folder's (an image folder): the sum of the files in it."""
+    if not file.is_dir():
+        return file.stat().st_size
+    return sum(f.stat().st_size for f in file.rglob("*") if f.is_file())
 
 
 def names_of(engine: Engine, content_sha256: str) -> list[str]:

@@ -8,21 +8,24 @@ records (by ``DatasetSpec.evaluation``) and normalises the inputs. The package, 
 * :mod:`~workers.datasets.records`: the spec of what to load, a loader's raw arrays, the result;
 * :mod:`~workers.datasets.registry`: the loaders by name (plug-ins: ``dpsweep.datasets``);
 * :mod:`~workers.datasets.builtin`: the sets bundled with scikit-learn;
-* :mod:`~workers.datasets.formats`: IDX, NPZ and CSV files;
+* :mod:`~workers.datasets.formats`: IDX, NPZ (images channels-first or -last) and CSV files;
+* :mod:`~workers.datasets.images`: image folders (``root/<label>/<image>``, Pillow);
+* :mod:`~workers.datasets.text`: text CSV files, tokenized by a public vocabulary or
+  pretrained tokenizer (records of kind ``tokens``);
 * :mod:`~workers.datasets.identity`: the content hash that keys a dataset's privacy ledger;
 * :mod:`~workers.datasets.finite`: the refusal of NaN and inf;
 * :mod:`~workers.datasets.splits`: the evaluation carve-outs (seeded, or keyed by content);
 * :mod:`~workers.datasets.scaling`: normalisation by rules that use no training record;
 * :mod:`~workers.datasets.loading`: :func:`load_dataset`, the evaluation modes' privacy notes.
 
-Importing this package needs numpy (scikit-learn only when a built-in set is loaded), never
-torch.
+Importing this package needs numpy (scikit-learn only when a built-in set is loaded, Pillow
+when an image folder is, tokenizers when a tokenizer.json is), never torch.
 """
 
 from __future__ import annotations
 
 # Imported for their registrations: the built-in loaders and the file formats.
-from workers.datasets import builtin, formats  # noqa: F401
+from workers.datasets import builtin, formats, images, text  # noqa: F401
 from workers.datasets.descriptors import (
     DATASET_DESCRIPTORS,
     INPUT_KINDS,

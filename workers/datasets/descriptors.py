@@ -3,8 +3,8 @@
 A :class:`DatasetDescriptor` is the torch-free half of a dataset loader: the API, the planner
 and sweep submission read it to refuse an unknown dataset, an unknown option or a bad option
 value before any budget is reserved, and to say which models can take the records (``flat``
-feature vectors or ``image`` arrays). The loader itself (:mod:`workers.datasets.registry`) is
-looked up by the same stable name.
+feature vectors, ``image`` arrays or ``tokens``, token ids). The loader itself
+(:mod:`workers.datasets.registry`) is looked up by the same stable name.
 
 Registration is a function call (:func:`register_dataset_descriptor`); the built-in datasets
 and file formats are described when this module is imported, and plug-ins (entry points of the
@@ -21,18 +21,79 @@ from types import MappingProxyType
 from typing import Any
 
 from dpsweep.errors import ConfigError
-from workers.options import HParam, check_settings
+from workers.options import HParam, check_settings, check_value
 from workers.plugins import load_plugins
 
 #: What a dataset's records are for a model: ``flat`` feature vectors, ``image`` arrays
-#: (``[C, H, W]`` once loaded), or ``any``: the file's own shape decides (the file formats).
-INPUT_KINDS: tuple[str, ...] = ("flat", "image", "any")
+#: (``[C, H, W]`` once loaded), ``tokens`` (token ids ``[T]``, int64, padded with 0), or
+#: ``any``: the file's own shape decides (the file formats).
+INPUT_KINDS: tuple[str, ...] = ("flat", "image", "tokens", "any")
 #: A loaded dataset's ``kind`` (:attr:`workers.datasets.records.RawData.kind`) as an input kind.
-INPUT_KIND_OF: Mapping[str, str] = MappingProxyType({"tabular": "flat", "image": "image"})
+INPUT_KIND_OF: Mapping[str, str] = MappingProxyType(
+    {"tabular": "flat", "image": "image", "tokens": "tokens"}
+)
+#: Kinds of :class:`DatasetOption` besides :class:`HParam`'s: a string (a column's name) and
+#: the path of a *public* file the operator provides (a vocabulary, a tokenizer).
+STRING_KINDS: tuple[str, ...] = ("text", "path")
 #: The :class:`~workers.datasets.records.DatasetSpec` fields a loader may need besides options.
 SPEC_FIELDS: tuple[str, ...] = ("path", "labels_path", "label_column")
 
 FIELD = "dataset.name"
+
+
+@dataclass(frozen=True)
+class DatasetOption(HParam):
+    """A declared dataset option: an :class:`HParam`, or a string, or a list of numbers.
+
+    Args:
+        kind: besides ``float``, ``int`` and ``choice``: ``text`` (a non-empty string, e.g. a
+            column's name) or ``path`` (the path of a public file the operator provides, e.g.
+            a vocabulary; never one derived from the records).
+        length: a list of exactly this many values of ``kind`` (e.g. ``size: [H, W]``);
+            0: a single value.
+    """
+
+    length: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind in STRING_KINDS:
+            object.__setattr__(self, "positive", False)
+            return
+        super().__post_init__()
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind in ("float", "int")
+
+    def range_text(self) -> str:
+        if self.kind == "path":
+            return "the path of a file"
+        if self.kind == "text":
+            return "a non-empty string"
+        text = super().range_text()
+        return f"a list of {self.length} numbers, each {text}" if self.length else text
+
+
+def check_option(name: str, option: HParam, value: Any, *, owner: str, field: str) -> Any:
+    """One dataset option's value (see :class:`DatasetOption`); plain :class:`HParam` values
+    go through :func:`workers.options.check_value`.
+
+    Raises:
+        ConfigError: naming ``field`` and what the value must be.
+    """
+    if option.kind in STRING_KINDS:
+        if not isinstance(value, str) or not value.strip() or "\0" in value:
+            what = "the path of a file" if option.kind == "path" else "a non-empty string"
+            raise ConfigError(f"{name} for {owner} must be {what}; got {value!r}", field=field)
+        return value
+    length = getattr(option, "length", 0)
+    if not length:
+        return check_value(option, value, name=name, owner=owner, field=field)
+    if not isinstance(value, list | tuple) or len(value) != length:
+        raise ConfigError(
+            f"{name} for {owner} must be a list of {length} numbers; got {value!r}", field=field
+        )
+    return [check_value(option, v, name=name, owner=owner, field=field) for v in value]
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,7 +102,7 @@ class DatasetDescriptor:
 
     Args:
         name: the stable name stored in the database and used in specs (the loader's name).
-        input_kind: ``flat``, ``image`` or ``any`` (see :data:`INPUT_KINDS`).
+        input_kind: ``flat``, ``image``, ``tokens`` or ``any`` (see :data:`INPUT_KINDS`).
         description: one line for listings.
         options: the loader's declared options (``dataset.options``), with defaults and
             ranges; a dataset without options refuses any.
@@ -70,7 +131,8 @@ class DatasetDescriptor:
         object.__setattr__(self, "needs", tuple(self.needs))
 
     def admits(self, kind: str) -> bool:
-        """Whether loaded records of ``kind`` (``image`` or ``tabular``) are what it declares."""
+        """Whether loaded records of ``kind`` (``image``, ``tabular``, ``tokens``) are what it
+        declares."""
         return self.input_kind == "any" or INPUT_KIND_OF.get(kind) == self.input_kind
 
     def defaults(self) -> dict[str, Any]:
@@ -92,9 +154,21 @@ class DatasetDescriptor:
                 f"got {type(options).__name__}",
                 field="dataset.options",
             )
+        owner = f"dataset {self.name!r}"
         return check_settings(
-            self.options, options, owner=f"dataset {self.name!r}", field="dataset.options"
+            self.options,
+            options,
+            owner=owner,
+            field="dataset.options",
+            check=lambda name, option, value: check_option(
+                name, option, value, owner=owner, field=f"dataset.options.{name}"
+            ),
         )
+
+    def path_options(self) -> tuple[str, ...]:
+        """The options that name a file on the server (kind ``path``): like ``dataset.path``,
+        for admins and local use only."""
+        return tuple(name for name, option in self.options.items() if option.kind == "path")
 
 
 DATASET_DESCRIPTORS: dict[str, DatasetDescriptor] = {}
@@ -192,8 +266,87 @@ NPZ = register_dataset_descriptor(
     DatasetDescriptor(
         name="npz",
         input_kind="any",
-        description="a NumPy .npz file with arrays x (features or images) and y (labels)",
+        description="a NumPy .npz file with arrays x (features, or images [N, C, H, W] / "
+        "[N, H, W, C] / [N, H, W]) and y (labels)",
+        options={
+            "layout": DatasetOption(
+                default="auto",
+                kind="choice",
+                choices=("auto", "nchw", "nhwc"),
+                help="axes of a 4-D x; auto: channels last when the last axis is 1 or 3 and "
+                "the second is not",
+            ),
+        },
         needs=("path",),
+    )
+)
+
+IMAGE_FOLDER = register_dataset_descriptor(
+    DatasetDescriptor(
+        name="image_folder",
+        input_kind="image",
+        description="a folder of PNG / JPEG images, one sub-folder per class "
+        "(root/<label>/<image>); the labels are the sorted folder names",
+        options={
+            "size": DatasetOption(
+                default=None,
+                optional=True,
+                kind="int",
+                length=2,
+                low=1,
+                high=4096,
+                help="[H, W] every image must have (or is resized to, with resize); "
+                "default: the first image's",
+            ),
+            "mode": DatasetOption(
+                default="auto",
+                kind="choice",
+                choices=("auto", "grayscale", "rgb"),
+                help="channels: auto is grayscale when every image is, else rgb",
+            ),
+            "resize": DatasetOption(
+                default="none",
+                kind="choice",
+                choices=("none", "bilinear", "nearest"),
+                help="none: refuse an image of another size; else resize it to size",
+            ),
+        },
+        needs=("path",),
+    )
+)
+
+TEXT_CSV = register_dataset_descriptor(
+    DatasetDescriptor(
+        name="text_csv",
+        input_kind="tokens",
+        description="a CSV file with a text column and a label column, tokenized by a public "
+        "vocabulary or a pretrained tokenizer (never one built from the records)",
+        options={
+            "text_column": DatasetOption(
+                default="text", kind="text", help="the header of the text column"
+            ),
+            "vocab": DatasetOption(
+                default=None,
+                optional=True,
+                kind="path",
+                help="a public vocabulary: one token per line (ids 2, 3, ... in file order); "
+                "text is lowercased and split into words and punctuation",
+            ),
+            "tokenizer": DatasetOption(
+                default=None,
+                optional=True,
+                kind="path",
+                help="a pretrained tokenizer.json of the tokenizers library (its ids + 2)",
+            ),
+            "max_length": DatasetOption(
+                default=128,
+                kind="int",
+                low=1,
+                high=65536,
+                help="tokens per record: longer texts are truncated, shorter padded with 0",
+            ),
+        },
+        needs=("path", "label_column"),
     )
 )
 
@@ -213,13 +366,18 @@ __all__ = [
     "DATASET_DESCRIPTORS",
     "DIGITS",
     "IDX",
+    "IMAGE_FOLDER",
     "INPUT_KINDS",
     "INPUT_KIND_OF",
     "NPZ",
     "SPEC_FIELDS",
+    "STRING_KINDS",
     "SYNTHETIC",
+    "TEXT_CSV",
     "WINE",
     "DatasetDescriptor",
+    "DatasetOption",
+    "check_option",
     "dataset_descriptor_names",
     "get_dataset_descriptor",
     "register_dataset_descriptor",

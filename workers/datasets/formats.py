@@ -2,7 +2,8 @@
 
 Importing this module registers the ``idx``, ``npz`` and ``csv`` loaders. Each refuses a
 malformed file with a :class:`~dpsweep.errors.DatasetError` that names the file and what is
-wrong with it.
+wrong with it. NPZ images may be channels-first or channels-last (option ``layout``); they
+are returned channels-first, so both layouts of the same images are the same records.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dpsweep.errors import ConfigError, DatasetError
+from workers.datasets.descriptors import NPZ
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
 
@@ -126,6 +128,7 @@ def _npz(spec: DatasetSpec) -> RawData:
         raise DatasetError(f"{path}: 'x' must be [N, D] or images [N, H, W] / [N, C, H, W]")
     if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
         raise DatasetError(f"{path}: 'x' must be real numbers; got dtype {x.dtype}")
+    x = _channels_first(x, NPZ.validate(spec.options)["layout"], path)
     pixel_max = 255.0 if x.dtype == np.uint8 else None
     return RawData(
         x=x,
@@ -133,6 +136,33 @@ def _npz(spec: DatasetSpec) -> RawData:
         kind="image" if x.ndim >= 3 else "tabular",
         pixel_max=pixel_max,
     )
+
+
+def channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether 4-D images ``shape`` look channels-last: the last axis is 1 or 3 (grey, RGB)
+    and the second is not (else they are read channels-first, as before layouts existed)."""
+    return len(shape) == 4 and shape[3] in (1, 3) and shape[1] not in (1, 3)
+
+
+def _channels_first(x: np.ndarray, layout: str, path: Path) -> np.ndarray:
+    """``x`` with images as ``[N, C, H, W]`` (``layout``: ``auto``, ``nchw`` or ``nhwc``).
+
+    Only the shape decides ``auto``, never a value. Features ``[N, D]`` and grey images
+    ``[N, H, W]`` are returned as they are.
+
+    Raises:
+        ConfigError: ``nchw`` / ``nhwc`` declared for an ``x`` that is not 4-D.
+    """
+    if x.ndim != 4:
+        if layout != "auto":
+            raise ConfigError(
+                f"layout {layout} applies to 4-D images; {path.name}'s 'x' has shape {x.shape}",
+                field="dataset.options.layout",
+            )
+        return x
+    if layout == "nhwc" or (layout == "auto" and channels_last(x.shape)):
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
+    return x
 
 
 @register_dataset("csv")

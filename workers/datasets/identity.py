@@ -36,6 +36,10 @@ def content_sha256(raw: RawData) -> str:
     Call it after the finite check and before the split and the scaling (which depend on the
     spec, not on the records).
 
+    Text records (kind ``tokens``, :attr:`RawData.texts`) are hashed by their text as read
+    (UTF-8, length-prefixed), not by their token ids: the tokenizer is a public choice, and the
+    same records tokenized another way must find the same ledger. Their shape is ``"text"``.
+
     The result holds no record's value, but it is a deterministic function of every record:
     see :class:`Dataset` on who may see it.
 
@@ -50,6 +54,7 @@ def content_sha256(raw: RawData) -> str:
     shape = tuple(int(s) for s in x.shape[1:])
     if raw.kind == "image" and x.ndim == 3:
         shape = (1, *shape)  # load_dataset adds this channel axis: [H, W] and [1, H, W] agree
+    shape_text = "text" if raw.texts is not None else repr(shape)
     sha = hashlib.sha256
     digests: list[bytes] = []
     for inputs, label in _canonical_records(raw):
@@ -59,7 +64,7 @@ def content_sha256(raw: RawData) -> str:
         digests.append(h.digest())
     digests.sort()
     total = sha(_IDENTITY_TAG)
-    total.update(repr(shape).encode() + b"\0" + n.to_bytes(8, "little"))
+    total.update(shape_text.encode() + b"\0" + n.to_bytes(8, "little"))
     total.update(b"".join(digests))
     return total.hexdigest()
 
@@ -69,10 +74,17 @@ def _canonical_records(raw: RawData) -> Iterator[tuple[memoryview, bytes]]:
     inputs as little-endian float64 bytes (``-0.0`` as ``0.0``) and its canonical label.
 
     Converted in chunks of about ``_CHUNK_VALUES`` values; the caller's array is not touched.
+    Text records (:attr:`RawData.texts`): their UTF-8 text after its length (8 bytes), so that
+    text || label is unambiguous.
     """
     x = raw.x
     n = len(x)
     labels = _canonical_labels(raw.y)
+    if raw.texts is not None:
+        for text, label in zip(raw.texts, labels, strict=True):
+            data = text.encode("utf-8", "surrogatepass")
+            yield memoryview(len(data).to_bytes(8, "little") + data), label
+        return
     flat = x.reshape(n, -1)
     width = flat.shape[1] if flat.ndim == 2 else 0
     row_bytes = 8 * width

@@ -117,6 +117,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         input_scaling=scaling,
         content_sha256=identity,
         evaluation=mode,
+        vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
     )
 
 
@@ -150,6 +151,13 @@ def _public_eval_records(
         raise ConfigError(
             f"the evaluation dataset holds {pub.kind} records but the training dataset "
             f"{raw.kind} records; evaluate on a dataset of the same kind",
+            field="eval.dataset",
+        )
+    if raw.kind == "tokens" and (pub.encoding != raw.encoding or pub.vocab_size != raw.vocab_size):
+        # Ids mean words only under one tokenizer: another one's ids would be other words.
+        raise ConfigError(
+            "the evaluation dataset is tokenized with another tokenizer, vocabulary or "
+            "max_length than the training dataset; tokenize both with the same options",
             field="eval.dataset",
         )
     x_pub = pub.x

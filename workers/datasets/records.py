@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-Kind = Literal["image", "tabular"]
+Kind = Literal["image", "tabular", "tokens"]
 #: How evaluation records are separated from training records (see the module docstring).
 EVAL_MODES = ("carve-out", "public", "dp")
 
@@ -23,10 +23,11 @@ class DatasetSpec:
 
     Args:
         name: registry name (``digits``, ``breast_cancer``, ``wine``, ``synthetic``, ``idx``,
-            ``npz``, ``csv``).
-        path: data file for ``idx`` (images), ``npz`` and ``csv``.
+            ``npz``, ``csv``, ``image_folder``, ``text_csv``).
+        path: data file for ``idx`` (images), ``npz``, ``csv`` and ``text_csv``; the folder
+            for ``image_folder``.
         labels_path: labels file for ``idx``.
-        label_column: label column for ``csv``.
+        label_column: label column for ``csv`` and ``text_csv``.
         test_fraction: share of the examples held out as the evaluation split (modes
             ``carve-out`` and ``dp``; unused in mode ``public``).
         split_seed: seed of the train/test split (the key of the split in mode ``dp``);
@@ -62,7 +63,8 @@ class RawData:
     """What a loader returns before splitting and normalisation.
 
     ``x`` keeps the file's dtype (uint8 stays uint8, floats stay as read): casting to float32
-    before scaling would turn a finite extreme value into inf.
+    before scaling would turn a finite extreme value into inf. Images are ``[N, H, W]`` or
+    ``[N, C, H, W]``; kind ``tokens`` holds int64 token ids ``[N, T]`` (0 pads, 1 is unknown).
     """
 
     x: np.ndarray
@@ -73,6 +75,15 @@ class RawData:
     # For messages about bad values: the CSV line of each row and the feature column names.
     lines: list[int] | None = None
     columns: list[str] | None = None
+    # Kind ``tokens``: the text of each record as read. The identity and the keyed split hash
+    # it rather than the ids, so that the same records tokenized by another (public)
+    # tokenizer are the same records, with one ledger.
+    texts: list[str] | None = None
+    # Kind ``tokens``: every id is below it (the public tokenizer's size, pad and unknown
+    # included), and a public description of the tokenization (the tokenizer file's hash and
+    # the length) that a public evaluation dataset must share.
+    vocab_size: int | None = None
+    encoding: str | None = None
 
 
 @dataclass
@@ -81,9 +92,10 @@ class Dataset:
 
     ``x_*`` are float32 arrays shaped ``[N, *input_shape]``, every value inside
     ``input_scaling["clip"]``; ``y_*`` are int64 class indices. Images always carry a channel
-    axis (``[C, H, W]``). ``input_scaling`` says how inputs were scaled (method, clip range,
-    source); it holds no record's values and nothing computed from the training split, so it
-    may be shown with the plan.
+    axis (``[C, H, W]``). Kind ``tokens``: ``x_*`` are int64 token ids ``[N, T]`` below
+    ``vocab_size`` (0 pads, 1 is an unknown token), not scaled. ``input_scaling`` says how
+    inputs were scaled (method, clip range, source); it holds no record's values and nothing
+    computed from the training split, so it may be shown with the plan.
 
     ``content_sha256`` is the data's identity (:func:`content_sha256`): a hash of all its
     records, the same whatever the file's name, path, format or row order. It is the key of
@@ -109,6 +121,8 @@ class Dataset:
     input_scaling: dict[str, Any] = field(default_factory=dict)
     content_sha256: str = ""
     evaluation: str = "carve-out"
+    #: Kind ``tokens``: the embedding size a model needs (the public tokenizer's); else None.
+    vocab_size: int | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:

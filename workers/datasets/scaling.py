@@ -16,6 +16,9 @@ use no training record, then clipped to a fixed range, then cast to float32:
 4. other tabular data: robust standardisation (median, IQR) from the public evaluation
    records (likewise; refused in mode ``dp``), clip to [-feature_clip, feature_clip].
 
+Token ids (kind ``tokens``) are not scaled: the public tokenizer already bounds them to
+``[0, vocab_size)`` (:func:`_token_ids`).
+
 Robust statistics keep one extreme *evaluation* record from squashing every feature to ~0.
 Non-finite values (NaN, inf) are refused with their positions, for the data owner to fix
 (:mod:`workers.datasets.finite`).
@@ -27,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dpsweep.errors import ConfigError
+from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.records import _CHUNK_VALUES, DatasetSpec, RawData
 
 _FLOAT_MAX = float(np.finfo(np.float64).max)
@@ -50,6 +53,8 @@ def _normalise(
     Raises:
         ConfigError: ``input_bounds`` that are not two finite numbers lo < hi.
     """
+    if raw.kind == "tokens":
+        return _token_ids(raw, spec, x_train, x_test)
     image = raw.kind == "image"
     out: tuple[float, float] = (0.0, 1.0) if image else (-1.0, 1.0)
     centre: float | np.ndarray
@@ -107,6 +112,42 @@ def _normalise(
         _scale(x_test, centre, scale, out, raw_clip),
         scaling,
     )
+
+
+def _token_ids(
+    raw: RawData, spec: DatasetSpec, x_train: np.ndarray, x_test: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Kind ``tokens``: the ids as int64, unscaled, each checked to be in ``[0, vocab_size)``.
+
+    The range is the public tokenizer's, never the records'; ``input_bounds`` do not apply.
+
+    Raises:
+        ConfigError: ``input_bounds`` declared for token ids.
+        DatasetError: a loader gave ids outside the tokenizer's range (a loader's bug).
+    """
+    if spec.input_bounds is not None:
+        raise ConfigError(
+            "input_bounds apply to numeric inputs; token ids are bounded by the tokenizer",
+            field="dataset.input_bounds",
+        )
+    if raw.vocab_size is None:
+        raise DatasetError(f"dataset {spec.name!r}: token ids without a vocabulary size")
+    size = int(raw.vocab_size)
+    out: list[np.ndarray] = []
+    for x in (x_train, x_test):
+        ids = np.asarray(x, dtype=np.int64)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= size):
+            raise DatasetError(f"dataset {spec.name!r}: token ids outside [0, vocab_size)")
+        out.append(ids)
+    scaling = {
+        "method": "tokens",
+        "clip": [0, size - 1],
+        "source": "tokenizer",
+        "vocab_size": size,
+        "pad_id": 0,
+        "unknown_id": 1,
+    }
+    return out[0], out[1], scaling
 
 
 def _scale(

@@ -18,6 +18,7 @@ import pytest
 from dpsweep.errors import ConfigError
 from workers.datasets.descriptors import (
     INPUT_KINDS,
+    STRING_KINDS,
     dataset_descriptor_names,
     get_dataset_descriptor,
 )
@@ -63,11 +64,37 @@ def _csv_sample(tmp: Path) -> dict[str, Any]:
     return {"path": str(tmp / "data.csv"), "label_column": "label"}
 
 
-#: Sample files for the datasets that read the user's files (``needs`` a path), by name.
+def _image_folder_sample(tmp: Path) -> dict[str, Any]:
+    from PIL import Image
+
+    for i, (image, label) in enumerate(zip(_images(N), _labels(N), strict=True)):
+        folder = tmp / "images" / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image, mode="L").save(folder / f"{i:03d}.png")
+    return {"path": str(tmp / "images")}
+
+
+def _text_csv_sample(tmp: Path) -> dict[str, Any]:
+    words = ["good", "bad", "film", "plot", "long"]
+    rows = [f"{words[i % 5]} {words[(i * 7) % 5]} film,{y}" for i, y in enumerate(_labels(N))]
+    (tmp / "texts.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    # A public vocabulary, written by the test: never built from the records.
+    (tmp / "vocab.txt").write_text("good\nbad\nfilm\n")
+    return {
+        "path": str(tmp / "texts.csv"),
+        "label_column": "label",
+        "options": {"vocab": str(tmp / "vocab.txt")},
+    }
+
+
+#: Sample files for the datasets that read the user's files (``needs`` a path), by name. A
+#: sample may also give the options it needs (``options``: a public vocabulary's path).
 SAMPLES: dict[str, Callable[[Path], dict[str, Any]]] = {
     "idx": _idx_sample,
     "npz": _npz_sample,
     "csv": _csv_sample,
+    "image_folder": _image_folder_sample,
+    "text_csv": _text_csv_sample,
 }
 
 
@@ -79,8 +106,9 @@ def dataset_spec(name: str, tmp: Path) -> DatasetSpec:
         if name not in SAMPLES:
             pytest.skip(f"dataset {name!r} reads files ({', '.join(d.needs)}); no sample here")
         files = SAMPLES[name](tmp)
-        assert set(files) == set(d.needs), f"the sample gives {sorted(files)}, not {d.needs}"
-    return DatasetSpec(name, options=d.validate({}), **files)
+    options = d.validate(files.pop("options", {}))
+    assert set(files) == set(d.needs), f"the sample gives {sorted(files)}, not {d.needs}"
+    return DatasetSpec(name, options=options, **files)
 
 
 def check_dataset_contract(name: str, tmp: Path) -> None:
@@ -90,12 +118,16 @@ def check_dataset_contract(name: str, tmp: Path) -> None:
     assert d.admits(data.kind), f"{name} declares {d.input_kind} inputs but loaded {data.kind}"
     lo, hi = data.input_scaling["clip"]
     for x in (data.x_train, data.x_test):
-        assert x.dtype == np.float32 and len(x) > 0
+        # Token ids stay int64 (an embedding's indices); every other input is float32.
+        assert x.dtype == (np.int64 if data.kind == "tokens" else np.float32) and len(x) > 0
         assert np.isfinite(x).all()
         assert x.min() >= lo and x.max() <= hi
         assert x.shape[1:] == data.input_shape
     if data.kind == "image":
         assert len(data.input_shape) == 3  # [C, H, W]
+    if data.kind == "tokens":
+        assert len(data.input_shape) == 1  # [T]
+        assert data.vocab_size is not None and hi == data.vocab_size - 1
     for y in (data.y_train, data.y_test):
         assert y.dtype == np.int64 and y.min() >= 0 and y.max() < data.num_classes
     assert data.num_classes >= 2 and len(data.classes) == data.num_classes
@@ -113,13 +145,24 @@ def check_descriptor_contract(name: str) -> None:
         d.validate({"no_such_option": 1})
     assert exc.value.field == "dataset.options.no_such_option"
     for option, hp in d.options.items():
-        bad: list[Any] = ["not-a-choice"] if hp.kind == "choice" else ["many", float("nan")]
-        if hp.numeric and hp.low is not None:
-            bad.append(hp.low - 1)
-        if hp.numeric and hp.high is not None:
-            bad.append(hp.high + 1)
-        if hp.kind == "int":
-            bad.append(float(filled[option]) + 0.5)
+        length = getattr(hp, "length", 0)
+        bad: list[Any]
+        if hp.kind in STRING_KINDS:
+            bad = [123, "", None if not hp.optional else 1.5, ["a"]]
+        elif hp.kind == "choice":
+            bad = ["not-a-choice"]
+        else:
+            bad = ["many", float("nan")]
+            if hp.low is not None:
+                bad.append(hp.low - 1)
+            if hp.high is not None:
+                bad.append(hp.high + 1)
+            if hp.kind == "int":
+                bad.append(float(hp.low if hp.low is not None else 0) + 0.5)
+        if length:
+            # A list option: a single value, a list of another length, or one bad member.
+            good = hp.low if hp.low is not None else 1
+            bad = [good, [good] * (length + 1), *([v] + [good] * (length - 1) for v in bad[1:])]
         for value in bad:
             with pytest.raises(ConfigError, match=option) as exc:
                 d.validate({option: value})
