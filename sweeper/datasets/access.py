@@ -43,6 +43,15 @@ def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
             "with POST /api/v1/datasets and name the returned id (ds_...) as dataset.name",
             field="dataset.path",
         )
+    if viewer.owner is not None and not viewer.admin:
+        # Options that name a file on the server (a vocabulary, a tokenizer) are paths too.
+        paths = sorted(set(get("options") or {}) & _path_options())
+        if paths:
+            raise ConfigError(
+                f"dataset option {paths[0]} names a file on the server, which is for admins; "
+                "use a dataset an admin registered with that option",
+                field=f"dataset.options.{paths[0]}",
+            )
     if in_catalog(name):
         # Registered names have no owner: they are files on the server, for admins (and local
         # use), like a path; uploads are their owner's.
@@ -51,3 +60,14 @@ def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
             exists = session.scalars(select(Dataset.id).where(Dataset.name == name)).first()
         if exists is None or not viewer.sees(owner):
             raise ConfigError(unknown_dataset(name), field="dataset.name")
+
+
+def _path_options() -> set[str]:
+    """Every option name that some loader declares as a server file path (kind ``path``)."""
+    from workers.datasets.descriptors import dataset_descriptor_names, get_dataset_descriptor
+
+    return {
+        option
+        for loader in dataset_descriptor_names()
+        for option in get_dataset_descriptor(loader).path_options()
+    }

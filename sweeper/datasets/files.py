@@ -24,10 +24,12 @@ def worker_spec(
     name: str,
     label_column: str | None,
     labels_path: str | None = None,
+    stored_options: dict[str, Any] | None = None,
 ) -> Any:
     """The :class:`workers.datasets.DatasetSpec` of loader ``name`` (for a stored file: its
     format) at ``path``, with the split and scaling settings of ``d`` (a spec's ``dataset``
-    section, or a dict)."""
+    section, or a dict). A stored file's own options (``stored_options``: its vocabulary,
+    image size...) apply unless the spec's options override them."""
     from workers.datasets.records import DatasetSpec
 
     get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
@@ -41,7 +43,7 @@ def worker_spec(
         label_column=label_column,
         test_fraction=float(get("test_fraction", 0.2)),
         split_seed=int(get("split_seed", 0)),
-        options=dict(get("options", {}) or {}),
+        options={**(stored_options or {}), **dict(get("options", {}) or {})},
         input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         feature_clip=5.0 if feature_clip is None else float(feature_clip),
     )
@@ -58,6 +60,7 @@ def file_spec(row: Dataset, dataset: Any = None) -> Any:
         name=row.format,
         label_column=cfg.get("label_column"),
         labels_path=cfg.get("labels_path"),
+        stored_options=dict(cfg.get("options") or {}),
     )
 
 

@@ -96,3 +96,37 @@ def test_a_text_csv_registers_with_its_public_vocabulary(engine: Any, tmp_path: 
         options={"vocab": str(tmp_path / "other.txt")},
     )
     assert again.ledger_key == binding.ledger_key
+
+
+def test_a_registered_text_csv_resolves_with_its_stored_options_and_path_options_are_admin_only(
+    engine: Any, tmp_path: Path
+) -> None:
+    from sweeper.datasets.access import Viewer, check_access
+    from sweeper.datasets.resolution import resolve
+
+    rows = [f"review {i} was great,{'pos' if i % 2 else 'neg'}" for i in range(30)]
+    (tmp_path / "t.csv").write_text("text,label\n" + "\n".join(rows) + "\n")
+    (tmp_path / "vocab.txt").write_text("great\nwas\n")
+    options = {"vocab": str(tmp_path / "vocab.txt"), "max_length": 8}
+    catalog.register_file(
+        engine,
+        tmp_path / "t.csv",
+        name="reviews",
+        fmt="text_csv",
+        label_column="label",
+        options=options,
+    )
+    # A spec names the registered dataset only: the stored (public) vocabulary applies.
+    spec = resolve(engine, {"name": "reviews"})
+    assert spec.name == "text_csv" and spec.options == options
+    # A spec's own option overrides a stored one, but no analyst may name a server file.
+    assert (
+        resolve(engine, {"name": "reviews", "options": {"max_length": 4}}).options["max_length"]
+        == 4
+    )
+    analyst = Viewer(owner="ana")
+    with pytest.raises(ConfigError) as exc:
+        check_access(engine, {"name": "reviews", "options": {"vocab": "/etc/passwd"}}, analyst)
+    assert exc.value.field == "dataset.options.vocab"
+    check_access(engine, {"name": "reviews", "options": {"vocab": "/x"}}, Viewer(None))
+    check_access(engine, {"name": "reviews", "options": {"vocab": "/x"}}, Viewer("a", True))
