@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from api.cli.arguments import key_value
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
 
 #: How many hex digits of an identity ``list`` shows.
@@ -30,6 +31,8 @@ PREFIX_DIGITS = 12
 
 def add_parsers(sub: Any) -> None:
     """Register ``dpsweep datasets ...`` on the top-level subparsers."""
+    from sweeper.datasets.names import REGISTER_FORMATS
+
     top = sub.add_parser(
         "datasets",
         help="dataset names and their records' lifetime privacy budgets",
@@ -48,11 +51,28 @@ def add_parsers(sub: Any) -> None:
         "to the identity of its records. A spec may then say `dataset: {name: NAME}`. Prints "
         "the identity and the other names that share its ledger.",
     )
-    r.add_argument("file", help="data file (CSV with a header row, NPZ with x and y, IDX)")
+    r.add_argument(
+        "file",
+        help="data file (CSV with a header row, NPZ with x and y, IDX), a folder of images "
+        "(root/<label>/*.png), or a text CSV (--format text_csv)",
+    )
     r.add_argument("--name", required=True, help="the name specs will use")
-    r.add_argument("--format", choices=("csv", "npz", "idx"), help="default: from the file name")
+    r.add_argument(
+        "--format",
+        choices=REGISTER_FORMATS,
+        help="default: from the file name (a folder: image_folder; text needs text_csv)",
+    )
     r.add_argument("--label-column", help="the label column's header (CSV)")
     r.add_argument("--labels-path", help="the labels file (IDX)")
+    r.add_argument(
+        "--option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a loader option, stored with the name (e.g. vocab=PATH, max_length=64, "
+        "size=[32,32]; repeatable; see the format's options in `dpsweep plugins`)",
+    )
     r.add_argument(
         "--public",
         action="store_true",
@@ -122,6 +142,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             label_column=args.label_column,
             labels_path=args.labels_path,
             public=args.public,
+            options=dict(args.option),
         )
     except DatasetError as exc:  # the file's content: not a usage error
         return fail(exc)

@@ -130,3 +130,34 @@ def test_a_registered_text_csv_resolves_with_its_stored_options_and_path_options
     assert exc.value.field == "dataset.options.vocab"
     check_access(engine, {"name": "reviews", "options": {"vocab": "/x"}}, Viewer(None))
     check_access(engine, {"name": "reviews", "options": {"vocab": "/x"}}, Viewer("a", True))
+
+
+def test_the_cli_registers_an_image_folder_with_options(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    for label in ("cat", "dog"):
+        (tmp_path / "pets" / label).mkdir(parents=True)
+        for i in range(6):
+            pixels = np.full((5, 5), 40 * i, dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "pets" / label / f"{i}.png")
+    dpsweep = str(Path(sys.executable).parent / "dpsweep")
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    base = [dpsweep, "datasets", "register", str(tmp_path / "pets"), "--db", db, "--json"]
+    r = subprocess.run(
+        [*base, "--name", "pets", "--option", "mode=grayscale"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["kind"] == "image" and out["input_shape"] == [1, 5, 5] and out["num_classes"] == 2
+    bad = subprocess.run(
+        [*base, "--name", "pets2", "--option", "mode=sepia"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and "mode" in bad.stderr
