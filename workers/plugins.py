@@ -11,12 +11,17 @@ know. The registered *names* are the stable contract (they are stored in the dat
 entry point's own name is only a label in error messages.
 
 Only the operator's installed packages are loaded. The REST API resolves registered names only:
-an import string taken from a request would run a stranger's code on the server.
+an import string taken from a request would run a stranger's code on the server. The local
+command line (``dpsweep train --model my_models:build``, a ``dpsweep run`` spec file) may also
+name ``module:function`` factories: :func:`load_factory` imports one and registers it under
+that string in the local process (and :func:`export_factories` in the Ray workers it starts).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -42,8 +47,12 @@ def load_plugins(kind: str) -> list[str]:
     Args:
         kind: ``"strategies"``, ``"accountants"``, ``"models"`` or ``"datasets"``.
 
+    Also registers the ``module:function`` factories a parent ``dpsweep run`` exported
+    (:data:`FACTORIES_ENV`), so that the Ray workers it starts know the names its spec uses.
+
     Returns:
-        The entry points' names loaded by this call (empty when they were loaded before).
+        The entry points' names loaded by this call, then the exported factories' (empty when
+        they were loaded before).
 
     Raises:
         ConfigError: ``kind`` is unknown, or a plug-in failed to load or register; the message
@@ -68,6 +77,7 @@ def load_plugins(kind: str) -> list[str]:
                     f"{type(exc).__name__}: {exc}. Fix or uninstall the package that provides it."
                 ) from exc
             names.append(ep.name)
+        names += _load_exported_factories(kind)
         return names
 
 
@@ -87,6 +97,37 @@ FACTORY_KINDS: tuple[str, ...] = ("models", "datasets")
 def is_factory_name(name: object) -> bool:
     """Whether ``name`` reads as a ``module:function`` import string (not a registered name)."""
     return isinstance(name, str) and ":" in name
+
+
+#: How ``dpsweep run`` hands the factories its spec names to the Ray workers it starts (they
+#: inherit its environment): ``kind=module:function`` items separated by ``;``. Set by the
+#: local command line only (:func:`export_factories`); never read from a request.
+FACTORIES_ENV = "DPSWEEP_LOCAL_FACTORIES"
+
+
+def export_factories(factories: list[tuple[str, str]]) -> None:
+    """Load ``(spec, kind)`` factories here and export them to this process's child processes.
+
+    Raises:
+        ConfigError: as :func:`load_factory`.
+    """
+    items = [i for i in os.environ.get(FACTORIES_ENV, "").split(";") if i]
+    for spec, kind in factories:
+        load_factory(spec, kind)
+        if f"{kind}={spec}" not in items:
+            items.append(f"{kind}={spec}")
+    if items:
+        os.environ[FACTORIES_ENV] = ";".join(items)
+
+
+def _load_exported_factories(kind: str) -> list[str]:
+    """Register the factories of ``kind`` that a parent ``dpsweep run`` exported."""
+    names = []
+    for item in os.environ.get(FACTORIES_ENV, "").split(";"):
+        item_kind, _, spec = item.partition("=")
+        if item_kind == kind and spec:
+            names.append(load_factory(spec, kind))
+    return names
 
 
 def load_factory(spec: str, kind: str) -> str:

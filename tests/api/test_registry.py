@@ -154,6 +154,48 @@ def test_cli_train_trains_a_local_factory_model_on_a_factory_dataset(
     assert summary["accuracy"] > 0.6  # two well-separated classes
 
 
+FACTORY_SPEC = f"""\
+name: factory-run
+dataset: {{name: "{FACTORY_MODULE}:data"}}
+model: {{name: "{FACTORY_MODULE}:build"}}
+training: {{epochs: 1, batch_size: 32, eval_every: 10}}
+privacy: {{budgets: [4], delta: 1.0e-3, accounting: basic}}
+arms:
+  - strategy: fixed
+    grid: {{lr: [0.5, 1.0], clip: [1.0]}}
+"""
+
+
+@pytest.mark.slow  # starts a local Ray (about 35 s on two busy cores)
+def test_cli_run_trains_a_spec_naming_local_factories(site: PluginSite, tmp_path: Path) -> None:
+    """`dpsweep plan` and `dpsweep run` read factories from the spec file; the Ray workers the
+    run starts register them too (they inherit the exported list)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(FACTORY_SPEC)
+    plan = _dpsweep(site, "plan", str(spec), "--json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)[0]["trials"] == 2
+    db = f"sqlite:///{tmp_path / 'run.db'}"
+    run = _dpsweep(
+        site,
+        "run",
+        str(spec),
+        "--db",
+        db,
+        "--workers",
+        "1",
+        "--quiet",
+        "--json",
+        "--plots",
+        str(tmp_path / "plots"),
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    (result,) = json.loads(run.stdout)["results"]
+    assert result["trials_done"] == 2 and result["trials_failed"] == 0
+    assert result["objective_mean"] > 0.6
+
+
 @pytest.mark.parametrize(
     ("flag", "name", "says"),
     [

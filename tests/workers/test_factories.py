@@ -8,6 +8,7 @@ ordinary registries. Every way an import string can be wrong is refused naming i
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -24,7 +25,14 @@ from workers.datasets.records import DatasetSpec
 from workers.datasets.registry import DATASETS
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import MODELS, build_model
-from workers.plugins import is_factory_name, load_factory
+from workers.plugins import (
+    FACTORIES_ENV,
+    export_factories,
+    is_factory_name,
+    load_factory,
+    load_plugins,
+    reset_plugins,
+)
 
 CODE = """
 import numpy as np
@@ -137,3 +145,23 @@ def test_a_bad_factory_is_refused_naming_it(module: str, spec: str, kind: str, s
         load_factory(spec, kind)
     assert says in str(exc.value) and repr(spec) in str(exc.value)
     assert spec not in DESCRIPTORS and spec not in DATASET_DESCRIPTORS
+
+
+def test_exported_factories_are_registered_by_a_child_process_s_plugin_load(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `dpsweep run` exports is what its Ray workers register when they load plug-ins."""
+    monkeypatch.setenv(FACTORIES_ENV, "")  # (and removed again after the test)
+    model, data = f"{module}:build", f"{module}:data"
+    export_factories([(model, "models"), (data, "datasets"), (model, "models")])
+    assert os.environ[FACTORIES_ENV] == f"models={model};datasets={data}"
+    # A worker: nothing registered yet, then its first plug-in load registers them.
+    for registry in (DESCRIPTORS, MODELS, DATASET_DESCRIPTORS, DATASETS):
+        registry.pop(model, None)  # type: ignore[attr-defined]
+        registry.pop(data, None)  # type: ignore[attr-defined]
+    reset_plugins()
+    try:
+        assert model in load_plugins("models") and model in MODELS
+        assert data in load_plugins("datasets") and data in DATASETS
+    finally:
+        reset_plugins()
