@@ -88,6 +88,22 @@ def _resolved_dataset(spec: Any, url: str | None) -> Any:
     return resolve(open_engine(url, migrate=True), spec.dataset, spec.eval)
 
 
+def use_local_factories(spec: Any) -> None:
+    """Register the ``module:function`` model / dataset a spec file names (local CLI only).
+
+    They are imported here and exported to the Ray workers this process starts (which
+    inherit its environment; a Ray cluster joined by address must import them itself). The
+    REST API never does this: it resolves registered names only.
+
+    Raises:
+        ConfigError: a factory cannot be imported (the message names it).
+    """
+    from workers.plugins import export_factories, is_factory_name
+
+    named = [(spec.model.name, "models"), (spec.dataset.name, "datasets")]
+    export_factories([(name, kind) for name, kind in named if is_factory_name(name)])
+
+
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from dpsweep.errors import ConfigError, DpsweepError
@@ -97,6 +113,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         spec = load_spec(args.spec)
+        use_local_factories(spec)
         plan = plan_sweep(spec, dataset=_resolved_dataset(spec, getattr(args, "db", None)))
     except ConfigError as exc:
         parser.error(str(exc))
@@ -241,6 +258,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         spec = load_spec(args.spec)
+        use_local_factories(spec)
     except ConfigError as exc:
         parser.error(str(exc))
     if args.reproducible:

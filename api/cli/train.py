@@ -32,7 +32,12 @@ def add_parsers(sub: Any) -> None:
         "calibrated to it) or --noise-multiplier (epsilon is computed from it).",
     )
     d = t.add_argument_group("data and model")
-    d.add_argument("--dataset", default="digits", help="registry name (default: digits)")
+    d.add_argument(
+        "--dataset",
+        default="digits",
+        help="registry name (default: digits; `dpsweep plugins` lists them), or a local "
+        "module:function factory returning workers.datasets.RawData",
+    )
     d.add_argument("--data-path", help="data file for idx (images), npz or csv datasets")
     d.add_argument("--labels-path", help="labels file for the idx dataset")
     d.add_argument("--label-column", help="label column for the csv dataset")
@@ -43,7 +48,12 @@ def add_parsers(sub: Any) -> None:
         help="share held out as the public evaluation split (default 0.2)",
     )
     d.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
-    d.add_argument("--model", default="mlp", help="registry name (default: mlp)")
+    d.add_argument(
+        "--model",
+        default="mlp",
+        help="registry name (default: mlp; `dpsweep plugins` lists them), or a local "
+        "module:function factory fn(input_shape, num_classes) -> torch.nn.Module",
+    )
     d.add_argument(
         "--model-option",
         type=key_value,
@@ -135,6 +145,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.models import get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
     from workers.plan_check import PlannedRun
+    from workers.plugins import is_factory_name, load_factory
     from workers.schedule import plan_steps
     from workers.strategies import STRATEGIES, strategy_names
     from workers.training.specs import TrialSpec
@@ -142,6 +153,14 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
 
+    # A local `module:function` factory is imported and registered under that string, in this
+    # process only (the REST API never does this: it resolves registered names).
+    try:
+        for name, kind in ((args.dataset, "datasets"), (args.model, "models")):
+            if is_factory_name(name):
+                load_factory(name, kind)
+    except ConfigError as exc:
+        usage(str(exc))
     if not has_loader(args.dataset):  # (plug-ins included)
         usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
     if args.model not in model_names():  # (model_names() includes plug-ins)

@@ -1,5 +1,6 @@
 import { api } from "../api.js";
 import { errorBox, h, num, query, when } from "../ui.js";
+import { registrySection } from "./registry.js";
 
 /** Built-in and uploaded datasets with their lifetime ε budget, and an upload form. */
 export function datasetsView(el) {
@@ -17,6 +18,7 @@ export function datasetsView(el) {
       h("label", { for: "up-delta" }, "δ cap"), h("input", { type: "number", id: "up-delta", name: "delta_cap", min: "0", max: "1", step: "any" })),
     h("button", { type: "submit", class: "primary" }, "Upload"), msg);
   el.append(h("h1", {}, "Datasets"), list, form);
+  registrySection(el);
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();

@@ -1,5 +1,6 @@
 import { api } from "../api.js";
 import { errorBox, h, navigate, num } from "../ui.js";
+import { registryHints } from "./registry.js";
 
 const EXAMPLE = `name: my-sweep
 dataset: {name: digits}
@@ -26,6 +27,7 @@ export function submitView(el) {
     h("div", { class: "card" }, h("div", { class: "toolbar" }, h("label", {}, "Load a file ", file)), text,
       h("div", { class: "toolbar" }, planBtn, submitBtn)),
     out);
+  registryHints(el.querySelector(".card"));
 
   file.addEventListener("change", async () => {
     if (file.files[0]) { text.value = await file.files[0].text(); invalidate(); }
