@@ -299,6 +299,35 @@ TEXT_CLASSIFIER = register_model_descriptor(
     )
 )
 
+LIP_CNN = register_model_descriptor(
+    ModelDescriptor(
+        name="lip_cnn",
+        input_kind="image",
+        description=(
+            "1-Lipschitz CNN for clipless DP-SGD (002): input ball of radius X, per stage a "
+            "bias-free 3x3 convolution and a 2x2 stride-2 one with channel GroupSort, a "
+            "linear head; kernels kept 1-Lipschitz through their certified im2col bound"
+        ),
+        options={
+            "channels": ModelOption(
+                default=(16, 32),
+                kind="int",
+                low=2,
+                high=512,
+                multiple_of=2,
+                sequence=True,
+                help="channels per stage, even (GroupSort pairs channels)",
+            ),
+            "input_bound": ModelOption(
+                default=None,
+                optional=True,
+                help="X, the radius of the input ball (default sqrt(C H W))",
+            ),
+            "temperature": ModelOption(default=1.0, help="tau, a fixed scale of the logits"),
+        },
+    )
+)
+
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -307,6 +336,7 @@ __all__ = [
     "CNN",
     "DESCRIPTORS",
     "INPUT_KINDS",
+    "LIP_CNN",
     "LIP_MLP",
     "LOGREG",
     "MLP",

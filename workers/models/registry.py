@@ -43,6 +43,7 @@ BUILTIN_MODULES = (
     "autoencoder",
     "bow_fc",
     "lip_mlp",
+    "lip_cnn",
     "wrn",
     "res_cnn",
     "text_classifier",
