@@ -305,18 +305,25 @@ LIP_CNN = register_model_descriptor(
         input_kind="image",
         description=(
             "1-Lipschitz CNN for clipless DP-SGD (002): input ball of radius X, per stage a "
-            "bias-free 3x3 convolution and a 2x2 stride-2 one with channel GroupSort, a "
+            "bias-free kxk convolution and a 2x2 stride-2 one with channel GroupSort, a "
             "linear head; kernels kept 1-Lipschitz through their certified im2col bound"
         ),
         options={
             "channels": ModelOption(
-                default=(16, 32),
+                default=(64,),
                 kind="int",
                 low=2,
                 high=512,
                 multiple_of=2,
                 sequence=True,
-                help="channels per stage, even (GroupSort pairs channels)",
+                help="channels per stage, even (GroupSort pairs channels); default one stage",
+            ),
+            "kernel": ModelOption(
+                default=3,
+                kind="int",
+                low=1,
+                high=7,
+                help="odd kernel size of each stage's first convolution (its bound A = kernel)",
             ),
             "input_bound": ModelOption(
                 default=None,

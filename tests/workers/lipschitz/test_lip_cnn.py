@@ -67,6 +67,7 @@ def images(gen: torch.Generator, b: int, shape: tuple[int, ...]) -> torch.Tensor
 @given(
     seed=st.integers(0, 10_000),
     channels=st.sampled_from([[2], [4, 6], [8, 2]]),
+    kernel=st.sampled_from([1, 3, 5]),
     size=st.sampled_from([(1, 8, 8), (3, 7, 9), (2, 12, 6)]),
     x_bound=st.floats(0.1, 20.0),
     temperature=st.floats(0.2, 20.0),
@@ -77,6 +78,7 @@ def images(gen: torch.Generator, b: int, shape: tuple[int, ...]) -> torch.Tensor
 def test_lip_cnn_per_sample_norms_never_exceed_the_bound(
     seed: int,
     channels: list[int],
+    kernel: int,
     size: tuple[int, int, int],
     x_bound: float,
     temperature: float,
@@ -87,7 +89,13 @@ def test_lip_cnn_per_sample_norms_never_exceed_the_bound(
     gen = torch.Generator().manual_seed(seed)
     classes, b = 5, 48
     model = cnn_pack(
-        2, size, classes, channels=channels, input_bound=x_bound, temperature=temperature
+        2,
+        size,
+        classes,
+        channels=channels,
+        kernel=kernel,
+        input_bound=x_bound,
+        temperature=temperature,
     )
     randomise_(model, gen, weight_scale, bias_scale)
     bound = LipschitzBound(model)
@@ -210,12 +218,11 @@ def test_channel_group_sort_is_a_permutation_of_channel_pairs() -> None:
 
 
 def test_lip_cnn_options_are_validated() -> None:
-    for bad in ({"channels": [3]}, {"channels": []}, {"input_bound": 0}):
+    for bad in ({"channels": [3]}, {"channels": []}, {"input_bound": 0}, {"kernel": 2}):
         with pytest.raises(ConfigError):
             build_model(ModelSpec("lip_cnn", bad), input_shape=(1, 8, 8), num_classes=3, seed=0)
 
 
-@pytest.mark.slow
 def test_dp_lip_cnn_trains_on_digits_with_the_checked_bound() -> None:
     """The engine trains it under the lipschitz strategy (measured norms checked each step)."""
     data = load_dataset(DatasetSpec("digits"))
@@ -226,23 +233,21 @@ def test_dp_lip_cnn_trains_on_digits_with_the_checked_bound() -> None:
     )
     spec = PackSpec(
         dataset=DatasetSpec("digits"),
-        model=ModelSpec("lip_cnn", {"input_bound": 4.0}),
+        model=ModelSpec("lip_cnn", {"input_bound": 4.0, "temperature": 8.0}),
         strategy="lipschitz",
-        trials=[TrialSpec(lr=0.03, noise_multiplier=sigma)],
+        trials=[TrialSpec(lr=0.005, noise_multiplier=sigma)],
         batch_size=batch,
         epochs=epochs,
         eval_every=20,
     )
     r = train_trial(spec)
     assert r.epsilon is not None and r.epsilon <= 8
-    assert math.isfinite(r.metrics["loss"]) and r.metrics["accuracy"] > 0.15  # chance 0.1
+    assert math.isfinite(r.metrics["loss"]) and r.metrics["accuracy"] > 0.4  # chance 0.1
     model = PackedModel(
         [build_model(spec.model, input_shape=data.input_shape, num_classes=10, seed=0)]
     )
     assert r.checkpoint is not None
-    for m, amp in zip(
-        kernel_matrices_of(model, r.checkpoint), [3.0, 1.0, 3.0, 1.0, 1.0], strict=True
-    ):
+    for m, amp in zip(kernel_matrices_of(model, r.checkpoint), [3.0, 1.0, 1.0], strict=True):
         assert (exact_spectral(m) <= (1.0 / amp) * (1 + 1e-6)).all()
 
 
