@@ -104,7 +104,8 @@ class TextClassifier(nn.Module):
         first = torch.zeros_like(pad)
         first[:, 0] = True
         attn_pad = pad & ~(pad.all(dim=1, keepdim=True) & first)
-        positions = torch.arange(ids.shape[1], device=ids.device)
+        # Batch-first positions [B, T]: per-sample gradient hooks (Opacus) read dim 0 as the batch.
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         x = self.drop(self.embed(ids) + self.position(positions))
         for layer in self.layers:
             x = layer(x, attn_pad)

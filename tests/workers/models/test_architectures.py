@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from opacus import GradSampleModule
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -110,12 +111,7 @@ def test_text_classifier_heads_must_divide_the_width() -> None:
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_per_sample_gradients_by_torch_func_equal_per_example_backward(name: str) -> None:
-    small = {
-        "wrn16_4": {"depth": 10, "width": 1},
-        "res_cnn": {"width": 8, "blocks": 2},
-        "text_classifier": {"vocab_size": 1000, "d_model": 16, "heads": 2},
-    }[name]
-    model = build(name, TARGETS[name], **small)
+    model = build(name, TARGETS[name], **SMALL[name])
     x, y = batch(name, 2), torch.tensor([1, 7])
     params = {k: v.detach() for k, v in model.named_parameters()}
 
@@ -130,3 +126,27 @@ def test_per_sample_gradients_by_torch_func_equal_per_example_backward(name: str
         for k, p in model.named_parameters():
             assert p.grad is not None and torch.isfinite(per_sample[k][i]).all()
             torch.testing.assert_close(per_sample[k][i], p.grad, rtol=1e-4, atol=1e-6)
+
+
+SMALL: dict[str, dict[str, Any]] = {
+    "wrn16_4": {"depth": 10, "width": 1},
+    "res_cnn": {"width": 8, "blocks": 2},
+    "text_classifier": {"vocab_size": 1000, "d_model": 16, "heads": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_opacus_hooks_give_the_same_per_sample_gradients(name: str) -> None:
+    """What bench/ compares against: Opacus's per-sample gradients on the very same module."""
+    model = build(name, TARGETS[name], **SMALL[name])
+    x, y = batch(name, 3), torch.tensor([1, 7, 2])
+    gsm = GradSampleModule(model, loss_reduction="sum")
+    nn.functional.cross_entropy(gsm(x), y, reduction="sum").backward()
+    hooked = {k: p.grad_sample.clone() for k, p in model.named_parameters()}  # type: ignore[union-attr]
+    gsm._close()
+    for i in range(3):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        for k, p in model.named_parameters():
+            assert hooked[k].shape[0] == 3, k
+            torch.testing.assert_close(hooked[k][i], p.grad, rtol=1e-4, atol=1e-6)
