@@ -275,11 +275,15 @@ TEXT_CLASSIFIER = register_model_descriptor(
         ),
         options={
             "vocab_size": ModelOption(
-                default=30522,
+                default=32768,
                 kind="int",
                 low=2,
                 high=1_000_000,
-                help="embedding rows: the tokenizer's vocabulary size (ids beyond it read as 1)",
+                help=(
+                    "embedding rows, at least the dataset's vocabulary size (its tokenizer's "
+                    "plus the reserved ids 0 = padding, 1 = unknown; a 30522-token BERT "
+                    "tokenizer fits the default); larger ids read as unknown (1)"
+                ),
             ),
             "d_model": ModelOption(
                 default=128, kind="int", low=8, high=1024, multiple_of=8, help="model width"

@@ -1,8 +1,10 @@
 """``text_classifier``: token embedding, a pre-norm transformer encoder, masked mean pooling.
 
-Input: token ids ``[B, T]`` (input kind ``"tokens"``), 0 the padding id. Padding is masked out
-of attention (as keys) and of the pooled mean. A sequence of padding only attends to its first
-position (instead of to nothing, which would give NaN) and pools to zero.
+Input: token ids ``[B, T]`` (input kind ``"tokens"``, as the text datasets load them: 0 the
+padding id, 1 the unknown token, which ids outside ``[0, vocab_size)`` also read as, so that no
+record can crash a step). Padding is masked out of attention (as keys) and of the pooled mean.
+A sequence of padding only attends to its first position (instead of to nothing, which would
+give NaN) and pools to zero.
 
 The encoder layer is the computation of ``nn.TransformerEncoderLayer(norm_first=True,
 batch_first=True, activation="gelu")`` written out from ``nn.Linear`` and ``nn.LayerNorm``:
@@ -119,7 +121,7 @@ class TextClassifier(nn.Module):
 def _text_classifier(
     input_shape: tuple[int, ...],
     num_classes: int,
-    vocab_size: int = 30522,
+    vocab_size: int = 32768,
     d_model: int = 128,
     heads: int = 4,
     layers: int = 2,
