@@ -24,8 +24,9 @@ Convolutions (``lip_cnn``)
 A bias-free 2-D convolution with zero padding is ``z = M U(a)``: ``U`` (im2col) stacks, for
 every output position p, the input patch ``u_p`` it reads (zeros outside the image), and ``M``
 is the kernel reshaped to ``[out, in * kh * kw]``. Along each axis an input pixel lies in at
-most ``ceil(k / (s / gcd(s, d)))`` patches (kernel k, stride s, dilation d: the taps ``j d``
-that can hit it differ by multiples of ``s / gcd(s, d)``), so ``||U(a)||^2 = sum_p ||u_p||^2
+most ``ceil(k / (s / gcd(s, d)))`` patches (kernel k, stride s, dilation d: each tap index j
+hits it from at most one position, and the j that can are congruent modulo ``s / gcd(s, d)``;
+within one patch the taps are distinct pixels), so ``||U(a)||^2 = sum_p ||u_p||^2
 <= A^2 ||a||^2`` with ``A^2`` the product of the two counts. ``U`` is linear, so it is
 A-Lipschitz and ``||U^T|| = ||U|| <= A``. The layer's weight gradient is ``g U(a)^T``
 (``g = dL/dz`` as ``[out, positions]``), of Frobenius norm ``<= ||g||_F ||U(a)||_F <= G A X``.
