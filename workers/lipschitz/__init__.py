@@ -12,7 +12,9 @@ scaled to the bound computed here.
   and the projection that keeps every linear layer 1-Lipschitz;
 * :mod:`workers.lipschitz.rounding`: the floating-point error bounds they rely on.
 
-The model itself, ``lip_mlp``, is :mod:`workers.models.lip_mlp`.
+The models themselves are ``lip_mlp`` (:mod:`workers.models.lip_mlp`) and ``lip_cnn``
+(:mod:`workers.models.lip_cnn`, bias-free convolutions; the bound for convolutions is in
+:mod:`workers.lipschitz.bound`).
 
 The loss is softmax cross-entropy, whose gradient w.r.t. the logits is ``softmax(z) - onehot(y)``
 with norm at most ``sqrt(2)``: ``||p - e_y||^2 = (1 - p_y)^2 + sum_{j != y} p_j^2 <=

@@ -19,6 +19,24 @@ The whole per-sample gradient then has norm at most
 
 which is the sensitivity of the sum of per-sample gradients (as a clipping threshold C is).
 
+Convolutions (``lip_cnn``)
+--------------------------
+A bias-free 2-D convolution with zero padding is ``z = M U(a)``: ``U`` (im2col) stacks, for
+every output position p, the input patch ``u_p`` it reads (zeros outside the image), and ``M``
+is the kernel reshaped to ``[out, in * kh * kw]``. Along each axis an input pixel lies in at
+most ``ceil(k / (s / gcd(s, d)))`` patches (kernel k, stride s, dilation d: each tap index j
+hits it from at most one position, and the j that can are congruent modulo ``s / gcd(s, d)``;
+within one patch the taps are distinct pixels), so ``||U(a)||^2 = sum_p ||u_p||^2
+<= A^2 ||a||^2`` with ``A^2`` the product of the two counts. ``U`` is linear, so it is
+A-Lipschitz and ``||U^T|| = ||U|| <= A``. The layer's weight gradient is ``g U(a)^T``
+(``g = dL/dz`` as ``[out, positions]``), of Frobenius norm ``<= ||g||_F ||U(a)||_F <= G A X``.
+So a convolution is exactly a linear layer ``M`` applied after a fixed map of norm ``<= A``:
+the bound above holds with a ``scale`` step of factor A before it (forward ``X -> A X``,
+backward ``G -> A G``), and ``s_l`` is the certified spectral bound of the matrix M. A
+convolution bias would add ``sqrt(positions) ||b||`` forward and a ``sqrt(positions)`` factor to
+its gradient; convolutions with a bias, groups, or other padding modes are refused (fail
+closed). The projection keeps ``||M|| <= 1 / A`` so that every convolution is 1-Lipschitz.
+
 Soundness
 ---------
 Every quantity in S must be a *guaranteed upper bound*, including under floating point:
@@ -47,9 +65,16 @@ import torch
 from torch import Tensor, nn
 
 from dpsweep.errors import ConfigError
-from workers.lipschitz.layers import LogitScale, PGroupSort, PInputBall
+from workers.lipschitz.layers import (
+    LogitScale,
+    PChannelGroupSort,
+    PGroupSort,
+    PImageBall,
+    PInputBall,
+)
 from workers.lipschitz.rounding import _unit_roundoff
 from workers.lipschitz.spectral import _gram_into, _Workspace, certify_lambda_max
+from workers.packed.conv import PConv2d
 from workers.packed.linear import PLinear
 from workers.packed.model import PackedModel
 from workers.packed.parameter_free import PElementwise, PFlatten
@@ -65,24 +90,41 @@ FLOAT_MARGIN = 1e-3
 @dataclass(frozen=True)
 class _Op:
     kind: str  # "ball" (cap X at radius), "scale" (multiply by factor), "linear"
+    # ball: radius; scale: factor; linear: the im2col bound A of a convolution (1 otherwise)
     value: float = 0.0
     layer: int = -1  # index into model.param_layers for "linear"
     bias: bool = False
 
 
 _NOT_LIPSCHITZ = (
-    "the lipschitz strategy needs a Lipschitz model such as lip_mlp (an input ball, "
-    "norm-constrained linear layers, GroupSort activations)"
+    "the lipschitz strategy needs a Lipschitz model such as lip_mlp or lip_cnn (an input "
+    "ball, norm-constrained linear layers or bias-free convolutions, GroupSort activations)"
 )
+
+
+def conv_amplification(
+    kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]
+) -> float:
+    """``A``: a bound on the norm of a convolution's im2col map (module docstring).
+
+    Along each axis a pixel lies in at most ``ceil(k / (s / gcd(s, d)))`` patches; ``A`` is the
+    square root of the product over the axes (3 for a 3x3 stride-1 kernel, 1 for 2x2 stride 2).
+    """
+    count = 1
+    for k, st, d in zip(kernel, stride, dilation, strict=True):
+        period = st // math.gcd(st, d)
+        count *= min(k, -(-k // period))
+    return math.sqrt(count)
 
 
 def lipschitz_plan(model: PackedModel) -> list[_Op]:
     """Check that ``model`` is a network whose gradient bound is known; return its structure.
 
     Walks the *packed* layers (what actually runs). Known: Flatten/Identity (1-Lipschitz, norm
-    preserving), :class:`InputBall`, :class:`GroupSort`, :class:`LogitScale` and ``nn.Linear``
-    applied to flattened examples. Anything else, or a linear layer whose input norm is not
-    bounded by a preceding input ball, fails closed.
+    preserving), :class:`InputBall` / :class:`ImageBall`, :class:`GroupSort` /
+    :class:`ChannelGroupSort`, :class:`LogitScale`, ``nn.Linear`` and bias-free ``nn.Conv2d``
+    (zero padding, one group; a ``scale`` by its im2col bound A, then its matrix). Anything
+    else, or a layer whose input norm is not bounded by a preceding input ball, fails closed.
 
     Raises:
         ConfigError: the model is not one whose per-sample gradient bound is known.
@@ -91,12 +133,13 @@ def lipschitz_plan(model: PackedModel) -> list[_Op]:
     bounded = False
     li = 0
     for ly in model.layers:
-        if type(ly) is PInputBall:
+        if type(ly) is PInputBall or type(ly) is PImageBall:
             ops.append(_Op("ball", ly.radius))
             bounded = True
         elif (
             type(ly) is PFlatten
             or type(ly) is PGroupSort
+            or type(ly) is PChannelGroupSort
             or (type(ly) is PElementwise and type(ly.m) is nn.Identity)
         ):
             pass
@@ -109,7 +152,25 @@ def lipschitz_plan(model: PackedModel) -> list[_Op]:
                     "InputBall before the first linear layer)",
                     field="model.name",
                 )
-            ops.append(_Op("linear", layer=li, bias=ly.bias))
+            ops.append(_Op("linear", value=1.0, layer=li, bias=ly.bias))
+            li += 1
+        elif type(ly) is PConv2d:
+            if not bounded:
+                raise ConfigError(
+                    f"{_NOT_LIPSCHITZ}; its convolution {li} has no input bound (put an "
+                    "ImageBall before the first layer)",
+                    field="model.name",
+                )
+            if ly.bias:
+                raise ConfigError(
+                    f"{_NOT_LIPSCHITZ}; its convolution {li} has a bias (use bias=False)",
+                    field="model.name",
+                )
+            # PConv2d itself refuses groups and padding modes other than zeros.
+            amp = conv_amplification(ly.kernel, ly.stride, ly.dilation)
+            if amp != 1.0:
+                ops.append(_Op("scale", amp))
+            ops.append(_Op("linear", layer=li, bias=False, value=amp))
             li += 1
         else:
             name = type(ly.m).__name__ if isinstance(ly, PElementwise) else type(ly).__name__
@@ -190,10 +251,16 @@ class LipschitzBound:
         self.ops = lipschitz_plan(model)
         self.loss_lipschitz = loss_lipschitz
         self.krylov_dim = krylov_dim
+        #: Per layer, the bound A on its im2col map (1 for a linear layer); projection keeps
+        #: ``||W|| <= 1 / A`` so that every layer is 1-Lipschitz.
+        self.amplification = [1.0] * model.n_param_layers
+        for op in self.ops:
+            if op.kind == "linear":
+                self.amplification[op.layer] = op.value
         groups: dict[int, list[int]] = {}
         for li, ly in enumerate(model.param_layers):
-            out_f, in_f = ly.param_shapes[0]
-            groups.setdefault(min(out_f, in_f), []).append(li)
+            out_f, *rest = ly.param_shapes[0]
+            groups.setdefault(min(out_f, math.prod(rest)), []).append(li)
         self._groups = list(groups.values())
         self._vectors: list[Tensor | None] = [None] * len(self._groups)
         self._workspaces: list[_Workspace | None] = [None] * len(self._groups)
@@ -201,8 +268,10 @@ class LipschitzBound:
         self.spectral: list[Tensor] = []
 
     def _weights(self, flat: Tensor, layer: int) -> tuple[Tensor, Tensor | None]:
+        """The layer's weight as a ``[K, out, in]`` matrix view (a kernel reshaped) and bias."""
         views = self.model.view_like(flat, layer)
-        return views[0], (views[1] if len(views) > 1 else None)
+        w = views[0]
+        return w.view(*w.shape[:2], -1), (views[1] if len(views) > 1 else None)
 
     def spectral_bounds(self, flat: Tensor | None = None) -> list[Tensor]:
         """Certified ``[K]`` upper bounds on every linear layer's spectral norm (float64).
@@ -257,7 +326,8 @@ class LipschitzBound:
     def project_(self, flat: Tensor | None = None) -> Tensor:
         """Scale every linear layer into the spectral unit ball, in place; return the new S.
 
-        ``W <- W / c`` with ``c = max(1, s (1 + rho))``, s the certified bound. Scaling by the
+        ``W <- W / c`` with ``c = max(1, s (1 + rho))``, s the certified bound (for a convolution
+        ``c = max(1, A s (1 + rho))``: its matrix into the ball of radius ``1 / A``). Scaling by the
         rounded ``1/c`` and rounding each product gives ``W' = W/c + E`` with ``||E||_2 <=
         ||E||_F <= 2u ||W/c||_F <= 2u sqrt(r) ||W/c||_2``, so ``rho = 2u (1 + sqrt(r))``
         (u the dtype's unit roundoff, r the rank bound) guarantees ``||W'||_2 <= 1``, and the
@@ -270,7 +340,11 @@ class LipschitzBound:
             w, _ = self._weights(flat, li)
             rho = 2.0 * _unit_roundoff(w.dtype) * (1.0 + math.sqrt(min(w.shape[-2:])))
             grown = s * (1.0 + rho)
-            c = torch.clamp(grown, min=1.0)
+            amp = self.amplification[li]
+            c = torch.clamp(grown * amp, min=1.0)
             w.mul_((1.0 / c).to(w.dtype)[:, None, None])
-            spectral.append(torch.clamp(grown, max=1.0))
+            # Where c > 1, ||W'|| <= grown / c = 1 / A (1e-12: float64 rounding of c and 1 / A);
+            # where c = 1, W is unchanged and its bound stays s <= grown.
+            limit = 1.0 if amp == 1.0 else (1.0 / amp) * (1.0 + 1e-12)
+            spectral.append(torch.clamp(grown, max=limit))
         return self.sensitivity(flat, spectral)

@@ -4,6 +4,8 @@
   ``x <- x * min(1, X/||x||)``. Deterministic and per example, so it is fine under DP.
 * :class:`GroupSort` with groups of two (MaxMin): each pair ``(a, b) -> (max, min)``. It permutes
   its input, so it is 1-Lipschitz, preserves the norm, and its Jacobian is a permutation.
+  :class:`ChannelGroupSort` pairs the channels of an image the same way; :class:`ImageBall` is
+  the input ball keeping each example's ``[C, H, W]`` shape (for ``lip_cnn``).
 * :class:`LogitScale` (optional): a fixed temperature ``tau`` on the logits.
 
 Their packed versions are registered with the packed engine's layer hook
@@ -49,6 +51,27 @@ class GroupSort(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return group_sort(x)
+
+
+def group_sort_dim(x: Tensor, dim: int) -> Tensor:
+    """:func:`group_sort` on dimension ``dim``: pairs ``(2i, 2i + 1)`` along it sorted.
+
+    The same gather, so again an exact permutation of the input with a permutation Jacobian.
+    """
+    dim = dim % x.dim()
+    if x.shape[dim] % 2:
+        raise ValueError(f"GroupSort needs an even number of channels; got {x.shape[dim]}")
+    pairs = x.unflatten(dim, (-1, 2))
+    swap = pairs.select(dim + 1, 0) < pairs.select(dim + 1, 1)
+    index = torch.stack((swap, ~swap), dim=dim + 1).long()
+    return torch.gather(pairs, dim + 1, index).flatten(dim, dim + 1)
+
+
+class ChannelGroupSort(nn.Module):
+    """MaxMin on the channels of ``[B, C, H, W]`` (C even): channels ``2i, 2i + 1`` paired."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return group_sort_dim(x, 1)
 
 
 def safe_radius(radius: float, features: int, dtype: torch.dtype) -> float:
@@ -102,6 +125,13 @@ class InputBall(nn.Module):
         return f"radius={self.radius}"
 
 
+class ImageBall(InputBall):
+    """:class:`InputBall` that keeps each example's shape (``[C, H, W]``) for convolutions."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return project_to_ball(x, self.radius, batch_dims=1).view(x.shape)
+
+
 class LogitScale(nn.Module):
     """Multiplies its input by a fixed ``scale`` (a logit temperature). |scale|-Lipschitz."""
 
@@ -142,6 +172,23 @@ class PInputBall(PackedLayer):
         return Act(project_to_ball(x.as_kb(), self.radius, batch_dims=2), "kb", x.k)
 
 
+class PChannelGroupSort(PackedLayer):
+    def __init__(self, m: ChannelGroupSort) -> None:
+        pass
+
+    def forward(self, x: Act) -> Act:
+        # In "bk" ([B, K*C, H, W]) pairs never straddle two trials, since C is even.
+        return Act(group_sort_dim(x.t, 1 if x.layout == "bk" else 2), x.layout, x.k)
+
+
+class PImageBall(PInputBall):
+    def forward(self, x: Act) -> Act:
+        t = x.as_kb()
+        return Act(project_to_ball(t, self.radius, batch_dims=2).view(t.shape), "kb", x.k)
+
+
 register_packed_layer(GroupSort)(PGroupSort)
+register_packed_layer(ChannelGroupSort)(PChannelGroupSort)
 register_packed_layer(InputBall)(PInputBall)
+register_packed_layer(ImageBall)(PImageBall)
 register_packed_layer(LogitScale)(PElementwise)

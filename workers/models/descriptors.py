@@ -26,10 +26,12 @@ from workers.plugins import load_plugins
 Task = Literal["classification", "reconstruction"]
 
 #: What input shape a model builds on: ``"image"`` needs examples ``[C, H, W]``, ``"flat"``
-#: needs one feature vector ``[d]``, ``"any"`` flattens whatever it gets.
-InputKind = Literal["flat", "image", "any"]
+#: needs one feature vector ``[d]``, ``"any"`` flattens whatever it gets, ``"tokens"`` needs one
+#: sequence of token ids ``[T]`` (integers, 0 the padding id; a float tensor of whole numbers is
+#: accepted and read as ids).
+InputKind = Literal["flat", "image", "any", "tokens"]
 
-INPUT_KINDS: tuple[str, ...] = ("flat", "image", "any")
+INPUT_KINDS: tuple[str, ...] = ("flat", "image", "any", "tokens")
 
 #: The activation names a model option may choose (the torch side maps each to a module).
 ACTIVATION_NAMES: tuple[str, ...] = ("elu", "gelu", "leaky_relu", "relu", "sigmoid", "tanh")
@@ -226,6 +228,117 @@ LIP_MLP = register_model_descriptor(
     )
 )
 
+WRN16_4 = register_model_descriptor(
+    ModelDescriptor(
+        name="wrn16_4",
+        input_kind="image",
+        description=(
+            "Wide-ResNet-16-4 with GroupNorm (De et al. 2022), the standard DP-SGD image "
+            "benchmark for 32x32 inputs; 2.75M parameters for 3 channels, 10 classes"
+        ),
+        options={
+            "depth": ModelOption(
+                default=16, kind="int", low=10, high=40, help="depth, 6n + 4 (10, 16, 22, ...)"
+            ),
+            "width": ModelOption(default=4, kind="int", low=1, high=10, help="widening factor"),
+            "norm_groups": ModelOption(
+                default=16, kind="int", low=1, high=16, help="groups per GroupNorm (divides 16)"
+            ),
+        },
+    )
+)
+
+RES_CNN = register_model_descriptor(
+    ModelDescriptor(
+        name="res_cnn",
+        input_kind="image",
+        description=(
+            "small residual CNN for 28x28 images: GroupNorm, residual blocks of two 3x3 "
+            "convolutions, global average pooling"
+        ),
+        options={
+            "width": ModelOption(
+                default=32, kind="int", low=8, high=256, multiple_of=8, help="base channels"
+            ),
+            "blocks": ModelOption(default=3, kind="int", low=1, high=6, help="residual blocks"),
+        },
+    )
+)
+
+TEXT_CLASSIFIER = register_model_descriptor(
+    ModelDescriptor(
+        name="text_classifier",
+        input_kind="tokens",
+        description=(
+            "token embedding + pre-norm transformer encoder (default 2 layers, d=128, 4 heads), "
+            "padding-masked mean pooling, linear head; token id 0 is padding"
+        ),
+        options={
+            "vocab_size": ModelOption(
+                default=32768,
+                kind="int",
+                low=2,
+                high=1_000_000,
+                help=(
+                    "embedding rows, at least the dataset's vocabulary size (its tokenizer's "
+                    "plus the reserved ids 0 = padding, 1 = unknown; a 30522-token BERT "
+                    "tokenizer fits the default); larger ids read as unknown (1)"
+                ),
+            ),
+            "d_model": ModelOption(
+                default=128, kind="int", low=8, high=1024, multiple_of=8, help="model width"
+            ),
+            "heads": ModelOption(default=4, kind="int", low=1, high=16, help="attention heads"),
+            "layers": ModelOption(default=2, kind="int", low=1, high=12, help="encoder layers"),
+            "ff_mult": ModelOption(
+                default=4, kind="int", low=1, high=8, help="feed-forward width / d_model"
+            ),
+            "max_len": ModelOption(
+                default=512, kind="int", low=1, high=8192, help="longest sequence (positions)"
+            ),
+            "dropout": ModelOption(
+                default=0.0, low=0.0, high=1.0, high_inclusive=False, help="dropout rate"
+            ),
+        },
+    )
+)
+
+LIP_CNN = register_model_descriptor(
+    ModelDescriptor(
+        name="lip_cnn",
+        input_kind="image",
+        description=(
+            "1-Lipschitz CNN for clipless DP-SGD (002): input ball of radius X, per stage a "
+            "bias-free kxk convolution and a 2x2 stride-2 one with channel GroupSort, a "
+            "linear head; kernels kept 1-Lipschitz through their certified im2col bound"
+        ),
+        options={
+            "channels": ModelOption(
+                default=(64,),
+                kind="int",
+                low=2,
+                high=512,
+                multiple_of=2,
+                sequence=True,
+                help="channels per stage, even (GroupSort pairs channels); default one stage",
+            ),
+            "kernel": ModelOption(
+                default=3,
+                kind="int",
+                low=1,
+                high=7,
+                help="odd kernel size of each stage's first convolution (its bound A = kernel)",
+            ),
+            "input_bound": ModelOption(
+                default=None,
+                optional=True,
+                help="X, the radius of the input ball (default sqrt(C H W))",
+            ),
+            "temperature": ModelOption(default=1.0, help="tau, a fixed scale of the logits"),
+        },
+    )
+)
+
 
 __all__ = [
     "ACTIVATION_NAMES",
@@ -234,9 +347,13 @@ __all__ = [
     "CNN",
     "DESCRIPTORS",
     "INPUT_KINDS",
+    "LIP_CNN",
     "LIP_MLP",
     "LOGREG",
     "MLP",
+    "RES_CNN",
+    "TEXT_CLASSIFIER",
+    "WRN16_4",
     "InputKind",
     "ModelDescriptor",
     "ModelOption",

@@ -1,14 +1,16 @@
 """The model registry: torch builders by name, and :func:`build_model`.
 
-Every model is a plain ``torch.nn.Sequential`` built for a given input shape. The training engine
-compiles it into a *packed* model with a leading trial dimension (see :mod:`workers.packed`), and
-the same ``nn.Module`` is what tests and benchmarks hand to Opacus, so both see one architecture.
+A model is an ``nn.Module`` built for a given input shape. A plain ``nn.Sequential`` of the
+layers :mod:`workers.packed` knows is compiled into a *packed* model with a leading trial
+dimension; any other module (residual networks, transformers: ``wrn16_4``, ``res_cnn``,
+``text_classifier``) is trained by the generic per-sample gradient path. The same ``nn.Module``
+is what tests and benchmarks hand to Opacus, so both see one architecture.
 
 Models must not mix examples (no batch norm): per-sample gradients rely on it.
 
 A model is two registrations under one stable name: its torch-free
 :class:`~workers.models.descriptors.ModelDescriptor` (input kind, task, options and their ranges)
-and, here, its builder ``fn(input_shape, num_classes, **options) -> nn.Sequential``. The built-in
+and, here, its builder ``fn(input_shape, num_classes, **options) -> nn.Module``. The built-in
 architectures live one per file in this package and register themselves when imported.
 """
 
@@ -31,10 +33,21 @@ from workers.models.descriptors import (
 )
 from workers.plugins import load_plugins
 
-Builder = Callable[..., nn.Sequential]
+Builder = Callable[..., nn.Module]
 
 #: The modules of the built-in architectures (each registers its builder when imported).
-BUILTIN_MODULES = ("logreg", "mlp", "cnn", "autoencoder", "bow_fc", "lip_mlp")
+BUILTIN_MODULES = (
+    "logreg",
+    "mlp",
+    "cnn",
+    "autoencoder",
+    "bow_fc",
+    "lip_mlp",
+    "lip_cnn",
+    "wrn",
+    "res_cnn",
+    "text_classifier",
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +82,7 @@ MODELS: dict[str, ModelEntry] = {}
 
 
 def register_model(model: ModelDescriptor | str) -> Callable[[Builder], Builder]:
-    """Register a model builder ``fn(input_shape, num_classes, **options) -> nn.Sequential``.
+    """Register a model builder ``fn(input_shape, num_classes, **options) -> nn.Module``.
 
     Args:
         model: the model's descriptor (registered here if it is not yet), or the name of a
@@ -124,7 +137,7 @@ def _entry(name: str) -> ModelEntry:
 
 def build_model(
     spec: ModelSpec, *, input_shape: tuple[int, ...], num_classes: int, seed: int
-) -> nn.Sequential:
+) -> nn.Module:
     """Build a freshly initialised model; the initial weights depend only on ``seed``.
 
     Raises:
@@ -149,6 +162,11 @@ def build_model(
         raise DatasetError(
             f"model {spec.name!r} needs flat input [features]; this dataset's examples have "
             f"shape {list(input_shape)}"
+        )
+    if kind == "tokens" and len(input_shape) != 1:
+        raise DatasetError(
+            f"model {spec.name!r} needs token ids [sequence length]; this dataset's examples "
+            f"have shape {list(input_shape)}. Use a text dataset with a tokenizer."
         )
     # The same check as at submission; the builder gets the options as given (its own
     # defaults apply), so a model's weights do not depend on where it was validated.

@@ -8,9 +8,9 @@ when the strategy is bound and after every optimizer step, which keeps S small; 
 on the projection having worked, since it is certified from the weights the gradients are taken
 at.
 
-Only models whose bound is known are accepted (``lip_mlp``, or any stack of the known layers
-with an input ball first) and only softmax cross-entropy (``classification``); anything else
-raises :class:`ConfigError` before training starts (fail closed).
+Only models whose bound is known are accepted (``lip_mlp``, ``lip_cnn``, or any stack of the
+known layers with an input ball first) and only softmax cross-entropy (``classification``);
+anything else raises :class:`ConfigError` before training starts (fail closed).
 """
 
 from __future__ import annotations
