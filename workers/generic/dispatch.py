@@ -9,7 +9,7 @@ gradients analytically and is much faster. Every other ``nn.Module`` takes the g
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TypeGuard
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from workers.packed.registry import convert_layer
 EnginePath = Literal["packed", "generic"]
 
 
-def packable(module: nn.Module) -> bool:
+def packable(module: nn.Module) -> TypeGuard[nn.Sequential]:
     """Whether the fast packed path covers ``module`` (an ``nn.Sequential`` of known layers)."""
     if not isinstance(module, nn.Sequential):
         return False

@@ -22,6 +22,7 @@ from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
 from workers.generic.dispatch import build_pack_model
+from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import build_model, model_task
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
@@ -107,9 +108,10 @@ def train_pack(
             sigmas.append(0.0)
 
     k = len(spec.trials)
+    model_spec = _with_data_vocab(spec.model, data.vocab_size)
     modules = [
         build_model(
-            spec.model,
+            model_spec,
             input_shape=data.input_shape,
             num_classes=data.num_classes,
             seed=stream_seed(t.seed, "init"),
@@ -120,8 +122,8 @@ def train_pack(
     built, engine_path = build_pack_model(modules, device=device)
     if engine_path == "generic" and strategy_cls.name == "lipschitz":
         raise ConfigError(
-            "the lipschitz strategy needs a Lipschitz model the packed path covers (such as "
-            "lip_mlp); this model runs on the generic path",
+            "the lipschitz strategy needs a Lipschitz model the packed path covers (lip_mlp or "
+            "lip_cnn); this model runs on the generic path",
             field="strategy",
         )
     # GenericModel implements, structurally, everything the engine, the strategies and the
@@ -297,3 +299,17 @@ def train_pack(
             )
         )
     return results
+
+
+def _with_data_vocab(model: ModelSpec, vocab_size: int | None) -> ModelSpec:
+    """A token model's ``vocab_size`` from its dataset's public tokenizer when the spec leaves
+    it out (ids beyond a smaller table would all read as unknown)."""
+    descriptor = DESCRIPTORS.get(model.name)
+    if (
+        vocab_size is None
+        or "vocab_size" in model.options
+        or descriptor is None
+        or "vocab_size" not in descriptor.options
+    ):
+        return model
+    return ModelSpec(model.name, {**model.options, "vocab_size": int(vocab_size)})
