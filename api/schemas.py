@@ -128,6 +128,12 @@ class PlanGrid(_Out):
     epsilon_eval: float | None = Field(
         default=None, description="dp: what the grid's evaluations alone cost (included)"
     )
+    engine_path: str | None = Field(
+        default=None,
+        description="the engine path its model trains on: packed (the fast batched path), "
+        "generic (any nn.Module; per-example gradients from torch.func) or auto (decided "
+        "when the model is built, for a plug-in)",
+    )
 
 
 class PlanOut(_Out):
@@ -212,6 +218,9 @@ class TrialDetail(TrialItem):
     trajectories: dict[str, Any]
     step_time_ms_median: float | None
     diverged_at: int | None
+    engine_path: str | None = Field(
+        default=None, description="the engine path that trained it: packed or generic"
+    )
     privacy: TrialPrivacy
 
 

@@ -139,6 +139,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "eval_releases",
             "eval_noise_multiplier",
             "epsilon_eval",
+            "engine_path",
         )
         print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
         return 0
@@ -181,6 +182,10 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
         f"({whole['method']}; the grids' sum, which the dataset's ledger is charged, is "
         f"{plan.epsilon_total:.4g}); grids verified by {rows[0]['verified_by']}"
+    )
+    console.print(
+        f"model {spec.model.name}: trained on the {rows[0].get('engine_path') or 'auto'} engine "
+        "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
     )
     for r in rows:
         if r.get("count_noise") is not None:

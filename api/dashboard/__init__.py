@@ -16,8 +16,15 @@ from fastapi.staticfiles import StaticFiles
 STATIC = Path(__file__).parent / "static"
 # The page's own paths: each serves index.html, whose router draws the view from the URL, so a
 # link (with its query string of filters and tab) reproduces what its sender saw.
-PAGES = ("/", "/sweeps", "/sweeps/{sweep_id}", "/trials/{trial_id}", "/datasets", "/submit",
-         "/signin")
+PAGES = (
+    "/",
+    "/sweeps",
+    "/sweeps/{sweep_id}",
+    "/trials/{trial_id}",
+    "/datasets",
+    "/submit",
+    "/signin",
+)
 
 
 def install(app: FastAPI) -> None:

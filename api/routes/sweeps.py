@@ -207,6 +207,7 @@ async def plan(
                     "eval_releases": g.eval_releases,
                     "eval_noise_multiplier": g.eval_noise_multiplier,
                     "epsilon_eval": g.epsilon_eval,
+                    "engine_path": g.engine_path,
                 }
             )
         e: Decimal = exact_sum([s.reserved_epsilon for s in prepared.schedules])

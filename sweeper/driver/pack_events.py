@@ -164,6 +164,7 @@ class PackEvents:
                         step_time_ms_median=r["step_time_ms_median"],
                         diverged_at=r["diverged_at"],
                         objective=finite(m.get(held.metric)),
+                        engine_path=r.get("engine_path"),
                     )
                 )
                 self.progress.count(t, "running", "done")

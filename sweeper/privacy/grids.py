@@ -105,6 +105,9 @@ class GridPlan:
     eval_releases: int = 0
     eval_noise_multiplier: float | None = None
     epsilon_eval: float | None = None
+    # Which engine path trains the grid's model, as its descriptor declares it (packed,
+    # generic, or auto: decided when built); each trial records the path it took.
+    engine_path: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

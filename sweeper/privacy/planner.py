@@ -195,6 +195,7 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     b = spec.training.batch_size
     from sweeper.privacy.parallel import pmap
 
+    engine_path = _engine_path(spec.model.name)
     grids = []
     requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)
     for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
@@ -228,6 +229,16 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
                 n_eval=int(data.x_test.shape[0]),
                 eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
                 eval_dataset=getattr(evaluation, "dataset", None),
+                engine_path=engine_path,
             )
         )
     return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)
+
+
+def _engine_path(model: str) -> str:
+    """The model's declared engine path (torch-free: read from its descriptor)."""
+    from workers.models.descriptors import DESCRIPTORS, get_model_descriptor
+
+    if model not in DESCRIPTORS:
+        get_model_descriptor(model)  # loads plug-ins; refuses an unknown name
+    return DESCRIPTORS[model].engine_path

@@ -214,6 +214,9 @@ class TrialResultRow(Base):
     # The sweep's objective metric at the best checkpoint (None if not finite), so trials can
     # be sorted by it in SQL.
     objective: Mapped[float | None] = mapped_column(Float)
+    # Which engine path trained it: "packed" or "generic" (NULL: stored before there were
+    # two, so packed).
+    engine_path: Mapped[str | None] = mapped_column(String(16))
 
     trial: Mapped[Trial] = relationship(back_populates="result")
 

@@ -157,6 +157,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
                     "eval_releases",
                     "eval_noise_multiplier",
                     "epsilon_eval",
+                    "engine_path",
                 )
                 if k in g
             }

@@ -107,6 +107,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
                 "accounting": plan.get("accounting"),
                 "grid_epsilon_budget": plan.get("epsilon_budget"),
                 "grid_runs_reserved": sched.runs if sched and not sched.whole_grid else None,
+                "engine_path": plan.get("engine_path"),
             },
             "final_metrics": (r.final_metrics if r is not None else None) or {},
             "accountant": r.accountant if r is not None else None,
@@ -117,6 +118,8 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
                 r.step_time_ms_median if r is not None and not selected_only else None
             ),
             "diverged_at": r.diverged_at if r is not None else None,
+            # Results stored before the generic path existed were all trained packed.
+            "engine_path": (r.engine_path or "packed") if r is not None else None,
         }
     entries = BudgetLedger(engine).entries(dataset, trial.sweep_id)
     if selected_only:

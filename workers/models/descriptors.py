@@ -59,6 +59,10 @@ class ModelOption(HParam):
     multiple_of: int | None = None
 
 
+#: How a model is trained: the fast packed path, the generic path, or decided when built.
+ENGINE_PATHS: tuple[str, ...] = ("packed", "generic", "auto")
+
+
 @dataclass(frozen=True, eq=False)
 class ModelDescriptor:
     """The torch-free description of a model.
@@ -69,6 +73,11 @@ class ModelDescriptor:
         task: ``classification`` (cross-entropy on logits) or ``reconstruction`` (MSE).
         description: one line for listings.
         options: the declared builder options, by name.
+        engine_path: which engine path trains it, as far as is known without building it:
+            ``packed`` (an ``nn.Sequential`` the fast path covers), ``generic`` (any other
+            module, per-example gradients from torch.func) or ``auto`` (decided when the
+            model is built: a plug-in's). The plan shows it; each trial records the path it
+            actually took, and a contract test holds the built-ins to their word.
     """
 
     name: str
@@ -76,8 +85,14 @@ class ModelDescriptor:
     task: Task = "classification"
     description: str = ""
     options: Mapping[str, ModelOption] = field(default_factory=dict)
+    engine_path: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.engine_path not in ENGINE_PATHS:
+            raise ValueError(
+                f"model {self.name!r}: engine_path must be one of {list(ENGINE_PATHS)}; "
+                f"got {self.engine_path!r}"
+            )
         if self.input_kind not in INPUT_KINDS:
             raise ValueError(
                 f"model {self.name!r}: input_kind must be one of {list(INPUT_KINDS)}; "
@@ -160,12 +175,15 @@ def get_model_descriptor(name: str) -> ModelDescriptor:
 # The built-in models (their torch builders: workers/models/<name>.py).
 
 LOGREG = register_model_descriptor(
-    ModelDescriptor(name="logreg", description="multinomial logistic regression")
+    ModelDescriptor(
+        name="logreg", description="multinomial logistic regression", engine_path="packed"
+    )
 )
 
 MLP = register_model_descriptor(
     ModelDescriptor(
         name="mlp",
+        engine_path="packed",
         description="fully connected network (default one hidden layer of 128, ReLU)",
         options={
             "hidden": ModelOption(
@@ -181,6 +199,7 @@ MLP = register_model_descriptor(
 CNN = register_model_descriptor(
     ModelDescriptor(
         name="cnn",
+        engine_path="packed",
         input_kind="image",
         description="the CNN of OSO-DPSGD (004, Table 5); 551,322 parameters on 28x28 MNIST",
     )
@@ -189,6 +208,7 @@ CNN = register_model_descriptor(
 AUTOENCODER = register_model_descriptor(
     ModelDescriptor(
         name="autoencoder",
+        engine_path="packed",
         input_kind="image",
         task="reconstruction",
         description="convolutional autoencoder of 004 (Table 6), MSE objective; 48,705 parameters",
@@ -198,6 +218,7 @@ AUTOENCODER = register_model_descriptor(
 BOW_FC = register_model_descriptor(
     ModelDescriptor(
         name="bow_fc",
+        engine_path="packed",
         description="bag-of-words fully connected network of 004 (Table 7): 128-128, LeakyReLU",
     )
 )
@@ -205,6 +226,7 @@ BOW_FC = register_model_descriptor(
 LIP_MLP = register_model_descriptor(
     ModelDescriptor(
         name="lip_mlp",
+        engine_path="packed",
         description=(
             "1-Lipschitz MLP for clipless DP-SGD (002): input ball of radius X (default "
             "sqrt(features)), spectrally normalised linear layers (default 128-128), GroupSort"
@@ -231,6 +253,7 @@ LIP_MLP = register_model_descriptor(
 WRN16_4 = register_model_descriptor(
     ModelDescriptor(
         name="wrn16_4",
+        engine_path="generic",
         input_kind="image",
         description=(
             "Wide-ResNet-16-4 with GroupNorm (De et al. 2022), the standard DP-SGD image "
@@ -251,6 +274,7 @@ WRN16_4 = register_model_descriptor(
 RES_CNN = register_model_descriptor(
     ModelDescriptor(
         name="res_cnn",
+        engine_path="generic",
         input_kind="image",
         description=(
             "small residual CNN for 28x28 images: GroupNorm, residual blocks of two 3x3 "
@@ -268,6 +292,7 @@ RES_CNN = register_model_descriptor(
 TEXT_CLASSIFIER = register_model_descriptor(
     ModelDescriptor(
         name="text_classifier",
+        engine_path="generic",
         input_kind="tokens",
         description=(
             "token embedding + pre-norm transformer encoder (default 2 layers, d=128, 4 heads), "
@@ -306,6 +331,7 @@ TEXT_CLASSIFIER = register_model_descriptor(
 LIP_CNN = register_model_descriptor(
     ModelDescriptor(
         name="lip_cnn",
+        engine_path="packed",
         input_kind="image",
         description=(
             "1-Lipschitz CNN for clipless DP-SGD (002): input ball of radius X, per stage a "

@@ -467,3 +467,39 @@ def test_cancel_between_claim_and_charge_leaves_exact_books(
     _check_books(engine, sid)
     bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert bal.epsilon_charged == 0 and bal.epsilon_released == bal.epsilon_reserved
+
+
+def test_a_generic_model_sweeps_on_ray_and_says_its_engine_path(local_ray: Any) -> None:
+    """A model the fast path does not cover (res_cnn: residual blocks, GroupNorm) plans,
+    packs (memory estimate of the generic path), trains on Ray and records its path; the plan
+    and the trial detail say which (SQLite: the engine path does not depend on the store)."""
+    import tempfile
+
+    from sweeper.datasets.access import Viewer
+    from sweeper.sweeps.trial_detail import trial_detail
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/generic.db"
+        upgrade(url)
+        engine = make_engine(url)
+        spec = tiny_spec(
+            model={"name": "res_cnn", "options": {"width": 8, "blocks": 1}},
+            training={"steps": 4, "batch_size": 32, "eval_every": 2},
+            privacy={"budgets": [4], "delta": 1e-5},
+            arms=[{"strategy": "fixed", "grid": {"lr": [0.1, 0.3], "clip": [1.0]}}],
+        )
+        sid = create_sweep(engine, spec)
+        out = run_sweep(engine, sid)
+        assert out.state == "done" and out.counts == {"done": 2}
+        with Session(engine) as s:
+            sweep = s.get(Sweep, sid)
+            assert sweep is not None
+            assert [g["engine_path"] for g in sweep.plan or []] == ["generic"]
+            ids = [t.id for t in s.scalars(sa.select(Trial).where(Trial.sweep_id == sid))]
+        for tid in ids:
+            detail = trial_detail(engine, tid, Viewer(None))
+            assert detail["engine_path"] == "generic"
+            assert detail["planned"]["engine_path"] == "generic"
+        summary = summarize(engine, sid)
+        assert summary["plan"][0]["engine_path"] == "generic"
+        engine.dispose()

@@ -170,3 +170,15 @@ def test_refuses_unknown_and_out_of_range_options_naming_the_field(name: str) ->
             with pytest.raises(ConfigError) as err:
                 build(name, shape, {option: bad})
             assert err.value.field == f"model.options.{option}", (option, bad)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_declared_engine_path_is_the_one_taken(name: str) -> None:
+    """The plan shows a model's declared engine path before anything is built: the built
+    model must take that path (``auto`` defers to the build)."""
+    from workers.generic import packable
+
+    d = get_model_descriptor(name)
+    module = build(name, shapes(d)[0])
+    if d.engine_path != "auto":
+        assert packable(module) == (d.engine_path == "packed")
