@@ -20,8 +20,18 @@ times (median over repeated steps, after warm-up):
   ``lipschitz_vs_unprojected``, against the bare step with no projection at all.
 
 Every ratio is against the row's non-private step; the table also shows each strategy against
-``fixed``. Usage: ``python bench/step_overhead.py [--json] [--repeats N] [--models mlp,cnn]
-[--batches 64,256] [--strategies all|fixed,quantile,...]``.
+``fixed``.
+
+``wrn16_4`` (3x32x32 images, batch 16) and ``text_classifier`` (64 token ids, batch 32) run on
+the generic path and have their own rows (:mod:`step_overhead_generic`): ms per step of the
+non-private step, dpsweep's fixed (flat) DP step, Opacus hooks and Opacus ghost, and the ratios
+``fixed_vs_nonprivate`` and ``fixed_vs_opacus_ghost`` (an Opacus mode that refuses the model
+is reported as unsupported). They are in the default set of models.
+
+Usage: ``python bench/step_overhead.py [--json] [--repeats N]
+[--models mlp,cnn,wrn16_4,text_classifier] [--batches 64,256] [--strategies all|none|a,b]``;
+without ``--batches`` each model gets its default batch sizes (64 and 256 for mlp/cnn, 16 for
+wrn16_4, 32 for text_classifier).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench import step_overhead_generic as generic
 from workers.engine import DPEngine
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
@@ -214,18 +225,23 @@ def opacus_step(
 
 
 def run(
-    models: list[str], batches: list[int], repeats: int, strategies: list[str]
-) -> dict[str, dict[str, dict[str, float]]]:
+    models: list[str], batches: list[int] | None, repeats: int, strategies: list[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Rows ``{model: {batch: row}}``; ``batches`` None gives each model its default sizes."""
     from workers.models import MODELS
 
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(N_TRAIN, *SHAPE, generator=gen)
     y = torch.randint(CLASSES, (N_TRAIN,), generator=gen)
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in models:
+        if name in generic.MODELS:
+            sizes = batches or [generic.MODELS[name].batch]
+            out[name] = generic.run_generic(name, sizes, repeats, _interleaved_medians)
+            continue
         out[name] = {}
-        for b in batches:
+        for b in batches or DEFAULT_BATCHES:
             steps = {
                 "nonprivate": nonprivate_step(name, x, y, b),
                 "fixed": dpsweep_step(name, x, y, b),
@@ -270,14 +286,17 @@ def run(
 
 
 ALL_STRATEGIES = ["automatic", "global", "quantile", "online", "bam", "lipschitz"]
+DEFAULT_BATCHES = [64, 256]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--models", default="mlp,cnn")
-    p.add_argument("--batches", default="64,256")
+    p.add_argument("--models", default="mlp,cnn,wrn16_4,text_classifier", help="comma list")
+    p.add_argument(
+        "--batches", default=None, help="comma list for every model (default: per model)"
+    )
     p.add_argument("--strategies", default="all", help="'all', 'none' or a comma list")
     a = p.parse_args(argv)
     strategies = (
@@ -287,13 +306,17 @@ def main(argv: list[str] | None = None) -> int:
         if a.strategies == "none"
         else a.strategies.split(",")
     )
-    res = run(a.models.split(","), [int(b) for b in a.batches.split(",")], a.repeats, strategies)
+    batches = [int(b) for b in a.batches.split(",")] if a.batches else None
+    res = run(a.models.split(","), batches, a.repeats, strategies)
     if a.json:
         print(json.dumps(res))
         return 0
     print("median step time, one thread; 'x np' = vs the non-private step, 'x fixed' = vs fixed")
     print("(lipschitz: vs the non-private step of the same lip_mlp model)")
     for name, rows in res.items():
+        if name in generic.MODELS:
+            generic.print_rows(name, rows)
+            continue
         for b, r in rows.items():
             print(f"\n{name} batch {b}: non-private step {r['nonprivate_ms']:.3f} ms")
             print(f"  {'method':<18}{'x np':>8}{'x fixed':>9}")
