@@ -52,6 +52,17 @@ def test_step_overhead_benchmark_smoke() -> None:
     assert all(v > 0 for v in row.values())
 
 
+def test_step_overhead_benchmark_smoke_on_a_generic_model() -> None:
+    args = ["--json", "--repeats", "1", "--models", "text_classifier"]
+    p = _script("bench/step_overhead.py", *args)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(p.stdout)["text_classifier"].values()
+    assert row["engine_path"] == "generic" and row["unsupported"] == {}
+    for key in ("nonprivate_ms", "fixed_ms", "opacus_hooks_ms", "opacus_ghost_ms"):
+        assert row[key] > 0, key
+    assert row["fixed_vs_opacus_ghost"] > 0
+
+
 def test_packing_benchmark_smoke() -> None:
     p = _script("bench/packing.py", "--json", "--quick", "--models", "mlp")
     assert p.returncode == 0, p.stderr

@@ -107,7 +107,7 @@ class TextClassifier(nn.Module):
         first[:, 0] = True
         attn_pad = pad & ~(pad.all(dim=1, keepdim=True) & first)
         # Batch-first positions [B, T]: per-sample gradient hooks (Opacus) read dim 0 as the batch.
-        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids).contiguous()
         x = self.drop(self.embed(ids) + self.position(positions))
         for layer in self.layers:
             x = layer(x, attn_pad)
