@@ -49,6 +49,7 @@ test: lint typecheck pytest
 bench: install
 	$(BIN)/python bench/step_overhead.py
 	$(BIN)/python bench/packing.py
+	$(BIN)/python bench/generic_packs.py
 	$(BIN)/python bench/eval_modes.py
 	$(BIN)/python bench/sweep_throughput.py
 	$(BIN)/python bench/api_load.py

@@ -189,3 +189,12 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     assert "hidden" in md.split("## 5. ")[1]
     for name in ("strategies-accuracy", "calibration-reliability", "clip-bias", "clipless"):
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name
+
+
+def test_generic_packs_benchmark_smoke() -> None:
+    args = ["--json", "--repeats", "1", "--trials", "2", "--models", "text_classifier"]
+    p = _script("bench/generic_packs.py", *args)
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["text_classifier"]
+    assert row["batched_ms"] > 0 and row["sequential_ms"] > 0
+    assert row["faster"] in ("batched", "sequential") and row["declared"] == "batched"

@@ -35,9 +35,15 @@ def packable(module: nn.Module) -> TypeGuard[nn.Sequential]:
 
 
 def build_pack_model(
-    modules: Sequence[nn.Module], device: torch.device | str = "cpu"
+    modules: Sequence[nn.Module],
+    device: torch.device | str = "cpu",
+    *,
+    batched_trials: bool = True,
 ) -> tuple[PackedModel | GenericModel, EnginePath]:
     """The pack's model on the fastest path that covers it, and that path's name.
+
+    ``batched_trials``: on the generic path, whether the K trials run as one ``vmap`` or one
+    after another (the model descriptor's ``generic_packs``, measured by bench/generic_packs.py).
 
     Raises:
         ConfigError: a model the generic path refuses too (e.g. BatchNorm; the message names
@@ -52,4 +58,4 @@ def build_pack_model(
             # Parameters outside the converted layers (e.g. a bare nn.Parameter on the
             # Sequential itself): the generic path trains those too.
             pass
-    return GenericModel(modules, device=device), "generic"
+    return GenericModel(modules, device=device, batched_trials=batched_trials), "generic"

@@ -57,17 +57,29 @@ class GenericModel:
         modules: one module per trial, all of the same architecture. Their current parameter
             values become the pack's initial parameters.
         device: where the pack lives.
+        batched_trials: run the K trials as one ``vmap`` over the trial dimension (True), or
+            one after another in this worker (False); the results are the same.
 
     Raises:
         ConfigError: a layer that breaks per-example DP (see
             :func:`workers.generic.validation.validate_module`).
     """
 
-    def __init__(self, modules: Sequence[nn.Module], device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        modules: Sequence[nn.Module],
+        device: torch.device | str = "cpu",
+        *,
+        batched_trials: bool = True,
+    ):
         if not modules:
             raise ValueError("a pack needs at least one trial")
         validate_module(modules[0])
         self.k = len(modules)
+        # vmap over the K trials, or one trial after another (same results): which is faster
+        # depends on the architecture (bench/generic_packs.py; the model descriptor's
+        # ``generic_packs``).
+        self.batched_trials = batched_trials
         self.device = torch.device(device)
         self.template = copy.deepcopy(modules[0]).to(self.device).train()
         self.names = [n for n, _ in self.template.named_parameters()]
@@ -126,9 +138,17 @@ class GenericModel:
     ) -> Tensor:
         return (self._example_out(params, buffers, x) * v).sum()
 
+    def _over_trials(self, fn: Any, *args: Any) -> Any:
+        """``fn`` on each trial's slice of ``args`` (tensors and dicts of tensors, trial
+        dimension first), stacked: one ``vmap``, or a loop when trials run one by one."""
+        if self.batched_trials:
+            return vmap(fn, in_dims=(0,) * len(args))(*args)
+        outs = [fn(*(_take(a, k) for a in args)) for k in range(self.k)]
+        return _stack(outs)
+
     def _run(self, params: dict[str, Tensor], per_example: bool, x: Tensor) -> Tensor:
         inner = vmap(self._example_out, in_dims=(0 if per_example else None, None, 0))
-        return vmap(inner, in_dims=(0, 0, 0))(params, self.buffers, x)
+        return self._over_trials(inner, params, self.buffers, x)
 
     def forward(
         self,
@@ -163,7 +183,7 @@ class GenericModel:
         """Per-example gradients of ``loss_sum`` (a sum of per-example losses), per layer."""
         (v,) = torch.autograd.grad(loss_sum, cap.out)
         per_b = vmap(grad(self._dot), in_dims=(0 if cap.per_example else None, None, 0, 0))
-        g = vmap(per_b, in_dims=(0, 0, 0, 0))(cap.params, self.buffers, cap.x, v.detach())
+        g = self._over_trials(per_b, cap.params, self.buffers, cap.x, v.detach())
         return [[g[n] for n in names] for names in self.layer_params]
 
     def sq_norms(self, infos: list[LayerInfo]) -> Tensor:
@@ -217,3 +237,15 @@ class GenericModel:
             for n, b in m.named_buffers():
                 b.copy_(self.buffers[n][trial])
         return m
+
+
+def _take(a: Any, k: int) -> Any:
+    """Trial ``k``'s slice of a tensor or of a dict of tensors."""
+    return {n: t[k] for n, t in a.items()} if isinstance(a, dict) else a[k]
+
+
+def _stack(outs: list[Any]) -> Any:
+    """Stack per-trial results (tensors, or dicts of tensors) along a new trial dimension."""
+    if isinstance(outs[0], dict):
+        return {n: torch.stack([o[n] for o in outs]) for n in outs[0]}
+    return torch.stack(outs)

@@ -78,6 +78,10 @@ class ModelDescriptor:
             module, per-example gradients from torch.func) or ``auto`` (decided when the
             model is built: a plug-in's). The plan shows it; each trial records the path it
             actually took, and a contract test holds the built-ins to their word.
+        generic_packs: on the generic path, how a pack of its trials runs: ``batched`` (one
+            ``vmap`` over the trial dimension) or ``sequential`` (one trial after another in
+            the worker); the faster of the two for the architecture, as measured by
+            ``bench/generic_packs.py`` (the results are the same either way).
     """
 
     name: str
@@ -86,8 +90,14 @@ class ModelDescriptor:
     description: str = ""
     options: Mapping[str, ModelOption] = field(default_factory=dict)
     engine_path: str = "auto"
+    generic_packs: str = "batched"
 
     def __post_init__(self) -> None:
+        if self.generic_packs not in ("batched", "sequential"):
+            raise ValueError(
+                f"model {self.name!r}: generic_packs must be batched or sequential; "
+                f"got {self.generic_packs!r}"
+            )
         if self.engine_path not in ENGINE_PATHS:
             raise ValueError(
                 f"model {self.name!r}: engine_path must be one of {list(ENGINE_PATHS)}; "
@@ -254,6 +264,9 @@ WRN16_4 = register_model_descriptor(
     ModelDescriptor(
         name="wrn16_4",
         engine_path="generic",
+        # bench/generic_packs.py: a 4-trial pack of one vmap took 1.41x as long as the trials
+        # one after another (one CPU thread), so its packs run sequentially.
+        generic_packs="sequential",
         input_kind="image",
         description=(
             "Wide-ResNet-16-4 with GroupNorm (De et al. 2022), the standard DP-SGD image "

@@ -119,7 +119,12 @@ def train_pack(
         for t in spec.trials
     ]
     # The fast packed path where every layer converts, else the generic (torch.func) path.
-    built, engine_path = build_pack_model(modules, device=device)
+    descriptor = DESCRIPTORS.get(spec.model.name)
+    built, engine_path = build_pack_model(
+        modules,
+        device=device,
+        batched_trials=descriptor is None or descriptor.generic_packs == "batched",
+    )
     if engine_path == "generic" and strategy_cls.name == "lipschitz":
         raise ConfigError(
             "the lipschitz strategy needs a Lipschitz model the packed path covers (lip_mlp or "
