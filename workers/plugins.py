@@ -11,17 +11,14 @@ know. The registered *names* are the stable contract (they are stored in the dat
 entry point's own name is only a label in error messages.
 
 Only the operator's installed packages are loaded. The REST API resolves registered names only:
-an import string taken from a request would run a stranger's code on the server. The local
-command line (``dpsweep train --model my_models:build``, a ``dpsweep run`` spec file) may also
-name ``module:function`` factories: :func:`load_factory` imports one and registers it under
-that string in the local process (and :func:`export_factories` in the Ray workers it starts).
+an import string taken from a request would run a stranger's code on the server. (The local
+command line may also name ``module:function`` factories: :mod:`workers.factories`.)
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -47,12 +44,8 @@ def load_plugins(kind: str) -> list[str]:
     Args:
         kind: ``"strategies"``, ``"accountants"``, ``"models"`` or ``"datasets"``.
 
-    Also registers the ``module:function`` factories a parent ``dpsweep run`` exported
-    (:data:`FACTORIES_ENV`), so that the Ray workers it starts know the names its spec uses.
-
     Returns:
-        The entry points' names loaded by this call, then the exported factories' (empty when
-        they were loaded before).
+        The entry points' names loaded by this call (empty when they were loaded before).
 
     Raises:
         ConfigError: ``kind`` is unknown, or a plug-in failed to load or register; the message
@@ -77,7 +70,6 @@ def load_plugins(kind: str) -> list[str]:
                     f"{type(exc).__name__}: {exc}. Fix or uninstall the package that provides it."
                 ) from exc
             names.append(ep.name)
-        names += _load_exported_factories(kind)
         return names
 
 
@@ -85,148 +77,3 @@ def reset_plugins() -> None:
     """Forget which kinds were loaded (for tests that install a plug-in mid-process)."""
     with _lock:
         _loaded.clear()
-
-
-# ---------------------------------------------------------------------------------------------
-# Local ``module:function`` factories (the local CLI only; never the REST API).
-
-#: The registry kinds a ``module:function`` factory may add to.
-FACTORY_KINDS: tuple[str, ...] = ("models", "datasets")
-
-
-def is_factory_name(name: object) -> bool:
-    """Whether ``name`` reads as a ``module:function`` import string (not a registered name)."""
-    return isinstance(name, str) and ":" in name
-
-
-#: How ``dpsweep run`` hands the factories its spec names to the Ray workers it starts (they
-#: inherit its environment): ``kind=module:function`` items separated by ``;``. Set by the
-#: local command line only (:func:`export_factories`); never read from a request.
-FACTORIES_ENV = "DPSWEEP_LOCAL_FACTORIES"
-
-
-def export_factories(factories: list[tuple[str, str]]) -> None:
-    """Load ``(spec, kind)`` factories here and export them to this process's child processes.
-
-    Raises:
-        ConfigError: as :func:`load_factory`.
-    """
-    items = [i for i in os.environ.get(FACTORIES_ENV, "").split(";") if i]
-    for spec, kind in factories:
-        load_factory(spec, kind)
-        if f"{kind}={spec}" not in items:
-            items.append(f"{kind}={spec}")
-    if items:
-        os.environ[FACTORIES_ENV] = ";".join(items)
-
-
-def _load_exported_factories(kind: str) -> list[str]:
-    """Register the factories of ``kind`` that a parent ``dpsweep run`` exported."""
-    names = []
-    for item in os.environ.get(FACTORIES_ENV, "").split(";"):
-        item_kind, _, spec = item.partition("=")
-        if item_kind == kind and spec:
-            names.append(load_factory(spec, kind))
-    return names
-
-
-def load_factory(spec: str, kind: str) -> str:
-    """Import the factory ``module:function`` and register it under that string, in this process.
-
-    A model factory is called like a model builder, ``fn(input_shape, num_classes)``, and
-    returns a ``torch.nn.Module`` (an ``nn.Sequential`` of Linear / ReLU layers trains on the
-    packed fast path). A dataset factory is called like a loader, ``fn(DatasetSpec)``, and
-    returns :class:`~workers.datasets.records.RawData`. Neither takes declared options.
-
-    Only the local command line calls this, for a name its own operator typed: the REST API
-    resolves registered names only (an import string from a request would run a stranger's
-    code on the server).
-
-    Args:
-        spec: ``"package.module:function"`` (the function may be a dotted attribute path).
-        kind: ``"models"`` or ``"datasets"``.
-
-    Returns:
-        ``spec``, now a registered name of that kind (registering it again is a no-op).
-
-    Raises:
-        ConfigError: ``kind`` takes no factories, ``spec`` is not ``module:function``, or the
-            import failed or did not give a callable; the message names ``spec``.
-    """
-    if kind not in FACTORY_KINDS:
-        raise ConfigError(f"a {kind} name cannot be a module:function factory ({spec!r})")
-    field = "model.name" if kind == "models" else "dataset.name"
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(
-            f"the {kind[:-1]} factory {spec!r} must read module:function (e.g. my_models:build)",
-            field=field,
-        )
-    with _lock:
-        from workers.datasets.descriptors import DATASET_DESCRIPTORS
-        from workers.models.descriptors import DESCRIPTORS
-
-        if spec in (DESCRIPTORS if kind == "models" else DATASET_DESCRIPTORS):
-            return spec
-        fn = _import_callable(spec, module_name, attr, kind, field)
-        (_register_model_factory if kind == "models" else _register_dataset_factory)(spec, fn)
-    return spec
-
-
-def _import_callable(
-    spec: str, module_name: str, attr: str, kind: str, field: str
-) -> Callable[..., object]:
-    what = f"the {kind[:-1]} factory {spec!r}"
-    try:
-        target: object = importlib.import_module(module_name)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except Exception as exc:
-        raise ConfigError(
-            f"{what} could not be imported: {type(exc).__name__}: {exc}. The module must be "
-            "importable here (installed, or on PYTHONPATH)",
-            field=field,
-        ) from exc
-    if not callable(target):
-        raise ConfigError(f"{what} is not callable: it is a {type(target).__name__}", field=field)
-    return target
-
-
-def _register_model_factory(spec: str, fn: Callable[..., object]) -> None:
-    from torch import nn
-
-    from workers.models.descriptors import ModelDescriptor
-    from workers.models.registry import register_model
-
-    def build(input_shape: tuple[int, ...], num_classes: int, **options: object) -> nn.Sequential:
-        model = fn(input_shape, num_classes, **options)
-        if not isinstance(model, nn.Module):
-            raise ConfigError(
-                f"the model factory {spec!r} returned a {type(model).__name__}, not a "
-                "torch.nn.Module",
-                field="model.name",
-            )
-        return model  # type: ignore[return-value]  # (any nn.Module once the generic path lands)
-
-    register_model(ModelDescriptor(name=spec, description=f"local factory {spec}"))(build)
-
-
-def _register_dataset_factory(spec: str, fn: Callable[..., object]) -> None:
-    from workers.datasets.descriptors import DatasetDescriptor, register_dataset_descriptor
-    from workers.datasets.records import DatasetSpec, RawData
-    from workers.datasets.registry import register_dataset
-
-    def load(dataset: DatasetSpec) -> RawData:
-        raw = fn(dataset)
-        if not isinstance(raw, RawData):
-            raise ConfigError(
-                f"the dataset factory {spec!r} returned a {type(raw).__name__}, not "
-                "workers.datasets.RawData",
-                field="dataset.name",
-            )
-        return raw
-
-    register_dataset_descriptor(
-        DatasetDescriptor(name=spec, input_kind="any", description=f"local factory {spec}")
-    )
-    register_dataset(spec)(load)

@@ -98,7 +98,7 @@ def use_local_factories(spec: Any) -> None:
     Raises:
         ConfigError: a factory cannot be imported (the message names it).
     """
-    from workers.plugins import export_factories, is_factory_name
+    from workers.factories import export_factories, is_factory_name
 
     named = [(spec.model.name, "models"), (spec.dataset.name, "datasets")]
     export_factories([(name, kind) for name, kind in named if is_factory_name(name)])

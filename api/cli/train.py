@@ -162,10 +162,10 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.datasets.records import DatasetSpec
     from workers.datasets.registry import dataset_names, has_loader
     from workers.devices import DEVICES
+    from workers.factories import is_factory_name, load_factory
     from workers.models import get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
     from workers.plan_check import PlannedRun
-    from workers.plugins import is_factory_name, load_factory
     from workers.schedule import plan_steps
     from workers.strategies import STRATEGIES, strategy_names
     from workers.training.specs import TrialSpec

@@ -23,16 +23,15 @@ from workers.datasets.descriptors import DATASET_DESCRIPTORS, get_dataset_descri
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import DatasetSpec
 from workers.datasets.registry import DATASETS
-from workers.models.descriptors import DESCRIPTORS, ModelSpec
-from workers.models.registry import MODELS, build_model
-from workers.plugins import (
+from workers.factories import (
     FACTORIES_ENV,
     export_factories,
     is_factory_name,
+    load_exported_factories,
     load_factory,
-    load_plugins,
-    reset_plugins,
 )
+from workers.models.descriptors import DESCRIPTORS, ModelSpec
+from workers.models.registry import MODELS, build_model
 
 CODE = """
 import numpy as np
@@ -147,21 +146,17 @@ def test_a_bad_factory_is_refused_naming_it(module: str, spec: str, kind: str, s
     assert spec not in DESCRIPTORS and spec not in DATASET_DESCRIPTORS
 
 
-def test_exported_factories_are_registered_by_a_child_process_s_plugin_load(
+def test_exported_factories_are_registered_by_a_child_process_before_it_trains(
     module: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What `dpsweep run` exports is what its Ray workers register when they load plug-ins."""
+    """What `dpsweep run` exports is what its Ray workers register before they train."""
     monkeypatch.setenv(FACTORIES_ENV, "")  # (and removed again after the test)
     model, data = f"{module}:build", f"{module}:data"
     export_factories([(model, "models"), (data, "datasets"), (model, "models")])
     assert os.environ[FACTORIES_ENV] == f"models={model};datasets={data}"
-    # A worker: nothing registered yet, then its first plug-in load registers them.
+    # A worker: nothing registered yet, then train_pack's first step registers them.
     for registry in (DESCRIPTORS, MODELS, DATASET_DESCRIPTORS, DATASETS):
         registry.pop(model, None)  # type: ignore[attr-defined]
         registry.pop(data, None)  # type: ignore[attr-defined]
-    reset_plugins()
-    try:
-        assert model in load_plugins("models") and model in MODELS
-        assert data in load_plugins("datasets") and data in DATASETS
-    finally:
-        reset_plugins()
+    assert load_exported_factories() == [model, data]
+    assert model in MODELS and data in DATASETS

@@ -21,6 +21,7 @@ from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
+from workers.factories import load_exported_factories
 from workers.generic.dispatch import build_pack_model
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import build_model, model_task
@@ -62,6 +63,9 @@ def train_pack(
         DatasetError: a missing or malformed data file.
         PrivacyError: a private trial whose epsilon cannot be established (it does not run).
     """
+    # Factories a parent `dpsweep run` exported (module:function names in its spec): a Ray
+    # worker registers them before it resolves the names (the local CLI only; never the API).
+    load_exported_factories()
     if not spec.trials:
         raise ConfigError("a pack needs at least one trial", field="trials")
     if spec.eval_every < 1:
