@@ -42,7 +42,6 @@ import json
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench import step_overhead_generic as generic
+from bench.opacus_step import opacus_step as shared_opacus_step
 from workers.engine import DPEngine
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
@@ -185,43 +185,7 @@ def dpsweep_step(
 def opacus_step(
     name: str, x: torch.Tensor, y: torch.Tensor, b: int, mode: str
 ) -> Callable[[], None]:
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    m = _model(name)
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    dl = DataLoader(TensorDataset(x[:b], y[:b]), batch_size=b)
-    pe = PrivacyEngine()
-    kwargs: dict[str, Any] = {}
-    if mode == "ghost":
-        kwargs["criterion"] = nn.CrossEntropyLoss()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = pe.make_private(
-            module=m,
-            optimizer=opt,
-            data_loader=dl,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            grad_sample_mode=mode,
-            poisson_sampling=False,
-            **kwargs,
-        )
-    if mode == "ghost":
-        pm, popt, crit, _ = out
-    else:
-        pm, popt, _ = out
-        crit = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        idx = torch.randint(x.shape[0], (b,))
-        popt.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            crit(pm(x[idx]), y[idx]).backward()
-            popt.step()
-
-    return step
+    return shared_opacus_step(_model(name), x, y, b, mode, lr=LR)
 
 
 def run(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -34,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bench.opacus_step import opacus_step as shared_opacus_step
 from workers.engine import DPEngine
 from workers.generic import build_pack_model
 from workers.models import ModelSpec, build_model
@@ -135,40 +135,7 @@ def dpsweep_step(
 
 def opacus_step(bench: GenericBench, x: Tensor, y: Tensor, b: int, mode: str) -> Callable[[], None]:
     """An Opacus DP step (``make_private`` with ``grad_sample_mode=mode``); raises if refused."""
-    from opacus import PrivacyEngine
-    from torch.utils.data import DataLoader, TensorDataset
-
-    m = build(bench).train()
-    opt = torch.optim.SGD(m.parameters(), lr=LR)
-    dl = DataLoader(TensorDataset(x[:b], y[:b]), batch_size=b)
-    kwargs: dict[str, Any] = {"criterion": nn.CrossEntropyLoss()} if mode == "ghost" else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = PrivacyEngine().make_private(
-            module=m,
-            optimizer=opt,
-            data_loader=dl,
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            grad_sample_mode=mode,
-            poisson_sampling=False,
-            **kwargs,
-        )
-    if mode == "ghost":
-        pm, popt, crit, _ = out
-    else:
-        pm, popt, _ = out
-        crit = nn.CrossEntropyLoss()
-
-    def step() -> None:
-        idx = torch.randint(x.shape[0], (b,))
-        popt.zero_grad(set_to_none=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            crit(pm(x[idx]), y[idx]).backward()
-            popt.step()
-
-    return step
+    return shared_opacus_step(build(bench).train(), x, y, b, mode, lr=LR)
 
 
 def _try(
