@@ -23,6 +23,16 @@ class ApiSettings(BaseSettings):
     max_trials_per_sweep: int = Field(
         default=5000, ge=1, description="most trials one sweep may plan"
     )
+    artifact_url: str | None = Field(
+        default=None,
+        description="where trained models are kept: a directory or an fsspec URL (s3://, "
+        "gs://, a shared mount); default: <db>-artifacts beside the SQLite file",
+    )
+    artifact_quota_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="most megabytes of kept models per tenant (default: no limit)",
+    )
     max_upload_bytes: int = Field(default=64 * 2**20, ge=1024, description="largest dataset upload")
     page_size: int = Field(default=50, ge=1, le=1000)
     max_page_size: int = Field(default=500, ge=1, le=10000)

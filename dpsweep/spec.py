@@ -357,6 +357,19 @@ class ResourcesConfig(_Strict):
     )
 
 
+class ArtifactsConfig(_Strict):
+    """Which trained models a sweep keeps (safetensors, with a model card beside each)."""
+
+    keep: Literal["best_per_grid", "all", "none"] = Field(
+        default="best_per_grid",
+        description=(
+            "best_per_grid: each grid's (strategy and epsilon level's) best released trial by "
+            "the objective; all: every released trial; none: no model. A papernot-steinke "
+            "grid only ever stores its selected trial's model"
+        ),
+    )
+
+
 class SweepSpec(_Strict):
     name: str = Field(min_length=1)
     dataset: DatasetConfig
@@ -371,6 +384,10 @@ class SweepSpec(_Strict):
     eval: EvalConfig = Field(
         default_factory=EvalConfig,
         description="how the evaluation records are protected (carve-out, public, dp)",
+    )
+    artifacts: ArtifactsConfig = Field(
+        default_factory=ArtifactsConfig,
+        description="which trained models are kept, with their model cards",
     )
 
     @model_validator(mode="after")
@@ -465,6 +482,7 @@ __all__ = [
     "DISTRIBUTIONS",
     "EVAL_MODES",
     "ArmConfig",
+    "ArtifactsConfig",
     "Axis",
     "DatasetConfig",
     "EvalConfig",

@@ -46,6 +46,16 @@ class SweeperSettings(BaseSettings):
     max_concurrent_sweeps: int = Field(
         default=1, ge=1, description="sweeps a scheduler drives at once"
     )
+    artifact_url: str | None = Field(
+        default=None,
+        description="where trained models are kept: a directory or an fsspec URL (s3://, "
+        "gs://, a shared mount); default: <db>-artifacts beside the SQLite file",
+    )
+    artifact_quota_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="most megabytes of kept models per tenant (default: no limit)",
+    )
     max_pack_size: int | None = Field(
         default=None, ge=1, description="most trials per pack (default: the workers' setting)"
     )

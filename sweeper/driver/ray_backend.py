@@ -48,7 +48,13 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
             results = train_pack(spec, progress=progress)
             seconds = time.perf_counter() - t0
             events.put(
-                {"type": "result", "seconds": seconds, "results": [r.to_dict() for r in results]}
+                {
+                    "type": "result",
+                    "seconds": seconds,
+                    "results": [r.to_dict() for r in results],
+                    # Each trial's best checkpoint (safetensors bytes) when the pack keeps them.
+                    "weights": [r.weights for r in results],
+                }
             )
         except BaseException as exc:  # reported to the driver, which marks the trials failed
             events.put(

@@ -16,12 +16,14 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     UniqueConstraint,
@@ -219,6 +221,59 @@ class TrialResultRow(Base):
     engine_path: Mapped[str | None] = mapped_column(String(16))
 
     trial: Mapped[Trial] = relationship(back_populates="result")
+
+
+class ModelArtifact(Base):
+    """A trained model kept in the artifact store, with its model card.
+
+    A row exists only once its file is completely written under ``key`` (temporary name, then
+    rename) and its bytes hash to ``sha256``: a crash never leaves a row for a half-written
+    file (:mod:`sweeper.artifacts.keeper`). Deleting the sweep (or the trial) deletes the row;
+    the store's file is deleted after the row, and files no row names are collected.
+    """
+
+    __tablename__ = "model_artifacts"
+    __table_args__ = (Index("ix_model_artifacts_sweep_grid", "sweep_id", "grid"),)
+
+    trial_id: Mapped[str] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    # The tenant whose quota the bytes count against (the sweep's owner; NULL: local use).
+    owner: Mapped[str | None] = mapped_column(String(200), index=True)
+    grid: Mapped[str] = mapped_column(String(200))
+    # The weights' file in the store (relative to its root); the card lies beside it.
+    key: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    card: Mapped[dict[str, Any]] = mapped_column(JSON)
+    card_sha256: Mapped[str] = mapped_column(String(64))
+    card_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # Trained in the labelled reproducible mode (noise and sampling from a public seed).
+    reproducible: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class StagedModel(Base):
+    """A kept model's weights between its trial's result and its artifact.
+
+    Written in the same transaction as the trial's result, so that a driver killed before the
+    artifact is in the store leaves the weights here, and the next driver writes them
+    (:func:`sweeper.artifacts.keeper.flush_staged`); deleted in the transaction that adds the
+    :class:`ModelArtifact` row.
+    """
+
+    __tablename__ = "staged_models"
+
+    trial_id: Mapped[str] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    sweep_id: Mapped[str] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
+    grid: Mapped[str] = mapped_column(String(200))
+    weights: Mapped[bytes] = mapped_column(LargeBinary)
+    # Public facts of the architecture the weights fit: input shape, classes, parameters.
+    info: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
 class SweepEvent(Base):

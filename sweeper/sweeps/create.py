@@ -35,10 +35,13 @@ from sweeper.sweeps.stored import grid_key
 def spec_hash(spec: SweepSpec) -> str:
     """A canonical hash of the spec (defaults filled in), to find a sweep to resume.
 
-    ``resources`` (where trials run: GPU shares) is left out: the same sweep resumed on other
-    hardware is the same sweep, and hashes stay those of specs written before it existed.
+    ``resources`` (where trials run: GPU shares) and ``artifacts`` (which models are kept) are
+    left out: the same sweep resumed on other hardware, or keeping other models, is the same
+    sweep, and hashes stay those of specs written before they existed.
     """
-    text = json.dumps(spec.model_dump(mode="json", exclude={"resources"}), sort_keys=True)
+    text = json.dumps(
+        spec.model_dump(mode="json", exclude={"resources", "artifacts"}), sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 

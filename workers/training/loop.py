@@ -21,6 +21,7 @@ from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
+from workers.checkpoints import model_info, weights_bytes
 from workers.factories import load_exported_factories
 from workers.generic.dispatch import build_pack_model
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
@@ -265,6 +266,19 @@ def train_pack(
     median_ms = statistics.median(step_times)
     results: list[TrialResult] = []
     for i, t in enumerate(spec.trials):
+        best_module = model.to_module(i, best_flat[i])
+        info = model_info(
+            best_module,
+            name=model_spec.name,
+            options=model_spec.options,
+            input_shape=data.input_shape,
+            num_classes=data.num_classes,
+            engine_path=engine_path,
+        )
+        # Only a checkpoint that was selected (a finite evaluation) is worth keeping.
+        weights = (
+            weights_bytes(best_module) if spec.keep_weights and best_step[i] is not None else None
+        )
         eps = None
         if private:
             # Epsilon from the noise, rate and steps this trial actually ran with.
@@ -304,7 +318,9 @@ def train_pack(
                 randomness=spec.randomness,
                 engine_path=engine_path,
                 evaluation=getattr(data, "evaluation", "carve-out"),
+                model_info=info,
                 checkpoint=best_flat[i].detach().cpu(),
+                weights=weights,
             )
         )
     return results

@@ -65,6 +65,9 @@ class PackSpec:
     # predictions on the private evaluation records. None: the evaluation records are public
     # (a carve-out declared unprotected, or a public dataset) and metrics are exact.
     eval_noise_multiplier: float | None = None
+    # Hand back each trial's best checkpoint as safetensors bytes (TrialResult.weights), for
+    # the sweep's artifact store (its spec's artifacts.keep is not "none").
+    keep_weights: bool = False
 
 
 @dataclass
@@ -108,12 +111,18 @@ class TrialResult:
     # How the evaluation records were protected: "carve-out" and "public" give exact metrics;
     # "dp" gives noisy accuracy only (the metrics' values are noisy releases).
     evaluation: str = "carve-out"
+    # What rebuilds the architecture (workers.checkpoints.model_info): public facts only.
+    model_info: dict[str, Any] = field(default_factory=dict)
     # Flat weights of the best checkpoint (CPU); not part of the serialised result.
     checkpoint: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # The best checkpoint as safetensors bytes (PackSpec.keep_weights and a best step exists);
+    # not part of the serialised result: the pack task hands them back beside it.
+    weights: bytes | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("checkpoint", None)
+        d.pop("weights", None)
         return d
 
     def summary(self) -> dict[str, Any]:
