@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dpsweep.errors import (
+    ArtifactCorrupt,
     AuthError,
     ConfigError,
     Conflict,
@@ -26,6 +27,7 @@ from dpsweep.errors import (
     NotFound,
     PermissionDenied,
     PrivacyError,
+    QuotaExceeded,
     RateLimited,
     TrainingError,
 )
@@ -143,10 +145,12 @@ STATUSES: tuple[tuple[type[DpsweepError], int, str], ...] = (
     (Conflict, 409, "conflict"),
     (BudgetExhausted, 409, "budget-exhausted"),
     (InfeasiblePlan, 422, "infeasible-plan"),
+    (QuotaExceeded, 422, "quota-exceeded"),
     (ConfigError, 422, "invalid-input"),
     (PrivacyError, 409, "privacy"),
     (RateLimited, 429, "rate-limited"),
     (TrainingError, 400, "bad-request"),
+    (ArtifactCorrupt, 500, "artifact-corrupt"),
     (DpsweepError, 400, "bad-request"),
 )
 

@@ -137,6 +137,19 @@ class DatasetNotFound(NotFound):
     """No dataset with that id that the caller may see."""
 
 
+class ModelNotKept(NotFound):
+    """The trial exists for the caller, but no trained model of it is kept (the message says
+    why: the sweep's ``artifacts.keep``, another trial is its grid's best, the quota)."""
+
+
+class QuotaExceeded(ConfigError):
+    """The tenant's kept models would exceed its quota (HTTP 422, ``quota-exceeded``)."""
+
+
+class ArtifactCorrupt(DpsweepError):
+    """A kept file no longer matches the content hash recorded for it (HTTP 500)."""
+
+
 class IllegalState(Conflict):
     """The sweep is not in a state that allows the operation (HTTP 409)."""
 
@@ -181,6 +194,7 @@ def error_for(
 
 
 __all__ = [
+    "ArtifactCorrupt",
     "AuthError",
     "ConfigError",
     "Conflict",
@@ -189,9 +203,11 @@ __all__ = [
     "DatasetNotFound",
     "DpsweepError",
     "IllegalState",
+    "ModelNotKept",
     "NotFound",
     "PermissionDenied",
     "PrivacyError",
+    "QuotaExceeded",
     "RateLimited",
     "ServerError",
     "SweepNotFound",

@@ -10,6 +10,7 @@ fsspec is imported only when a store is opened, so ``sweeper`` stays light to im
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import uuid
@@ -59,10 +60,15 @@ def default_artifact_url(database_url: str) -> str:
         url = make_url(database_url)
     except Exception:
         url = None
-    if url is not None and url.get_backend_name() == "sqlite" and url.database not in (
-        None,
-        "",
-        ":memory:",
+    if (
+        url is not None
+        and url.get_backend_name() == "sqlite"
+        and url.database
+        not in (
+            None,
+            "",
+            ":memory:",
+        )
     ):
         db = Path(str(url.database)).expanduser().absolute()
         return str(db.parent / f"{db.stem}-artifacts")
@@ -172,10 +178,8 @@ class ArtifactStore:
         return out
 
     def _remove(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

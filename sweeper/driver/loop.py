@@ -30,6 +30,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
+from sweeper.artifacts.keeper import ModelKeeper, quota_bytes, store_for
 from sweeper.driver import ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
@@ -94,11 +95,25 @@ class SweepRunner:
         self.claims = Claims(held, self.progress, self.tpe)
         self.crash = CrashPolicy(held, self.progress, self.claims)
         self.packs = Packer(held)
-        self.pack_events = PackEvents(held, self.progress, self.claims, self.tpe, self.crash)
+        self.keeper = ModelKeeper(
+            self.engine,
+            self.sweep_id,
+            keep=held.spec.artifacts.keep,
+            metric=held.metric,
+            mode=held.mode,
+            hidden=held.hidden,
+            store=store_for(self.engine, self.settings),
+            quota_bytes=quota_bytes(self.settings.artifact_quota_mb),
+        )
+        self.pack_events = PackEvents(
+            held, self.progress, self.claims, self.tpe, self.crash, self.keeper
+        )
         self.heartbeat = Heartbeat(held)
         rows, charges = self._load()
         self._ensure_reservation()
         self.crash.recover(rows, charges)
+        # Models a dead driver staged are written now; files it left unreferenced go.
+        self.keeper.recover()
         rows, _ = self._load()
         if not held.pending and not any(r.state == TrialState.running for r in rows.values()):
             self._finish()
@@ -254,6 +269,8 @@ class SweepRunner:
             for gen in ready:
                 flight = next(f for f in held.inflight if f.gen is gen)
                 self.pack_events.advance(flight)
+            # A papernot-steinke grid whose search just completed stores its selected model.
+            self.keeper.release_hidden()
             self.progress.report()
 
     def _submit_next(self) -> bool:

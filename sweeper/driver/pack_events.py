@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from sweeper.artifacts.keeper import ModelKeeper
 from sweeper.driver import ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy
@@ -41,6 +42,7 @@ class PackEvents:
         claims: Ends trials.
         tpe: Told of every finished trial.
         crash: The crash policy, for packs whose worker was lost.
+        keeper: Keeps the trained models the spec's ``artifacts.keep`` asks for.
     """
 
     def __init__(
@@ -50,12 +52,14 @@ class PackEvents:
         claims: Claims,
         tpe: TpeSearch,
         crash: CrashPolicy,
+        keeper: ModelKeeper,
     ) -> None:
         self.held = held
         self.progress = progress
         self.claims = claims
         self.tpe = tpe
         self.crash = crash
+        self.keeper = keeper
 
     def advance(self, flight: InFlight) -> None:
         """Read ``flight``'s next event (one is ready) and act on it."""
@@ -131,9 +135,10 @@ class PackEvents:
         held = self.held
         now = utc_now()
         seconds = float(event["seconds"])
+        weights = event.get("weights") or [None] * len(flight.trials)
         with Session(held.engine) as session, session.begin():
             events.lock_sweep(session, held.sweep_id)
-            for t, r in zip(flight.trials, event["results"], strict=True):
+            for t, r, w in zip(flight.trials, event["results"], weights, strict=True):
                 res = session.execute(
                     update(Trial)
                     .where(Trial.id == t.id, Trial.state == TrialState.running)
@@ -167,6 +172,16 @@ class PackEvents:
                         engine_path=r.get("engine_path"),
                     )
                 )
+                # Kept models are staged with their result (one transaction), then written.
+                self.keeper.stage(
+                    session,
+                    trial_id=t.id,
+                    grid=t.grid,
+                    private=bool(r["private"]),
+                    metrics=m,
+                    weights=w,
+                    info=r.get("model_info") or {},
+                )
                 self.progress.count(t, "running", "done")
                 if held.shows(t.grid):
                     self.progress.done_this_run += 1  # (the ETA's rate: shown grids only)
@@ -184,6 +199,7 @@ class PackEvents:
                         trial_id=t.id,
                     )
                     self.progress.note_best(t.arm, m.get(held.metric))
+        self.keeper.flush()
         for t in flight.trials:
             self.tpe.tell(t)
         shown = [t for t in flight.trials if held.shows(t.grid)]

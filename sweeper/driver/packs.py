@@ -111,6 +111,8 @@ def pack_spec(
         eval_noise_multiplier=None if grid is None else grid.eval_noise_multiplier,
         device=device,
         threads=threads,
+        # Workers hand each trial's best checkpoint back unless the spec keeps no models.
+        keep_weights=spec.artifacts.keep != "none",
     )
 
 
@@ -127,6 +129,7 @@ def training_pack(
     eval_noise_multiplier: float | None = None,
     device: str = "cpu",
     threads: int = 1,
+    keep_weights: bool = False,
 ) -> Any:
     """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
 
@@ -149,6 +152,7 @@ def training_pack(
         eval_noise_multiplier: DP evaluation's noise per count, as planned (``None``: none).
         device: Where to train (``cpu``, ``cuda``, ...).
         threads: Torch threads of the worker.
+        keep_weights: Hand back each trial's best checkpoint (safetensors bytes).
     """
     from workers.models import ModelSpec
     from workers.training.specs import PackSpec
@@ -171,6 +175,7 @@ def training_pack(
         randomness="reproducible" if reproducible else "secret",
         planned=planned,
         eval_noise_multiplier=eval_noise_multiplier,
+        keep_weights=keep_weights,
     )
 
 

@@ -26,7 +26,7 @@ from sweeper.sweeps.stored import grid_key, hidden_grids, schedules, typed_spec
 from sweeper.sweeps.trial_pages import trial_item
 
 
-def _released_trial(session: Session, trial_id: str, viewer: Viewer) -> tuple[Trial, bool]:
+def released_trial(session: Session, trial_id: str, viewer: Viewer) -> tuple[Trial, bool]:
     """The trial, if the viewer may see it, and whether it is a papernot-steinke grid's
     selected trial (shown without its position, timestamps and worker).
 
@@ -69,7 +69,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
     """Everything about one released trial: parameters, planned σ, its privacy charges,
     best-checkpoint and final metrics, reliability bins and trajectories."""
     with Session(engine) as session:
-        trial, selected_only = _released_trial(session, trial_id, viewer)
+        trial, selected_only = released_trial(session, trial_id, viewer)
         sweep = session.get(Sweep, trial.sweep_id)
         assert sweep is not None
         r = trial.result
@@ -166,7 +166,7 @@ def metric_history(
 ) -> dict[str, Any]:
     """A released trial's evaluation history: ``{name: [{step, value}, ...]}``."""
     with Session(engine) as session:
-        _released_trial(session, trial_id, viewer)  # raises unless released
+        released_trial(session, trial_id, viewer)  # raises unless released
         stmt = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
             MetricPoint.trial_id == trial_id
         )

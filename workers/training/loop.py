@@ -17,11 +17,11 @@ import torch
 
 from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import compute_epsilon
+from workers.checkpoints import model_info, weights_bytes
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
 from workers.engine import DPEngine
-from workers.checkpoints import model_info, weights_bytes
 from workers.factories import load_exported_factories
 from workers.generic.dispatch import build_pack_model
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
