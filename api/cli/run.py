@@ -311,10 +311,37 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     paths = _write_plots(engine, sweep_id, args.plots)
     for p in paths:
         console.print(f"wrote {p}")
+    _print_kept_models(console, engine, sweep_id)
     if outcome.state != "done":
         console.print(f"[red]sweep {sweep_id} ended {outcome.state}[/red]")
         return EXIT_FAILURE
     return 0
+
+
+def _print_kept_models(console: Console, engine: Any, sweep_id: str) -> None:
+    """One line per kept model (the spec's ``artifacts.keep``), and how to get one out."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from sweeper.artifacts.keeper import store_for
+    from sweeper.settings import SweeperSettings
+    from sweeper.store import ModelArtifact
+
+    with Session(engine) as session:
+        rows = list(
+            session.scalars(
+                select(ModelArtifact)
+                .where(ModelArtifact.sweep_id == sweep_id)
+                .order_by(ModelArtifact.grid)
+            )
+        )
+    if not rows:
+        return
+    where = store_for(engine, SweeperSettings()).url
+    console.print(f"kept {len(rows)} model(s) in {where}:")
+    for r in rows:
+        console.print(f"  {r.grid}: trial {r.trial_id} ({r.size_bytes:,} bytes)")
+    console.print("  `dpsweep model TRIAL_ID -o DIR` writes one out with its model card")
 
 
 def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:

@@ -254,7 +254,8 @@ def flush_staged(
 
     Under ``best_per_grid`` the grid's other kept models are deleted in the same transaction
     (their files after it). A model that would take its tenant over ``quota_bytes`` is not
-    kept (its staged row is dropped and the reason logged).
+    kept (its staged row is dropped and the reason logged). A store that fails to write leaves
+    the model staged for the next flush; it never stops the sweep.
     """
     from sweeper.artifacts.cards import card_bytes, model_card
 
@@ -307,8 +308,16 @@ def flush_staged(
                     if row is not None:
                         session.delete(row)
                 continue
-        store.put(model_key(sweep_id, trial_id), weights)
-        store.put(card_key(sweep_id, trial_id), card_data)
+        try:
+            store.put(model_key(sweep_id, trial_id), weights)
+            store.put(card_key(sweep_id, trial_id), card_data)
+        except Exception as exc:  # the store is down or full: training goes on
+            # The weights stay staged; the next flush (or the sweep's next driver) retries.
+            reason = f"model of trial {trial_id} not written yet ({type(exc).__name__}: {exc})"
+            log.warning(reason)
+            if keeper is not None:
+                keeper.last_skip = reason
+            continue
         replaced: list[str] = []
         with Session(engine) as session, session.begin():
             events.lock_sweep(session, sweep_id)
