@@ -1,0 +1,420 @@
+"""Model cards: what a kept model is and how private it is, stored beside its weights.
+
+A card is plain JSON (:func:`model_card`, written by :func:`card_bytes`) with a short Markdown
+rendering (:func:`render_card_markdown`, the README.md beside a downloaded model). It says
+which trial trained the model (strategy, hyperparameters, seed), on which dataset, with which
+architecture and weights, the epsilon and delta of the releases it belongs to (its grid and
+the whole sweep) with the accountant and verifier, sigma, q and T, what the evaluation data
+was and whether epsilon covers it, and the best checkpoint's metrics.
+
+Everything on a card is already public elsewhere: every figure is read from the stored plan,
+the trial row and its result through the functions that build the sweep's summary
+(:mod:`sweeper.privacy.releases`, :mod:`sweeper.sweeps.released`), never computed anew from
+the records. In particular:
+
+* the dataset is named as users see it; the identity of its records (a hash of every record,
+  :mod:`sweeper.datasets.identity`) is operator-only and never on a card;
+* a trial's own epsilon appears only as ``single_run_epsilon``, labelled as what one run alone
+  would cost; the grid's epsilon is what its release spent;
+* a papernot-steinke grid's card is that of its selected trial only (anything else is
+  refused) and carries no position, timestamp or duration: each would bound the secret number
+  of runs (:mod:`sweeper.sweeps.released`).
+
+This module imports no torch: the weights arrive as a hash and a size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from dpsweep.errors import IllegalState
+from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release
+from sweeper.store import Sweep, Trial, TrialState
+from sweeper.sweeps.released import selected_trial, trial_record
+from sweeper.sweeps.stored import grid_key, hidden_grids, randomness_fields, typed_spec
+
+CARD_VERSION = 1
+CARD_FORMAT = "dpsweep-model-card"
+
+#: What trial_record(selected_only=True) blanks: a papernot-steinke card leaves them out.
+POSITION_KEYS = ("number", "started_at", "finished_at", "train_seconds")
+
+NOT_PRIVATE_WARNING = (
+    "not differentially private: this model was trained without DP noise, so it may reveal "
+    "its training records; no epsilon applies to it"
+)
+SINGLE_RUN_NOTE = (
+    "what this run alone would cost, were it the only release; not what was spent: the "
+    "grid's epsilon covers the release this model belongs to"
+)
+SEED_SECRET = (
+    "public seed: it seeds the initial weights and the evaluation diagnostics only; the "
+    "Poisson batches and the noise came from a fresh per-trial secret that was never stored"
+)
+SEED_REPRODUCIBLE = (
+    "public seed: it seeds the initial weights and also the Poisson batches and the noise "
+    "(reproducible mode): anyone who knows it can reproduce them"
+)
+IDENTITY_NOTE = (
+    "the identity of the records (a hash of every record) is not on the card: someone who "
+    "knows all records but one could test guesses of the last against it; the operator sees "
+    "it with `dpsweep datasets show NAME`"
+)
+SELECTED_NOTE = (
+    "papernot-steinke: this model is its grid's selected trial, the only one the random "
+    "search releases; the grid's epsilon covers releasing it, and the number of runs stays "
+    "secret (so the card has no position, timestamps or durations)"
+)
+
+
+def model_card(
+    session: Session,
+    trial: Trial,
+    *,
+    model: dict[str, Any],
+    weights_sha256: str,
+    weights_size_bytes: int,
+) -> dict[str, Any]:
+    """The model card of a finished trial's best checkpoint.
+
+    Args:
+        session: A session of the store (the trial's sweep, and its grid's trials for a
+            papernot-steinke grid, are read through it).
+        trial: The trial, state ``done``, with its result loaded.
+        model: What rebuilds the architecture (:func:`workers.checkpoints.model_info`).
+        weights_sha256: The hex SHA-256 of the safetensors file.
+        weights_size_bytes: Its size.
+
+    Returns:
+        The card, JSON-serialisable (non-finite numbers become null).
+
+    Raises:
+        IllegalState: the trial is not done, has no result, or is a papernot-steinke trial
+            that its grid does not release (not the selected one, or its search is not
+            complete): such a model must never be kept.
+    """
+    result = trial.result
+    if trial.state != TrialState.done or result is None:
+        raise IllegalState(f"trial {trial.id} is not done with a result: it has no model")
+    sweep = session.get(Sweep, trial.sweep_id)
+    if sweep is None:
+        raise IllegalState(f"trial {trial.id} has no sweep")
+    spec = typed_spec(sweep)
+    metric, mode = spec.objective.metric, spec.objective.mode
+    plan = list(sweep.plan or [])
+    key = grid_key(trial.arm, trial.epsilon_budget)
+    grid = next((g for g in plan if g.get("grid") == key), {})
+    selected_only = key in hidden_grids(sweep)
+    if selected_only:
+        _check_selected(session, trial, metric=metric, mode=mode)
+    randomness = randomness_fields(sweep.spec or {})
+    private = _is_private(trial.strategy, grid, result.epsilon)
+
+    warnings = [w for w in (randomness["warning"],) if w]
+    if not private:
+        warnings.insert(0, NOT_PRIVATE_WARNING)
+    card: dict[str, Any] = {
+        "format": CARD_FORMAT,
+        "card_version": CARD_VERSION,
+        "dpsweep_version": dpsweep_version(),
+        "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only),
+        "dataset": _dataset_section(sweep, grid),
+        "model": dict(model)
+        | {
+            "weights": {
+                "format": "safetensors",
+                "sha256": weights_sha256,
+                "size_bytes": int(weights_size_bytes),
+            }
+        },
+        "privacy": _privacy_section(trial, plan, grid, private, randomness, selected_only),
+        "evaluation": evaluation_statement(plan)
+        | {k: grid.get(k) for k in ("eval_releases", "eval_noise_multiplier", "epsilon_eval")},
+        "metrics": {
+            "metric": metric,
+            "mode": mode,
+            "best_step": result.best_step,
+            # The released best-checkpoint metrics, exactly as the trial's record shows them
+            # (for DP evaluation, the noisy accuracy the row holds and nothing else).
+            "values": {k: v for k, v in (result.metrics or {}).items() if k != "reliability"},
+        },
+        "warnings": warnings,
+    }
+    if not selected_only:
+        card["created_at"] = datetime.now(UTC).isoformat()
+    return _clean(card)
+
+
+def card_bytes(card: dict[str, Any]) -> bytes:
+    """The card as canonical JSON: sorted keys, indent 2, UTF-8, a trailing newline (the same
+    card always gives the same bytes, so its hash identifies it).
+
+    Raises:
+        ValueError: the card holds a non-finite number (:func:`model_card` never does).
+    """
+    text = json.dumps(card, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    return (text + "\n").encode("utf-8")
+
+
+def dpsweep_version() -> str:
+    """The installed dpsweep's version (the source tree's, when it runs uninstalled)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dpsweep")
+    except PackageNotFoundError:
+        from dpsweep import __version__
+
+        return __version__
+
+
+# ---------------------------------------------------------------------------------------------
+# Sections
+
+
+def _check_selected(session: Session, trial: Trial, *, metric: str, mode: str) -> None:
+    """Refuse a papernot-steinke trial its grid does not release (see
+    :func:`sweeper.sweeps.released.selected_trial`)."""
+    trials = list(
+        session.scalars(
+            select(Trial)
+            .where(
+                Trial.sweep_id == trial.sweep_id,
+                Trial.arm == trial.arm,
+                Trial.epsilon_budget == trial.epsilon_budget,
+            )
+            .options(selectinload(Trial.result))
+        )
+    )
+    best = selected_trial(trials, metric=metric, mode=mode)
+    if best is None or best.id != trial.id:
+        # The message names neither the selected trial nor a count: both are secret.
+        raise IllegalState(
+            f"trial {trial.id} is not released by its papernot-steinke grid: only the selected "
+            "trial of a completed search has a model"
+        )
+
+
+def _is_private(strategy: str, grid: dict[str, Any], single_run_epsilon: float | None) -> bool:
+    """Whether the model is DP: a private strategy, planned with an epsilon, that ran with
+    one. Anything unknown reads as not private (a card must never claim more than holds)."""
+    from dpsweep.errors import ConfigError
+    from workers.strategies import get_descriptor
+
+    try:
+        strategy_private = bool(get_descriptor(strategy).private)
+    except ConfigError:
+        strategy_private = False
+    return (
+        strategy_private
+        and grid.get("epsilon_total") is not None
+        and single_run_epsilon is not None
+    )
+
+
+def _trial_section(
+    trial: Trial, sweep: Sweep, randomness: str, selected_only: bool
+) -> dict[str, Any]:
+    """The trial as its released record shows it, without its metrics (see ``metrics``)."""
+    rec = trial_record(trial, selected_only=selected_only)
+    out: dict[str, Any] = {
+        "id": trial.id,
+        "sweep": sweep.id,
+        "sweep_name": sweep.name,
+        "arm": rec["arm"],
+        "strategy": rec["strategy"],
+        "epsilon_budget": rec["epsilon_budget"],
+        "hyperparameters": dict(rec["params"] or {}),
+        "seed": rec["seed"],
+        "seed_seeds": SEED_REPRODUCIBLE if randomness == "reproducible" else SEED_SECRET,
+        "steps": rec["steps"],
+        "best_step": rec["best_step"],
+    }
+    if not selected_only:
+        out |= {k: rec[k] for k in POSITION_KEYS}
+    return out
+
+
+def _dataset_section(sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
+    """The dataset by its name, with the sizes and input scaling the summary's plan shows."""
+    return {
+        "name": sweep.dataset,
+        "identity": None,
+        "identity_note": IDENTITY_NOTE,
+        "n_train": grid.get("n_train"),
+        "n_eval": grid.get("n_eval"),
+        "eval_mode": grid.get("eval_mode") or "carve-out",
+        "eval_dataset": grid.get("eval_dataset"),
+        # How the model's inputs were scaled and bounded: a user of the model needs it.
+        "input_scaling": grid.get("input_scaling"),
+    }
+
+
+def _privacy_section(
+    trial: Trial,
+    plan: list[dict[str, Any]],
+    grid: dict[str, Any],
+    private: bool,
+    randomness: dict[str, Any],
+    selected_only: bool,
+) -> dict[str, Any]:
+    """The releases the model belongs to (its grid, the sweep) and the mechanism's figures."""
+    result = trial.result
+    assert result is not None
+    base: dict[str, Any] = {
+        "private": private,
+        "randomness": randomness["randomness"],
+        "randomness_warning": randomness["warning"],
+    }
+    if not private:
+        return base | {
+            "epsilon": None,
+            "delta": None,
+            "warning": NOT_PRIVATE_WARNING,
+            "single_run_epsilon": None,
+        }
+    release = next(g for g in grid_releases(plan) if g["grid"] == grid["grid"])
+    release |= {
+        "verifier": grid.get("verifier"),
+        "epsilon_verified_lower": grid.get("epsilon_verified_lower"),
+        "epsilon_verified_upper": grid.get("epsilon_verified_upper"),
+    }
+    out = base | {
+        # The model belongs to its grid's release: that epsilon is what releasing it spent.
+        "epsilon": release["epsilon"],
+        "delta": release["delta"],
+        "covers": release["covers"],
+        "grid": release,
+        "sweep": sweep_release(plan),
+        "accounting": grid.get("accounting"),
+        "accountant": grid.get("accountant"),
+        "verification": {
+            "verified_by": grid.get("verified_by"),
+            "verifier": grid.get("verifier"),
+            "epsilon_verified": grid.get("epsilon_verified"),
+            "epsilon_verified_lower": grid.get("epsilon_verified_lower"),
+            "epsilon_verified_upper": grid.get("epsilon_verified_upper"),
+        },
+        "noise_multiplier": trial.noise_multiplier,
+        "gradient_noise_multiplier": grid.get("gradient_noise_multiplier"),
+        "sample_rate": grid.get("sample_rate"),
+        "steps": grid.get("steps_per_trial"),
+        "target_delta": trial.target_delta,
+        "single_run_epsilon": {
+            "epsilon": result.epsilon,
+            "delta": result.delta,
+            "accountant": result.accountant,
+            "note": SINGLE_RUN_NOTE,
+        },
+        "warning": None,
+    }
+    if selected_only:
+        out |= {"selected_trial": True, "selection": SELECTED_NOTE}
+    return out
+
+
+def _clean(value: Any) -> Any:
+    """JSON cannot carry NaN or infinities; they become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or value is None:
+        return "n/a" if value is None else str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def render_card_markdown(card: dict[str, Any]) -> str:
+    """A short human-readable rendering of a card (the README.md beside a downloaded model):
+    the model, what its epsilon covers, sigma, q and T, the metrics and every warning."""
+    t, d, m, p = card["trial"], card["dataset"], card["model"], card["privacy"]
+    ev, met = card["evaluation"], card["metrics"]
+    lines = [
+        f"# Model card: {m.get('name')} from trial {t['id']}",
+        "",
+        f"Trained by dpsweep {card.get('dpsweep_version')} in sweep {t['sweep_name']!r} "
+        f"({t['sweep']}), arm `{t['arm']}` (strategy `{t['strategy']}`) at the ε level "
+        f"{_num(t['epsilon_budget'])}, on dataset `{d['name']}`.",
+        "",
+    ]
+    if card.get("warnings"):
+        lines += ["## Warnings", "", *(f"- **{w}**" for w in card["warnings"]), ""]
+    lines += ["## Privacy", ""]
+    if not p["private"]:
+        lines += [f"- {NOT_PRIVATE_WARNING}", ""]
+    else:
+        g, s = p["grid"], p.get("sweep")
+        lines += [
+            f"- ε = {_num(p['epsilon'])} at δ = {_num(p['delta'])} (this model's grid): "
+            f"covers {p['covers']}.",
+        ]
+        if s:
+            lines.append(
+                f"- ε = {_num(s['epsilon'])} at δ = {_num(s['delta'])} (the whole sweep): "
+                f"covers {s['covers']}."
+            )
+        lines += [
+            f"- σ = {_num(p['noise_multiplier'])}, q = {_num(p['sample_rate'])}, "
+            f"T = {_num(p['steps'])} steps, δ per run = {_num(p['target_delta'])}.",
+            f"- Accounting `{p['accounting']}`, accountant `{p['accountant']}`; verified by "
+            f"{g.get('verified_by')} (ε ≈ {_num(g.get('epsilon_verified'))}).",
+            f"- Single run's ε: {_num(p['single_run_epsilon']['epsilon'])} ({SINGLE_RUN_NOTE}).",
+        ]
+        if p.get("selected_trial"):
+            lines.append(f"- {p['selection']}.")
+    lines += [
+        f"- Randomness: {p['randomness']}.",
+        "",
+        "## Evaluation",
+        "",
+        f"Mode `{ev.get('mode')}`: {ev.get('statement')}.",
+        "",
+        f"## Metrics (best checkpoint, step {_num(met.get('best_step'))})",
+        "",
+        f"Objective: {met['metric']} ({met['mode']}).",
+        "",
+        "| metric | value |",
+        "| --- | --- |",
+        *(f"| {k} | {_num(v)} |" for k, v in sorted((met.get("values") or {}).items())),
+        "",
+        "## Model",
+        "",
+        f"- Architecture `{m.get('name')}` with options `{json.dumps(m.get('options') or {})}`, "
+        f"input shape {m.get('input_shape')}, {m.get('num_classes')} classes, "
+        f"{m.get('parameters')} parameters.",
+        f"- Weights: {m['weights']['format']}, {m['weights']['size_bytes']} bytes, sha256 "
+        f"`{m['weights']['sha256']}`.",
+        f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
+        f"{t['seed']} ({t['seed_seeds']}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "CARD_FORMAT",
+    "CARD_VERSION",
+    "NOT_PRIVATE_WARNING",
+    "card_bytes",
+    "dpsweep_version",
+    "model_card",
+    "render_card_markdown",
+]
