@@ -18,11 +18,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     RAY_USAGE_STATS_ENABLED=0 \
     DPSWEEP_DATA_DIR=/data
 
+# /data holds uploads and /artifacts trained models: compose's named volumes mounted there take
+# these owners, so the unprivileged user can write them.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends curl \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 dpsweep \
-    && mkdir -p /data /app && chown dpsweep:dpsweep /data /app
+    && mkdir -p /data /app /artifacts && chown dpsweep:dpsweep /data /app /artifacts
 
 WORKDIR /app
 

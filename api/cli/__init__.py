@@ -6,6 +6,7 @@ it. One module per command group:
 * :mod:`api.cli.train`: ``train`` (one DP model, charged to its dataset's ledger);
 * :mod:`api.cli.run`: ``plan`` and ``run`` (a sweep spec, planned; and run on Ray);
 * :mod:`api.cli.sweeps`: ``sweeps``, ``show``, ``export``, ``cancel``;
+* :mod:`api.cli.models`: ``model`` (a trial's kept model, its model card, ONNX);
 * :mod:`api.cli.datasets`: ``datasets register | list | show | cap | delete``;
 * :mod:`api.cli.plugins`: ``plugins`` (the registries, plug-ins included);
 * :mod:`api.cli.tokens`: ``token create | list | revoke``;
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpsweep`` parser, with every command (in the order ``--help`` lists them)."""
-    from api.cli import database, datasets, plugins, run, sweeps, tokens, train
+    from api.cli import database, datasets, models, plugins, run, sweeps, tokens, train
     from api.serve import add_parsers as add_serve_parsers
 
     parser = argparse.ArgumentParser(
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         train.add_parsers,
         run.add_parsers,
         sweeps.add_parsers,
+        models.add_parsers,
         datasets.add_parsers,
         plugins.add_parsers,
         tokens.add_parsers,

@@ -109,10 +109,10 @@ def add_parsers(sub: Any) -> None:
 
     de = dsub.add_parser(
         "delete",
-        help="delete a name (never its records' ledger)",
-        description="Delete NAME. Its records' cap, spend and entries stay: registering or "
-        "uploading the same records again finds them. Refused while a sweep holds a "
-        "reservation on the records.",
+        help="delete a name and its sweeps' kept models (never its records' ledger)",
+        description="Delete NAME and the trained models its sweeps kept. Its records' cap, "
+        "spend and entries stay: registering or uploading the same records again finds them. "
+        "Refused while a sweep holds a reservation on the records.",
     )
     de.add_argument("name")
     de.add_argument("--db", help=DB_HELP)
@@ -385,20 +385,26 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Delete a name (its records' ledger stays)."""
+    """Delete a name and the models its sweeps kept (its records' ledger stays)."""
     from dpsweep.errors import DpsweepError
-    from sweeper.datasets.registration import delete_name
+    from sweeper.datasets.registration import delete_name_and_models
 
     try:
-        others = delete_name(open_engine(args.db, migrate=True), args.name)
+        done = delete_name_and_models(open_engine(args.db, migrate=True), args.name)
     except DpsweepError as exc:
         return fail(exc)
+    others = done.others
     tail = (
         f"; other names of the same records: {', '.join(others)}"
         if others
         else "; registering or uploading the same records again finds it"
     )
+    models = (
+        f" and {done.models_deleted} trained model(s) its sweeps kept"
+        if done.models_deleted
+        else ""
+    )
     stdout_console().print(
-        f"deleted the name {args.name!r}; its records' ledger and cap stay{tail}"
+        f"deleted the name {args.name!r}{models}; its records' ledger and cap stay{tail}"
     )
     return 0

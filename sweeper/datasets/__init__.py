@@ -30,7 +30,14 @@ from sweeper.datasets.names import (
     in_catalog,
     is_upload,
 )
-from sweeper.datasets.registration import delete_name, holding_sweeps, names_of, register_file
+from sweeper.datasets.registration import (
+    NameDeletion,
+    delete_name,
+    delete_name_and_models,
+    holding_sweeps,
+    names_of,
+    register_file,
+)
 from sweeper.datasets.resolution import is_public, public_eval_spec, resolve
 from sweeper.datasets.uploads import store_upload
 from sweeper.datasets.views import budget, describe, list_datasets, set_caps
@@ -41,6 +48,7 @@ __all__ = [
     "UPLOAD_FORMATS",
     "UPLOAD_PREFIX",
     "Binding",
+    "NameDeletion",
     "Viewer",
     "bind_name",
     "budget",
@@ -48,6 +56,7 @@ __all__ = [
     "check_registered_name",
     "content_identity",
     "delete_name",
+    "delete_name_and_models",
     "describe",
     "holding_sweeps",
     "in_catalog",

@@ -2,16 +2,17 @@
 
 An operator registers a data file on the server under a name (``dpsweep datasets register
 FILE --name NAME``); a spec may then name it. Deleting a name never deletes its records'
-ledger (:mod:`sweeper.datasets.identity`).
+ledger (:mod:`sweeper.datasets.identity`); it deletes the models its sweeps kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, or_, select
+from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
@@ -135,16 +136,39 @@ def holding_sweeps(engine: Engine, name: str, content_sha256: str | None) -> lis
         )
 
 
-def delete_name(engine: Engine, name: str) -> list[str]:
-    """Delete a name (its ``datasets`` row); never a ledger, never a file.
+@dataclass(frozen=True)
+class NameDeletion:
+    """What deleting a name did: the names that still read the same records, and how many
+    kept models of the name's sweeps were deleted with it."""
+
+    others: list[str]
+    models_deleted: int
+
+
+def delete_name(engine: Engine, name: str, *, store: Any = None) -> list[str]:
+    """Delete a name and its sweeps' kept models (:func:`delete_name_and_models`).
+
+    Returns:
+        The names that still read the same records.
+    """
+    return delete_name_and_models(engine, name, store=store).others
+
+
+def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> NameDeletion:
+    """Delete a name (its ``datasets`` row) and the trained models kept by the sweeps on it;
+    never a ledger, never a data file.
 
     The identity's cap, spend and entries stay: the same records registered or uploaded again
     find them. Refused while any sweep holds a reservation on the records (under any name):
     its trials still need to resolve their data, and an operator who deletes a name in use
-    most likely meant something else.
+    most likely meant something else. The sweeps themselves (their results and privacy
+    accounting) stay; their models go, rows first, then files
+    (:func:`sweeper.artifacts.keeper.delete_sweep_artifacts`).
 
-    Returns:
-        The names that still read the same records.
+    Args:
+        engine: The store's engine.
+        name: The name.
+        store: The :class:`~sweeper.artifacts.store.ArtifactStore` (default: the settings').
 
     Raises:
         DatasetNotFound: no such name.
@@ -171,8 +195,35 @@ def delete_name(engine: Engine, name: str) -> list[str]:
             "finish or cancel them (`dpsweep cancel SWEEP_ID`) first. Deleting a name never "
             "deletes its records' ledger."
         )
+    # The models first: a store that fails leaves the name, so the deletion can be retried.
+    models = _delete_models(engine, name, store)
     with Session(engine) as session, session.begin():
         stored = session.scalars(select(Dataset).where(Dataset.name == name)).first()
         if stored is not None:
             session.delete(stored)
-    return [n for n in names_of(engine, content) if n != name] if content else []
+    others = [n for n in names_of(engine, content) if n != name] if content else []
+    return NameDeletion(others=others, models_deleted=models)
+
+
+def _delete_models(engine: Engine, name: str, store: Any) -> int:
+    """Delete the kept models of the sweeps on ``name``; how many rows there were."""
+    from sweeper.artifacts.keeper import delete_sweep_artifacts, store_for
+    from sweeper.settings import SweeperSettings
+    from sweeper.store import ModelArtifact
+
+    with Session(engine) as session:
+        sweeps = list(session.scalars(select(Sweep.id).where(Sweep.dataset == name)))
+        if not sweeps:
+            return 0
+        count = int(
+            session.scalar(
+                select(func.count())
+                .select_from(ModelArtifact)
+                .where(ModelArtifact.sweep_id.in_(sweeps))
+            )
+            or 0
+        )
+    store = store or store_for(engine, SweeperSettings())
+    for sweep_id in sweeps:
+        delete_sweep_artifacts(engine, sweep_id, store=store)
+    return count

@@ -107,6 +107,9 @@ class PreparedSweep:
 
     plan: SweepPlan
     schedules: list[ChargeSchedule]
+    # One kept model's bytes, when a quota of kept models is configured (it builds the model:
+    # done here, off the API's request threads; sweeper.artifacts.quota).
+    model_bytes: int | None = None
 
 
 def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
@@ -118,9 +121,14 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
     """
     check_spec(spec)
     plan = plan_sweep(spec, dataset=dataset)
+    from sweeper.artifacts.quota import estimate_if_limited
     from sweeper.privacy.parallel import pmap
 
-    return PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+    return PreparedSweep(
+        plan,
+        list(pmap(charge_schedule, plan.grids)),
+        model_bytes=estimate_if_limited(spec, dataset=dataset),
+    )
 
 
 def create_sweep(
@@ -130,11 +138,15 @@ def create_sweep(
     owner: str | None = None,
     plan: SweepPlan | None = None,
     prepared: PreparedSweep | None = None,
+    artifact_quota_mb: float | None = None,
 ) -> str:
     """Plan a spec, store the sweep and its trials, and reserve its whole cost.
 
     Refuses (before anything is stored) specs that cannot run honestly: infeasible plans,
     and ``charge_repeats: false`` with several seeds (every seed touches the data here).
+
+    ``artifact_quota_mb``: the tenant's quota of kept models (default: the settings',
+    ``DPSWEEP_ARTIFACT_QUOTA_MB``).
 
     Returns:
         The new sweep's id.
@@ -142,6 +154,7 @@ def create_sweep(
     Raises:
         ConfigError: the spec is invalid.
         InfeasiblePlan: no usable noise multiplier fits a grid's budget.
+        QuotaExceeded: the models it keeps could exceed the tenant's quota (nothing is stored).
         BudgetExhausted: the dataset's lifetime cap cannot cover the sweep (nothing is stored).
     """
     if not isinstance(spec, SweepSpec):
@@ -158,6 +171,16 @@ def create_sweep(
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
+    from sweeper.artifacts.quota import check_quota, configured_quota_bytes
+
+    # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.
+    check_quota(
+        engine,
+        owner,
+        spec,
+        configured_quota_bytes(artifact_quota_mb),
+        model_bytes=prepared.model_bytes,
+    )
     # The ledger is keyed by the records, not by the name: the same records under any name,
     # path or format share one lifetime budget.
     content = plan.dataset_sha256 or _content_of(engine, spec)

@@ -95,7 +95,12 @@ def test_compose_file_is_valid_and_its_service_graph_is_complete() -> None:
     mounts = {n: dict(_mount(v) for v in svc[n].get("volumes", [])) for n in svc}
     assert mounts["api"]["dpsweep-data"] == mounts["ray-worker"]["dpsweep-data"] == "/data"
     assert mounts["postgres"]["pgdata"] == "/var/lib/postgresql/data"
-    assert set(cfg["volumes"]) == {"pgdata", "dpsweep-data"}
+    # Trained models: the API (and its scheduler, the driver that writes them) keep them in
+    # their own volume, which the workers do not mount.
+    assert mounts["api"]["dpsweep-artifacts"] == "/artifacts"
+    assert svc["api"]["environment"]["DPSWEEP_ARTIFACT_URL"] == "/artifacts"
+    assert "dpsweep-artifacts" not in mounts["ray-worker"]
+    assert set(cfg["volumes"]) == {"pgdata", "dpsweep-data", "dpsweep-artifacts"}
 
     # Scalable workers: no fixed container name, no host ports; they join the head.
     worker = svc["ray-worker"]

@@ -1,0 +1,225 @@
+"""The bytes each tenant keeps in the artifact store, against its quota.
+
+Two checks hold the quota (``DPSWEEP_ARTIFACT_QUOTA_MB``, per tenant; none by default):
+
+* **at creation** (:func:`check_quota`, called by :func:`sweeper.sweeps.create.create_sweep`
+  before anything is stored or reserved): the most the sweep could keep (:func:`kept_models`
+  models of :func:`estimate_model_bytes` each) must fit beside what the tenant already keeps,
+  else the sweep is refused with :class:`~dpsweep.errors.QuotaExceeded` (HTTP 422);
+* **at write time** (:func:`sweeper.artifacts.keeper.flush_staged`): a model that would take the
+  tenant over is not kept. This one is exact, and also covers sweeps created at the same time
+  (the creation check counts only models already written).
+
+Everything here is public: a model's size follows from its architecture and the dataset's input
+shape and classes (which its card shows anyway), and the count from the spec. Torch is imported
+only to build the model for the estimate.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import QuotaExceeded
+
+#: Room for the model card beside each model (a card is a few KB of JSON).
+CARD_ALLOWANCE_BYTES = 12 * 1024
+
+MB = 2**20
+
+
+def kept_models(spec: Any, keep: str | None = None) -> int:
+    """The most models a :class:`dpsweep.spec.SweepSpec` keeps under ``keep`` (default: its
+    ``artifacts.keep``).
+
+    ``best_per_grid``: one per grid (arm x ε level); ``all``: every planned trial of each grid
+    (a papernot-steinke grid still keeps its selected trial only); ``none``: 0. Arms of a
+    non-private strategy keep nothing (their models are not a DP release).
+    """
+    from workers.strategies import get_descriptor
+
+    keep = keep or spec.artifacts.keep
+    if keep == "none":
+        return 0
+    selected_only = spec.privacy.accounting == "papernot-steinke"
+    total = 0
+    for arm in spec.arms:
+        if not get_descriptor(arm.strategy).private:
+            continue
+        if keep == "best_per_grid" or selected_only:
+            per_grid = 1
+        else:
+            # As sweeper.sweeps.create plans them: each configuration once per seed.
+            configs = len(arm.points()) if spec.search.method == "grid" else int(spec.search.n or 0)
+            per_grid = configs * spec.seeds
+        total += per_grid * len(spec.privacy.budgets)
+    return total
+
+
+def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) -> int:
+    """The bytes one kept model of ``spec`` takes: its safetensors file and its card.
+
+    The spec's model is built once with the registry on the dataset's input shape and classes
+    (as the workers build it, a token model's vocabulary size included), and its state dict
+    measured: float32 tensors, the safetensors header, and :data:`CARD_ALLOWANCE_BYTES`.
+
+    Args:
+        spec: The :class:`dpsweep.spec.SweepSpec`.
+        data: The loaded :class:`workers.datasets.Dataset` (anything with ``input_shape``,
+            ``num_classes`` and ``vocab_size``), when the caller has it.
+        dataset: Else the worker :class:`~workers.datasets.DatasetSpec` to load (a resolved
+            upload or name, :func:`sweeper.datasets.resolution.resolve`); default: the spec's
+            dataset resolved without a catalog, as :func:`sweeper.privacy.planner.plan_sweep`.
+
+    Raises:
+        ConfigError: the model cannot be built for the data (as a trial would fail).
+    """
+    from workers.checkpoints import parameter_bytes
+    from workers.models.descriptors import ModelSpec
+    from workers.models.registry import build_model
+    from workers.training.loop import _with_data_vocab
+
+    if data is None:
+        from sweeper.datasets.resolution import resolve
+        from workers.datasets.loading import load_dataset
+
+        data = load_dataset(dataset or resolve(None, spec.dataset, spec.eval))
+    model_spec = _with_data_vocab(
+        ModelSpec(spec.model.name, dict(spec.model.options)), data.vocab_size
+    )
+    module = build_model(
+        model_spec,
+        input_shape=tuple(data.input_shape),
+        num_classes=int(data.num_classes),
+        seed=0,
+    )
+    state = module.state_dict()
+    return parameter_bytes(module) + _header_bytes(state) + CARD_ALLOWANCE_BYTES
+
+
+def _header_bytes(state: dict[str, Any]) -> int:
+    """The safetensors header of ``state``: an 8-byte length, then JSON naming each tensor's
+    dtype, shape and offsets (and the metadata), padded to 8 bytes."""
+    header: dict[str, Any] = {
+        "__metadata__": {"format": "pt", "producer": "dpsweep"},
+    }
+    offset = 0
+    for name, t in state.items():
+        end = offset + int(t.numel()) * int(t.element_size())
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, end]}
+        offset = end
+    text = json.dumps(header, separators=(",", ":"))
+    return 8 + len(text.encode()) + 8
+
+
+def configured_quota_bytes(quota_mb: float | None = None) -> int | None:
+    """The quota in bytes: ``quota_mb`` if given, else the settings'
+    (``DPSWEEP_ARTIFACT_QUOTA_MB``); None: no limit."""
+    from sweeper.artifacts.keeper import quota_bytes
+    from sweeper.settings import SweeperSettings
+
+    if quota_mb is None:
+        quota_mb = SweeperSettings().artifact_quota_mb
+    return quota_bytes(quota_mb)
+
+
+def estimate_if_limited(spec: Any, *, dataset: Any = None) -> int | None:
+    """:func:`estimate_model_bytes` when a quota is configured and the spec keeps models, else
+    None (no torch import, no load: the default deployment has no quota)."""
+    if spec.artifacts.keep == "none" or configured_quota_bytes() is None:
+        return None
+    return estimate_model_bytes(spec, dataset=dataset)
+
+
+def check_quota(
+    session_or_engine: Session | Engine,
+    owner: str | None,
+    spec: Any,
+    quota_bytes: int | None,
+    *,
+    model_bytes: int | None = None,
+    dataset: Any = None,
+) -> None:
+    """Refuse a sweep whose kept models could take ``owner`` over ``quota_bytes``.
+
+    Args:
+        session_or_engine: Where the tenant's kept models are counted.
+        owner: The tenant (None: the local one).
+        spec: The :class:`dpsweep.spec.SweepSpec`.
+        quota_bytes: The quota (None: no limit; nothing is checked).
+        model_bytes: One model's :func:`estimate_model_bytes`, when already known (the API
+            computes it with the plan, off its request threads); else it is computed here.
+        dataset: The resolved dataset for the estimate (see :func:`estimate_model_bytes`).
+
+    Raises:
+        QuotaExceeded: what the tenant keeps plus this sweep's most would exceed the quota
+            (field ``artifacts.keep``; the message says how to fix it).
+    """
+    from sweeper.artifacts.keeper import usage_bytes
+
+    if quota_bytes is None:
+        return
+    count = kept_models(spec)
+    if count == 0:
+        return
+    if model_bytes is None:
+        if dataset is None:
+            from sweeper.datasets.resolution import resolve
+
+            # Uploads and registered names are looked up in the catalog, as for the plan.
+            bind = (
+                session_or_engine.get_bind()
+                if isinstance(session_or_engine, Session)
+                else session_or_engine
+            )
+            engine = bind if isinstance(bind, Engine) else bind.engine
+            dataset = resolve(engine, spec.dataset, spec.eval)
+        model_bytes = estimate_model_bytes(spec, dataset=dataset)
+    if isinstance(session_or_engine, Session):
+        used = usage_bytes(session_or_engine, owner)
+    else:
+        with Session(session_or_engine) as session:
+            used = usage_bytes(session, owner)
+    needed = count * model_bytes
+    if used + needed <= quota_bytes:
+        return
+    fixes = []
+    if spec.artifacts.keep == "all":
+        best = kept_models(spec, "best_per_grid")
+        fixes.append(
+            f"keep fewer models (artifacts: {{keep: best_per_grid}} keeps {best}, "
+            f"about {_mb(best * model_bytes)})"
+        )
+    fixes += [
+        "keep none (artifacts: {keep: none})",
+        "delete sweeps whose models you no longer need (`dpsweep delete SWEEP_ID`, or "
+        "DELETE /api/v1/sweeps/{id})",
+        "or have the operator raise DPSWEEP_ARTIFACT_QUOTA_MB",
+    ]
+    raise QuotaExceeded(
+        f"the models this sweep keeps (artifacts.keep: {spec.artifacts.keep}) would exceed "
+        f"the quota of kept models: up to {count} model(s) of about {_mb(model_bytes)} each "
+        f"({_mb(needed)}), beside the {_mb(used)} already kept, against a quota of "
+        f"{_mb(quota_bytes)}. Nothing was reserved. To fix: " + "; ".join(fixes),
+        field="artifacts.keep",
+    )
+
+
+def _mb(n: int) -> str:
+    """Bytes for a message: MB, KB under a megabyte, bytes under a kilobyte."""
+    if n >= MB:
+        return f"{n / MB:.2f} MB"
+    return f"{n / 1024:.1f} KB" if n >= 1024 else f"{n} bytes"
+
+
+__all__ = [
+    "CARD_ALLOWANCE_BYTES",
+    "check_quota",
+    "configured_quota_bytes",
+    "estimate_if_limited",
+    "estimate_model_bytes",
+    "kept_models",
+]

@@ -1,0 +1,191 @@
+"""``dpsweep model TRIAL_ID -o DIR``: a real ``dpsweep run`` of a tiny sweep on SQLite (local
+Ray), then the kept model, its card and README written to a folder, hashes checked against the
+database; the clear errors for an unknown trial and a trial whose model is not kept; ONNX."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from sqlalchemy.orm import Session
+
+from api.cli import main
+from api.cli.models import privacy_lines
+from sweeper.store import ModelArtifact, Trial, TrialState
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+
+SPEC = {
+    "name": "keep",
+    "dataset": {"name": "digits"},
+    "model": {"name": "logreg"},
+    "training": {"steps": 10, "batch_size": 64, "eval_every": 5},
+    "privacy": {"budgets": [2], "delta": 1e-5},
+    # Two configurations of one grid: best_per_grid keeps one model, not the other.
+    "arms": [{"strategy": "fixed", "grid": {"lr": [0.05, 0.5], "clip": [1.0]}}],
+}
+
+
+@dataclass
+class Ran:
+    url: str
+    kept: str
+    not_kept: str
+    root: Path
+
+
+def _text(out: str) -> str:
+    """Output with rich's line wrapping undone."""
+    return " ".join(out.split())
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
+    root = tmp_path_factory.mktemp("cli-models")
+    url = f"sqlite:///{root / 'run.db'}"
+    spec = root / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    with pytest.MonkeyPatch.context() as mp:
+        # The default store, beside the SQLite file; no quota.
+        mp.delenv("DPSWEEP_ARTIFACT_URL", raising=False)
+        mp.delenv("DPSWEEP_ARTIFACT_QUOTA_MB", raising=False)
+        argv = ["run", str(spec), "--db", url, "--quiet", "--workers", "1"]
+        assert main([*argv, "--plots", str(root / "plots")]) == 0
+        engine = make_engine(url)
+        with Session(engine) as s:
+            done = list(s.scalars(sa.select(Trial.id).where(Trial.state == TrialState.done)))
+            kept = list(s.scalars(sa.select(ModelArtifact.trial_id)))
+        engine.dispose()
+        assert len(done) == 2 and len(kept) == 1
+        yield Ran(url, kept[0], next(t for t in done if t != kept[0]), root)
+
+
+def _row(url: str, trial_id: str) -> ModelArtifact:
+    engine = make_engine(url)
+    try:
+        with Session(engine) as s:
+            row = s.get(ModelArtifact, trial_id)
+            assert row is not None
+            s.expunge(row)
+            return row
+    finally:
+        engine.dispose()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.slow
+def test_model_writes_the_model_card_and_readme_whose_hashes_match(
+    ran: Ran, tmp_path: Path, capsys: Any
+) -> None:
+    out = tmp_path / "model"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url]) == 0
+    printed = _text(capsys.readouterr().out)
+    row = _row(ran.url, ran.kept)
+    assert _sha(out / "model.safetensors") == row.sha256
+    assert (out / "model.safetensors").stat().st_size == row.size_bytes
+    assert _sha(out / "card.json") == row.card_sha256
+    card = json.loads((out / "card.json").read_text())
+    assert card == row.card
+    assert (out / "README.md").read_text().startswith("# ")
+    for name in ("model.safetensors", "card.json", "README.md"):
+        assert f"wrote {out / name}" in printed
+    for line in privacy_lines(card):  # the ε of its grid and of the whole sweep
+        assert _text(line) in printed
+    assert "warning:" not in printed  # secret randomness: no reproducible-mode warning
+    assert not list(out.glob(".*tmp*"))  # no temporary file left behind
+
+    # The weights load into the architecture the card describes.
+    from safetensors.torch import load
+
+    from workers.checkpoints import build_trained
+
+    module = build_trained(card["model"], (out / "model.safetensors").read_bytes())
+    assert set(module.state_dict()) == set(load((out / "model.safetensors").read_bytes()))
+
+
+@pytest.mark.slow
+def test_a_trial_whose_model_is_not_kept_says_why(ran: Ran, tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "none"
+    assert main(["model", ran.not_kept, "-o", str(out), "--db", ran.url]) == 1
+    err = _text(capsys.readouterr().err)
+    assert f"no model is kept for trial {ran.not_kept}" in err
+    assert "best_per_grid" in err and "not its grid's best" in err
+    assert not out.exists()
+
+
+def test_an_unknown_trial_is_a_clear_error(tmp_path: Path, capsys: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    upgrade(url)
+    assert main(["model", "nope", "-o", str(tmp_path / "m"), "--db", url]) == 1
+    err = _text(capsys.readouterr().err)
+    assert "no trial 'nope'" in err and "dpsweep export SWEEP_ID" in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_privacy_lines_state_the_grid_and_the_sweep_epsilon() -> None:
+    card = {
+        "trial": {"arm": "fixed"},
+        "privacy": {
+            "private": True,
+            "epsilon": 1.99,
+            "delta": 1e-5,
+            "covers": "releasing every trial of this grid",
+            "grid": {"grid": "fixed@2", "covers": "releasing every trial of this grid"},
+            "sweep": {"epsilon": 2.2, "delta": 2e-5, "covers": "everything this sweep releases"},
+        },
+    }
+    assert privacy_lines(card) == [
+        "ε 1.99 (δ 1e-05) for this model's grid fixed@2: releasing every trial of this grid",
+        "ε 2.2 (δ 2e-05) for the whole sweep: everything this sweep releases",
+    ]
+    assert privacy_lines({"privacy": {"private": False}}) == []
+
+
+def _onnx_ready() -> bool:
+    return (
+        importlib.util.find_spec("onnx") is not None
+        and importlib.util.find_spec("workers.onnx_export") is not None
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _onnx_ready(), reason="the onnx package is not installed")
+def test_onnx_export_writes_model_onnx(ran: Ran, tmp_path: Path) -> None:
+    import onnx
+
+    out = tmp_path / "onnx"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--onnx"]) == 0
+    onnx.checker.check_model(onnx.load(str(out / "model.onnx")))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_onnx_ready(), reason="the onnx package is installed")
+def test_onnx_without_the_package_says_what_to_install(
+    ran: Ran, tmp_path: Path, capsys: Any
+) -> None:
+    out = tmp_path / "no-onnx"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--onnx"]) == 1
+    err = _text(capsys.readouterr().err)
+    assert "onnx" in err and "pip install" in err
+    # The model, card and README were written all the same.
+    assert {p.name for p in out.iterdir()} == {"model.safetensors", "card.json", "README.md"}
+
+
+def test_a_reproducible_model_always_carries_a_warning() -> None:
+    from api.cli.models import REPRODUCIBLE_MODEL, warning_lines
+
+    assert warning_lines({}, reproducible=True) == [REPRODUCIBLE_MODEL]
+    said = {"warnings": ["reproducible mode: noise and sampling come from the public seed"]}
+    assert warning_lines(said, reproducible=True) == said["warnings"]  # not said twice
+    assert warning_lines({}, reproducible=False) == []
