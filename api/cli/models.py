@@ -120,13 +120,9 @@ def _write(path: Path, data: bytes) -> tuple[Path, int]:
 
 def render_readme(card: dict[str, Any]) -> str:
     """The card rendered as Markdown (:func:`sweeper.artifacts.cards.render_card_markdown`)."""
-    from sweeper.artifacts import cards
+    from sweeper.artifacts.cards import render_card_markdown
 
-    render = getattr(cards, "render_card_markdown", None)
-    if render is None:  # a cards module without the renderer: the card as it is
-        text = json.dumps(card, indent=2, sort_keys=True)
-        return f"# Model card\n\n```json\n{text}\n```\n"
-    return str(render(card))
+    return render_card_markdown(card)
 
 
 def privacy_lines(card: dict[str, Any]) -> list[str]:
