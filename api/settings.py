@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class ApiSettings(BaseSettings):
     """``DPSWEEP_MAX_UPLOAD_BYTES=...`` etc. override the defaults."""
 
-    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore", env_ignore_empty=True)
 
     database_url: str | None = Field(default=None, description="default: sqlite:///dpsweep.db")
     auth: bool = Field(

@@ -9,7 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class SweeperSettings(BaseSettings):
     """``DPSWEEP_RAY_ADDRESS=ray://...`` etc. override the defaults."""
 
-    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="DPSWEEP_", extra="ignore", env_ignore_empty=True)
 
     database_url: str | None = Field(default=None, description="default: sqlite:///dpsweep.db")
     ray_address: str | None = Field(
