@@ -107,18 +107,20 @@ def export_onnx(
     device = param.device if param is not None else torch.device("cpu")
     # Batch 2, not 1: an exporter may treat a size-1 dimension as a constant.
     example = torch.zeros((2, *shape), dtype=dtype, device=device)
+    # Written under a temporary name and renamed once checked: a failed export leaves no
+    # half-written file and keeps whatever was at ``path`` before.
+    tmp = out.with_name(f".{out.name}.partial")
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            _export(module, example, out, which)
+            _export(module, example, tmp, which)
         import onnx
 
-        onnx.checker.check_model(str(out))
-    except ConfigError:
-        raise
+        onnx.checker.check_model(str(tmp))
+        tmp.replace(out)
     except Exception as exc:
-        out.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise ConfigError(
             f"model {label!r} cannot be exported to ONNX ({which} exporter): "
             f"{type(exc).__name__}: {_first_line(exc)}",

@@ -143,7 +143,7 @@ def test_an_architecture_that_does_not_export_is_named(exporter: str, tmp_path: 
             name="spectral",
         )
     assert "\x1b" not in str(err.value) and "\n" not in str(err.value)
-    assert not path.exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bad_arguments_are_refused(tmp_path: Path) -> None:
