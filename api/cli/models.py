@@ -165,23 +165,13 @@ def _write_onnx(path: Path, card: dict[str, Any], weights: bytes, console: Conso
     """Rebuild the model from the card and export it to ONNX."""
     from dpsweep.errors import DpsweepError
 
-    model = card["model"]
     try:
-        from workers.checkpoints import build_trained
+        from workers.onnx_export import export_trained
     except ImportError as exc:
         return fail(ValueError(_missing(exc)))
     try:
-        from workers.onnx_export import export_onnx
-    except ImportError as exc:
-        return fail(ValueError(_missing(exc)))
-    try:
-        module = build_trained(model, weights)
-        export_onnx(
-            module,
-            input_shape=tuple(int(d) for d in model["input_shape"]),
-            path=path,
-            input_dtype=_input_dtype(str(model["name"])),
-        )
+        # Rebuilt from the card's model section (token models take int64 ids).
+        export_trained(card["model"], weights, path)
     except ImportError as exc:
         return fail(ValueError(_missing(exc)))
     except DpsweepError as exc:
@@ -200,10 +190,3 @@ def _missing(exc: ImportError) -> str:
             "were written"
         )
     return ONNX_MISSING
-
-
-def _input_dtype(name: str) -> str:
-    """The model's input dtype: token ids for token models, else float32 features."""
-    from workers.models.descriptors import get_model_descriptor
-
-    return "int64" if get_model_descriptor(name).input_kind == "tokens" else "float32"
