@@ -224,6 +224,36 @@ def test_only_the_owner_gets_a_model_and_a_missing_one_says_why(
     assert_problem(ada.get("/api/v1/trials/nope/model"), 404)
 
 
+def test_model_routes_conform_to_the_openapi_document(server: Server, finished: str) -> None:
+    """A real model, card, trial page and trial, validated by Schemathesis against the
+    document the server serves (status, media type, headers, body)."""
+    import schemathesis
+
+    from tests.api.test_api_schema import CHECKS
+
+    schema = schemathesis.openapi.from_url(f"{server.base}/openapi.json")
+    token = server.token("ada")
+    with server.client(token) as ada:
+        items = ada.get(f"/api/v1/sweeps/{finished}/trials").json()["items"]
+    kept = next(t["id"] for t in items if t["model"])
+    calls = [
+        ("/api/v1/trials/{trial_id}/model", {"trial_id": kept}, 200),
+        ("/api/v1/trials/{trial_id}/model-card", {"trial_id": kept}, 200),
+        ("/api/v1/trials/{trial_id}", {"trial_id": kept}, 200),
+        ("/api/v1/sweeps/{sweep_id}/trials", {"sweep_id": finished}, 200),
+        ("/api/v1/trials/{trial_id}/model", {"trial_id": "nope"}, 404),
+    ]
+    for path, params, status in calls:
+        response = (
+            schema[path]["GET"]
+            .Case(path_parameters=params)
+            .call_and_validate(
+                base_url=server.base, headers={"Authorization": f"Bearer {token}"}, checks=CHECKS
+            )
+        )
+        assert response.status_code == status, (path, response.text)
+
+
 def test_trial_pages_add_no_query_per_trial(server: Server, finished: str) -> None:
     from sweeper.datasets.access import Viewer
     from sweeper.sweeps.trial_pages import page_trials
