@@ -162,6 +162,19 @@ class CancelOut(_Out):
     )
 
 
+class ModelRef(_Out):
+    """A trial's kept model: where to download it and its card, and what to check it by."""
+
+    sha256: str = Field(description="SHA-256 of the safetensors file (hex); its ETag too")
+    size_bytes: int = Field(description="size of the safetensors file")
+    reproducible: bool = Field(
+        description="trained in the labelled reproducible mode (noise and sampling from a "
+        "public seed): NOT private against anyone who knows the seed"
+    )
+    url: str = Field(description="GET it: the weights (safetensors)")
+    card_url: str = Field(description="GET it: the model card (JSON)")
+
+
 class TrialItem(_Out):
     id: str
     sweep: str
@@ -191,6 +204,10 @@ class TrialItem(_Out):
     randomness: str = Field(
         description="secret: each trial drew its batches and noise from a fresh OS secret; "
         "reproducible: from the public seed, so NOT private against anyone who knows the seed"
+    )
+    model: ModelRef | None = Field(
+        description="the trained model kept for this trial (null: none is kept; the sweep's "
+        "artifacts.keep says which are)"
     )
 
 

@@ -32,7 +32,7 @@ from dpsweep.errors import (
 )
 
 if TYPE_CHECKING:
-    from dpsweep.client import Client, Event, Sweep
+    from dpsweep.client import Client, Event, Sweep, Trial
 
 __version__ = "0.1.0"
 
@@ -40,7 +40,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     # The client (and httpx) load on first use: the server imports dpsweep.errors and
     # dpsweep.spec, and has no use for an HTTP client.
-    if name in ("Client", "Event", "Sweep"):
+    if name in ("Client", "Event", "Sweep", "Trial"):
         from dpsweep import client
 
         return getattr(client, name)
@@ -63,6 +63,7 @@ __all__ = [
     "ServerError",
     "Sweep",
     "TrainingError",
+    "Trial",
     "ValidationError",
     "__version__",
 ]

@@ -13,6 +13,7 @@ Example (against ``dpsweep serve`` and a token from ``dpsweep token create``)::
         sweep.wait()                      # a progress bar until the sweep ends
         front = sweep.pareto()            # epsilon vs the objective, per arm
         df = sweep.to_dataframe()         # one row per trial (needs pandas)
+        model = sweep.best_trial().load_model()  # the trained model (needs dpsweep[server])
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 from dpsweep.errors import ConfigError
 from dpsweep.sweep import Sweep
 from dpsweep.transport import Event, HttpTransport
+from dpsweep.trial import Trial
 
-__all__ = ["Client", "Event", "Sweep", "spec_body"]
+__all__ = ["Client", "Event", "Sweep", "Trial", "spec_body"]
 
 _JSON = {"Content-Type": "application/json"}
 
@@ -121,9 +123,11 @@ class Client(HttpTransport):
         for item in self._pages("/sweeps", {"state": state}, page_size=page_size):
             yield Sweep(self, item)
 
-    def trial(self, trial_id: str) -> dict[str, Any]:
-        """A trial's details: params, planned noise, privacy charges, metrics, bins."""
-        return dict(self._json("GET", f"/trials/{trial_id}"))
+    def trial(self, trial_id: str) -> Trial:
+        """A trial's details (params, planned noise, privacy charges, metrics, bins, its
+        kept ``model``), as a :class:`Trial`: a dict that also fetches its model
+        (:meth:`Trial.model_card`, :meth:`Trial.download_model`, :meth:`Trial.load_model`)."""
+        return Trial(self, self._json("GET", f"/trials/{trial_id}"))
 
     # -- datasets -------------------------------------------------------------------------------
 

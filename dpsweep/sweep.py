@@ -8,6 +8,7 @@ from typing import Any
 
 from dpsweep.errors import ConnectionFailed, ServerError
 from dpsweep.transport import Event, HttpTransport
+from dpsweep.trial import Trial
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
@@ -102,20 +103,27 @@ class Sweep:
         state: str | None = None,
         sort: str = "number",
         page_size: int = 500,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Trial]:
         """The sweep's trials, fetched page by page as you iterate.
+
+        Each is a :class:`~dpsweep.trial.Trial` holding the list's fields (its ``model`` says
+        whether a trained model is kept); :meth:`Trial.refresh` reads the rest.
 
         Args:
             arm, level, state: Filters (an arm's name, an epsilon level, a trial state).
             sort: ``number`` (grid order) or ``objective`` (best first).
         """
         params = {"arm": arm, "level": level, "state": state, "sort": sort}
-        return self._client._pages(f"/sweeps/{self.id}/trials", params, page_size=page_size)
+        for item in self._client._pages(f"/sweeps/{self.id}/trials", params, page_size=page_size):
+            yield Trial(self._client, item)
 
-    def best_trial(self) -> dict[str, Any] | None:
-        """The finished trial with the best objective, in full (None if none finished)."""
+    def best_trial(self) -> Trial | None:
+        """The finished trial with the best objective, in full (None if none finished).
+
+        Its model, when kept (``best.model``), loads with :meth:`Trial.load_model`.
+        """
         for t in self.trials(state="done", sort="objective", page_size=1):
-            return dict(self._client._json("GET", f"/trials/{t['id']}"))
+            return t.refresh()
         return None
 
     # -- changes --------------------------------------------------------------------------------

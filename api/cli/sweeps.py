@@ -1,4 +1,5 @@
-"""``dpsweep sweeps | show | export | cancel``: stored sweeps, and how a sweep's results print."""
+"""``dpsweep sweeps | show | export | cancel | delete``: stored sweeps, and how a sweep's
+results print."""
 
 from __future__ import annotations
 
@@ -41,6 +42,14 @@ def add_parsers(sub: Any) -> None:
     ca.add_argument("sweep_id")
     ca.add_argument("--db", help=DB_HELP)
     ca.set_defaults(func=cmd_cancel, subparser=ca)
+
+    de = sub.add_parser(
+        "delete",
+        help="delete an ended sweep and its kept models (what it spent stays spent)",
+    )
+    de.add_argument("sweep_id")
+    de.add_argument("--db", help=DB_HELP)
+    de.set_defaults(func=cmd_delete, subparser=de)
 
 
 def describe_scaling(scaling: dict[str, Any]) -> str:
@@ -191,6 +200,29 @@ def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     except DpsweepError as exc:
         return fail(exc)
     Console().print(cancel_message(args.sweep_id, r))
+    return 0
+
+
+def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Delete an ended sweep, its rows and its kept models; its ledger entries stay."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.artifacts.keeper import store_for
+    from sweeper.datasets.access import Viewer
+    from sweeper.settings import SweeperSettings
+    from sweeper.sweeps.deletion import delete_sweep
+
+    try:
+        engine = open_engine(args.db)
+        # The store the sweep's driver wrote to: DPSWEEP_ARTIFACT_URL, else beside the
+        # database file.
+        store = store_for(engine, SweeperSettings())
+        delete_sweep(engine, args.sweep_id, Viewer(owner=None, admin=True), store=store)
+    except DpsweepError as exc:
+        return fail(exc)
+    Console().print(
+        f"deleted sweep {args.sweep_id} and its kept models; what it spent on its dataset "
+        "stays spent (the ledger keeps every charge)"
+    )
     return 0
 
 

@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import idempotency
 from api.deps import (
+    ArtifactStoreDep,
     Cursor,
     EngineDep,
     Limit,
@@ -43,6 +44,7 @@ from sweeper.datasets.access import check_access
 from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
 from sweeper.sweeps.create import create_sweep, dataset_key
+from sweeper.sweeps.deletion import delete_sweep
 from sweeper.sweeps.events import read_events
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
@@ -278,6 +280,29 @@ def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any
     check_sweep(engine, sweep_id, viewer)
     out = cancel_sweep(engine, sweep_id)
     return {"id": sweep_id, "state": "cancelled", **out}
+
+
+@router.delete(
+    "/{sweep_id}",
+    status_code=204,
+    response_class=Response,
+    responses={
+        204: {"description": "deleted: its trials, results and kept models are gone"},
+        **problem_responses(401, 404, 409, 500),
+    },
+    summary="Delete an ended sweep and its kept models (what it spent stays spent)",
+)
+def delete(
+    engine: EngineDep, viewer: ViewerDep, store: ArtifactStoreDep, sweep_id: str
+) -> Response:
+    """Delete a done, failed or cancelled sweep: its trials, metrics, events and kept models.
+
+    Its privacy spend is never given back: the dataset's ledger keeps every charge, so its
+    lifetime spend and remaining budget do not change. 409 while it is pending or running
+    (cancel it first).
+    """
+    delete_sweep(engine, sweep_id, viewer, store=store)
+    return Response(status_code=204)
 
 
 @router.get(

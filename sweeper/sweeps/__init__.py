@@ -8,6 +8,7 @@ API all go through these modules. Nothing here imports torch.
 * :mod:`~sweeper.sweeps.search`: which hyperparameters each trial of a grid runs;
 * :mod:`~sweeper.sweeps.create`: plan, store and reserve a sweep;
 * :mod:`~sweeper.sweeps.lifecycle`: cancel, fail, find one to resume;
+* :mod:`~sweeper.sweeps.deletion`: delete an ended sweep and its kept models (never its spend);
 * :mod:`~sweeper.sweeps.events`: the sweep's event log (live streams);
 * :mod:`~sweeper.sweeps.released`: what may be released (papernot-steinke secrecy);
 * :mod:`~sweeper.sweeps.results`: best per arm and level, Pareto fronts (pure);

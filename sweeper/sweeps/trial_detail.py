@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from dpsweep.errors import TrialNotFound
 from dpsweep.spec import randomness_label
+from sweeper.artifacts.refs import model_refs
 from sweeper.datasets.access import Viewer
 from sweeper.privacy.charges import exact_sum, ps_charge_note
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
@@ -73,7 +74,8 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         sweep = session.get(Sweep, trial.sweep_id)
         assert sweep is not None
         r = trial.result
-        out = trial_item(trial, selected_only=selected_only)
+        refs = model_refs(session, [trial_id])
+        out = trial_item(trial, selected_only=selected_only, model=refs.get(trial_id))
         out["randomness"] = randomness_label(sweep.spec or {})
         grid = grid_key(trial.arm, trial.epsilon_budget)
         # A papernot-steinke grid's trials, whose one charge (held by whichever trial ran

@@ -14,8 +14,9 @@ from sqlalchemy import Engine, case, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
+from sweeper.artifacts.refs import REF_COLUMNS, model_refs, row_ref
 from sweeper.datasets.access import Viewer
-from sweeper.store import Trial, TrialResultRow, TrialState, iso
+from sweeper.store import ModelArtifact, Trial, TrialResultRow, TrialState, iso
 from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.released import released_records, trial_record
 from sweeper.sweeps.stored import load_sweep
@@ -24,13 +25,17 @@ from sweeper.sweeps.sweep_pages import sweep_head
 SORTS = ("number", "objective")
 
 
-def trial_item(t: Trial, *, selected_only: bool = False) -> dict[str, Any]:
-    """:func:`~sweeper.sweeps.released.trial_record`, plus the sweep and the stored objective
-    (``selected_only``: a papernot-steinke grid's released trial)."""
+def trial_item(
+    t: Trial, *, selected_only: bool = False, model: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """:func:`~sweeper.sweeps.released.trial_record`, plus the sweep, the stored objective
+    and its kept model (``model``: :func:`sweeper.artifacts.refs.model_ref`, None if none;
+    ``selected_only``: a papernot-steinke grid's released trial)."""
     r = t.result
     return trial_record(t, selected_only=selected_only) | {
         "sweep": t.sweep_id,
         "objective": r.objective if r is not None else None,
+        "model": model,
     }
 
 
@@ -62,7 +67,9 @@ _RESULT_COLUMNS = (
 
 
 def _row_record(r: Any) -> dict[str, Any]:
-    """A trial record from plain columns (a page reads no ORM objects: it is the hot path)."""
+    """A trial record from plain columns (a page reads no ORM objects: it is the hot path),
+    with its kept model from the columns joined in (:data:`~sweeper.artifacts.refs.
+    REF_COLUMNS`)."""
     return {
         "id": r.id,
         "sweep": r.sweep_id,
@@ -85,6 +92,7 @@ def _row_record(r: Any) -> dict[str, Any]:
         "started_at": iso(r.started_at),
         "finished_at": iso(r.finished_at),
         "train_seconds": r.train_seconds,
+        "model": row_ref(r.id, r),
     }
 
 
@@ -126,9 +134,11 @@ def page_trials(
     else:
         cols = [missing, value, Trial.id]
     key = decode_cursor(cursor, length=len(cols))
+    # The kept model joins on its primary key: the page stays one query.
     stmt = (
-        select(*_TRIAL_COLUMNS, *_RESULT_COLUMNS)
+        select(*_TRIAL_COLUMNS, *_RESULT_COLUMNS, *REF_COLUMNS)
         .outerjoin(TrialResultRow, TrialResultRow.trial_id == Trial.id)
+        .outerjoin(ModelArtifact, ModelArtifact.trial_id == Trial.id)
         .where(Trial.sweep_id == sweep_id)
     )
     if arm is not None:
@@ -174,9 +184,11 @@ def _page_released(
     sweep = load_sweep(engine, sweep_id)
     records = released_records(sweep, metric=metric, mode=mode)
     by_id = {t.id: t for t in sweep.trials}
+    with Session(engine) as session:
+        refs = model_refs(session, [rec["id"] for rec in records])
     items = []
     for rec in records:
-        item = trial_item(by_id[rec["id"]], selected_only=True)
+        item = trial_item(by_id[rec["id"]], selected_only=True, model=refs.get(rec["id"]))
         if arm is not None and item["arm"] != arm:
             continue
         if level is not None and item["epsilon_budget"] != float(level):
