@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from api import dashboard, errors
 from api.auth import current_viewer
 from api.planning import Planner
-from api.routes import datasets, health, me, registry, sweeps, trials
+from api.routes import datasets, health, me, models, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 
@@ -58,7 +58,15 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     errors.install(app)
     app.include_router(health.router)
     secured = [Depends(current_viewer)]
-    for r in (sweeps.router, trials.router, datasets.router, me.router, registry.router):
+    routers = (
+        sweeps.router,
+        trials.router,
+        models.router,
+        datasets.router,
+        me.router,
+        registry.router,
+    )
+    for r in routers:
         app.include_router(r, prefix=API_PREFIX, dependencies=secured)
     dashboard.install(app)
 

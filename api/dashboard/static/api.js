@@ -52,6 +52,29 @@ export async function api(path, { method = "GET", body, contentType, extraHeader
   return resp.json();
 }
 
+/**
+ * GET /api/v1 + path as bytes (a model, a card as stored), with the bearer token: a bare link
+ * cannot send it. Throws ApiError on any non-2xx.
+ *
+ * @returns {Promise<{blob: Blob, filename: string | null}>} the filename of Content-Disposition
+ */
+export async function apiBytes(path, { signal } = {}) {
+  const resp = await fetch(`/api/v1${path}`, { headers: headers({ Accept: "*/*" }), signal });
+  if (resp.status === 401) onUnauthorized();
+  if (!resp.ok) throw await failure(resp);
+  const cd = resp.headers.get("Content-Disposition") || "";
+  return { blob: await resp.blob(), filename: dispositionName(cd) };
+}
+
+function dispositionName(cd) {
+  const star = cd.match(/filename\*=UTF-8''([^;]+)/i);
+  if (star) {
+    try { return decodeURIComponent(star[1]); } catch { /* malformed: try the plain one */ }
+  }
+  const plain = cd.match(/filename="?([^";]+)"?/i);
+  return plain ? plain[1] : null;
+}
+
 /** Every item of a cursor-paginated list, following next_cursor (onPage sees each page). */
 export async function pages(path, { limit = 500, onPage, signal, max = 100000 } = {}) {
   const out = [];

@@ -109,13 +109,15 @@ export function toCsv(rows, columns) {
     ...rows.map((r) => columns.map((c) => cell(c.get(r))).join(","))].join("\n") + "\n";
 }
 
+/** Save text (or a Blob, as fetched) as a file named `name`. */
 export function download(name, text, type = "text/csv") {
-  const url = URL.createObjectURL(new Blob([text], { type }));
+  const blob = text instanceof Blob ? text : new Blob([text], { type });
+  const url = URL.createObjectURL(blob);
   const a = h("a", { href: url, download: name });
   document.body.append(a);
   a.click();
   a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
+  setTimeout(() => URL.revokeObjectURL(url), 60000);
 }
 
 // ---------------------------------------------------------------------------------------------
