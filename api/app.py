@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from api import dashboard, errors
 from api.auth import current_viewer
 from api.planning import Planner
-from api.routes import datasets, health, me, models, registry, sweeps, trials
+from api.routes import datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 
@@ -61,7 +61,6 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     routers = (
         sweeps.router,
         trials.router,
-        models.router,
         datasets.router,
         me.router,
         registry.router,

@@ -6,7 +6,7 @@ keeps working; it adds the calls that fetch the trained model kept for it::
 
     best = sweep.best_trial()
     card = best.model_card()                 # data, architecture, privacy, metrics
-    path = best.download_model("models/")    # models/dpsweep-<id>.safetensors + card.json
+    path = best.download_model("models/")    # models/dpsweep-<id>.safetensors + .card.json
     module = best.load_model()               # a torch module (needs dpsweep[server])
 
 Downloads are checked against the SHA-256 the server sends (``ETag`` / ``Repr-Digest``):
@@ -28,7 +28,7 @@ from dpsweep.errors import ArtifactCorrupt, ConfigError
 from dpsweep.transport import HttpTransport
 
 SAFETENSORS = "application/octet-stream"
-CARD_FILE = "card.json"
+CARD_SUFFIX = ".card.json"
 INSTALL_HINT = 'pip install "dpsweep[server]"'
 
 
@@ -83,7 +83,7 @@ class Trial(dict[str, Any]):
         Args:
             path: A directory (existing, or written with a trailing ``/``): the model goes
                 there as ``dpsweep-<trial>.safetensors``; or a file path for the model. The
-                card is written beside the model as ``card.json``.
+                card is written beside the model as ``dpsweep-<id>.card.json``.
 
         Returns:
             The model file's path.
@@ -100,7 +100,8 @@ class Trial(dict[str, Any]):
         card = self._card_bytes()
         target.parent.mkdir(parents=True, exist_ok=True)
         _write(target, data)
-        _write(target.parent / CARD_FILE, card)
+        # The card beside the weights, named after them: several models fit one folder.
+        _write(target.with_name(target.name.removesuffix(".safetensors") + CARD_SUFFIX), card)
         return target
 
     def load_model(self) -> Any:

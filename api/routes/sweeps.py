@@ -127,7 +127,13 @@ async def create(
         try:
             spec = parse_spec(ctype, body)
             prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
-            sweep_id = create_sweep(engine, spec, owner=viewer.owner, prepared=prepared)
+            sweep_id = create_sweep(
+                engine,
+                spec,
+                owner=viewer.owner,
+                prepared=prepared,
+                artifact_quota_mb=settings.artifact_quota_mb,
+            )
             summary = _summary(request, engine, sweep_id, viewer)
         except DpsweepError as exc:
             if key is not None:

@@ -318,43 +318,63 @@ def flush_staged(
             if keeper is not None:
                 keeper.last_skip = reason
             continue
-        replaced: list[str] = []
-        with Session(engine) as session, session.begin():
-            events.lock_sweep(session, sweep_id)
-            row = session.get(StagedModel, trial_id)
-            if row is None:  # written meanwhile (cannot happen under one driver)
-                continue
-            session.delete(row)
-            if keep == "best_per_grid":
-                others = session.scalars(
-                    select(ModelArtifact).where(
-                        ModelArtifact.sweep_id == sweep_id,
-                        ModelArtifact.grid == grid,
-                        ModelArtifact.trial_id != trial_id,
-                    )
-                ).all()
-                for other in others:
-                    replaced.append(other.trial_id)
-                    session.delete(other)
-            session.merge(
-                ModelArtifact(
-                    trial_id=trial_id,
-                    sweep_id=sweep_id,
-                    owner=owner,
-                    grid=grid,
-                    key=model_key(sweep_id, trial_id),
-                    sha256=sha,
-                    size_bytes=len(weights),
-                    card=card,
-                    card_sha256=sha256_hex(card_data),
-                    card_size_bytes=len(card_data),
-                    reproducible=reproducible,
-                )
-            )
+        replaced = _commit_artifact(
+            engine,
+            sweep_id,
+            trial_id,
+            grid=grid,
+            replace_grid=keep == "best_per_grid",
+            fields={
+                "owner": owner,
+                "key": model_key(sweep_id, trial_id),
+                "sha256": sha,
+                "size_bytes": len(weights),
+                "card": card,
+                "card_sha256": sha256_hex(card_data),
+                "card_size_bytes": len(card_data),
+                "reproducible": reproducible,
+            },
+        )
+        if replaced is None:  # the sweep (or trial) was deleted meanwhile: its files go too
+            store.delete_folder(trial_prefix(sweep_id, trial_id))
+            continue
         for old_id in replaced:
             store.delete_folder(trial_prefix(sweep_id, old_id))
         written += 1
     return written
+
+
+def _commit_artifact(
+    engine: Engine,
+    sweep_id: str,
+    trial_id: str,
+    *,
+    grid: str,
+    replace_grid: bool,
+    fields: dict[str, Any],
+) -> list[str] | None:
+    """In one transaction: the artifact row in, the staged row out, and (``replace_grid``)
+    the grid's other kept models out. Returns the replaced trials' ids, or None if the staged
+    row is gone (its sweep was deleted while the files were written)."""
+    replaced: list[str] = []
+    with Session(engine) as session, session.begin():
+        events.lock_sweep(session, sweep_id)
+        row = session.get(StagedModel, trial_id)
+        if row is None:
+            return None
+        session.delete(row)
+        if replace_grid:
+            for other in session.scalars(
+                select(ModelArtifact).where(
+                    ModelArtifact.sweep_id == sweep_id,
+                    ModelArtifact.grid == grid,
+                    ModelArtifact.trial_id != trial_id,
+                )
+            ).all():
+                replaced.append(other.trial_id)
+                session.delete(other)
+        session.merge(ModelArtifact(trial_id=trial_id, sweep_id=sweep_id, grid=grid, **fields))
+    return replaced
 
 
 def collect_garbage(engine: Engine, sweep_id: str, *, store: ArtifactStore) -> int:

@@ -122,7 +122,7 @@ def test_download_model_saves_the_kept_bytes_and_the_card_shows_the_grid_epsilon
         expected = trial["planned"].get("grid_epsilon_budget") or trial["epsilon_budget"]
     eps = panel.locator("#model-grid-epsilon")
     assert float(eps.get_attribute("data-epsilon")) == pytest.approx(float(expected))
-    assert f"ε {float(expected):g}" in eps.inner_text()
+    assert f"ε {float(expected):.4g}" in eps.inner_text()  # shown to 4 significant digits
     for metric, value in (card.get("metrics") or {}).items():
         if isinstance(value, float) and metric in ("accuracy", "ece"):
             label = "ECE (calibration error)" if metric == "ece" else metric

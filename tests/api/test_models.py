@@ -130,7 +130,7 @@ def _round_trip(
         assert len(data) == ref["size_bytes"]
         assert hashlib.sha256(data).hexdigest() == ref["sha256"]
         card = best.model_card()
-        assert json.loads((path.parent / "card.json").read_text()) == card
+        assert json.loads((path.parent / f"dpsweep-{best.id}.card.json").read_text()) == card
         assert card["model"]["weights"]["sha256"] == ref["sha256"]
         # The store holds exactly what was served, under the sweep's folder.
         assert store.folders(sweep_prefix(sweep_id)) == [best.id]
