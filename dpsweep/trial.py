@@ -135,6 +135,30 @@ class Trial(dict[str, Any]):
             )
         return build_trained(info, self._model_bytes())
 
+    def export_onnx(self, path: str | os.PathLike[str]) -> Path:
+        """Export the trained model to ONNX at ``path`` (built-in architectures; a dynamic
+        batch axis; inputs named ``input``, outputs ``output``).
+
+        Needs the server extra and the onnx package (``pip install "dpsweep[server,onnx]"``).
+
+        Raises:
+            ConfigError: a package is missing (the message says which), or the architecture
+                cannot be exported.
+            NotFound, ArtifactCorrupt: as :meth:`download_model`.
+        """
+        try:
+            import onnx  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                f"export_onnx needs torch and onnx ({exc}); install "
+                '`pip install "dpsweep[server,onnx]"`'
+            ) from exc
+        from workers.onnx_export import export_trained
+
+        card = self.model_card()
+        return export_trained(card["model"], self._model_bytes(), Path(path).expanduser())
+
     # -- bytes ------------------------------------------------------------------------------
 
     def _model_bytes(self) -> bytes:

@@ -82,6 +82,16 @@ def _why_not(session: Session, trial: Any) -> str:
         return f"{base}: it is not differentially private (strategy nonprivate): never kept"
     if session.get(StagedModel, trial.id) is not None:
         return f"{base} yet: it is being written; try again in a moment"
+    from sweeper.sweeps.stored import grid_key, hidden_grids
+
+    if grid_key(trial.arm, trial.epsilon_budget) in hidden_grids(trial.sweep):
+        # The selected run's weights are held in the driver's memory only until the search
+        # completes (never stored before): a driver restarted mid-search lost them.
+        return (
+            f"{base}: its papernot-steinke grid holds the selected run's weights in memory "
+            "only until its search completes, and the sweep's driver restarted during the "
+            "search"
+        )
     if keep == "best_per_grid":
         return (
             f"{base}: its sweep keeps each grid's best model only (artifacts.keep: "

@@ -14,6 +14,7 @@ small sweeps, and the SDK downloads, checks and loads their models.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -141,6 +142,17 @@ def _round_trip(
         # Exactly equal: the same weights on the same records; the packed engine's forward
         # and the rebuilt module's agree on every argmax here.
         assert accuracy == best["metrics"]["accuracy"]
+        if importlib.util.find_spec("onnx") is not None:
+            # The SDK's ONNX export computes what the module does (onnx's reference runtime).
+            import numpy as np
+            import torch
+            from onnx.reference import ReferenceEvaluator
+
+            onnx_path = best.export_onnx(tmp_path / "out" / "model.onnx")
+            x = torch.rand(3, *card["model"]["input_shape"])
+            (out,) = ReferenceEvaluator(str(onnx_path)).run(None, {"input": x.numpy()})
+            with torch.no_grad():
+                np.testing.assert_allclose(out, module(x).numpy(), atol=1e-4)
         return best, card
 
 
