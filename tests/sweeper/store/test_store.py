@@ -37,7 +37,18 @@ TABLES = {
     "api_tokens",
     "idempotency_keys",
     "service_heartbeats",
+    "model_artifacts",
+    "staged_models",
     VERSION_TABLE,
+}
+# What migrations 0003 and later add (downgrading to 0002 removes them).
+SINCE_0003 = {
+    "sweep_events",
+    "api_tokens",
+    "idempotency_keys",
+    "service_heartbeats",
+    "model_artifacts",
+    "staged_models",
 }
 
 
@@ -59,12 +70,7 @@ def test_migrations_upgrade_from_empty_and_downgrade(url: str) -> None:
     assert set(sa.inspect(engine).get_table_names()) == TABLES
     # Down to 0002 removes the API's tables and the uploads' columns.
     downgrade(url, "0002")
-    assert set(sa.inspect(engine).get_table_names()) == TABLES - {
-        "sweep_events",
-        "api_tokens",
-        "idempotency_keys",
-        "service_heartbeats",
-    }
+    assert set(sa.inspect(engine).get_table_names()) == TABLES - SINCE_0003
     assert "owner" not in {c["name"] for c in sa.inspect(engine).get_columns("datasets")}
     # One step down removes 0002's columns and keeps the data model of 0001.
     downgrade(url, "-1")
