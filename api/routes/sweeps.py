@@ -48,7 +48,7 @@ from sweeper.sweeps.deletion import delete_sweep
 from sweeper.sweeps.events import read_events
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
-from sweeper.sweeps.sweep_pages import check_sweep, page_sweeps
+from sweeper.sweeps.sweep_pages import check_sweep, check_sweep_owner, page_sweeps
 from sweeper.sweeps.trial_pages import page_trials
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -273,7 +273,7 @@ def get_sweep(
 @router.post(
     "/{sweep_id}/cancel",
     response_model=CancelOut,
-    responses=problem_responses(401, 404, 409),
+    responses=problem_responses(401, 403, 404, 409),
     summary="Cancel a pending or running sweep (409 once it has finished)",
 )
 def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any]:
@@ -283,7 +283,7 @@ def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any
     search had started stay charged in full and release nothing unless their search had
     already completed; ``papernot_steinke`` says so.
     """
-    check_sweep(engine, sweep_id, viewer)
+    check_sweep_owner(engine, sweep_id, viewer)
     out = cancel_sweep(engine, sweep_id)
     return {"id": sweep_id, "state": "cancelled", **out}
 
@@ -294,7 +294,7 @@ def cancel(engine: EngineDep, viewer: ViewerDep, sweep_id: str) -> dict[str, Any
     response_class=Response,
     responses={
         204: {"description": "deleted: its trials, results and kept models are gone"},
-        **problem_responses(401, 404, 409, 500),
+        **problem_responses(401, 403, 404, 409, 500),
     },
     summary="Delete an ended sweep and its kept models (what it spent stays spent)",
 )

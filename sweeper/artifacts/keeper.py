@@ -45,8 +45,10 @@ from sweeper.artifacts.store import (
     sweep_prefix,
     trial_prefix,
 )
+from sweeper.privacy import release_log
+from sweeper.privacy.ledger.amounts import ZERO
 from sweeper.settings import SweeperSettings
-from sweeper.store import ModelArtifact, StagedModel, Trial, TrialResultRow, TrialState
+from sweeper.store import ModelArtifact, StagedModel, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import events
 
 log = logging.getLogger(__name__)
@@ -374,6 +376,19 @@ def _commit_artifact(
                 replaced.append(other.trial_id)
                 session.delete(other)
         session.merge(ModelArtifact(trial_id=trial_id, sweep_id=sweep_id, grid=grid, **fields))
+        sweep = session.get(Sweep, sweep_id)
+        if sweep is not None:
+            # The audit log: the model is covered by its trial's release (ε 0 here).
+            release_log.record(
+                session,
+                sweep,
+                trial_id=trial_id,
+                kind="model",
+                grid=grid,
+                epsilon=ZERO,
+                delta=ZERO,
+                detail={"released": ["model"], "sha256": fields["sha256"]},
+            )
     return replaced
 
 

@@ -58,8 +58,14 @@ def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
         with Session(engine) as session:
             owner = session.scalars(select(Dataset.owner).where(Dataset.name == name)).first()
             exists = session.scalars(select(Dataset.id).where(Dataset.name == name)).first()
-        if exists is None or not viewer.sees(owner):
+        if exists is None:
             raise ConfigError(unknown_dataset(name), field="dataset.name")
+        if not viewer.sees(owner):
+            # An analyst of the dataset (an active grant from its owner) may use it.
+            from sweeper.datasets.grants import has_active_grant
+
+            if viewer.owner is None or not has_active_grant(engine, name, viewer.owner):
+                raise ConfigError(unknown_dataset(name), field="dataset.name")
 
 
 def _path_options() -> set[str]:

@@ -20,9 +20,10 @@ from sweeper.driver.held_sweep import HeldSweep, PendingTrial
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
+from sweeper.privacy import release_log
 from sweeper.privacy.charges import ps_charge_note
 from sweeper.privacy.ledger.errors import ReservationExceeded
-from sweeper.store import SweepState, Trial, TrialState
+from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.sweeps import events
 
 
@@ -166,6 +167,18 @@ class Claims:
                     held.trial_data(t, state.value, error=error),
                     trial_id=t.id,
                 )
+                if not uncharged and state == TrialState.failed:
+                    # A charged trial's failure (its error) reaches its owner: logged.
+                    sweep = session.get(Sweep, held.sweep_id)
+                    if sweep is not None:
+                        release_log.record_trial(
+                            session,
+                            sweep,
+                            trial_id=t.id,
+                            grid=t.grid,
+                            kind="trial-failed",
+                            what=["error", "history"],
+                        )
         if changed:
             self.progress.count(t, "running", state.value)
             if held.shows(t.grid):

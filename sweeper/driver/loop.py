@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sweeper.artifacts.keeper import ModelKeeper, quota_bytes, store_for
@@ -40,11 +40,12 @@ from sweeper.driver.pack_events import PackEvents
 from sweeper.driver.packs import Packer
 from sweeper.driver.progress import Progress, RunOutcome, Snapshot, run_outcome
 from sweeper.driver.tpe import TpeSearch
+from sweeper.privacy import release_log
 from sweeper.privacy.charges import exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.settings import SweeperSettings
-from sweeper.store import SweepState, Trial, TrialState
+from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.sweeps import events
 from sweeper.sweeps.stored import grid_key
 
@@ -74,6 +75,9 @@ class SweepRunner:
         self.ident = driver_ident()
         self.ledger = BudgetLedger(engine)
         self._t0 = time.monotonic()
+        # Set when the data owner revoked an analyst's grant mid-sweep (the sweep then ends
+        # cancelled, with this reason, once its running trials finish).
+        self._revoked: str | None = None
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -114,6 +118,7 @@ class SweepRunner:
         self.crash.recover(rows, charges)
         # Models a dead driver staged are written now; files it left unreferenced go.
         self.keeper.recover()
+        self._log_hidden_releases()
         rows, _ = self._load()
         if not held.pending and not any(r.state == TrialState.running for r in rows.values()):
             self._finish()
@@ -218,6 +223,9 @@ class SweepRunner:
             sweep.state = SweepState.failed if failed else SweepState.done
             if failed:
                 sweep.error = "every trial failed; see the trials' errors"
+            if self._revoked is not None:
+                sweep.state = SweepState.cancelled
+                sweep.error = self._revoked.removeprefix("not run, and not charged: ")
             sweep.finished_at = utc_now()
             sweep.driver = None
             events.emit(
@@ -227,6 +235,47 @@ class SweepRunner:
                 {"state": sweep.state.value, "error": sweep.error},
             )
         self.ledger.release(held.dataset, sweep_id=self.sweep_id, note="sweep finished")
+
+    def _grant_holds(self) -> bool:
+        """Whether the sweep may start new trials: an analyst's only while their grant on the
+        dataset is active (:func:`sweeper.datasets.grants.sweep_may_continue`)."""
+        from sweeper.datasets.grants import sweep_may_continue
+
+        with Session(self.engine) as session:
+            row = session.execute(
+                select(Sweep.owner, Sweep.dataset).where(Sweep.id == self.sweep_id)
+            ).first()
+        if row is None:
+            return False
+        return sweep_may_continue(self.engine, dataset=row.dataset, owner=row.owner)
+
+    def _stop_new_trials(self, reason: str) -> None:
+        """Cancel every trial not started yet (never charged: the end of the sweep releases
+        their reservation); running trials finish and stay charged."""
+        held = self.held
+        stopped, held.pending = held.pending, []
+        ids = [t.id for t in stopped]
+        if not ids:
+            return
+        with Session(self.engine) as session, session.begin():
+            events.lock_sweep(session, self.sweep_id)
+            session.execute(
+                update(Trial)
+                .where(Trial.id.in_(ids), Trial.state == TrialState.pending)
+                .values(state=TrialState.cancelled, error=reason, finished_at=utc_now())
+            )
+        for t in stopped:
+            self.progress.count(t, "pending", "cancelled")
+        self._revoked = reason
+        self.progress.last_event = reason.removeprefix("not run, and not charged: ")
+
+    def _log_hidden_releases(self) -> None:
+        """Log the release of every papernot-steinke grid whose search completed."""
+        held = self.held
+        if held.hidden:
+            release_log.record_hidden_releases(
+                self.engine, self.sweep_id, metric=held.metric, mode=held.mode
+            )
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -266,10 +315,18 @@ class SweepRunner:
             ready = ray_backend.wait_any(
                 [f.gen for f in held.inflight], timeout=self.settings.poll_seconds
             )
+            hidden_ended = False
             for gen in ready:
                 flight = next(f for f in held.inflight if f.gen is gen)
                 self.pack_events.advance(flight)
-            # A papernot-steinke grid whose search just completed stores its selected model.
+                if flight not in held.inflight and not all(
+                    held.shows(t.grid) for t in flight.trials
+                ):
+                    hidden_ended = True
+            if hidden_ended:
+                # A papernot-steinke grid whose search just completed releases its selected
+                # trial: logged, and its model stored.
+                self._log_hidden_releases()
             self.keeper.release_hidden()
             self.progress.report()
 
@@ -280,6 +337,12 @@ class SweepRunner:
             False when the sweep is no longer running under this driver.
         """
         held, packs, claims = self.held, self.packs, self.claims
+        if not self._grant_holds():
+            self._stop_new_trials(
+                "not run, and not charged: the data owner revoked this analyst's access to "
+                "the dataset"
+            )
+            return True
         key, group = packs.next_group()
         cap = packs.pack_cap(key, group[0])
         free = max(1, held.workers - len(held.inflight))

@@ -22,7 +22,8 @@ from sweeper.driver.held_sweep import HeldSweep, InFlight
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
-from sweeper.store import MetricPoint, Trial, TrialResultRow, TrialState
+from sweeper.privacy import release_log
+from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import events
 
 
@@ -138,6 +139,7 @@ class PackEvents:
         weights = event.get("weights") or [None] * len(flight.trials)
         with Session(held.engine) as session, session.begin():
             events.lock_sweep(session, held.sweep_id)
+            sweep = session.get(Sweep, held.sweep_id)
             for t, r, w in zip(flight.trials, event["results"], weights, strict=True):
                 res = session.execute(
                     update(Trial)
@@ -199,6 +201,16 @@ class PackEvents:
                         trial_id=t.id,
                     )
                     self.progress.note_best(t.arm, m.get(held.metric))
+                    # The audit log, in the release's own transaction.
+                    if sweep is not None:
+                        release_log.record_trial(
+                            session,
+                            sweep,
+                            trial_id=t.id,
+                            grid=t.grid,
+                            kind="trial",
+                            what=["metrics", "params", "history"],
+                        )
         self.keeper.flush()
         for t in flight.trials:
             self.tpe.tell(t)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -32,6 +33,7 @@ from sqlalchemy import Enum as SAEnum
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from sweeper.store.base import Base
+from sweeper.store.types import ExactDecimal
 
 
 def _now() -> datetime:
@@ -102,6 +104,12 @@ class Dataset(Base):
     sha256: Mapped[str | None] = mapped_column(String(64))
     storage_path: Mapped[str | None] = mapped_column(Text)
     content_sha256: Mapped[str | None] = mapped_column(String(64), index=True)
+    # What the owner declares public about the records, for analysts (label names, a
+    # description), and which evaluation modes analysts may use (NULL: public and dp; an
+    # unprotected carve-out releases raw metrics on private records, for the owner alone
+    # unless listed here). See sweeper.datasets.grants.
+    public_info: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    analyst_eval_modes: Mapped[list[str] | None] = mapped_column(JSON)
 
 
 class Sweep(Base):
@@ -221,6 +229,64 @@ class TrialResultRow(Base):
     engine_path: Mapped[str | None] = mapped_column(String(16))
 
     trial: Mapped[Trial] = relationship(back_populates="result")
+
+
+class DatasetGrant(Base):
+    """An owner's grant of a dataset to an analyst (another tenant), with an ε allowance.
+
+    The analyst may submit sweeps on the dataset and reserve up to ``epsilon_allowance`` in
+    total (what their sweeps reserve, less what they release unused, over every grant of the
+    same records: :mod:`sweeper.datasets.grants`); the dataset's lifetime cap still bounds
+    everyone together. A revoked grant (``revoked_at`` set) stops new reservations and new
+    trials; what was charged stays charged. Rows are never deleted.
+    """
+
+    __tablename__ = "dataset_grants"
+    __table_args__ = (Index("ix_dataset_grants_dataset_analyst", "dataset", "analyst"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    dataset: Mapped[str] = mapped_column(String(200))
+    analyst: Mapped[str] = mapped_column(String(200), index=True)
+    epsilon_allowance: Mapped[Decimal] = mapped_column(ExactDecimal())
+    granted_by: Mapped[str | None] = mapped_column(String(200))
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_by: Mapped[str | None] = mapped_column(String(200))
+
+
+class ReleaseRecord(Base):
+    """One entry of the audit log of releases: who received what, from which sweep and trial,
+    at what ε, when. Append-only: the database refuses updates and deletes (triggers, see
+    migration 0007), and nothing in the code writes one twice (``uq_release_records_what``).
+
+    It keeps no foreign key: deleting a sweep keeps its audit trail, as it keeps its ledger.
+    """
+
+    __tablename__ = "release_records"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "trial_id", "kind", name="uq_release_records_what"),
+        Index("ix_release_records_dataset_id", "dataset", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # The ledger key of the records (their identity) and the name the sweep used.
+    dataset: Mapped[str] = mapped_column(String(200))
+    dataset_name: Mapped[str] = mapped_column(String(200))
+    # Who received the release: the sweep's owner (NULL: local use).
+    principal: Mapped[str | None] = mapped_column(String(200), index=True)
+    sweep_id: Mapped[str] = mapped_column(String(32))
+    trial_id: Mapped[str] = mapped_column(String(32), default="")  # "" for none
+    # What: "trial" (a trial's metrics), "trial-failed" (a charged trial's failure),
+    # "selected-trial" (a papernot-steinke grid's one release), "model" (a kept model).
+    kind: Mapped[str] = mapped_column(String(32))
+    grid: Mapped[str | None] = mapped_column(String(200))
+    # The ε (and δ) charged for what this release covers; 0 for a model (covered by its
+    # trial's release).
+    epsilon: Mapped[Decimal] = mapped_column(ExactDecimal())
+    delta: Mapped[Decimal] = mapped_column(ExactDecimal())
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
 
 
 class ModelArtifact(Base):

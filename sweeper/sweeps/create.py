@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from dpsweep.spec import ArmConfig, SweepSpec, load_spec
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.errors import BudgetExhausted
+from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
 from sweeper.privacy.planner import SweepPlan, plan_sweep
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
@@ -181,6 +181,13 @@ def create_sweep(
         configured_quota_bytes(artifact_quota_mb),
         model_bytes=prepared.model_bytes,
     )
+    # An analyst's sweep (a grant on someone else's dataset) is bound by the grant: the
+    # evaluation modes its owner allows, and its ε allowance (checked with the reservation).
+    from sweeper.datasets.grants import analyst_terms, check_eval_mode
+
+    terms = analyst_terms(engine, spec.dataset.name, owner)
+    if terms is not None:
+        check_eval_mode(terms, spec.eval.mode)
     # The ledger is keyed by the records, not by the name: the same records under any name,
     # path or format share one lifetime budget.
     content = plan.dataset_sha256 or _content_of(engine, spec)
@@ -251,7 +258,17 @@ def create_sweep(
             epsilon=total_e,
             delta=total_d,
             note=f"sweep {spec.name!r} on {name!r}: {len(grids)} grid(s)",
+            principal=owner,
+            allowance=terms.epsilon_allowance if terms is not None else None,
         )
+    except AllowanceExhausted as exc:
+        raise AllowanceExhausted(
+            f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')}",
+            dataset=name,
+            quantity=exc.quantity,
+            requested=exc.requested,
+            remaining=exc.remaining,
+        ) from None
     except BudgetExhausted as exc:
         # Name the dataset as the user did (the message never holds the identity).
         raise BudgetExhausted(
@@ -262,6 +279,17 @@ def create_sweep(
             requested=exc.requested,
             remaining=exc.remaining,
         ) from None
+    if terms is not None:
+        from sweeper.datasets.grants import has_active_grant
+
+        # Revoked while this sweep was planned: its reservation goes back, nothing is stored.
+        if not has_active_grant(engine, spec.dataset.name, terms.analyst):
+            ledger.release(key, sweep_id=sweep_id, note="the analyst's grant was revoked")
+            from dpsweep.errors import PermissionDenied
+
+            raise PermissionDenied(
+                f"your grant on dataset {spec.dataset.name!r} was revoked; ask its owner"
+            )
     try:
         with Session(engine) as session, session.begin():
             session.add(sweep)

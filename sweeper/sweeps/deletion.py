@@ -36,6 +36,7 @@ from sweeper.store import (
     Trial,
     TrialResultRow,
 )
+from sweeper.sweeps.sweep_pages import check_sweep_owner
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,11 @@ def delete_sweep(
                 Sweep.id == sweep_id
             )
         ).first()
-    if row is None or not viewer.sees(row.owner):
+    if row is None:
         raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
+    if not viewer.sees(row.owner):
+        # The dataset's owner sees an analyst's sweep (403), anyone else does not (404).
+        check_sweep_owner(engine, sweep_id, viewer)
     _check_ended(sweep_id, row.state)
     settle = settle_time(SweeperSettings()) if settle_seconds is None else settle_seconds
     ledger_key = row.ledger_key or row.dataset

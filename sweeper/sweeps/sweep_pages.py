@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, literal, select, tuple_
+from sqlalchemy import Engine, func, literal, or_, select, tuple_
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import ConfigError, SweepNotFound
+from dpsweep.errors import ConfigError, PermissionDenied, SweepNotFound
 from dpsweep.spec import randomness_label
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.grants import owned_dataset_names, sees_sweep
 from sweeper.privacy.ledger.rows import LedgerEntry
 from sweeper.store import Sweep, SweepEvent, SweepState, Trial, TrialResultRow, TrialState, iso
 from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
@@ -61,9 +62,13 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
     )
     with Session(engine) as session:
         row = session.execute(
-            select(Sweep.owner, Sweep.state, Sweep.spec, ev, le).where(Sweep.id == sweep_id)
+            select(Sweep.owner, Sweep.state, Sweep.spec, ev, le, Sweep.dataset).where(
+                Sweep.id == sweep_id
+            )
         ).first()
-    if row is None or not viewer.sees(row[0]):
+        # Its owner, or the owner of its dataset (who sees every sweep on their data).
+        visible = row is not None and sees_sweep(session, viewer, owner=row[0], dataset=row[5])
+    if row is None or not visible:
         raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
     spec = typed_spec(row[2])
     return SweepHead(
@@ -83,6 +88,23 @@ def check_sweep(engine: Engine, sweep_id: str, viewer: Viewer) -> tuple[str, boo
     """(state, has hidden grids) of a visible sweep; raises SweepNotFound otherwise."""
     head = sweep_head(engine, sweep_id, viewer)
     return head.state, head.hidden
+
+
+def check_sweep_owner(engine: Engine, sweep_id: str, viewer: Viewer) -> None:
+    """Refuse to act on a sweep that is not the viewer's own.
+
+    Raises:
+        SweepNotFound: the viewer does not see it.
+        PermissionDenied: the viewer sees it (as its dataset's owner) but does not own it.
+    """
+    sweep_head(engine, sweep_id, viewer)
+    with Session(engine) as session:
+        owner = session.scalar(select(Sweep.owner).where(Sweep.id == sweep_id))
+    if not viewer.sees(owner):
+        raise PermissionDenied(
+            f"sweep {sweep_id!r} is an analyst's sweep on your dataset: you may read it, and "
+            "revoke their grant to stop new trials, but only its owner may cancel or delete it"
+        )
 
 
 def sweep_item(s: Sweep) -> dict[str, Any]:
@@ -113,7 +135,10 @@ def page_sweeps(
     key = decode_cursor(cursor, length=2)
     stmt = select(Sweep)
     if not (viewer.admin or viewer.owner is None):
-        stmt = stmt.where(Sweep.owner == viewer.owner)
+        # Their own sweeps, and every sweep on a dataset they own (analysts' included).
+        stmt = stmt.where(
+            or_(Sweep.owner == viewer.owner, Sweep.dataset.in_(owned_dataset_names(viewer)))
+        )
     if state is not None:
         try:
             stmt = stmt.where(Sweep.state == SweepState(state))

@@ -18,6 +18,7 @@ from dpsweep.errors import TrialNotFound
 from dpsweep.spec import randomness_label
 from sweeper.artifacts.refs import model_refs
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.grants import sees_sweep
 from sweeper.privacy.charges import exact_sum, ps_charge_note
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind
@@ -38,7 +39,9 @@ def released_trial(session: Session, trial_id: str, viewer: Viewer) -> tuple[Tri
     trial = session.get(Trial, trial_id)
     if trial is not None:
         sweep = session.get(Sweep, trial.sweep_id)
-        if sweep is not None and viewer.sees(sweep.owner):
+        if sweep is not None and sees_sweep(
+            session, viewer, owner=sweep.owner, dataset=sweep.dataset
+        ):
             hidden = hidden_grids(sweep)
             if grid_key(trial.arm, trial.epsilon_budget) not in hidden:
                 return trial, False

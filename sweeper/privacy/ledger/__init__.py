@@ -47,7 +47,7 @@ base (:mod:`sweeper.store.base`) and come from the Alembic migrations;
 from __future__ import annotations
 
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.errors import BudgetExhausted, ReservationExceeded
+from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted, ReservationExceeded
 from sweeper.privacy.ledger.keys import IDENTITY_PREFIX, KEY_MAX_LENGTH, identity_key
 from sweeper.privacy.ledger.records import (
     BudgetSummary,
@@ -63,6 +63,7 @@ from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, c
 __all__ = [
     "IDENTITY_PREFIX",
     "KEY_MAX_LENGTH",
+    "AllowanceExhausted",
     "BudgetExhausted",
     "BudgetLedger",
     "BudgetSummary",

@@ -130,8 +130,10 @@ class LedgerCore:
         epsilon: Decimal,
         delta: Decimal,
         note: str,
+        principal: str | None = None,
     ) -> LedgerRecord:
         entry = LedgerEntry(
+            principal=principal,
             dataset=dataset,
             sweep_id=sweep_id,
             trial_id=trial_id,

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from dpsweep.errors import PrivacyError
 
-__all__ = ["BudgetExhausted", "ReservationExceeded"]
+__all__ = ["AllowanceExhausted", "BudgetExhausted", "ReservationExceeded"]
 
 
 class BudgetExhausted(PrivacyError):
@@ -27,6 +27,11 @@ class BudgetExhausted(PrivacyError):
         self.quantity = quantity
         self.requested = requested
         self.remaining = remaining
+
+
+class AllowanceExhausted(BudgetExhausted):
+    """A reservation would take an analyst past the ε allowance the data owner granted them;
+    nothing was reserved (HTTP 409, like the lifetime cap)."""
 
 
 class ReservationExceeded(PrivacyError):

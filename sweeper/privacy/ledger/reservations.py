@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from sweeper.privacy.ledger.amounts import (
     ZERO,
     add_exact,
@@ -15,10 +18,14 @@ from sweeper.privacy.ledger.amounts import (
     sub_exact,
 )
 from sweeper.privacy.ledger.core import LedgerCore
-from sweeper.privacy.ledger.errors import BudgetExhausted, ReservationExceeded
+from sweeper.privacy.ledger.errors import (
+    AllowanceExhausted,
+    BudgetExhausted,
+    ReservationExceeded,
+)
 from sweeper.privacy.ledger.keys import checked_key, checked_note, dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, Reservation, SweepBalance
-from sweeper.privacy.ledger.rows import EntryKind, utcnow
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, utcnow
 
 __all__ = ["ReservationOperations"]
 
@@ -34,6 +41,8 @@ class ReservationOperations(LedgerCore):
         epsilon: float | Decimal,
         delta: float | Decimal,
         note: str = "",
+        principal: str | None = None,
+        allowance: Decimal | None = None,
     ) -> Reservation:
         """Reserve a sweep's cost against a dataset's caps, atomically.
 
@@ -45,6 +54,11 @@ class ReservationOperations(LedgerCore):
             epsilon: ε to reserve (finite, >= 0): the sum over the sweep's arms and levels.
             delta: δ to reserve, in [0, 1).
             note: Free text kept with the entry.
+            principal: Whose sweep reserves (the tenant), kept with the entry.
+            allowance: The most ε ``principal``'s sweeps may hold on the dataset together (an
+                analyst's grant): what they reserved less what they released, this reservation
+                included. Checked under the same lock as the caps, so concurrent reservations
+                cannot pass it together.
 
         Returns:
             The recorded ``reserve`` entry.
@@ -52,6 +66,7 @@ class ReservationOperations(LedgerCore):
         Raises:
             BudgetExhausted: If ``spent + reserved + epsilon`` would exceed the ε cap, or the same
                 for δ; nothing is recorded.
+            AllowanceExhausted: If ``principal``'s sweeps would hold more than ``allowance``.
             ConfigError: If an argument is invalid.
         """
         dataset = checked_key(dataset, "dataset")
@@ -80,6 +95,21 @@ class ReservationOperations(LedgerCore):
                         requested=asked,
                         remaining=left,
                     )
+            if allowance is not None:
+                used = principal_usage(session, dataset, principal)
+                left = sub_exact(allowance, used) if used <= allowance else ZERO
+                if eps > left:
+                    shown_asked, shown_left = show_amounts(eps, left)
+                    raise AllowanceExhausted(
+                        f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for epsilon="
+                        f"{shown_asked} but only {shown_left} remains of the allowance of "
+                        f"{show_amount(allowance)} the data owner granted {principal!r} "
+                        f"({show_amount(used)} held by their sweeps); ask the owner for more",
+                        dataset=dataset,
+                        quantity="epsilon",
+                        requested=eps,
+                        remaining=left,
+                    )
             budget.epsilon_reserved = add_exact(budget.epsilon_reserved, eps)
             budget.delta_reserved = add_exact(budget.delta_reserved, dlt)
             budget.updated_at = utcnow()
@@ -93,6 +123,7 @@ class ReservationOperations(LedgerCore):
                 epsilon=eps,
                 delta=dlt,
                 note=note,
+                principal=principal,
             )
 
     def charge(
@@ -243,3 +274,33 @@ def _charged(balance: SweepBalance, quantity: str) -> Decimal:
 
 def _released(balance: SweepBalance, quantity: str) -> Decimal:
     return balance.epsilon_released if quantity == "epsilon" else balance.delta_released
+
+
+def principal_usage(session: Session, dataset: str, principal: str | None) -> Decimal:
+    """ε that ``principal``'s sweeps hold on ``dataset``: what they reserved less what they
+    released unused (charges move ε from reserved to spent, and stay counted)."""
+    if principal is None:
+        return ZERO
+    sweeps = (
+        select(LedgerEntry.sweep_id)
+        .where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.principal == principal,
+            LedgerEntry.kind == EntryKind.RESERVE,
+        )
+        .distinct()
+    )
+    rows = session.execute(
+        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.sweep_id.in_(sweeps),
+            LedgerEntry.kind.in_([EntryKind.RESERVE, EntryKind.RELEASE]),
+        )
+    ).all()
+    reserved, released = ZERO, ZERO
+    for kind, eps in rows:
+        if kind == EntryKind.RESERVE:
+            reserved = add_exact(reserved, eps)
+        else:
+            released = add_exact(released, eps)
+    return sub_exact(reserved, released) if released <= reserved else ZERO

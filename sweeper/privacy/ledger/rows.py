@@ -84,6 +84,10 @@ class LedgerEntry(Base):
     delta: Mapped[Decimal] = mapped_column(ExactDecimal())
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     note: Mapped[str] = mapped_column(Text, default="")
+    # Whose sweep reserved (the tenant; NULL: local use, or entries from before principals):
+    # an analyst's allowance counts the reservations of their sweeps, less what they release
+    # (sweeper.datasets.grants). Kept even when the sweep's rows are deleted.
+    principal: Mapped[str | None] = mapped_column(String(200))
 
 
 def create_ledger_tables(engine: Engine) -> None:

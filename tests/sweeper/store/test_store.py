@@ -39,6 +39,8 @@ TABLES = {
     "service_heartbeats",
     "model_artifacts",
     "staged_models",
+    "dataset_grants",
+    "release_records",
     VERSION_TABLE,
 }
 # What migrations 0003 and later add (downgrading to 0002 removes them).
@@ -49,6 +51,8 @@ SINCE_0003 = {
     "service_heartbeats",
     "model_artifacts",
     "staged_models",
+    "dataset_grants",
+    "release_records",
 }
 
 

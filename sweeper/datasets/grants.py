@@ -1,0 +1,360 @@
+"""Data owners and analysts: grants with ε allowances, and what binds an analyst's sweep.
+
+A dataset's **owner** is the tenant that uploaded it (``Dataset.owner``; an admin acts as the
+owner of registered names). The owner grants an **analyst** (another tenant) access with an ε
+allowance (:func:`grant`); the analyst may then submit sweeps on the dataset and receives
+only their DP outputs. Everything an analyst's sweeps hold on the records (what they reserved
+less what they released unused) must fit the allowance: the ledger checks it under the same
+lock as the lifetime cap (:meth:`sweeper.privacy.ledger.BudgetLedger.reserve`), so concurrent
+submissions cannot pass it together, and the lifetime cap still bounds everyone together.
+
+Revoking a grant (:func:`revoke`) stops new reservations and new trials; running trials finish
+and stay charged (the driver checks before each charge: :func:`sweep_may_continue`). Grants
+are never deleted: a new allowance is a new grant that replaces the old one.
+
+The owner also chooses which evaluation modes analysts may use (:func:`set_policy`): an
+unprotected carve-out releases raw metrics on private records, so by default analysts may use
+only a public evaluation dataset or DP evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError, DatasetNotFound, NotFound, PermissionDenied
+from dpsweep.spec import EVAL_MODES
+from sweeper.datasets.access import Viewer
+from sweeper.privacy.ledger.amounts import epsilon_amount
+from sweeper.store import Dataset, DatasetGrant, iso
+
+#: What analysts may use unless the owner says otherwise: never the unprotected carve-out.
+DEFAULT_ANALYST_EVAL_MODES: tuple[str, ...] = ("public", "dp")
+
+
+@dataclass(frozen=True)
+class AnalystTerms:
+    """What binds an analyst's sweep on a dataset: the grant, its allowance, the eval modes."""
+
+    grant_id: str
+    dataset: str
+    analyst: str
+    epsilon_allowance: Decimal
+    eval_modes: tuple[str, ...]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def dataset_row(session: Session, name: str) -> Dataset | None:
+    """The catalog row of a dataset name (None for built-in names and unknown ones)."""
+    return session.scalars(select(Dataset).where(Dataset.name == name)).first()
+
+
+def owns(viewer: Viewer, row: Dataset | None) -> bool:
+    """Whether ``viewer`` owns the dataset of ``row``: its uploader, an admin, or local use."""
+    if row is None:
+        return False
+    return (
+        viewer.admin
+        or viewer.owner is None
+        or (row.owner is not None and row.owner == viewer.owner)
+    )
+
+
+def _owned_row(session: Session, name: str, viewer: Viewer) -> Dataset:
+    """The dataset's row if ``viewer`` owns it.
+
+    Raises:
+        DatasetNotFound: no such dataset, or one the viewer has no part in.
+        PermissionDenied: the viewer is an analyst of it (they may see it, not manage it).
+    """
+    row = dataset_row(session, name)
+    if row is not None and owns(viewer, row):
+        return row
+    if row is not None and viewer.owner is not None and _active(session, name, viewer.owner):
+        raise PermissionDenied(
+            f"only the owner of dataset {name!r} manages its grants and policy; you are an "
+            "analyst of it"
+        )
+    raise DatasetNotFound(f"no dataset {name!r}; GET /api/v1/datasets lists yours")
+
+
+def _active(session: Session, name: str, analyst: str) -> DatasetGrant | None:
+    return session.scalars(
+        select(DatasetGrant)
+        .where(
+            DatasetGrant.dataset == name,
+            DatasetGrant.analyst == analyst,
+            DatasetGrant.revoked_at.is_(None),
+        )
+        .order_by(DatasetGrant.created_at.desc())
+    ).first()
+
+
+def grant(
+    engine: Engine,
+    name: str,
+    analyst: str,
+    *,
+    epsilon_allowance: float | Decimal | str,
+    viewer: Viewer,
+    note: str = "",
+) -> dict[str, Any]:
+    """Grant ``analyst`` access to dataset ``name`` with an ε allowance (owner or admin).
+
+    A grant that already exists for the analyst is replaced (revoked, and the new one
+    recorded): its spending carries over, since the allowance counts what the analyst's sweeps
+    hold on the records, whatever grant they reserved under.
+
+    Raises:
+        DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
+        ConfigError: an invalid analyst name or allowance.
+    """
+    analyst = analyst.strip()
+    if not analyst or len(analyst) > 200:
+        raise ConfigError("analyst must be a tenant name (1-200 characters)", field="analyst")
+    allowance = epsilon_amount(epsilon_allowance, "epsilon_allowance")
+    with Session(engine) as session, session.begin():
+        row = _owned_row(session, name, viewer)
+        if row.owner is not None and analyst == row.owner:
+            raise ConfigError(
+                f"{analyst!r} owns dataset {name!r}; grants are for analysts (other tenants)",
+                field="analyst",
+            )
+        now = _now()
+        old = _active(session, name, analyst)
+        if old is not None:
+            old.revoked_at = now
+            old.revoked_by = viewer.owner
+        g = DatasetGrant(
+            dataset=name,
+            analyst=analyst,
+            epsilon_allowance=allowance,
+            granted_by=viewer.owner,
+            note=note[:2000],
+            created_at=now,
+        )
+        session.add(g)
+        session.flush()
+        return grant_view(g)
+
+
+def revoke(engine: Engine, name: str, analyst: str, *, viewer: Viewer) -> dict[str, Any]:
+    """Revoke ``analyst``'s grant on ``name``: no new reservation or trial from now on;
+    running trials finish and stay charged; what was charged stays charged.
+
+    Raises:
+        DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
+        NotFound: the analyst holds no active grant on the dataset.
+    """
+    with Session(engine) as session, session.begin():
+        _owned_row(session, name, viewer)
+        g = _active(session, name, analyst)
+        if g is None:
+            raise NotFound(f"{analyst!r} holds no active grant on dataset {name!r}")
+        g.revoked_at = _now()
+        g.revoked_by = viewer.owner
+        session.flush()
+        return grant_view(g)
+
+
+def grant_view(g: DatasetGrant) -> dict[str, Any]:
+    """A grant as the API shows it."""
+    return {
+        "id": g.id,
+        "dataset": g.dataset,
+        "analyst": g.analyst,
+        "epsilon_allowance": float(g.epsilon_allowance),
+        "granted_by": g.granted_by,
+        "note": g.note,
+        "created_at": iso(g.created_at),
+        "revoked_at": iso(g.revoked_at),
+        "active": g.revoked_at is None,
+    }
+
+
+def list_grants(engine: Engine, name: str, viewer: Viewer) -> list[dict[str, Any]]:
+    """Every grant of ``name`` with each analyst's spending (the owner), or the viewer's own
+    (an analyst), newest first.
+
+    Raises:
+        DatasetNotFound: no such dataset, or the viewer has no part in it.
+    """
+    from sweeper.datasets.identity import view_key
+
+    with Session(engine) as session:
+        row = dataset_row(session, name)
+        stmt = select(DatasetGrant).where(DatasetGrant.dataset == name)
+        if row is None or not owns(viewer, row):
+            if row is None or viewer.owner is None:
+                raise DatasetNotFound(f"no dataset {name!r}; GET /api/v1/datasets lists yours")
+            stmt = stmt.where(DatasetGrant.analyst == viewer.owner)
+        grants = list(session.scalars(stmt.order_by(DatasetGrant.created_at.desc())))
+        if not grants and not owns(viewer, row):
+            raise DatasetNotFound(f"no dataset {name!r}; GET /api/v1/datasets lists yours")
+    key = view_key(engine, name)
+    out = []
+    for g in grants:
+        v = grant_view(g)
+        v["epsilon_used"] = float(usage(engine, key, g.analyst))
+        out.append(v)
+    return out
+
+
+def usage(engine: Engine, ledger_key: str, analyst: str) -> Decimal:
+    """ε the analyst's sweeps hold on the records of ``ledger_key`` (reserved less released)."""
+    from sweeper.privacy.ledger.reservations import principal_usage
+
+    with Session(engine) as session:
+        return principal_usage(session, ledger_key, analyst)
+
+
+def analyst_terms(engine: Engine, name: str, tenant: str | None) -> AnalystTerms | None:
+    """What binds ``tenant``'s sweeps on dataset ``name``, if they are its analyst (an active
+    grant on someone else's dataset); None for the owner, local use, built-in and registered
+    names without a grant."""
+    if tenant is None:
+        return None
+    with Session(engine) as session:
+        row = dataset_row(session, name)
+        if row is None or row.owner == tenant:
+            return None
+        g = _active(session, name, tenant)
+        if g is None:
+            return None
+        modes = tuple(row.analyst_eval_modes or DEFAULT_ANALYST_EVAL_MODES)
+        return AnalystTerms(g.id, name, tenant, Decimal(g.epsilon_allowance), modes)
+
+
+def has_active_grant(engine: Engine, name: str, tenant: str) -> bool:
+    """Whether ``tenant`` holds an active grant on dataset ``name``."""
+    with Session(engine) as session:
+        return _active(session, name, tenant) is not None
+
+
+def sweep_may_continue(engine: Engine, *, dataset: str, owner: str | None) -> bool:
+    """Whether a sweep of ``owner`` on ``dataset`` may start new trials: always for the
+    dataset's owner (and local use); for an analyst, only while their grant is active."""
+    if owner is None:
+        return True
+    with Session(engine) as session:
+        row = dataset_row(session, dataset)
+        if row is None or row.owner is None or row.owner == owner:
+            return True
+        return _active(session, dataset, owner) is not None
+
+
+def sees_sweep(session: Session, viewer: Viewer, *, owner: str | None, dataset: str) -> bool:
+    """Whether ``viewer`` sees a sweep of ``owner`` on ``dataset``: its owner (an analyst sees
+    their own sweeps only), an admin, local use, or the dataset's owner (who sees every sweep
+    on their data)."""
+    if viewer.sees(owner):
+        return True
+    if viewer.owner is None:
+        return False
+    row = dataset_row(session, dataset)
+    return row is not None and row.owner is not None and row.owner == viewer.owner
+
+
+def owned_dataset_names(viewer: Viewer) -> Any:
+    """A subquery of the names of the datasets ``viewer`` uploaded (for sweep listings)."""
+    return select(Dataset.name).where(Dataset.owner == viewer.owner).scalar_subquery()
+
+
+def check_eval_mode(terms: AnalystTerms, mode: str) -> None:
+    """Refuse an evaluation mode the data owner does not let analysts use.
+
+    Raises:
+        ConfigError: field ``eval.mode``.
+    """
+    if mode not in terms.eval_modes:
+        allowed = ", ".join(terms.eval_modes) or "none"
+        why = (
+            " (a carve-out releases raw metrics on private records)" if mode == "carve-out" else ""
+        )
+        raise ConfigError(
+            f"the owner of dataset {terms.dataset!r} lets analysts evaluate with: {allowed}; "
+            f"not {mode!r}{why}. Set eval.mode to one of those (eval: {{mode: dp}} needs no "
+            "other data)",
+            field="eval.mode",
+        )
+
+
+def set_policy(
+    engine: Engine,
+    name: str,
+    viewer: Viewer,
+    *,
+    analyst_eval_modes: list[str] | None = None,
+    public_info: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Set what analysts may use and see of a dataset (owner or admin).
+
+    Args:
+        analyst_eval_modes: The evaluation modes analysts may use (``public``, ``dp``,
+            ``carve-out``); None leaves them as they are.
+        public_info: What the owner declares public: ``label_names`` (a list of strings) and
+            ``description`` (text). Never computed from the records.
+
+    Raises:
+        DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
+        ConfigError: an unknown mode or a malformed description.
+    """
+    with Session(engine) as session, session.begin():
+        row = _owned_row(session, name, viewer)
+        if analyst_eval_modes is not None:
+            bad = [m for m in analyst_eval_modes if m not in EVAL_MODES]
+            if bad:
+                raise ConfigError(
+                    f"unknown evaluation mode(s) {bad}; allowed: {sorted(EVAL_MODES)}",
+                    field="analyst_eval_modes",
+                )
+            row.analyst_eval_modes = sorted(set(analyst_eval_modes))
+        if public_info is not None:
+            row.public_info = _checked_info(public_info)
+        return policy_view(row)
+
+
+def policy_view(row: Dataset) -> dict[str, Any]:
+    """A dataset's analyst policy as the API shows it."""
+    return {
+        "dataset": row.name,
+        "analyst_eval_modes": list(row.analyst_eval_modes or DEFAULT_ANALYST_EVAL_MODES),
+        "public_info": dict(row.public_info or {}),
+    }
+
+
+def _checked_info(info: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    labels = info.get("label_names")
+    if labels is not None:
+        if not isinstance(labels, list) or not all(
+            isinstance(x, str) and 0 < len(x) <= 200 for x in labels
+        ):
+            raise ConfigError(
+                "public_info.label_names must be a list of names (strings of 1-200 characters)",
+                field="public_info.label_names",
+            )
+        out["label_names"] = labels[:10000]
+    description = info.get("description")
+    if description is not None:
+        if not isinstance(description, str) or len(description) > 10000:
+            raise ConfigError(
+                "public_info.description must be text of at most 10000 characters",
+                field="public_info.description",
+            )
+        out["description"] = description
+    unknown = set(info) - {"label_names", "description"}
+    if unknown:
+        raise ConfigError(
+            f"unknown public_info key(s) {sorted(unknown)}; allowed: label_names, description",
+            field=f"public_info.{sorted(unknown)[0]}",
+        )
+    return out

@@ -1,0 +1,208 @@
+"""The audit log of releases: who received what, from which sweep and trial, at what ε, when.
+
+Each entry is written in the same transaction as the release it records, so the log lists
+exactly the releases that happened, in the order they happened, through crashes and resumes
+(a unique key on sweep, trial and kind makes a repeated write a no-op). The table is
+append-only: the database refuses updates and deletes (migration 0007's triggers), and no
+route writes to it.
+
+What counts as a release (each reaches the sweep's owner, and its dataset's owner):
+
+* ``trial``: a trial's metrics, when it finishes; ε is what the trial was charged.
+* ``trial-failed``: a charged trial's failure (its error is shown); ε is its charge.
+* ``selected-trial``: a papernot-steinke grid's one release, when its search completes; ε is
+  the grid's one whole-search charge. Its runs are never logged one by one (their number is
+  secret).
+* ``model``: a kept model (:mod:`sweeper.artifacts`), covered by its trial's release (ε 0).
+
+The dataset's owner reads every entry on its records; an analyst reads their own.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from sweeper.privacy.ledger.amounts import ZERO, add_exact
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
+from sweeper.store import ReleaseRecord, Sweep, iso, sweep_ledger_key
+
+KINDS = ("trial", "trial-failed", "selected-trial", "model")
+
+
+def charged(session: Session, sweep: Sweep, trial_ids: list[str]) -> tuple[Decimal, Decimal]:
+    """The ε and δ the ledger charged ``sweep`` for ``trial_ids`` (exact sums)."""
+    rows = session.execute(
+        select(LedgerEntry.epsilon, LedgerEntry.delta).where(
+            LedgerEntry.dataset == sweep_ledger_key(sweep),
+            LedgerEntry.sweep_id == sweep.id,
+            LedgerEntry.kind == EntryKind.CHARGE,
+            LedgerEntry.trial_id.in_(trial_ids),
+        )
+    ).all()
+    eps, dlt = ZERO, ZERO
+    for e, d in rows:
+        eps, dlt = add_exact(eps, e), add_exact(dlt, d)
+    return eps, dlt
+
+
+def record(
+    session: Session,
+    sweep: Sweep,
+    *,
+    trial_id: str,
+    kind: str,
+    grid: str | None,
+    epsilon: Decimal,
+    delta: Decimal,
+    detail: dict[str, Any] | None = None,
+) -> bool:
+    """Append a release to the log (inside the release's own transaction).
+
+    Returns:
+        Whether it was new (a release already logged is not logged again).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown release kind {kind!r}")
+    exists = session.scalar(
+        select(ReleaseRecord.id).where(
+            ReleaseRecord.sweep_id == sweep.id,
+            ReleaseRecord.trial_id == trial_id,
+            ReleaseRecord.kind == kind,
+        )
+    )
+    if exists is not None:
+        return False
+    session.add(
+        ReleaseRecord(
+            dataset=sweep_ledger_key(sweep),
+            dataset_name=sweep.dataset,
+            principal=sweep.owner,
+            sweep_id=sweep.id,
+            trial_id=trial_id,
+            kind=kind,
+            grid=grid,
+            epsilon=epsilon,
+            delta=delta,
+            detail=detail or {},
+        )
+    )
+    session.flush()
+    return True
+
+
+def record_trial(
+    session: Session, sweep: Sweep, *, trial_id: str, grid: str, kind: str, what: list[str]
+) -> None:
+    """Log a shown trial's release (``trial`` or ``trial-failed``) with its charge."""
+    eps, dlt = charged(session, sweep, [trial_id])
+    record(
+        session,
+        sweep,
+        trial_id=trial_id,
+        kind=kind,
+        grid=grid,
+        epsilon=eps,
+        delta=dlt,
+        detail={"released": sorted(what)},
+    )
+
+
+def record_selected(
+    session: Session, sweep: Sweep, *, trial_id: str, grid: str, run_ids: list[str]
+) -> bool:
+    """Log a papernot-steinke grid's release of its selected trial, with the grid's charge
+    (the detail says nothing of the number of runs)."""
+    eps, dlt = charged(session, sweep, run_ids)
+    return record(
+        session,
+        sweep,
+        trial_id=trial_id,
+        kind="selected-trial",
+        grid=grid,
+        epsilon=eps,
+        delta=dlt,
+        detail={"released": ["metrics", "params"], "accounting": "papernot-steinke"},
+    )
+
+
+def record_hidden_releases(engine: Engine, sweep_id: str, *, metric: str, mode: str) -> int:
+    """Log the release of every papernot-steinke grid of the sweep whose search completed
+    (idempotent: call it after any trial of such a grid ends, and when a driver takes over).
+
+    Returns:
+        How many releases were logged now.
+    """
+    from sweeper.sweeps import events
+    from sweeper.sweeps.released import selected_trial
+    from sweeper.sweeps.stored import grid_key, hidden_grids
+
+    logged = 0
+    with Session(engine) as session, session.begin():
+        events.lock_sweep(session, sweep_id)
+        sweep = session.get(Sweep, sweep_id)
+        if sweep is None:
+            return 0
+        hidden = hidden_grids(sweep)
+        if not hidden:
+            return 0
+        by_grid: dict[str, list[Any]] = {}
+        for t in sweep.trials:
+            key = grid_key(t.arm, t.epsilon_budget)
+            if key in hidden:
+                by_grid.setdefault(key, []).append(t)
+        for key, runs in by_grid.items():
+            chosen = selected_trial(runs, metric=metric, mode=mode)
+            if chosen is not None and record_selected(
+                session, sweep, trial_id=chosen.id, grid=key, run_ids=[t.id for t in runs]
+            ):
+                logged += 1
+    return logged
+
+
+def entry_view(r: ReleaseRecord) -> dict[str, Any]:
+    """An entry as the API shows it."""
+    return {
+        "id": r.id,
+        "at": iso(r.created_at),
+        "principal": r.principal,
+        "dataset": r.dataset_name,
+        "sweep_id": r.sweep_id,
+        "trial_id": r.trial_id or None,
+        "kind": r.kind,
+        "grid": r.grid,
+        "epsilon": float(r.epsilon),
+        "delta": float(r.delta),
+        "detail": r.detail,
+    }
+
+
+def read_log(
+    engine: Engine,
+    ledger_key: str,
+    *,
+    principal: str | None = None,
+    everyone: bool,
+    after: int | None = None,
+    limit: int = 100,
+) -> list[dict[str, Any]]:
+    """The log's entries on the records of ``ledger_key``, oldest first.
+
+    Args:
+        ledger_key: The records' ledger key.
+        principal: Whose entries (an analyst's own); ignored with ``everyone``.
+        everyone: Every principal's entries (the dataset's owner).
+        after: Only entries with a larger id (the cursor of the previous page).
+        limit: At most this many.
+    """
+    stmt = select(ReleaseRecord).where(ReleaseRecord.dataset == ledger_key)
+    if not everyone:
+        stmt = stmt.where(ReleaseRecord.principal == principal)
+    if after is not None:
+        stmt = stmt.where(ReleaseRecord.id > after)
+    with Session(engine) as session:
+        rows = session.scalars(stmt.order_by(ReleaseRecord.id).limit(limit))
+        return [entry_view(r) for r in rows]
