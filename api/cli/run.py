@@ -302,6 +302,10 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
+            if not console.is_terminal:
+                # Off a terminal the live view's last frame ends without a newline; the
+                # results (on stdout, often the same file) must start on a line of their own.
+                console.line()
     summary = summarize(engine, sweep_id)
     out = stdout_console()
     if args.json:

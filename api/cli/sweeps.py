@@ -120,7 +120,10 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
             f"{r['epsilon_budget']:g}",
             params,
             f"{r['objective_mean']:.4f}",
-            f"{r['objective_std']:.4f}",
+            # One seed has no spread: a dash, not a standard deviation of 0.
+            "—"
+            if r["objective_std"] is None or int(r["seeds"]) < 2
+            else f"{r['objective_std']:.4f}",
             "—" if r["ece_mean"] is None else f"{r['ece_mean']:.4f}",
             str(r["seeds"]),
             "★" if (r["arm"], r["epsilon_budget"]) in front else "",

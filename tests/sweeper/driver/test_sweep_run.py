@@ -271,6 +271,10 @@ def test_cli_show_export_sweeps(local_ray: Any, engine: Any, capsys: Any, tmp_pa
             "objective_std",
             "ece_mean",
         } <= set(r)
+    # One seed per configuration: no spread to show, a dash rather than "0.0000".
+    assert main(["show", sid, "--db", url]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "lr=" in ln]
+    assert rows and all("—" in ln and "0.0000" not in ln for ln in rows), rows
     assert main(["export", sid, "--db", url, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("id,arm,strategy,epsilon_budget") and len(lines) == 1 + 3
