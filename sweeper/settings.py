@@ -56,6 +56,18 @@ class SweeperSettings(BaseSettings):
         gt=0,
         description="most megabytes of kept models per tenant (default: no limit)",
     )
+    idempotency_ttl_hours: float = Field(
+        default=24.0, gt=0, description="how long an Idempotency-Key replays its response"
+    )
+    upload_ttl_days: float | None = Field(
+        default=30.0,
+        gt=0,
+        description="unused uploads (no sweep, no active grant) are deleted after this many "
+        "days (their ledgers stay); unset: never",
+    )
+    expiry_every_seconds: float = Field(
+        default=600.0, gt=0, description="how often the scheduler expires keys and uploads"
+    )
     max_pack_size: int | None = Field(
         default=None, ge=1, description="most trials per pack (default: the workers' setting)"
     )

@@ -103,6 +103,7 @@ class Scheduler:
                     self._beat()
                     self._reap()
                     self._start_ready()
+                    self._expire()
                     stop.wait(max(0.2, self.settings.poll_seconds * 2))
             finally:
                 self._drain()
@@ -188,6 +189,33 @@ class Scheduler:
             drive.thread.join(max(0.0, deadline - time.monotonic()))
 
     # -- presence, for /ready ------------------------------------------------------------------
+
+    def _expire(self) -> None:
+        """Expire old idempotency keys and unused uploads, every ``expiry_every_seconds``."""
+        now = time.monotonic()
+        if now - getattr(self, "_last_expiry", -1e12) < self.settings.expiry_every_seconds:
+            return
+        self._last_expiry = now
+        from datetime import timedelta
+
+        from sweeper.store.expiry import expire
+
+        days = self.settings.upload_ttl_days
+        try:
+            out = expire(
+                self.engine,
+                idempotency_ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
+                upload_ttl=None if days is None else timedelta(days=days),
+            )
+        except Exception:  # expiry is housekeeping: it never stops the scheduler
+            log.exception("expiry failed; it is retried at the next pass")
+            return
+        if out.idempotency_keys or out.uploads:
+            log.info(
+                "expired %d idempotency key(s) and %d unused upload(s)",
+                out.idempotency_keys,
+                len(out.uploads),
+            )
 
     def _beat(self) -> None:
         now = time.monotonic()
