@@ -198,3 +198,18 @@ def test_generic_packs_benchmark_smoke() -> None:
     row = json.loads(p.stdout)["text_classifier"]
     assert row["batched_ms"] > 0 and row["sequential_ms"] > 0
     assert row["faster"] in ("batched", "sequential") and row["declared"] == "batched"
+
+
+def test_ledger_benchmark_smoke() -> None:
+    """bench/ledger.py charges on both databases and checks the books (a few charges)."""
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "ledger.py"), "--charges", "40", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["sqlite"]["charges"] == 40 and out["sqlite"]["seconds"] > 0
+    assert out["postgresql"]["charges"] in (0, 40)

@@ -14,7 +14,7 @@ from dpsweep.errors import ConfigError, PrivacyError
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.keys import dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, SweepBalance
-from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, utcnow
+from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, SweepTotals, utcnow
 from sweeper.store.engine import has_ledger_hooks, read_only
 
 __all__ = ["LedgerCore"]
@@ -94,7 +94,40 @@ class LedgerCore:
         return budget
 
     @staticmethod
-    def _balance(session: Session, dataset: str, sweep_id: str) -> SweepBalance:
+    def _totals(session: Session, dataset: str, sweep_id: str) -> SweepTotals | None:
+        """The sweep's running-totals row (None before its first entry)."""
+        return session.scalars(
+            select(SweepTotals).where(
+                SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
+            )
+        ).one_or_none()
+
+    @classmethod
+    def _balance(cls, session: Session, dataset: str, sweep_id: str) -> SweepBalance:
+        """The sweep's totals: one row (:class:`SweepTotals`), kept with every entry."""
+        return cls._balance_of(cls._totals(session, dataset, sweep_id), dataset, sweep_id)
+
+    @staticmethod
+    def _balance_of(row: SweepTotals | None, dataset: str, sweep_id: str) -> SweepBalance:
+        """A totals row as a :class:`SweepBalance` (zeros for None)."""
+        if row is None:
+            return SweepBalance(dataset, sweep_id, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
+        return SweepBalance(
+            dataset=dataset,
+            sweep_id=sweep_id,
+            epsilon_reserved=row.epsilon_reserved,
+            delta_reserved=row.delta_reserved,
+            epsilon_charged=row.epsilon_charged,
+            delta_charged=row.delta_charged,
+            epsilon_released=row.epsilon_released,
+            delta_released=row.delta_released,
+            reservations=row.reservations,
+        )
+
+    @staticmethod
+    def _balance_from_entries(session: Session, dataset: str, sweep_id: str) -> SweepBalance:
+        """The sweep's totals summed from its entries (what :meth:`_balance` caches; the
+        audit's check)."""
         rows = session.execute(
             select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta).where(
                 LedgerEntry.dataset == dataset, LedgerEntry.sweep_id == sweep_id
@@ -131,6 +164,7 @@ class LedgerCore:
         delta: Decimal,
         note: str,
         principal: str | None = None,
+        totals: SweepTotals | None = None,
     ) -> LedgerRecord:
         entry = LedgerEntry(
             principal=principal,
@@ -144,6 +178,32 @@ class LedgerCore:
             note=note,
         )
         session.add(entry)
+        # The sweep's running totals, in the same transaction (the caller holds the dataset's
+        # budget-row lock, so no other writer updates them meanwhile).
+        if totals is None:  # (a caller that read the row already passes it)
+            totals = session.scalars(
+                select(SweepTotals).where(
+                    SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
+                )
+            ).one_or_none()
+        if totals is None:
+            totals = SweepTotals(
+                dataset=dataset,
+                sweep_id=sweep_id,
+                epsilon_reserved=ZERO,
+                delta_reserved=ZERO,
+                epsilon_charged=ZERO,
+                delta_charged=ZERO,
+                epsilon_released=ZERO,
+                delta_released=ZERO,
+                reservations=0,
+            )
+            session.add(totals)
+        name = {EntryKind.RESERVE: "reserved", EntryKind.CHARGE: "charged"}.get(kind, "released")
+        setattr(totals, f"epsilon_{name}", add_exact(getattr(totals, f"epsilon_{name}"), epsilon))
+        setattr(totals, f"delta_{name}", add_exact(getattr(totals, f"delta_{name}"), delta))
+        if kind is EntryKind.RESERVE:
+            totals.reservations = totals.reservations + 1
         session.flush()  # assigns the id; the commit happens when the operation's block exits
         return LedgerRecord.from_row(entry)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
@@ -13,7 +13,16 @@ from sweeper.privacy.ledger.amounts import add_exact, stricter_cap
 from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.keys import checked_key, checked_note
 from sweeper.privacy.ledger.records import BudgetSummary, CarriedOver, summary_of
-from sweeper.privacy.ledger.rows import LedgerEntry, utcnow
+from sweeper.privacy.ledger.rows import LedgerEntry, SweepTotals, utcnow
+
+_TOTAL_FIELDS = (
+    "epsilon_reserved",
+    "delta_reserved",
+    "epsilon_charged",
+    "delta_charged",
+    "epsilon_released",
+    "delta_released",
+)
 
 __all__ = ["KeyMoves"]
 
@@ -91,6 +100,24 @@ class KeyMoves(LedgerCore):
                 .values(dataset=target, note=LedgerEntry.note + note)
                 .execution_options(synchronize_session=False)
             ).rowcount  # type: ignore[attr-defined]
+            # The sweeps' running totals follow their entries (merged with the target's own
+            # totals for a sweep that, unusually, has entries under both keys).
+            for totals in session.scalars(
+                select(SweepTotals).where(SweepTotals.dataset == source)
+            ).all():
+                there = session.scalars(
+                    select(SweepTotals).where(
+                        SweepTotals.dataset == target, SweepTotals.sweep_id == totals.sweep_id
+                    )
+                ).one_or_none()
+                if there is None:
+                    totals.dataset = target
+                    continue
+                for field in _TOTAL_FIELDS:
+                    setattr(there, field, add_exact(getattr(there, field), getattr(totals, field)))
+                there.reservations = there.reservations + totals.reservations
+                session.delete(totals)
+            session.flush()
             moved_totals = (
                 old.epsilon_spent,
                 old.delta_spent,

@@ -166,11 +166,8 @@ class ReservationOperations(LedgerCore):
         note = checked_note(note)
         with self._write() as session:
             budget = self._lock_budget(session, dataset, create=False)
-            balance = (
-                self._balance(session, dataset, sweep_id)
-                if budget is not None
-                else SweepBalance(dataset, sweep_id, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
-            )
+            totals = self._totals(session, dataset, sweep_id) if budget is not None else None
+            balance = self._balance_of(totals, dataset, sweep_id)
             if budget is None or balance.reservations == 0:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
@@ -217,6 +214,7 @@ class ReservationOperations(LedgerCore):
                 epsilon=eps,
                 delta=dlt,
                 note=note,
+                totals=totals,
             )
 
     def release(self, dataset: str, *, sweep_id: str, note: str = "") -> LedgerRecord | None:

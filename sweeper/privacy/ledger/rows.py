@@ -6,7 +6,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from enum import StrEnum
 
-from sqlalchemy import CheckConstraint, Engine, Enum, ForeignKey, Index, String, Text
+from sqlalchemy import (
+    CheckConstraint,
+    Engine,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sweeper.privacy.ledger.amounts import ZERO
@@ -14,7 +24,14 @@ from sweeper.privacy.ledger.keys import KEY_MAX_LENGTH
 from sweeper.store.base import Base
 from sweeper.store.types import ExactDecimal, UTCDateTime
 
-__all__ = ["DatasetBudget", "EntryKind", "LedgerEntry", "create_ledger_tables", "utcnow"]
+__all__ = [
+    "DatasetBudget",
+    "EntryKind",
+    "LedgerEntry",
+    "SweepTotals",
+    "create_ledger_tables",
+    "utcnow",
+]
 
 
 def utcnow() -> datetime:
@@ -90,6 +107,30 @@ class LedgerEntry(Base):
     principal: Mapped[str | None] = mapped_column(String(200))
 
 
+class SweepTotals(Base):
+    """One sweep's running totals on one dataset: a cache of its entries, kept in the same
+    transaction as each entry (under the dataset's budget-row lock), so that a charge reads
+    one row instead of every earlier entry of its sweep."""
+
+    __tablename__ = "ledger_sweep_totals"
+    __table_args__ = (
+        UniqueConstraint("dataset", "sweep_id", name="uq_ledger_sweep_totals_dataset_sweep"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    dataset: Mapped[str] = mapped_column(
+        String(KEY_MAX_LENGTH), ForeignKey("dataset_budgets.dataset")
+    )
+    sweep_id: Mapped[str] = mapped_column(String(KEY_MAX_LENGTH))
+    epsilon_reserved: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    delta_reserved: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    epsilon_charged: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    delta_charged: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    epsilon_released: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    delta_released: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    reservations: Mapped[int] = mapped_column(Integer, default=0)
+
+
 def create_ledger_tables(engine: Engine) -> None:
     """Create the ledger tables if they do not exist (tests and local use).
 
@@ -102,5 +143,10 @@ def create_ledger_tables(engine: Engine) -> None:
     # Only the ledger's own tables: the store's come with their migrations.
     tables = Base.metadata.tables
     Base.metadata.create_all(
-        engine, tables=[tables[DatasetBudget.__tablename__], tables[LedgerEntry.__tablename__]]
+        engine,
+        tables=[
+            tables[DatasetBudget.__tablename__],
+            tables[LedgerEntry.__tablename__],
+            tables[SweepTotals.__tablename__],
+        ],
     )

@@ -173,9 +173,19 @@ def test_an_analysts_sweep_is_logged_release_by_release(local_ray: Any, tmp_path
     assert all(e["principal"] == "ana" and e["sweep_id"] == sid for e in log)
     # Each trial's entry carries what the ledger charged it; together, the grid's ε.
     assert sum(e["epsilon"] for e in trials) == pytest.approx(key["epsilon_used"], rel=1e-9)
-    # The best trial's model was kept, and logged after its trial.
+    # Each model kept (a better one may replace the grid's first) is logged after its trial;
+    # the last one logged is the one kept now.
+    from sweeper.store import ModelArtifact
+
     models = [e for e in log if e["kind"] == "model"]
-    assert len(models) == 1 and [e["id"] for e in log] == sorted(e["id"] for e in log)
+    position = {(e["kind"], e["trial_id"]): i for i, e in enumerate(log)}
+    assert models and all(
+        position[("trial", m["trial_id"])] < position[("model", m["trial_id"])] for m in models
+    )
+    with Session(engine) as s:
+        (kept,) = s.scalars(sa.select(ModelArtifact.trial_id))
+    assert models[-1]["trial_id"] == kept
+    assert [e["id"] for e in log] == sorted(e["id"] for e in log)
     # An analyst reads their own entries; someone else none.
     assert read_log(engine, view_key(engine, ds), principal="ana", everyone=False) == log
     assert read_log(engine, view_key(engine, ds), principal="mallory", everyone=False) == []

@@ -86,6 +86,13 @@ def assert_consistent(ledger: BudgetLedger, dataset: str = DS) -> BudgetSummary:
     }
     assert summary.epsilon_spent >= 0 and summary.epsilon_reserved >= 0
     assert summary.delta_spent >= 0 and summary.delta_reserved >= 0
+    # Each sweep's running totals (what a charge reads) equal the sums of its entries.
+    from sqlalchemy.orm import Session
+
+    with Session(ledger.engine) as session:
+        for sweep_id in {e.sweep_id for e in ledger.entries(dataset)}:
+            cached = ledger._balance(session, dataset, sweep_id)
+            assert cached == ledger._balance_from_entries(session, dataset, sweep_id)
     if summary.epsilon_cap is not None:
         assert summary.epsilon_spent + summary.epsilon_reserved <= summary.epsilon_cap
     if summary.delta_cap is not None:

@@ -41,6 +41,7 @@ TABLES = {
     "staged_models",
     "dataset_grants",
     "release_records",
+    "ledger_sweep_totals",
     VERSION_TABLE,
 }
 # What migrations 0003 and later add (downgrading to 0002 removes them).
@@ -53,6 +54,7 @@ SINCE_0003 = {
     "staged_models",
     "dataset_grants",
     "release_records",
+    "ledger_sweep_totals",
 }
 
 
