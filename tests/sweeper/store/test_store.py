@@ -212,3 +212,87 @@ def test_cli_db_upgrade(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert f"schema revision {head_revision()}" in p.stdout
     assert current_revision(target) == head_revision()
+
+
+def test_migration_0008_sums_existing_entries_into_sweep_totals(url: str) -> None:
+    """A ledger written before the running totals gets them from its entries, exactly."""
+    from decimal import Decimal
+
+    from sweeper.store.types import ExactDecimal
+
+    upgrade(url, "0007")
+    engine = sa.create_engine(url)
+    amount = ExactDecimal()
+    entries = sa.table(
+        "budget_ledger_entries",
+        sa.column("dataset", sa.String()),
+        sa.column("sweep_id", sa.String()),
+        sa.column("trial_id", sa.String()),
+        sa.column("kind", sa.String()),
+        sa.column("epsilon", amount),
+        sa.column("delta", amount),
+        sa.column("note", sa.String()),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+    )
+    budgets = sa.table(
+        "dataset_budgets",
+        sa.column("dataset", sa.String()),
+        *(
+            sa.column(c, amount)
+            for c in ("epsilon_spent", "delta_spent", "epsilon_reserved", "delta_reserved")
+        ),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+        sa.column("updated_at", sa.DateTime(timezone=True)),
+    )
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    d = Decimal
+    with engine.begin() as conn:
+        conn.execute(
+            budgets.insert().values(
+                dataset="k",
+                epsilon_spent=d("0.3"),
+                delta_spent=d(0),
+                epsilon_reserved=d("0.7"),
+                delta_reserved=d("1e-5"),
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        rows = [
+            ("s1", None, "reserve", d("1"), d("1e-5")),
+            ("s1", "t1", "charge", d("0.1"), d(0)),
+            ("s1", "t2", "charge", d("0.2"), d(0)),
+            ("s2", None, "reserve", d("0.5"), d(0)),
+            ("s2", None, "release", d("0.5"), d(0)),
+        ]
+        for sweep, trial, kind, e, dl in rows:
+            conn.execute(
+                entries.insert().values(
+                    dataset="k",
+                    sweep_id=sweep,
+                    trial_id=trial,
+                    kind=kind,
+                    epsilon=e,
+                    delta=dl,
+                    note="",
+                    created_at=now,
+                )
+            )
+    engine.dispose()
+    upgrade(url)
+    engine = make_engine(url)
+    ledger = BudgetLedger(engine)
+    with Session(engine) as session:
+        for sweep in ("s1", "s2"):
+            cached = ledger._balance(session, "k", sweep)
+            assert cached == ledger._balance_from_entries(session, "k", sweep)
+        s1 = ledger._balance(session, "k", "s1")
+    assert s1.epsilon_charged == d("0.3") and s1.reservations == 1
+    assert s1.epsilon_outstanding == d("0.7")
+    # And the ledger goes on from them: a charge past the outstanding amount is refused.
+    ledger.charge("k", sweep_id="s1", trial_id="t3", epsilon=d("0.7"), delta=0)
+    with pytest.raises(Exception, match="holds only"):
+        ledger.charge("k", sweep_id="s1", trial_id="t4", epsilon=0.01, delta=0)
+    engine.dispose()
