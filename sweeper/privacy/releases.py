@@ -123,6 +123,26 @@ def lifetime_release(summary: Any) -> dict[str, Any]:
     }
 
 
+ANALYST_COVERS = (
+    "what this analyst's sweeps have spent on these records (charged) and still hold "
+    "(reserved), under the data owner's grant (its allowance as the cap); the records' "
+    "lifetime total over every analyst is the data owner's to see"
+)
+
+
+def analyst_lifetime_release(*, spent: Any, reserved: Any, allowance: Any | None) -> dict[str, Any]:
+    """An analyst's share of a dataset's lifetime spend (shown on their sweeps instead of the
+    records' total, which would tell them what other analysts spent)."""
+    return {
+        "epsilon_spent": float(spent),
+        "delta_spent": None,
+        "epsilon_reserved": float(reserved),
+        "epsilon_cap": None if allowance is None else float(allowance),
+        "covers": ANALYST_COVERS,
+        "scope": "analyst",
+    }
+
+
 def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
     """What epsilon covers and how the evaluation records are released, for the spec's mode.
 

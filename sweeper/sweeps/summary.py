@@ -18,6 +18,7 @@ from dpsweep.spec import ArmConfig, randomness_label
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
 from sweeper.privacy.releases import (
+    analyst_lifetime_release,
     evaluation_statement,
     grid_releases,
     lifetime_release,
@@ -79,6 +80,39 @@ def sweep_results(sweep: Sweep) -> SweepResults:
     )
 
 
+def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
+    """The dataset-lifetime release shown with a sweep: the records' total for their owner's
+    (and local) sweeps; for an analyst's sweep, only what that analyst spent and holds (the
+    total would tell them what other analysts spent)."""
+    from sweeper.datasets.grants import dataset_row
+    from sweeper.privacy.ledger.reservations import principal_totals
+
+    with Session(engine) as session:
+        row = dataset_row(session, sweep.dataset)
+        analyst = (
+            sweep.owner is not None
+            and row is not None
+            and row.owner is not None
+            and row.owner != sweep.owner
+        )
+        if analyst:
+            assert sweep.owner is not None
+            from sweeper.store import DatasetGrant
+
+            spent, reserved = principal_totals(session, key, sweep.owner)
+            allowance = session.scalar(
+                select(DatasetGrant.epsilon_allowance)
+                .where(
+                    DatasetGrant.dataset == sweep.dataset,
+                    DatasetGrant.analyst == sweep.owner,
+                )
+                .order_by(DatasetGrant.created_at.desc())
+                .limit(1)
+            )
+            return analyst_lifetime_release(spent=spent, reserved=reserved, allowance=allowance)
+    return lifetime_release(BudgetLedger(engine).summary(key))
+
+
 def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> dict[str, Any]:
     """What `dpsweep show --json` and the API return for a sweep (``sweep``: already loaded
     with :func:`load_sweep`)."""
@@ -108,7 +142,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
     privacy = {
         "grids": grid_releases(plan),
         "sweep": sweep_release(plan),
-        "dataset_lifetime": lifetime_release(BudgetLedger(engine).summary(key)),
+        "dataset_lifetime": _lifetime(engine, sweep, key),
         "evaluation": evaluation_statement(plan),
     }
     return {

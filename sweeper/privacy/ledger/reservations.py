@@ -302,3 +302,29 @@ def principal_usage(session: Session, dataset: str, principal: str | None) -> De
         else:
             released = add_exact(released, eps)
     return sub_exact(reserved, released) if released <= reserved else ZERO
+
+
+def principal_totals(session: Session, dataset: str, principal: str) -> tuple[Decimal, Decimal]:
+    """ε charged to ``principal``'s sweeps on ``dataset``, and ε they still hold reserved."""
+    sweeps = (
+        select(LedgerEntry.sweep_id)
+        .where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.principal == principal,
+            LedgerEntry.kind == EntryKind.RESERVE,
+        )
+        .distinct()
+    )
+    rows = session.execute(
+        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
+            LedgerEntry.dataset == dataset, LedgerEntry.sweep_id.in_(sweeps)
+        )
+    ).all()
+    totals = {kind: ZERO for kind in EntryKind}
+    for kind, eps in rows:
+        totals[EntryKind(kind)] = add_exact(totals[EntryKind(kind)], eps)
+    held = sub_exact(totals[EntryKind.RESERVE], totals[EntryKind.RELEASE])
+    outstanding = (
+        sub_exact(held, totals[EntryKind.CHARGE]) if totals[EntryKind.CHARGE] <= held else ZERO
+    )
+    return totals[EntryKind.CHARGE], outstanding

@@ -186,6 +186,15 @@ def test_an_analysts_sweep_is_logged_release_by_release(local_ray: Any, tmp_path
         (kept,) = s.scalars(sa.select(ModelArtifact.trial_id))
     assert models[-1]["trial_id"] == kept
     assert [e["id"] for e in log] == sorted(e["id"] for e in log)
+    # The analyst's sweep shows their own spending, not the records' total (which would
+    # tell them what others spent): the owner spends on the same records meanwhile.
+    from sweeper.sweeps.summary import summarize
+
+    create_sweep(engine, _spec(ds, budgets=[1]), owner="olga")
+    life = summarize(engine, sid)["privacy"]["dataset_lifetime"]
+    assert life["scope"] == "analyst" and life["epsilon_cap"] == 5
+    assert life["epsilon_spent"] == pytest.approx(key["epsilon_used"], rel=1e-9)
+    assert life["epsilon_reserved"] == 0
     # An analyst reads their own entries; someone else none.
     assert read_log(engine, view_key(engine, ds), principal="ana", everyone=False) == log
     assert read_log(engine, view_key(engine, ds), principal="mallory", everyone=False) == []
