@@ -326,10 +326,16 @@ def test_layers_depend_one_way_api_sweeper_workers() -> None:
             "numpy",
         ),
     }
+    # The one exception: the SDK's Trial.load_model / export_onnx build the trained model with
+    # the server extra's registry when it is installed; they import it inside the methods only
+    # (never at module level), and say what to install when it is missing.
+    lazy_ok = {("trial.py", "workers"), ("trial.py", "torch")}
     bad = []
     for layer, banned in forbidden.items():
         for path in (root / layer).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
+            tree = ast.parse(path.read_text())
+            top_level = {id(n) for n in tree.body}
+            for node in ast.walk(tree):
                 names = (
                     [a.name for a in node.names]
                     if isinstance(node, ast.Import)
@@ -337,5 +343,14 @@ def test_layers_depend_one_way_api_sweeper_workers() -> None:
                     if isinstance(node, ast.ImportFrom)
                     else []
                 )
-                bad += [f"{path.name}: {n}" for n in names if n.split(".")[0] in banned]
+                bad += [
+                    f"{path.name}: {n}"
+                    for n in names
+                    if n.split(".")[0] in banned
+                    and not (
+                        layer == "dpsweep"
+                        and id(node) not in top_level
+                        and (path.name, n.split(".")[0]) in lazy_ok
+                    )
+                ]
     assert bad == []
