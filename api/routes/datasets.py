@@ -212,7 +212,7 @@ def put_budget(
     "/{dataset_id}/grants",
     status_code=201,
     response_model=GrantOut,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(400, 401, 403, 404, 422),
     summary="Grant an analyst (another tenant) access with an ε allowance (the owner); "
     "replaces their current grant",
 )
@@ -298,7 +298,7 @@ def get_policy(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any
 @router.put(
     "/{dataset_id}/policy",
     response_model=PolicyOut,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(400, 401, 403, 404, 422),
     summary="Set what analysts may use and see (the owner)",
 )
 def put_policy(
