@@ -199,8 +199,10 @@ def audit_page(
         raise ConfigError("give either cursor or after, not both", field="after")
     key = decode_cursor(cursor, length=1)
     start = after if key is None else key[0]
-    if start is not None and not isinstance(start, int):
-        raise ConfigError("invalid cursor", field="cursor")
+    if start is not None and (
+        not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < 2**63
+    ):
+        raise ConfigError("invalid cursor", field="cursor" if key is not None else "after")
     stmt = select(ReleaseRecord).where(ReleaseRecord.dataset == view_key(engine, name))
     if not (viewer.admin or viewer.owner is None):
         # Tenants read the releases of sweeps on this name: the same records under another

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import DatasetNotFound, PermissionDenied
+from dpsweep.errors import ConfigError, DatasetNotFound, PermissionDenied
 from sweeper.datasets import grants
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.analyst_views import audit_page, dataset_policy, update_policy
@@ -23,6 +23,7 @@ from sweeper.store import Sweep
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.cursors import encode_cursor
 from tests.conftest import fresh_postgres_database
 
 OLGA, ANA, BEA, MALLORY = Viewer("olga"), Viewer("ana"), Viewer("bea"), Viewer("mallory")
@@ -139,6 +140,9 @@ def test_the_audit_log_pages_and_stays_within_the_tenant(engine: Any, tmp_path: 
     assert [e["trial_id"] for e in audit_page(engine, ds, OLGA, analyst="bea").items] == ["b1"]
     assert audit_page(engine, ds, ANA, analyst="bea").items == []
     assert [e["trial_id"] for e in audit_page(engine, other, MALLORY).items] == ["m1"]
+    for bad in ("garbage", encode_cursor([2**70]), encode_cursor(["1"])):
+        with pytest.raises(ConfigError):
+            audit_page(engine, ds, OLGA, cursor=bad)
     # An admin reads every release from the records, under any name.
     assert len(audit_page(engine, ds, ADMIN).items) == 5
     with pytest.raises(DatasetNotFound):
