@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from api.grant_schemas import Allowance, GrantsSummary, PublicInfo
 
 
 class _Out(BaseModel):
@@ -297,9 +299,14 @@ class DatasetOut(_Out):
     name: str
     kind: str
     format: str | None
-    owner: str | None
-    size_bytes: int | None
-    created_at: str | None
+    role: str | None = Field(
+        default=None,
+        description="owner: yours (or you are an admin); analyst: another tenant's, granted "
+        "to you (its public description and your allowance only); null: a built-in set",
+    )
+    owner: str | None = None
+    size_bytes: int | None = None
+    created_at: str | None = None
     n_examples: int | None
     n_train: int | None
     input_shape: list[int] | None
@@ -308,6 +315,18 @@ class DatasetOut(_Out):
     label_column: str | None = None
     kind_of_data: str | None = None
     budget: DatasetBudget | None = None
+    public_info: PublicInfo | None = Field(
+        default=None, description="what the owner declared public (label names, description)"
+    )
+    analyst_eval_modes: list[str] | None = Field(
+        default=None, description="the evaluation modes analysts may use"
+    )
+    allowance: Allowance | None = Field(
+        default=None, description="analysts: your allowance on it and your use"
+    )
+    grants: GrantsSummary | None = Field(
+        default=None, description="owners: the active grants to analysts"
+    )
 
 
 class DatasetList(_Out):
@@ -318,6 +337,7 @@ class BudgetSweep(_Out):
     sweep: str
     name: str
     state: str
+    owner: str | None = Field(default=None, description="whose sweep (an analyst's, for owners)")
     epsilon_charged: float
     epsilon_reserved: float
     delta_charged: float
@@ -334,6 +354,15 @@ class BudgetOut(_Out):
     delta_reserved: float
     epsilon_remaining: float | None
     delta_remaining: float | None
+    sweeps: list[BudgetSweep]
+
+
+class AnalystBudgetOut(Allowance):
+    """An analyst's budget on a dataset: their allowance and their own sweeps (the records'
+    lifetime totals include others' spending, so analysts do not see them)."""
+
+    dataset: str
+    role: Literal["analyst"]
     sweeps: list[BudgetSweep]
 
 

@@ -132,7 +132,8 @@ class Client(HttpTransport):
     # -- datasets -------------------------------------------------------------------------------
 
     def datasets(self) -> list[dict[str, Any]]:
-        """Built-in datasets and your uploads, each with its budget."""
+        """Built-in datasets and your uploads, each with its budget, then the datasets granted
+        to you (``role: analyst``: their public description and your ``allowance``)."""
         return list(self._json("GET", "/datasets")["items"])
 
     def upload_dataset(
@@ -171,8 +172,93 @@ class Client(HttpTransport):
             )
 
     def budget(self, dataset: str) -> dict[str, Any]:
-        """A dataset's lifetime budget: caps, committed, reserved, remaining, your sweeps."""
+        """A dataset's lifetime budget: caps, committed, reserved, remaining, and the sweeps
+        on it (its owner: every sweep on their data). For an analyst of the dataset: their
+        allowance (``epsilon_allowance``, ``epsilon_used``, ``epsilon_left``, ``active``) and
+        their own sweeps."""
         return dict(self._json("GET", f"/datasets/{dataset}/budget"))
+
+    # -- data owners and analysts ---------------------------------------------------------------
+
+    def grant(
+        self,
+        dataset: str,
+        analyst: str,
+        epsilon_allowance: float,
+        *,
+        note: str | None = None,
+    ) -> dict[str, Any]:
+        """Grant ``analyst`` (another tenant) access to your dataset with an ε allowance: they
+        may submit sweeps on it and receive their DP outputs, holding at most
+        ``epsilon_allowance`` on its records. A grant they hold is replaced (what they spent
+        stays counted).
+
+        Raises:
+            PermissionDenied: you are an analyst of the dataset, not its owner.
+            NotFound: no such dataset of yours.
+        """
+        body: dict[str, Any] = {"analyst": analyst, "epsilon_allowance": float(epsilon_allowance)}
+        if note is not None:
+            body["note"] = note
+        # Repeating it grants the same again: harmless.
+        path = f"/datasets/{dataset}/grants"
+        return dict(self._json("POST", path, json=body, safe=True))
+
+    def revoke(self, dataset: str, analyst: str) -> dict[str, Any]:
+        """Revoke ``analyst``'s grant: nothing new starts; their running trials finish and
+        stay charged. Returns the revoked grant (raises NotFound if none is active)."""
+        return dict(self._json("DELETE", f"/datasets/{dataset}/grants/{analyst}"))
+
+    def grants(self, dataset: str) -> list[dict[str, Any]]:
+        """A dataset's grants, newest first, each with the analyst's ``epsilon_used`` (its
+        owner: every grant; an analyst: their own)."""
+        return list(self._json("GET", f"/datasets/{dataset}/grants")["items"])
+
+    def audit_log(
+        self, dataset: str, *, analyst: str | None = None, page_size: int = 500
+    ) -> Iterator[dict[str, Any]]:
+        """The audit log of releases from a dataset, oldest first, fetched page by page: who
+        received what (``principal``, ``sweep_id``, ``trial_id``, ``kind``), at what ε, when.
+        Its owner reads every entry (``analyst=`` filters); an analyst their own."""
+        yield from self._pages(
+            f"/datasets/{dataset}/audit", {"analyst": analyst}, page_size=page_size
+        )
+
+    def dataset_policy(self, dataset: str) -> dict[str, Any]:
+        """What analysts may use and see of a dataset: ``analyst_eval_modes`` and
+        ``public_info`` (``label_names``, ``description``)."""
+        return dict(self._json("GET", f"/datasets/{dataset}/policy"))
+
+    def set_dataset_policy(
+        self,
+        dataset: str,
+        *,
+        analyst_eval_modes: list[str] | None = None,
+        label_names: list[str] | None = None,
+        description: str | None = None,
+    ) -> dict[str, Any]:
+        """Change what analysts may use and see of your dataset; what is not given stays.
+
+        Args:
+            analyst_eval_modes: The evaluation modes analysts may use (``public``, ``dp``,
+                ``carve-out``: a carve-out releases raw metrics on private records).
+            label_names: The classes' names, declared public.
+            description: A public description.
+
+        Raises:
+            PermissionDenied: you are an analyst of the dataset, not its owner.
+        """
+        body: dict[str, Any] = {}
+        if analyst_eval_modes is not None:
+            body["analyst_eval_modes"] = list(analyst_eval_modes)
+        info: dict[str, Any] = {}
+        if label_names is not None:
+            info["label_names"] = list(label_names)
+        if description is not None:
+            info["description"] = description
+        if info:
+            body["public_info"] = info
+        return dict(self._json("PUT", f"/datasets/{dataset}/policy", json=body, safe=True))
 
 
 def spec_body(spec: Any) -> bytes:

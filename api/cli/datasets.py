@@ -1,4 +1,5 @@
-"""``dpsweep datasets register | list | show | cap | delete``: names and their records' ledgers.
+"""``dpsweep datasets register | list | show | cap | delete``: names and their records' ledgers
+(and ``grant | revoke | grants | audit | policy``: :mod:`api.cli.grants`).
 
 The privacy ledger is keyed by the identity of a dataset's records (a hash of all of them,
 :func:`workers.datasets.content_sha256`), not by a name: every name of the same records (a
@@ -22,6 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from api.cli import grants
 from api.cli.arguments import key_value
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
 
@@ -117,6 +119,9 @@ def add_parsers(sub: Any) -> None:
     de.add_argument("name")
     de.add_argument("--db", help=DB_HELP)
     de.set_defaults(func=cmd_delete, subparser=de)
+
+    # Data owners and analysts: grant, revoke, grants, audit, policy.
+    grants.add_parsers(dsub)
 
 
 def _num(value: Decimal | None) -> float | None:

@@ -6,23 +6,37 @@ streams in, so an oversized upload is refused (413) without being held in memory
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.deps import EngineDep, ReadEngineDep, SettingsDep, ViewerDep
+from api.deps import (
+    Cursor,
+    EngineDep,
+    Limit,
+    ReadEngineDep,
+    SettingsDep,
+    ViewerDep,
+    page_size,
+)
 from api.errors import ApiError, problem_responses
-from api.schemas import BudgetOut, CapsIn, DatasetList, DatasetOut
+from api.grant_schemas import AuditPage, GrantIn, GrantList, GrantOut, PolicyIn, PolicyOut
+from api.schemas import AnalystBudgetOut, BudgetOut, CapsIn, DatasetList, DatasetOut
 from dpsweep.errors import ConfigError
+from sweeper.datasets import grants
+from sweeper.datasets.analyst_views import audit_page, dataset_policy, update_policy
 from sweeper.datasets.names import UPLOAD_FORMATS
 from sweeper.datasets.uploads import store_upload
 from sweeper.datasets.views import budget, describe, set_caps
 from sweeper.datasets.views import list_datasets as visible_datasets
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
+
+INT64_MAX = 2**63 - 1
 
 UPLOAD_BODY = {
     "requestBody": {
@@ -154,7 +168,7 @@ async def upload(
     "/{dataset_id}",
     response_model=DatasetOut,
     responses=problem_responses(401, 404),
-    summary="One dataset (never its data)",
+    summary="One dataset (never its data); an analyst sees its public description only",
 )
 def get_dataset(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
     return JSONResponse(describe(engine, dataset_id, viewer))
@@ -162,9 +176,10 @@ def get_dataset(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> An
 
 @router.get(
     "/{dataset_id}/budget",
-    response_model=BudgetOut,
+    response_model=BudgetOut | AnalystBudgetOut,
     responses=problem_responses(401, 404),
-    summary="Lifetime budget: caps, committed, reserved, remaining, and the sweeps that spent it",
+    summary="Lifetime budget: caps, committed, reserved, remaining, and the sweeps that spent it "
+    "(an analyst: their allowance, use and sweeps)",
 )
 def get_budget(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
     return JSONResponse(budget(engine, dataset_id, viewer))
@@ -186,5 +201,118 @@ def put_budget(
             viewer,
             epsilon_cap=caps.epsilon_cap,
             delta_cap=caps.delta_cap,
+        )
+    )
+
+
+# -- data owners and analysts -------------------------------------------------------------------
+
+
+@router.post(
+    "/{dataset_id}/grants",
+    status_code=201,
+    response_model=GrantOut,
+    responses=problem_responses(400, 401, 403, 404, 422),
+    summary="Grant an analyst (another tenant) access with an ε allowance (the owner); "
+    "replaces their current grant",
+)
+def post_grant(
+    engine: EngineDep, viewer: ViewerDep, dataset_id: str, body: Annotated[GrantIn, ...]
+) -> Any:
+    g = grants.grant(
+        engine,
+        dataset_id,
+        body.analyst,
+        # The decimal the client wrote (0.1, not the float's binary expansion).
+        epsilon_allowance=Decimal(repr(body.epsilon_allowance)),
+        viewer=viewer,
+        note=body.note or "",
+    )
+    location = f"/api/v1/datasets/{dataset_id}/grants/{g['analyst']}"
+    return JSONResponse(g, status_code=201, headers={"Location": location})
+
+
+@router.get(
+    "/{dataset_id}/grants",
+    response_model=GrantList,
+    responses=problem_responses(401, 404),
+    summary="Grants with each analyst's use (the owner); an analyst: their own, newest first",
+)
+def get_grants(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+    return JSONResponse({"items": grants.list_grants(engine, dataset_id, viewer)})
+
+
+@router.delete(
+    "/{dataset_id}/grants/{analyst}",
+    response_model=GrantOut,
+    responses=problem_responses(401, 403, 404),
+    summary="Revoke an analyst's grant (the owner): nothing new starts; what ran stays charged",
+)
+def delete_grant(engine: EngineDep, viewer: ViewerDep, dataset_id: str, analyst: str) -> Any:
+    return JSONResponse(grants.revoke(engine, dataset_id, analyst, viewer=viewer))
+
+
+@router.get(
+    "/{dataset_id}/audit",
+    response_model=AuditPage,
+    responses=problem_responses(401, 404, 422),
+    summary="The audit log of releases, oldest first (the owner: every one; an analyst: "
+    "their own); read-only",
+)
+def get_audit(
+    engine: ReadEngineDep,
+    settings: SettingsDep,
+    viewer: ViewerDep,
+    dataset_id: str,
+    limit: Limit = None,
+    cursor: Cursor = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=INT64_MAX, description="only entries after this entry id")
+    ] = None,
+    analyst: Annotated[
+        str | None, Query(max_length=200, description="only this analyst's entries")
+    ] = None,
+) -> Any:
+    page = audit_page(
+        engine,
+        dataset_id,
+        viewer,
+        analyst=analyst,
+        after=after,
+        cursor=cursor,
+        limit=page_size(limit, settings),
+    )
+    return JSONResponse({"items": page.items, "next_cursor": page.next_cursor})
+
+
+@router.get(
+    "/{dataset_id}/policy",
+    response_model=PolicyOut,
+    responses=problem_responses(401, 404),
+    summary="What analysts may use and see: evaluation modes and the public description",
+)
+def get_policy(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any:
+    return JSONResponse(dataset_policy(engine, dataset_id, viewer))
+
+
+@router.put(
+    "/{dataset_id}/policy",
+    response_model=PolicyOut,
+    responses=problem_responses(400, 401, 403, 404, 422),
+    summary="Set what analysts may use and see (the owner)",
+)
+def put_policy(
+    engine: EngineDep, viewer: ViewerDep, dataset_id: str, body: Annotated[PolicyIn, ...]
+) -> Any:
+    info = body.public_info.model_dump(exclude_unset=True) if body.public_info else None
+    return JSONResponse(
+        update_policy(
+            engine,
+            dataset_id,
+            viewer,
+            analyst_eval_modes=None
+            if body.analyst_eval_modes is None
+            else list(body.analyst_eval_modes),
+            public_info=info,
         )
     )

@@ -14,7 +14,15 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, PermissionDenied
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_views import (
+    ANALYST,
+    analyst_datasets,
+    analyst_description,
+    latest_grant,
+    owner_fields,
+)
 from sweeper.datasets.files import builtin_description
+from sweeper.datasets.grants import sees_sweep
 from sweeper.datasets.identity import content_identity, view_key
 from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
 from sweeper.privacy.charges import EXACT, exact_sum
@@ -46,7 +54,9 @@ def _stored_file(row: Dataset) -> dict[str, Any]:
 
 
 def describe(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
-    """One dataset as the API shows it.
+    """One dataset as the API shows it: in full to its owner (and admins), its public
+    description and their allowance to its analysts
+    (:func:`sweeper.datasets.analyst_views.analyst_description`).
 
     Raises:
         DatasetNotFound: no such dataset, or one the viewer may not see.
@@ -57,21 +67,32 @@ def describe(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
         # Uploads, and names registered by the operator (no owner: admins see them).
         with Session(engine) as session:
             row = session.scalars(select(Dataset).where(Dataset.name == dataset_id)).first()
-            if row is not None and row.storage_path and viewer.sees(row.owner):
-                return _stored_file(row)
+            g = None
+            if row is not None and row.storage_path:
+                if viewer.sees(row.owner):
+                    return _stored_file(row) | owner_fields(session, [row])[row.name]
+                g = latest_grant(session, row.name, viewer.owner) if viewer.owner else None
+                if g is not None:
+                    session.expunge_all()
+        if row is not None and g is not None:
+            # Outside the session: the allowance reads the ledger in sessions of its own (on
+            # SQLite a second writer's BEGIN would wait on this one).
+            return analyst_description(engine, row, g)
     raise DatasetNotFound(f"no dataset {dataset_id!r}; GET /api/v1/datasets lists yours")
 
 
 def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
-    """The built-in sets, then the viewer's uploads (everyone's for admins), newest first."""
+    """The built-in sets, then the viewer's uploads (everyone's for admins), newest first,
+    then the datasets of others the viewer is an analyst of (their public description and
+    allowance, no budget: the records' totals include others' spending)."""
     out = [builtin_description(n) for n in BUILTIN]
     with Session(engine) as session:
         stmt = select(Dataset).where(Dataset.name.like(f"{UPLOAD_PREFIX}%"))
         if not (viewer.admin or viewer.owner is None):
             stmt = stmt.where(Dataset.owner == viewer.owner)
-        out.extend(
-            _stored_file(r) for r in session.scalars(stmt.order_by(Dataset.created_at.desc()))
-        )
+        rows = list(session.scalars(stmt.order_by(Dataset.created_at.desc())))
+        extra = owner_fields(session, rows)
+        out.extend(_stored_file(r) | extra[r.name] for r in rows)
     ledger = BudgetLedger(engine)
     for d in out:
         # One small read per dataset: the dashboard shows every set's budget bar. The bar is
@@ -84,7 +105,7 @@ def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
             "epsilon_reserved": float(s.epsilon_reserved),
             "epsilon_remaining": _num(s.remaining.epsilon),
         }
-    return out
+    return out + analyst_datasets(engine, viewer)
 
 
 def _num(value: Decimal | None) -> float | None:
@@ -96,21 +117,8 @@ def _left_of(acc: dict[str, Decimal], reserved: str, charged: str, released: str
     return EXACT.subtract(acc[reserved], exact_sum((acc[charged], acc[released])))
 
 
-def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
-    """A dataset's lifetime budget: caps, committed (charged), reserved, remaining, and the
-    sweeps that spent or reserved it (only the viewer's own, unless an admin).
-
-    The budget is that of the dataset's records (its identity): every name of the same
-    records shows the same totals, and the sweeps of all of them.
-
-    Raises:
-        DatasetNotFound: no such dataset, or one the viewer may not see.
-    """
-    describe(engine, dataset_id, viewer)  # existence and visibility
-    key = view_key(engine, dataset_id)
-    ledger = BudgetLedger(engine)
-    s = ledger.summary(key)
-    rem = s.remaining
+def _per_sweep(ledger: BudgetLedger, key: str) -> dict[str, dict[str, Decimal]]:
+    """Per sweep with entries on ``key``: its reserved, charged and released ε and δ."""
     per_sweep: dict[str, dict[str, Decimal]] = {}
     for e in ledger.entries(key):
         acc = per_sweep.setdefault(
@@ -125,30 +133,68 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
         }.get(e.kind, ("erel", "drel"))
         acc[e_key] = exact_sum((acc[e_key], e.epsilon))
         acc[d_key] = exact_sum((acc[d_key], e.delta))
-    sweeps = []
+    return per_sweep
+
+
+def _sweep_rows(
+    engine: Engine, key: str, viewer: Viewer, *, own_only: bool
+) -> list[dict[str, Any]]:
+    """The sweeps that spent or reserved ε on ``key`` and that the viewer sees: their own, and
+    (unless ``own_only``) the analysts' sweeps on the datasets they own."""
+    per_sweep = _per_sweep(BudgetLedger(engine), key)
+    out = []
     with Session(engine) as session:
         rows = {
             r.id: r for r in session.scalars(select(Sweep).where(Sweep.id.in_(list(per_sweep))))
         }
-    for sid, acc in per_sweep.items():
-        row = rows.get(sid)
-        if row is None or not viewer.sees(row.owner):
-            continue
-        sweeps.append(
-            {
-                "sweep": sid,
-                "name": row.name,
-                "state": row.state.value,
-                "epsilon_charged": float(acc["ec"]),
-                "epsilon_reserved": float(
-                    EXACT.subtract(acc["er"], exact_sum((acc["ec"], acc["erel"])))
-                ),
-                "delta_charged": float(acc["dc"]),
-                "delta_reserved": float(
-                    EXACT.subtract(acc["dr"], exact_sum((acc["dc"], acc["drel"])))
-                ),
-            }
-        )
+        for sid, acc in per_sweep.items():
+            row = rows.get(sid)
+            if row is None:
+                continue
+            if own_only:
+                if row.owner != viewer.owner:
+                    continue
+            elif not sees_sweep(session, viewer, owner=row.owner, dataset=row.dataset):
+                continue
+            out.append(
+                {
+                    "sweep": sid,
+                    "name": row.name,
+                    "state": row.state.value,
+                    "owner": row.owner,
+                    "epsilon_charged": float(acc["ec"]),
+                    "epsilon_reserved": float(_left_of(acc, "er", "ec", "erel")),
+                    "delta_charged": float(acc["dc"]),
+                    "delta_reserved": float(_left_of(acc, "dr", "dc", "drel")),
+                }
+            )
+    return out
+
+
+def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
+    """A dataset's lifetime budget: caps, committed (charged), reserved, remaining, and the
+    sweeps that spent or reserved it (the viewer's own and their analysts', unless an admin).
+
+    The budget is that of the dataset's records (its identity): every name of the same
+    records shows the same totals, and the sweeps of all of them.
+
+    An analyst of the dataset gets their allowance instead (allowed, used, left, active) and
+    their own sweeps: the lifetime totals include the owner's and other analysts' spending.
+
+    Raises:
+        DatasetNotFound: no such dataset, or one the viewer may not see.
+    """
+    desc = describe(engine, dataset_id, viewer)  # existence and visibility
+    key = view_key(engine, dataset_id)
+    if desc.get("role") == ANALYST:
+        return {
+            "dataset": dataset_id,
+            "role": ANALYST,
+            **desc["allowance"],
+            "sweeps": _sweep_rows(engine, key, viewer, own_only=True),
+        }
+    s = BudgetLedger(engine).summary(key)
+    rem = s.remaining
     return {
         "dataset": dataset_id,
         "epsilon_cap": _num(s.epsilon_cap),
@@ -159,7 +205,7 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
         "delta_reserved": float(s.delta_reserved),
         "epsilon_remaining": _num(rem.epsilon),
         "delta_remaining": _num(rem.delta),
-        "sweeps": sweeps,
+        "sweeps": _sweep_rows(engine, key, viewer, own_only=False),
     }
 
 

@@ -1,0 +1,259 @@
+"""``dpsweep datasets grant | revoke | grants | audit | policy``: data owners and analysts,
+on the local database.
+
+The CLI acts locally, with the powers of every dataset's owner: it grants an analyst (another
+tenant of the API) access to a dataset with an ε allowance, revokes it, lists the grants with
+each analyst's use, reads the audit log of releases (never edits it: the database refuses),
+and shows or sets what analysts may use and see (``policy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.table import Table
+
+from api.cli.common import DB_HELP, fail, open_engine, stdout_console
+
+
+def add_parsers(dsub: Any) -> None:
+    """Register the grant commands on ``dpsweep datasets``' subparsers."""
+    g = dsub.add_parser(
+        "grant",
+        help="grant an analyst access to a dataset with an ε allowance",
+        description="Let ANALYST (a tenant: a token's name) submit sweeps on NAME and receive "
+        "their DP outputs, holding at most EPSILON on its records in total. A grant they hold "
+        "already is replaced (what they spent stays counted). The records' lifetime cap still "
+        "bounds everyone together.",
+    )
+    g.add_argument("name", help="the dataset (an upload's id ds_... or a registered name)")
+    g.add_argument("analyst", help="the analyst's tenant name")
+    g.add_argument("--epsilon", type=float, required=True, help="the ε allowance (>= 0)")
+    g.add_argument("--note", default="", help="why (kept with the grant)")
+    g.add_argument("--db", help=DB_HELP)
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_grant, subparser=g)
+
+    r = dsub.add_parser(
+        "revoke",
+        help="revoke an analyst's grant: nothing new starts, what ran stays charged",
+        description="Stop ANALYST's use of NAME: no new reservation or trial; running trials "
+        "finish and stay charged.",
+    )
+    r.add_argument("name")
+    r.add_argument("analyst")
+    r.add_argument("--db", help=DB_HELP)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_revoke, subparser=r)
+
+    ls = dsub.add_parser("grants", help="a dataset's grants, with each analyst's use")
+    ls.add_argument("name")
+    ls.add_argument("--db", help=DB_HELP)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_grants, subparser=ls)
+
+    a = dsub.add_parser(
+        "audit",
+        help="the audit log of releases from a dataset's records (read-only)",
+        description="Every release from the records NAME reads, oldest first: who received "
+        "it, from which sweep and trial, what, at what ε, when.",
+    )
+    a.add_argument("name")
+    a.add_argument("--analyst", help="only this analyst's releases")
+    a.add_argument("--db", help=DB_HELP)
+    a.add_argument("--json", action="store_true")
+    a.set_defaults(func=cmd_audit, subparser=a)
+
+    p = dsub.add_parser(
+        "policy",
+        help="show or set what analysts may use and see of a dataset",
+        description="Print NAME's policy for analysts; with options, change it first. "
+        "A carve-out evaluation releases raw metrics on private records: leave it out of "
+        "--analyst-eval-modes unless analysts may see them.",
+    )
+    p.add_argument("name")
+    p.add_argument(
+        "--analyst-eval-modes",
+        help="comma-separated evaluation modes analysts may use: public, dp, carve-out",
+    )
+    p.add_argument("--label-names", help="comma-separated class names, declared public")
+    p.add_argument("--description", help="a public description of the dataset")
+    p.add_argument("--db", help=DB_HELP)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_policy, subparser=p)
+
+
+def _local() -> Any:
+    from sweeper.datasets.access import Viewer
+
+    return Viewer(owner=None, admin=True)
+
+
+def _split(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def _shown(v: float | None) -> str:
+    return "—" if v is None else f"{v:.6g}"
+
+
+def _print_grant(g: dict[str, Any], verb: str) -> None:
+    stdout_console().print(
+        f"{verb} [bold]{g['analyst']}[/bold] on {g['dataset']}: ε allowance "
+        f"{_shown(g['epsilon_allowance'])}" + (f" ({g['note']})" if g.get("note") else "")
+    )
+
+
+def cmd_grant(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Grant an analyst access to a dataset with an ε allowance."""
+    from decimal import Decimal
+
+    from dpsweep.errors import DpsweepError
+    from sweeper.datasets.grants import grant
+
+    try:
+        g = grant(
+            open_engine(args.db, migrate=True),
+            args.name,
+            args.analyst,
+            epsilon_allowance=Decimal(repr(args.epsilon)),
+            viewer=_local(),
+            note=args.note,
+        )
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(g))
+    else:
+        _print_grant(g, "granted")
+    return 0
+
+
+def cmd_revoke(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Revoke an analyst's grant on a dataset."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.datasets.grants import revoke
+
+    try:
+        g = revoke(open_engine(args.db, migrate=True), args.name, args.analyst, viewer=_local())
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(g))
+    else:
+        _print_grant(g, "revoked")
+        stdout_console().print("nothing new starts; running trials finish and stay charged")
+    return 0
+
+
+def cmd_grants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """List a dataset's grants with each analyst's use."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.datasets.grants import list_grants
+
+    try:
+        rows = list_grants(open_engine(args.db, migrate=True), args.name, _local())
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title=f"grants of {args.name} (newest first)")
+    for col in ("analyst", "ε allowance", "ε used", "active", "granted", "revoked", "note"):
+        table.add_column(col, justify="right" if col.startswith("ε") else "left")
+    for g in rows:
+        table.add_row(
+            g["analyst"],
+            _shown(g["epsilon_allowance"]),
+            _shown(g["epsilon_used"]),
+            "yes" if g["active"] else "no",
+            (g["created_at"] or "")[:19],
+            (g["revoked_at"] or "")[:19],
+            g["note"],
+        )
+    stdout_console().print(table)
+    return 0
+
+
+def audit_entries(engine: Any, name: str, analyst: str | None) -> list[dict[str, Any]]:
+    """Every entry of a dataset's audit log (local use: every release from its records)."""
+    from sweeper.datasets.analyst_views import audit_page
+
+    out: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = audit_page(engine, name, _local(), analyst=analyst, cursor=cursor, limit=1000)
+        out += page.items
+        cursor = page.next_cursor
+        if cursor is None:
+            return out
+
+
+def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print a dataset's audit log of releases."""
+    from dpsweep.errors import DpsweepError
+
+    try:
+        rows = audit_entries(open_engine(args.db, migrate=True), args.name, args.analyst)
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    table = Table(title=f"releases from the records of {args.name} (oldest first)")
+    for col in ("id", "at", "to", "dataset", "sweep", "trial", "what", "ε", "δ"):
+        table.add_column(col, justify="right" if col in ("id", "ε", "δ") else "left")
+    for e in rows:
+        table.add_row(
+            str(e["id"]),
+            (e["at"] or "")[:19],
+            e["principal"] or "(local)",
+            e["dataset"],
+            e["sweep_id"],
+            e["trial_id"] or "",
+            e["kind"],
+            f"{e['epsilon']:.6g}",
+            f"{e['delta']:.3g}",
+        )
+    stdout_console().print(table)
+    return 0
+
+
+def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Print (and with options, first change) what analysts may use and see of a dataset."""
+    from dpsweep.errors import DpsweepError
+    from sweeper.datasets.analyst_views import dataset_policy, update_policy
+
+    info: dict[str, Any] = {}
+    if args.label_names is not None:
+        info["label_names"] = _split(args.label_names) or None
+    if args.description is not None:
+        info["description"] = args.description or None
+    modes = None if args.analyst_eval_modes is None else _split(args.analyst_eval_modes)
+    try:
+        engine = open_engine(args.db, migrate=True)
+        if modes is not None or info:
+            view = update_policy(
+                engine,
+                args.name,
+                _local(),
+                analyst_eval_modes=modes,
+                public_info=info or None,
+            )
+        else:
+            view = dataset_policy(engine, args.name, _local())
+    except DpsweepError as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(view))
+        return 0
+    out = stdout_console()
+    out.print(f"[bold]{view['dataset']}[/bold]: what its analysts may use and see")
+    out.print("evaluation modes: " + (", ".join(view["analyst_eval_modes"]) or "none"))
+    public = view["public_info"]
+    labels = public.get("label_names")
+    out.print("label names: " + (", ".join(labels) if labels else "(not declared)"))
+    out.print("description: " + (public.get("description") or "(none)"))
+    return 0

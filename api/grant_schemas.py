@@ -1,0 +1,110 @@
+"""Response and request models of data owners and analysts: grants, allowances, the audit
+log and the analysts' policy of a dataset."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PublicInfo(_Out):
+    """What a dataset's owner declares public about it (never computed from the records)."""
+
+    label_names: list[str] | None = Field(default=None, description="the classes' names")
+    description: str | None = Field(default=None, description="free text")
+
+
+class Allowance(_Out):
+    """An analyst's ε allowance on a dataset and their use of it."""
+
+    epsilon_allowance: float = Field(description="what the owner granted")
+    epsilon_used: float = Field(
+        description="what their sweeps hold on the records: reserved less released unused "
+        "(charges stay counted)"
+    )
+    epsilon_left: float = Field(description="allowance less used; 0 once revoked")
+    active: bool = Field(description="false once the owner revoked the grant")
+
+
+class GrantsSummary(_Out):
+    active: int = Field(description="active grants to analysts")
+    epsilon_allowance: float = Field(description="their allowances together")
+
+
+class GrantIn(_Out):
+    analyst: str = Field(min_length=1, max_length=200, description="the analyst's tenant name")
+    epsilon_allowance: float = Field(
+        ge=0, allow_inf_nan=False, description="the ε their sweeps may hold on the records"
+    )
+    note: str | None = Field(default=None, max_length=2000)
+
+
+class GrantOut(_Out):
+    id: str
+    dataset: str
+    analyst: str
+    epsilon_allowance: float
+    granted_by: str | None
+    note: str
+    created_at: str | None
+    revoked_at: str | None
+    active: bool
+    epsilon_used: float | None = Field(
+        default=None,
+        description="in lists: what the analyst's sweeps hold on the records (reserved less "
+        "released unused)",
+    )
+
+
+class GrantList(_Out):
+    items: list[GrantOut]
+
+
+class AuditEntry(_Out):
+    id: int = Field(description="increasing: the order of the releases")
+    at: str | None
+    principal: str | None = Field(description="who received it (the sweep's owner)")
+    dataset: str
+    sweep_id: str
+    trial_id: str | None
+    kind: str = Field(description="trial, trial-failed, selected-trial or model")
+    grid: str | None
+    epsilon: float = Field(description="the ε charged for what it covers (0 for a model)")
+    delta: float
+    detail: dict[str, Any]
+
+
+class AuditPage(_Out):
+    items: list[AuditEntry]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
+
+
+class PolicyOut(_Out):
+    dataset: str
+    analyst_eval_modes: list[str]
+    public_info: PublicInfo
+
+
+class PublicInfoIn(_Out):
+    label_names: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] | None = (
+        Field(default=None, max_length=10000)
+    )
+    description: str | None = Field(default=None, max_length=10000)
+
+
+class PolicyIn(_Out):
+    analyst_eval_modes: list[Literal["carve-out", "public", "dp"]] | None = Field(
+        default=None,
+        max_length=3,
+        description="the evaluation modes analysts may use (left out: unchanged)",
+    )
+    public_info: PublicInfoIn | None = Field(
+        default=None,
+        description="each field given replaces the declared one (null withdraws it); fields "
+        "left out are kept",
+    )
