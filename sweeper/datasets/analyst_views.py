@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from dpsweep.errors import ConfigError, DatasetNotFound
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.grants import (
-    DEFAULT_ANALYST_EVAL_MODES,
+    analyst_modes,
     dataset_row,
     owns,
     policy_view,
@@ -114,7 +114,7 @@ def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[s
 def _policy_fields(row: Dataset) -> dict[str, Any]:
     return {
         "public_info": dict(row.public_info or {}),
-        "analyst_eval_modes": list(row.analyst_eval_modes or DEFAULT_ANALYST_EVAL_MODES),
+        "analyst_eval_modes": list(analyst_modes(row)),
     }
 
 

@@ -229,7 +229,7 @@ def analyst_terms(engine: Engine, name: str, tenant: str | None) -> AnalystTerms
         g = _active(session, name, tenant)
         if g is None:
             return None
-        modes = tuple(row.analyst_eval_modes or DEFAULT_ANALYST_EVAL_MODES)
+        modes = tuple(analyst_modes(row))
         return AnalystTerms(g.id, name, tenant, Decimal(g.epsilon_allowance), modes)
 
 
@@ -322,11 +322,17 @@ def set_policy(
         return policy_view(row)
 
 
+def analyst_modes(row: Dataset) -> tuple[str, ...]:
+    """The evaluation modes analysts may use on ``row``'s dataset (an empty list: none)."""
+    modes = row.analyst_eval_modes
+    return DEFAULT_ANALYST_EVAL_MODES if modes is None else tuple(modes)
+
+
 def policy_view(row: Dataset) -> dict[str, Any]:
     """A dataset's analyst policy as the API shows it."""
     return {
         "dataset": row.name,
-        "analyst_eval_modes": list(row.analyst_eval_modes or DEFAULT_ANALYST_EVAL_MODES),
+        "analyst_eval_modes": list(analyst_modes(row)),
         "public_info": dict(row.public_info or {}),
     }
 

@@ -84,6 +84,17 @@ class ReservationOperations(LedgerCore):
                 left = cap_left(cap, spent, reserved)
                 # Exact, no tolerance: asked <= left  <=>  spent + reserved + asked <= cap.
                 if left is not None and asked > left:
+                    if allowance is not None:
+                        # An analyst's refusal: the cap's figures would tell them what the
+                        # owner and other analysts spent on the records.
+                        raise BudgetExhausted(
+                            f"{dataset_label(dataset)}: sweep {sweep_id!r} does not fit what "
+                            "remains of the dataset's lifetime cap; ask its owner",
+                            dataset=dataset,
+                            quantity=quantity,
+                            requested=asked,
+                            remaining=ZERO,
+                        )
                     shown_asked, shown_left = show_amounts(asked, left)
                     raise BudgetExhausted(
                         f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for {quantity}="

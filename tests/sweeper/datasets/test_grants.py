@@ -241,3 +241,22 @@ def test_revocation_mid_sweep_lets_running_trials_finish_and_starts_nothing(
         float(bal.epsilon_charged)
     )
     engine.dispose()
+
+
+def test_an_analyst_refused_by_the_cap_learns_no_totals(engine: Any, tmp_path: Path) -> None:
+    from sweeper.privacy.ledger.errors import BudgetExhausted
+
+    ds = _upload(engine, tmp_path, cap=3.0)
+    create_sweep(engine, _spec(ds, budgets=[2]), owner="olga")  # the owner spends first
+    grants.grant(engine, ds, "ana", epsilon_allowance=10, viewer=OWNER)
+    with pytest.raises(BudgetExhausted) as exc:
+        create_sweep(engine, _spec(ds, budgets=[2]), owner="ana")
+    assert not isinstance(exc.value, AllowanceExhausted)
+    text = str(exc.value)
+    # Neither what the owner spent nor what remains: only that it does not fit.
+    assert "ask its owner" in text and "spent" not in text and "remains of the" in text
+    assert not any(ch.isdigit() for ch in text.split("lifetime cap")[1])
+    # An owner with no modes for analysts means none, not the defaults.
+    grants.set_policy(engine, ds, OWNER, analyst_eval_modes=[])
+    terms = grants.analyst_terms(engine, ds, "ana")
+    assert terms is not None and terms.eval_modes == ()
