@@ -45,7 +45,8 @@ from sweeper.driver.claims import Claims
 from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
-from sweeper.store import Trial, TrialState
+from sweeper.privacy import release_log
+from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps import events
 
 
@@ -210,6 +211,18 @@ class CrashPolicy:
                 assert trial is not None
                 if held.shows(v.trial.grid):
                     emit_stored_trial(session, held, trial, note="recovered after a driver crash")
+                    if trial.state == TrialState.failed:
+                        # A charged trial's failure reaches its owner: the release log.
+                        sweep = session.get(Sweep, held.sweep_id)
+                        if sweep is not None:
+                            release_log.record_trial(
+                                session,
+                                sweep,
+                                trial_id=trial.id,
+                                grid=v.trial.grid,
+                                kind="trial-failed",
+                                what=["error", "history"],
+                            )
 
     def lost(self, flight: InFlight, exc: Exception) -> None:
         """Apply the crash policy to a pack whose worker or node died under this driver.

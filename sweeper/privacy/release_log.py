@@ -10,6 +10,8 @@ What counts as a release (each reaches the sweep's owner, and its dataset's owne
 
 * ``trial``: a trial's metrics, when it finishes; ε is what the trial was charged.
 * ``trial-failed``: a charged trial's failure (its error is shown); ε is its charge.
+* ``trial-cancelled``: a charged trial stopped by a cancel (its streamed history was shown);
+  ε is its charge.
 * ``selected-trial``: a papernot-steinke grid's one release, when its search completes; ε is
   the grid's one whole-search charge. Its runs are never logged one by one (their number is
   secret).
@@ -30,7 +32,7 @@ from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
 from sweeper.store import ReleaseRecord, Sweep, iso, sweep_ledger_key
 
-KINDS = ("trial", "trial-failed", "selected-trial", "model")
+KINDS = ("trial", "trial-failed", "trial-cancelled", "selected-trial", "model")
 
 
 def charged(session: Session, sweep: Sweep, trial_ids: list[str]) -> tuple[Decimal, Decimal]:

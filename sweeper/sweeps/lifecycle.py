@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import IllegalState, SweepNotFound
 from dpsweep.spec import SweepSpec
+from sweeper.privacy import release_log
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Sweep, SweepState, Trial, TrialState, sweep_ledger_key
 from sweeper.sweeps import events
@@ -106,7 +107,7 @@ def _end_sweep(
         sweep.finished_at = now
         sweep.driver = None
         ledger_key = sweep_ledger_key(sweep)
-        for tid, arm, level, _state in stopping:
+        for tid, arm, level, state in stopping:
             if grid_key(arm, level) not in hidden:
                 events.emit(
                     session,
@@ -115,6 +116,17 @@ def _end_sweep(
                     events.trial_event(tid, arm=arm, epsilon_budget=level, state="cancelled"),
                     trial_id=tid,
                 )
+                if state in (TrialState.running, TrialState.interrupted):
+                    # A charged trial stopped by the cancel: its streamed history reached the
+                    # sweep's owner, so it is a release (the release log).
+                    release_log.record_trial(
+                        session,
+                        sweep,
+                        trial_id=tid,
+                        grid=grid_key(arm, level),
+                        kind="trial-cancelled",
+                        what=["history"],
+                    )
         events.emit(
             session,
             sweep_id,

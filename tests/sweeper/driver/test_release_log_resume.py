@@ -207,13 +207,11 @@ def test_the_log_lists_exactly_the_releases_after_sigkill_and_resume(tmp_path: P
     trial_entry = {r.trial_id: r.id for r in by_kind["trial"]}
     assert all(r.id > trial_entry[r.trial_id] and r.epsilon == 0 for r in by_kind["model"])
     engine.dispose()
-    # A charged trial the crash policy failed (its error and history reach the analyst) must
-    # be logged too; the crash policy (sweeper/driver/crash.py, CrashPolicy.recover) does not
-    # log it yet.
+    # A charged trial the crash policy failed (its error and history reach the analyst) is
+    # logged too.
     if len(interrupted_charged) >= 2:  # one re-run reserved: the second one fails
         assert failed_charged & interrupted_charged
-    if logged_failed != failed_charged:
-        pytest.xfail("CrashPolicy.recover fails charged trials without a trial-failed entry")
+    assert logged_failed == failed_charged
 
 
 # ---------------------------------------------------------------------------------------------

@@ -439,6 +439,16 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
     for t in trials:
         if t.state == TrialState.cancelled and "before it started" in (t.error or ""):
             assert t.id not in charges
+    # The release log: every trial stopped while running is a release at its charge; the
+    # ones that never started are not.
+    from sweeper.privacy.release_log import read_log
+
+    log = read_log(engine, digits_key(engine), everyone=True)
+    stopped = {t.id for t in trials if "while running" in (t.error or "")}
+    cancelled = {e["trial_id"]: e for e in log if e["kind"] == "trial-cancelled"}
+    assert set(cancelled) == stopped
+    for tid, e in cancelled.items():
+        assert Decimal(str(e["epsilon"])) == pytest.approx(exact_sum(charges[tid]))
     engine.dispose()
 
 
