@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from sweeper.privacy.charges import EXACT, exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry
+from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, SweepTotals
 from sweeper.store import (
     MetricPoint,
     Sweep,
@@ -303,6 +303,14 @@ def load_finished_sweep(url: str, trials: int, *, seed: int = 0) -> LoadedSweep:
             if min(budget.epsilon_reserved, budget.delta_reserved) < Decimal(0):
                 raise RuntimeError("the charges exceed the sweep's reservation")
             session.execute(insert(LedgerEntry), charges)
+            # ... and the sweep's running totals (what the next charge or release reads).
+            totals = session.scalars(
+                select(SweepTotals).where(
+                    SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
+                )
+            ).one()
+            totals.epsilon_charged = exact_sum((totals.epsilon_charged, spent_e))
+            totals.delta_charged = exact_sum((totals.delta_charged, spent_d))
             sweep.state = SweepState.done
             sweep.started_at = start
             sweep.finished_at = end
