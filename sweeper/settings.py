@@ -59,11 +59,11 @@ class SweeperSettings(BaseSettings):
     idempotency_ttl_hours: float = Field(
         default=24.0, gt=0, description="how long an Idempotency-Key replays its response"
     )
-    upload_ttl_days: float | None = Field(
+    upload_ttl_days: float = Field(
         default=30.0,
-        gt=0,
+        ge=0,
         description="unused uploads (no sweep, no active grant) are deleted after this many "
-        "days (their ledgers stay); unset: never",
+        "days (their ledgers stay); 0: never",
     )
     expiry_every_seconds: float = Field(
         default=600.0, gt=0, description="how often the scheduler expires keys and uploads"

@@ -205,7 +205,7 @@ class Scheduler:
             out = expire(
                 self.engine,
                 idempotency_ttl=timedelta(hours=self.settings.idempotency_ttl_hours),
-                upload_ttl=None if days is None else timedelta(days=days),
+                upload_ttl=timedelta(days=days) if days > 0 else None,
             )
         except Exception:  # expiry is housekeeping: it never stops the scheduler
             log.exception("expiry failed; it is retried at the next pass")
