@@ -1,10 +1,18 @@
 import { api } from "../api.js";
 import { errorBox, h, num, query, when } from "../ui.js";
+import { datasetAccess } from "./dataset-access.js";
 import { registrySection } from "./registry.js";
 
-/** Built-in and uploaded datasets with their lifetime ε budget, and an upload form. */
+/**
+ * Built-in and uploaded datasets with their lifetime ε budget, and an upload form; with
+ * ?open=ID, that dataset's grants, analyst policy and audit log (its owner) or allowance and
+ * public description (an analyst) above the list.
+ */
 export function datasetsView(el) {
   let alive = true;
+  let closeDetail = null;
+  const open = query().get("open");
+  const detail = h("div", { id: "dataset-access" });
   const list = h("div", { id: "datasets" }, h("p", { class: "muted" }, "Loading…"));
   const msg = h("div", { id: "upload-result" });
   const form = h("form", { class: "card", id: "upload-form" },
@@ -17,7 +25,7 @@ export function datasetsView(el) {
       h("label", { for: "up-eps" }, "ε cap"), h("input", { type: "number", id: "up-eps", name: "epsilon_cap", min: "0", step: "any" }),
       h("label", { for: "up-delta" }, "δ cap"), h("input", { type: "number", id: "up-delta", name: "delta_cap", min: "0", max: "1", step: "any" })),
     h("button", { type: "submit", class: "primary" }, "Upload"), msg);
-  el.append(h("h1", {}, "Datasets"), list, form);
+  el.append(h("h1", {}, "Datasets"), detail, list, form);
   registrySection(el);
 
   form.addEventListener("submit", async (ev) => {
@@ -38,9 +46,15 @@ export function datasetsView(el) {
     let ds;
     try { ds = await api("/datasets"); } catch (e) { list.replaceChildren(errorBox(e)); return; }
     if (!alive) return;
-    const focus = query().get("focus");
+    if (open && !closeDetail) {
+      let me;
+      try { me = await api("/me"); } catch (e) { detail.replaceChildren(errorBox(e)); return; }
+      if (!alive) return;
+      closeDetail = datasetAccess(detail, open, ds.items.find((d) => d.id === open), me);
+    }
+    const focus = query().get("focus") || open;
     list.replaceChildren(h("table", { class: "grid", id: "datasets-table" },
-      h("thead", {}, h("tr", {}, ["dataset", "kind", "examples", "classes", "ε cap", "spent", "reserved", "remaining", "budget", "added"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["dataset", "kind", "examples", "classes", "ε cap", "spent", "reserved", "remaining", "budget", "added", "access"].map((c) => h("th", {}, c)))),
       h("tbody", {}, ds.items.map((d) => {
         const b = d.budget || {};
         return h("tr", { "data-dataset": d.id, class: focus === d.id ? "focus" : null },
@@ -49,12 +63,22 @@ export function datasetsView(el) {
           h("td", {}, b.epsilon_cap === null ? "uncapped" : num(b.epsilon_cap)),
           h("td", {}, num(b.epsilon_committed)), h("td", {}, num(b.epsilon_reserved)),
           h("td", {}, b.epsilon_remaining === null ? "∞" : num(b.epsilon_remaining)),
-          h("td", {}, bar(b)), h("td", {}, when(d.created_at)));
+          h("td", {}, d.allowance ? allowanceCell(d.allowance) : bar(b)), h("td", {}, when(d.created_at)),
+          h("td", {}, d.kind !== "upload" && d.kind !== "registered" ? "" : h("a", { href: `/datasets?open=${encodeURIComponent(d.id)}`, class: "open-dataset" },
+            d.role === "analyst" ? "Open" : "Grants & audit")));
       }))));
   }
 
   load();
-  return () => { alive = false; };
+  return () => { alive = false; if (closeDetail) closeDetail(); };
+}
+
+function allowanceCell(a) {
+  const pct = a.epsilon_allowance > 0 ? Math.min(100, (100 * a.epsilon_used) / a.epsilon_allowance) : 0;
+  return h("div", {},
+    h("div", { class: "bar budget allowance", title: `your allowance: ε ${num(a.epsilon_used)} used of ${num(a.epsilon_allowance)}` },
+      h("span", { class: "p-done", style: `width:${pct}%` })),
+    h("span", { class: "muted small" }, `yours: ${num(a.epsilon_left)} left${a.active ? "" : " (revoked)"}`));
 }
 
 function bar(b) {
