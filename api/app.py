@@ -17,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from api import dashboard, errors
 from api.auth import current_viewer
 from api.planning import Planner
-from api.routes import datasets, grants_standin, health, me, registry, sweeps, trials
+from api.routes import datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 
@@ -64,7 +64,6 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
         datasets.router,
         me.router,
         registry.router,
-        grants_standin.router,
     )
     for r in routers:
         app.include_router(r, prefix=API_PREFIX, dependencies=secured)

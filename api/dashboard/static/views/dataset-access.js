@@ -5,7 +5,7 @@
 // releases: never the records, nor anything computed from them without noise.
 //
 // Routes: GET/POST /datasets/{id}/grants, DELETE /datasets/{id}/grants/{analyst},
-// GET/PUT /datasets/{id}/policy, GET /datasets/{id}/audit (?after=<next>&limit=).
+// GET/PUT /datasets/{id}/policy, GET /datasets/{id}/audit (?cursor=<next_cursor>&limit=).
 
 import { api } from "../api.js";
 import { badge, confirmDialog, errorBox, h, num, when } from "../ui.js";
@@ -238,7 +238,7 @@ function auditPanel(parent, id, live, title, note) {
 
   async function page() {
     more.disabled = true;
-    const q = `?limit=${AUDIT_PAGE}${next ? `&after=${enc(next)}` : ""}`;
+    const q = `?limit=${AUDIT_PAGE}${next ? `&cursor=${enc(next)}` : ""}`;
     let out;
     try { out = await api(`/datasets/${enc(id)}/audit${q}`); } catch (e) { status.replaceChildren(errorBox(e)); return; }
     if (!live()) return;
@@ -249,7 +249,7 @@ function auditPanel(parent, id, live, title, note) {
       h("td", {}, e.kind), h("td", { class: "small" }, e.grid ?? "–"),
       h("td", { class: "eps" }, num(e.epsilon)), h("td", {}, num(e.delta)))));
     shown += out.items.length;
-    next = out.next;
+    next = out.next_cursor || null;
     more.hidden = !next;
     more.disabled = false;
     status.textContent = shown ? `${shown} release${shown === 1 ? "" : "s"}${next ? " so far" : ""}.` : "Nothing has been released yet.";
