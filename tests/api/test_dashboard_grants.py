@@ -88,7 +88,7 @@ def test_owner_grants_sets_policy_reads_the_audit_log_and_revokes_analyst_sees_a
     assert page.locator("#datasets-table tr[data-dataset=digits] a.open-dataset").count() == 0
     page.click(f"#datasets-table tr[data-dataset='{dataset}'] a.open-dataset")
     page.wait_for_selector("#dataset-detail[data-role=owner] #grant-form")
-    assert page.locator("#grants-empty").is_visible()
+    page.wait_for_selector("#grants-empty")  # loaded after the panel appears
 
     # Grant through the form: the row shows the allowance, nothing used yet.
     page.fill("#grant-analyst", ANALYST)
@@ -143,7 +143,7 @@ def test_owner_grants_sets_policy_reads_the_audit_log_and_revokes_analyst_sees_a
     # the API reports them (oldest first).
     log = api.get(f"/api/v1/datasets/{dataset}/audit").json()
     trial_ids = {e["trial_id"] for e in log["items"] if e["kind"] == "trial"}
-    assert len(trial_ids) == 2 and log["next"] is None
+    assert len(trial_ids) == 2 and log["next_cursor"] is None
     page.reload()
     page.wait_for_selector("#audit-table tbody tr")
     rows = page.locator("#audit-table tbody tr")
