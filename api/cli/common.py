@@ -43,3 +43,40 @@ def fail(exc: Exception) -> int:
 def stdout_console() -> Console:
     """The console of tables on stdout: the terminal's width, or 160 columns when piped."""
     return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+def local_command(
+    sub: Any,
+    name: str,
+    func: Any,
+    *,
+    help: str,
+    description: str | None = None,
+    positionals: tuple[str | tuple[str, str], ...] = (),
+    json_output: bool = True,
+) -> Any:
+    """Add a command that acts on the local database: its positionals, ``--db``, ``--json``.
+
+    Args:
+        sub: The subparsers to add it to.
+        name: The command's name.
+        func: ``func(parser, args) -> exit code``.
+        help: The one-line help in the group's listing.
+        description: The command's own help text.
+        positionals: Positional arguments, each a name or ``(name, help)``.
+        json_output: Whether it takes ``--json`` (print JSON instead of tables).
+
+    Returns:
+        The command's parser, for its other options.
+    """
+    p = sub.add_parser(name, help=help, description=description)
+    for pos in positionals:
+        if isinstance(pos, tuple):
+            p.add_argument(pos[0], help=pos[1])
+        else:
+            p.add_argument(pos)
+    p.add_argument("--db", help=DB_HELP)
+    if json_output:
+        p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=func, subparser=p)
+    return p

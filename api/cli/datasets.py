@@ -25,7 +25,7 @@ from rich.table import Table
 
 from api.cli import grants
 from api.cli.arguments import key_value
-from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
+from api.cli.common import DB_HELP, EXIT_FAILURE, fail, local_command, open_engine, stdout_console
 
 #: How many hex digits of an identity ``list`` shows.
 PREFIX_DIGITS = 12
@@ -86,39 +86,37 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_register, subparser=r)
 
-    ls = dsub.add_parser("list", help="names, identities and budgets")
-    ls.add_argument("--db", help=DB_HELP)
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_list, subparser=ls)
-
-    sh = dsub.add_parser("show", help="a name's records' ledger: cap, spent, reserved, entries")
-    sh.add_argument("name")
-    sh.add_argument("--db", help=DB_HELP)
-    sh.add_argument("--json", action="store_true")
-    sh.set_defaults(func=cmd_show, subparser=sh)
-
-    ca = dsub.add_parser(
+    local_command(dsub, "list", cmd_list, help="names, identities and budgets")
+    local_command(
+        dsub,
+        "show",
+        cmd_show,
+        help="a name's records' ledger: cap, spent, reserved, entries",
+        positionals=("name",),
+    )
+    ca = local_command(
+        dsub,
         "cap",
+        cmd_cap,
         help="set the lifetime ε (and δ) cap of a name's records",
         description="Set the lifetime cap of the records NAME reads (for every name of them). "
         "A cap below what is already spent plus reserved is refused.",
+        positionals=("name",),
+        json_output=False,
     )
-    ca.add_argument("name")
     ca.add_argument("--epsilon", type=float, required=True, help="lifetime ε cap (>= 0)")
     ca.add_argument("--delta", type=float, help="lifetime δ cap in [0, 1) (default: unchanged)")
-    ca.add_argument("--db", help=DB_HELP)
-    ca.set_defaults(func=cmd_cap, subparser=ca)
-
-    de = dsub.add_parser(
+    local_command(
+        dsub,
         "delete",
+        cmd_delete,
         help="delete a name and its sweeps' kept models (never its records' ledger)",
         description="Delete NAME and the trained models its sweeps kept. Its records' cap, "
         "spend and entries stay: registering or uploading the same records again finds them. "
         "Refused while a sweep holds a reservation on the records.",
+        positionals=("name",),
+        json_output=False,
     )
-    de.add_argument("name")
-    de.add_argument("--db", help=DB_HELP)
-    de.set_defaults(func=cmd_delete, subparser=de)
 
     # Data owners and analysts: grant, revoke, grants, audit, policy.
     grants.add_parsers(dsub)

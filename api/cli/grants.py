@@ -15,74 +15,69 @@ from typing import Any
 
 from rich.table import Table
 
-from api.cli.common import DB_HELP, fail, open_engine, stdout_console
+from api.cli.common import fail, local_command, open_engine, stdout_console
 
 
 def add_parsers(dsub: Any) -> None:
     """Register the grant commands on ``dpsweep datasets``' subparsers."""
-    g = dsub.add_parser(
+    g = local_command(
+        dsub,
         "grant",
+        cmd_grant,
         help="grant an analyst access to a dataset with an ε allowance",
         description="Let ANALYST (a tenant: a token's name) submit sweeps on NAME and receive "
         "their DP outputs, holding at most EPSILON on its records in total. A grant they hold "
         "already is replaced (what they spent stays counted). The records' lifetime cap still "
         "bounds everyone together.",
+        positionals=(
+            ("name", "the dataset (an upload's id ds_... or a registered name)"),
+            ("analyst", "the analyst's tenant name"),
+        ),
     )
-    g.add_argument("name", help="the dataset (an upload's id ds_... or a registered name)")
-    g.add_argument("analyst", help="the analyst's tenant name")
     g.add_argument("--epsilon", type=float, required=True, help="the ε allowance (>= 0)")
     g.add_argument("--note", default="", help="why (kept with the grant)")
-    g.add_argument("--db", help=DB_HELP)
-    g.add_argument("--json", action="store_true")
-    g.set_defaults(func=cmd_grant, subparser=g)
-
-    r = dsub.add_parser(
+    local_command(
+        dsub,
         "revoke",
+        cmd_revoke,
         help="revoke an analyst's grant: nothing new starts, what ran stays charged",
         description="Stop ANALYST's use of NAME: no new reservation or trial; running trials "
         "finish and stay charged.",
+        positionals=("name", "analyst"),
     )
-    r.add_argument("name")
-    r.add_argument("analyst")
-    r.add_argument("--db", help=DB_HELP)
-    r.add_argument("--json", action="store_true")
-    r.set_defaults(func=cmd_revoke, subparser=r)
-
-    ls = dsub.add_parser("grants", help="a dataset's grants, with each analyst's use")
-    ls.add_argument("name")
-    ls.add_argument("--db", help=DB_HELP)
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_grants, subparser=ls)
-
-    a = dsub.add_parser(
+    local_command(
+        dsub,
+        "grants",
+        cmd_grants,
+        help="a dataset's grants, with each analyst's use",
+        positionals=("name",),
+    )
+    a = local_command(
+        dsub,
         "audit",
+        cmd_audit,
         help="the audit log of releases from a dataset's records (read-only)",
         description="Every release from the records NAME reads, oldest first: who received "
         "it, from which sweep and trial, what, at what ε, when.",
+        positionals=("name",),
     )
-    a.add_argument("name")
     a.add_argument("--analyst", help="only this analyst's releases")
-    a.add_argument("--db", help=DB_HELP)
-    a.add_argument("--json", action="store_true")
-    a.set_defaults(func=cmd_audit, subparser=a)
-
-    p = dsub.add_parser(
+    p = local_command(
+        dsub,
         "policy",
+        cmd_policy,
         help="show or set what analysts may use and see of a dataset",
         description="Print NAME's policy for analysts; with options, change it first. "
         "A carve-out evaluation releases raw metrics on private records: leave it out of "
         "--analyst-eval-modes unless analysts may see them.",
+        positionals=("name",),
     )
-    p.add_argument("name")
     p.add_argument(
         "--analyst-eval-modes",
         help="comma-separated evaluation modes analysts may use: public, dp, carve-out",
     )
     p.add_argument("--label-names", help="comma-separated class names, declared public")
     p.add_argument("--description", help="a public description of the dataset")
-    p.add_argument("--db", help=DB_HELP)
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_policy, subparser=p)
 
 
 def _local() -> Any:

@@ -12,44 +12,45 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import DB_HELP, fail, open_engine, stdout_console
+from api.cli.common import fail, local_command, open_engine, stdout_console
 
 
 def add_parsers(sub: Any) -> None:
     """Register the commands on stored sweeps on the top-level subparsers."""
-    ls = sub.add_parser("sweeps", help="list sweeps")
-    ls.add_argument("--db", help=DB_HELP)
-    ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=cmd_sweeps, subparser=ls)
-
-    sh = sub.add_parser("show", help="show a sweep, its budget and its results")
-    sh.add_argument("sweep_id")
-    sh.add_argument("--db", help=DB_HELP)
-    sh.add_argument("--json", action="store_true")
-    sh.set_defaults(func=cmd_show, subparser=sh)
-
-    ex = sub.add_parser("export", help="export a sweep's trials as CSV or JSON")
-    ex.add_argument("sweep_id")
+    local_command(sub, "sweeps", cmd_sweeps, help="list sweeps")
+    local_command(
+        sub,
+        "show",
+        cmd_show,
+        help="show a sweep, its budget and its results",
+        positionals=("sweep_id",),
+    )
+    ex = local_command(
+        sub,
+        "export",
+        cmd_export,
+        help="export a sweep's trials as CSV or JSON",
+        positionals=("sweep_id",),
+        json_output=False,
+    )
     ex.add_argument("--format", choices=("csv", "json"), default="csv")
     ex.add_argument("--output", "-o", help="file to write (default: stdout)")
-    ex.add_argument("--db", help=DB_HELP)
-    ex.set_defaults(func=cmd_export, subparser=ex)
-
-    ca = sub.add_parser(
+    local_command(
+        sub,
         "cancel",
+        cmd_cancel,
         help="cancel a sweep: unstarted trials release their budget, running ones stop",
+        positionals=("sweep_id",),
+        json_output=False,
     )
-    ca.add_argument("sweep_id")
-    ca.add_argument("--db", help=DB_HELP)
-    ca.set_defaults(func=cmd_cancel, subparser=ca)
-
-    de = sub.add_parser(
+    local_command(
+        sub,
         "delete",
+        cmd_delete,
         help="delete an ended sweep and its kept models (what it spent stays spent)",
+        positionals=("sweep_id",),
+        json_output=False,
     )
-    de.add_argument("sweep_id")
-    de.add_argument("--db", help=DB_HELP)
-    de.set_defaults(func=cmd_delete, subparser=de)
 
 
 def describe_scaling(scaling: dict[str, Any]) -> str:

@@ -20,26 +20,16 @@ from sweeper.datasets.views import budget, describe, list_datasets
 from sweeper.privacy import release_log
 from sweeper.privacy.ledger.amounts import ZERO
 from sweeper.store import Sweep
-from sweeper.store.engine import make_engine
-from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
 from sweeper.sweeps.cursors import encode_cursor
-from tests.conftest import fresh_postgres_database
 
 OLGA, ANA, BEA, MALLORY = Viewer("olga"), Viewer("ana"), Viewer("bea"), Viewer("mallory")
 ADMIN = Viewer("root", admin=True)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'v.db'}"
-    else:
-        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
-    upgrade(url)
-    eng = make_engine(url)
-    yield eng
-    eng.dispose()
+@pytest.fixture
+def engine(both_engines: Any) -> Any:
+    return both_engines
 
 
 def _content() -> bytes:

@@ -26,21 +26,13 @@ from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
 from sweeper.sweeps.sweep_pages import check_sweep_owner, page_sweeps, sweep_head
-from tests.conftest import fresh_postgres_database
 
 OWNER, ANALYST, OTHER = Viewer("olga"), Viewer("ana"), Viewer("mallory")
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'g.db'}"
-    else:
-        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
-    upgrade(url)
-    eng = make_engine(url)
-    yield eng
-    eng.dispose()
+@pytest.fixture
+def engine(both_engines: Any) -> Any:
+    return both_engines
 
 
 def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0) -> str:
