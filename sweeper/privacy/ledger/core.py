@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from dpsweep.errors import ConfigError, PrivacyError
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
-from sweeper.privacy.ledger.charging import BudgetAmounts
 from sweeper.privacy.ledger.keys import dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, SweepBalance
 from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, SweepTotals, utcnow
@@ -209,7 +208,7 @@ class LedgerCore:
         return LedgerRecord.from_row(entry)
 
     @staticmethod
-    def _check_totals(budget: DatasetBudget | BudgetAmounts) -> None:
+    def _check_totals(budget: DatasetBudget) -> None:
         # Last line of defence before commit: if arithmetic elsewhere were ever wrong, refuse to
         # commit a ledger that is negative or over its cap (the transaction rolls back).
         for name in ("epsilon", "delta"):

@@ -17,7 +17,6 @@ from sweeper.privacy.ledger.amounts import (
     show_amounts,
     sub_exact,
 )
-from sweeper.privacy.ledger.charging import move_to_spent, read_for_charge, write_charge
 from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.errors import (
     AllowanceExhausted,
@@ -26,7 +25,7 @@ from sweeper.privacy.ledger.errors import (
 )
 from sweeper.privacy.ledger.keys import checked_key, checked_note, dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, Reservation, SweepBalance
-from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals, utcnow
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, utcnow
 
 __all__ = ["ReservationOperations"]
 
@@ -176,10 +175,11 @@ class ReservationOperations(LedgerCore):
         eps = epsilon_amount(epsilon)
         dlt = delta_amount(delta)
         note = checked_note(note)
-        # Core statements, not the ORM: this runs once per trial (see charging.py).
-        with self._engine.begin() as conn:
-            read = read_for_charge(conn, dataset, sweep_id)
-            if read is None or read.balance.reservations == 0:
+        with self._write() as session:
+            budget = self._lock_budget(session, dataset, create=False)
+            totals = self._totals(session, dataset, sweep_id) if budget is not None else None
+            balance = self._balance_of(totals, dataset, sweep_id)
+            if budget is None or balance.reservations == 0:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
                 raise ReservationExceeded(
@@ -191,7 +191,6 @@ class ReservationOperations(LedgerCore):
                     requested=eps,
                     outstanding=ZERO,
                 )
-            balance = read.balance
             for quantity, asked, outstanding in (
                 ("epsilon", eps, balance.epsilon_outstanding),
                 ("delta", dlt, balance.delta_outstanding),
@@ -211,9 +210,23 @@ class ReservationOperations(LedgerCore):
                         requested=asked,
                         outstanding=outstanding,
                     )
-            move_to_spent(read, epsilon=eps, delta=dlt)
-            self._check_totals(read.budget)
-            return write_charge(conn, read, trial_id=trial_id, epsilon=eps, delta=dlt, note=note)
+            budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
+            budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
+            budget.epsilon_spent = add_exact(budget.epsilon_spent, eps)
+            budget.delta_spent = add_exact(budget.delta_spent, dlt)
+            budget.updated_at = utcnow()
+            self._check_totals(budget)
+            return self._record(
+                session,
+                dataset=dataset,
+                sweep_id=sweep_id,
+                trial_id=trial_id,
+                kind=EntryKind.CHARGE,
+                epsilon=eps,
+                delta=dlt,
+                note=note,
+                totals=totals,
+            )
 
     def release(self, dataset: str, *, sweep_id: str, note: str = "") -> LedgerRecord | None:
         """Give back what a sweep reserved but never charged (call it when the sweep ends).
@@ -272,9 +285,11 @@ def _released(balance: SweepBalance, quantity: str) -> Decimal:
     return balance.epsilon_released if quantity == "epsilon" else balance.delta_released
 
 
-def _principal_sums(session: Session, dataset: str, principal: str) -> tuple[Decimal, ...]:
-    """ε reserved, charged and released by ``principal``'s sweeps on ``dataset``, summed from
-    those sweeps' running totals (one row per sweep, kept with every entry)."""
+def principal_usage(session: Session, dataset: str, principal: str | None) -> Decimal:
+    """ε that ``principal``'s sweeps hold on ``dataset``: what they reserved less what they
+    released unused (charges move ε from reserved to spent, and stay counted)."""
+    if principal is None:
+        return ZERO
     sweeps = (
         select(LedgerEntry.sweep_id)
         .where(
@@ -285,28 +300,42 @@ def _principal_sums(session: Session, dataset: str, principal: str) -> tuple[Dec
         .distinct()
     )
     rows = session.execute(
-        select(
-            SweepTotals.epsilon_reserved, SweepTotals.epsilon_charged, SweepTotals.epsilon_released
-        ).where(SweepTotals.dataset == dataset, SweepTotals.sweep_id.in_(sweeps))
+        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.sweep_id.in_(sweeps),
+            LedgerEntry.kind.in_([EntryKind.RESERVE, EntryKind.RELEASE]),
+        )
     ).all()
-    sums = [ZERO, ZERO, ZERO]
-    for row in rows:
-        sums = [add_exact(total, amount) for total, amount in zip(sums, row, strict=True)]
-    return tuple(sums)
-
-
-def principal_usage(session: Session, dataset: str, principal: str | None) -> Decimal:
-    """ε that ``principal``'s sweeps hold on ``dataset``: what they reserved less what they
-    released unused (charges move ε from reserved to spent, and stay counted)."""
-    if principal is None:
-        return ZERO
-    reserved, _, released = _principal_sums(session, dataset, principal)
+    reserved, released = ZERO, ZERO
+    for kind, eps in rows:
+        if kind == EntryKind.RESERVE:
+            reserved = add_exact(reserved, eps)
+        else:
+            released = add_exact(released, eps)
     return sub_exact(reserved, released) if released <= reserved else ZERO
 
 
 def principal_totals(session: Session, dataset: str, principal: str) -> tuple[Decimal, Decimal]:
     """ε charged to ``principal``'s sweeps on ``dataset``, and ε they still hold reserved."""
-    reserved, charged, released = _principal_sums(session, dataset, principal)
-    held = sub_exact(reserved, released)
-    outstanding = sub_exact(held, charged) if charged <= held else ZERO
-    return charged, outstanding
+    sweeps = (
+        select(LedgerEntry.sweep_id)
+        .where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.principal == principal,
+            LedgerEntry.kind == EntryKind.RESERVE,
+        )
+        .distinct()
+    )
+    rows = session.execute(
+        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
+            LedgerEntry.dataset == dataset, LedgerEntry.sweep_id.in_(sweeps)
+        )
+    ).all()
+    totals = {kind: ZERO for kind in EntryKind}
+    for kind, eps in rows:
+        totals[EntryKind(kind)] = add_exact(totals[EntryKind(kind)], eps)
+    held = sub_exact(totals[EntryKind.RESERVE], totals[EntryKind.RELEASE])
+    outstanding = (
+        sub_exact(held, totals[EntryKind.CHARGE]) if totals[EntryKind.CHARGE] <= held else ZERO
+    )
+    return totals[EntryKind.CHARGE], outstanding

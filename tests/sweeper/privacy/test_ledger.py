@@ -36,7 +36,6 @@ from sweeper.privacy.ledger import (
     EntryKind,
     LedgerEntry,
     ReservationExceeded,
-    charging,
     create_ledger_tables,
     summed_entries,
 )
@@ -418,17 +417,7 @@ def test_a_failure_inside_an_operation_rolls_it_back(
         # Called after the running totals were updated, before the entry is written.
         raise RuntimeError("disk on fire")
 
-    run = charging._Prepared.run
-
-    def crash_after_write(self: charging._Prepared, conn: Any, values: dict[str, Any]) -> Any:
-        # The charge's Core path: its first write reaches the database, then it fails.
-        result = run(self, conn, values)
-        if not self.sql.lstrip().upper().startswith("SELECT"):
-            raise RuntimeError("disk on fire")
-        return result
-
     monkeypatch.setattr(BudgetLedger, "_record", staticmethod(crash))
-    monkeypatch.setattr(charging._Prepared, "run", crash_after_write)
     with pytest.raises(RuntimeError):
         ledger.reserve(DS, sweep_id="s2", epsilon=0.5, delta=0.0)
     with pytest.raises(RuntimeError):
