@@ -15,13 +15,7 @@ from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.keys import dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, SweepBalance
 from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, utcnow
-from sweeper.privacy.ledger.statements import (
-    BudgetState,
-    insert_entry,
-    read_totals,
-    store_budget,
-    write_totals,
-)
+from sweeper.privacy.ledger.statements import BudgetState, read_totals, write_operation
 from sweeper.store.engine import has_ledger_hooks, read_only
 
 __all__ = ["LedgerCore"]
@@ -177,27 +171,21 @@ class LedgerCore:
         """
         LedgerCore._check_totals(budget)
         now = utcnow()
-        store_budget(conn, budget, now)
-        values = {
-            "principal": principal,
-            "dataset": budget.dataset,
-            "sweep_id": sweep_id,
-            "trial_id": trial_id,
-            "kind": kind,
-            "epsilon": epsilon,
-            "delta": delta,
-            "created_at": now,
-            "note": note,
-        }
-        entry_id = insert_entry(conn, values)
-        write_totals(
+        entry_id = write_operation(
             conn,
+            budget,
             totals,
-            dataset=budget.dataset,
-            sweep_id=sweep_id,
-            kind=kind,
-            epsilon=epsilon,
-            delta=delta,
+            {
+                "principal": principal,
+                "dataset": budget.dataset,
+                "sweep_id": sweep_id,
+                "trial_id": trial_id,
+                "kind": kind,
+                "epsilon": epsilon,
+                "delta": delta,
+                "created_at": now,
+                "note": note,
+            },
         )
         return LedgerRecord(
             id=entry_id,

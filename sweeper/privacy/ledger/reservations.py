@@ -29,8 +29,7 @@ from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals
 from sweeper.privacy.ledger.statements import (
     TOTAL_COLUMNS,
     TOTALS,
-    lock_budget_row,
-    read_totals,
+    lock_and_read,
 )
 
 __all__ = ["ReservationOperations"]
@@ -81,7 +80,7 @@ class ReservationOperations(LedgerCore):
         dlt = delta_amount(delta)
         note = checked_note(note)
         with self._transaction() as conn:
-            budget = lock_budget_row(conn, dataset, create=True)
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=True)
             assert budget is not None
             for quantity, asked, cap, spent, reserved in (
                 ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
@@ -132,7 +131,7 @@ class ReservationOperations(LedgerCore):
             return self._record(
                 conn,
                 budget=budget,
-                totals=read_totals(conn, dataset, sweep_id),
+                totals=totals,
                 sweep_id=sweep_id,
                 trial_id=None,
                 kind=EntryKind.RESERVE,
@@ -181,8 +180,7 @@ class ReservationOperations(LedgerCore):
         dlt = delta_amount(delta)
         note = checked_note(note)
         with self._transaction() as conn:
-            budget = lock_budget_row(conn, dataset, create=False)
-            totals = read_totals(conn, dataset, sweep_id) if budget is not None else None
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=False)
             if budget is None or totals is None or totals.reservations == 0:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
@@ -253,10 +251,9 @@ class ReservationOperations(LedgerCore):
         sweep_id = checked_key(sweep_id, "sweep_id")
         note = checked_note(note)
         with self._transaction() as conn:
-            budget = lock_budget_row(conn, dataset, create=False)
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=False)
             if budget is None:
                 return None
-            totals = read_totals(conn, dataset, sweep_id)
             balance = totals or SweepBalance.empty(dataset, sweep_id)
             eps, dlt = balance.epsilon_outstanding, balance.delta_outstanding
             budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
