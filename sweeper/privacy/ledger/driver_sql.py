@@ -30,6 +30,12 @@ __all__ = ["DriverStatement"]
 _Processor = Callable[[Any], Any] | None
 
 
+def _key(dialect: Dialect) -> tuple[Any, ...]:
+    # What the SQL text and the conversions depend on: the database, the driver (its
+    # parameter style) and the server's version (what SQL it supports).
+    return (dialect.name, dialect.driver, dialect.paramstyle, dialect.server_version_info)
+
+
 @dataclass(frozen=True)
 class _Compiled:
     """One statement's SQL for one dialect, and how its parameters convert."""
@@ -49,8 +55,8 @@ class DriverStatement:
 
     def __init__(self, stmt: Executable) -> None:
         self._stmt = stmt
-        self._compiled: dict[str, _Compiled] = {}
-        self._results: dict[str, tuple[_Processor, ...]] = {}
+        self._compiled: dict[tuple[Any, ...], _Compiled] = {}
+        self._results: dict[tuple[Any, ...], tuple[_Processor, ...]] = {}
         self._lock = Lock()
 
     @property
@@ -60,7 +66,7 @@ class DriverStatement:
 
     def compiled(self, dialect: Dialect) -> _Compiled:
         """The statement compiled for ``dialect`` (once; later calls reuse it)."""
-        found = self._compiled.get(dialect.name)
+        found = self._compiled.get(_key(dialect))
         if found is not None:
             return found
         with self._lock:
@@ -79,7 +85,7 @@ class DriverStatement:
                 positional=compiler.positional,
                 binds=binds,
             )
-            self._compiled[dialect.name] = found
+            self._compiled[_key(dialect)] = found
         return found
 
     def parameters(self, dialect: Dialect, params: Mapping[str, Any]) -> Any:
@@ -98,14 +104,14 @@ class DriverStatement:
         (``description``: the cursor's, whose type codes some processors need)."""
         if raw is None:
             return None
-        results = self._results.get(dialect.name)
+        results = self._results.get(_key(dialect))
         if results is None:
             selected = self._stmt.selected_columns  # type: ignore[attr-defined]
             results = tuple(
                 column.type.dialect_impl(dialect).result_processor(dialect, info[1])
                 for column, info in zip(selected, description, strict=True)
             )
-            self._results[dialect.name] = results
+            self._results[_key(dialect)] = results
         return tuple(
             process(value) if process is not None else value
             for value, process in zip(raw, results, strict=True)

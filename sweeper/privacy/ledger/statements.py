@@ -2,8 +2,9 @@
 
 Reserve, charge and release run these on one :class:`~sqlalchemy.engine.Connection` inside one
 transaction, without the ORM's session, identity map and flush: a charge is a locked read of
-the dataset row, a read of its sweep's totals row, one insert and two updates. The statements
-are built once with named parameters, so SQLAlchemy compiles each once and reuses it.
+the dataset row, a read of its sweep's totals row, one insert and two updates (on PostgreSQL
+the three writes are one statement). The statements are built once with named parameters and
+compiled once per dialect (:mod:`~sweeper.privacy.ledger.driver_sql`).
 
 Amounts stay exact :class:`~decimal.Decimal` values: every sum is computed in Python with
 :mod:`~sweeper.privacy.ledger.amounts` while the dataset's lock is held, and written as a
