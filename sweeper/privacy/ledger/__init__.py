@@ -39,7 +39,15 @@ and writes, under a write lock:
   no-op on SQLite), which serialises writers on that row. Under the default READ COMMITTED
   isolation every later statement in the transaction sees what earlier lock holders committed.
 
-Schema: the two tables (:mod:`~sweeper.privacy.ledger.rows`) share the project's declarative
+**The hot path.** Reserve, charge and release skip the ORM: they run prebuilt Core statements
+(:mod:`~sweeper.privacy.ledger.statements`), compiled once per dialect and executed on the
+driver's cursor of the operation's connection (:mod:`~sweeper.privacy.ledger.driver_sql`),
+with the column types' own conversions. A charge locks the dataset row, reads its sweep's
+running totals (``ledger_sweep_totals``: one row, whatever the number of earlier entries),
+checks in Python with the exact arithmetic above, then writes the dataset row, the entry and
+the sweep's totals (one statement on PostgreSQL) and commits: O(1) per charge.
+
+Schema: the tables (:mod:`~sweeper.privacy.ledger.rows`) share the project's declarative
 base (:mod:`sweeper.store.base`) and come from the Alembic migrations;
 :func:`create_ledger_tables` creates them directly for tests and local use.
 """

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 
-from sqlalchemy import Engine, Select, select
+from sqlalchemy import Connection, Engine, Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -14,7 +14,8 @@ from dpsweep.errors import ConfigError, PrivacyError
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.keys import dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, SweepBalance
-from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, SweepTotals, utcnow
+from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, utcnow
+from sweeper.privacy.ledger.statements import BudgetState, read_totals, write_operation
 from sweeper.store.engine import has_ledger_hooks, read_only
 
 __all__ = ["LedgerCore"]
@@ -66,6 +67,13 @@ class LedgerCore:
             yield session
 
     @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        # The hot path's transaction (reserve, charge, release): a bare connection, no ORM
+        # session. On SQLite its BEGIN is BEGIN IMMEDIATE (the engine's hook), as for _write.
+        with self._engine.begin() as conn:
+            yield conn
+
+    @contextmanager
     def _read(self) -> Iterator[Session]:
         with self._reader.begin() as session:
             yield session
@@ -93,42 +101,19 @@ class LedgerCore:
             budget = session.scalars(_budget_row_stmt(dataset)).one()
         return budget
 
-    @staticmethod
-    def _totals(session: Session, dataset: str, sweep_id: str) -> SweepTotals | None:
-        """The sweep's running-totals row (None before its first entry)."""
-        return session.scalars(
-            select(SweepTotals).where(
-                SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
-            )
-        ).one_or_none()
-
     @classmethod
-    def _balance(cls, session: Session, dataset: str, sweep_id: str) -> SweepBalance:
-        """The sweep's totals: one row (:class:`SweepTotals`), kept with every entry."""
-        return cls._balance_of(cls._totals(session, dataset, sweep_id), dataset, sweep_id)
+    def _balance(cls, conn: Connection | Session, dataset: str, sweep_id: str) -> SweepBalance:
+        """The sweep's totals: one row (:class:`~sweeper.privacy.ledger.rows.SweepTotals`),
+        kept with every entry (zeros before its first entry). A connection or a session."""
+        return read_totals(conn, dataset, sweep_id) or SweepBalance.empty(dataset, sweep_id)
 
     @staticmethod
-    def _balance_of(row: SweepTotals | None, dataset: str, sweep_id: str) -> SweepBalance:
-        """A totals row as a :class:`SweepBalance` (zeros for None)."""
-        if row is None:
-            return SweepBalance(dataset, sweep_id, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
-        return SweepBalance(
-            dataset=dataset,
-            sweep_id=sweep_id,
-            epsilon_reserved=row.epsilon_reserved,
-            delta_reserved=row.delta_reserved,
-            epsilon_charged=row.epsilon_charged,
-            delta_charged=row.delta_charged,
-            epsilon_released=row.epsilon_released,
-            delta_released=row.delta_released,
-            reservations=row.reservations,
-        )
-
-    @staticmethod
-    def _balance_from_entries(session: Session, dataset: str, sweep_id: str) -> SweepBalance:
+    def _balance_from_entries(
+        conn: Connection | Session, dataset: str, sweep_id: str
+    ) -> SweepBalance:
         """The sweep's totals summed from its entries (what :meth:`_balance` caches; the
         audit's check)."""
-        rows = session.execute(
+        rows = conn.execute(
             select(LedgerEntry.kind, LedgerEntry.epsilon, LedgerEntry.delta).where(
                 LedgerEntry.dataset == dataset, LedgerEntry.sweep_id == sweep_id
             )
@@ -154,9 +139,10 @@ class LedgerCore:
 
     @staticmethod
     def _record(
-        session: Session,
+        conn: Connection,
         *,
-        dataset: str,
+        budget: BudgetState,
+        totals: SweepBalance | None,
         sweep_id: str,
         trial_id: str | None,
         kind: EntryKind,
@@ -164,51 +150,57 @@ class LedgerCore:
         delta: Decimal,
         note: str,
         principal: str | None = None,
-        totals: SweepTotals | None = None,
     ) -> LedgerRecord:
-        entry = LedgerEntry(
-            principal=principal,
-            dataset=dataset,
+        """Write one operation: the dataset row's new totals (checked first), the entry, and
+        the sweep's running totals, all in the caller's transaction.
+
+        Args:
+            conn: The operation's connection; its transaction holds the dataset's lock.
+            budget: The dataset row, its totals already changed by the operation.
+            totals: The sweep's totals as read under the lock (``None``: no row yet).
+            sweep_id: The sweep.
+            trial_id: The trial (charges only).
+            kind: What the entry does.
+            epsilon: The entry's ε.
+            delta: The entry's δ.
+            note: Free text kept with the entry.
+            principal: Whose sweep reserves (reservations).
+
+        Returns:
+            The recorded entry.
+        """
+        LedgerCore._check_totals(budget)
+        now = utcnow()
+        entry_id = write_operation(
+            conn,
+            budget,
+            totals,
+            {
+                "principal": principal,
+                "dataset": budget.dataset,
+                "sweep_id": sweep_id,
+                "trial_id": trial_id,
+                "kind": kind,
+                "epsilon": epsilon,
+                "delta": delta,
+                "created_at": now,
+                "note": note,
+            },
+        )
+        return LedgerRecord(
+            id=entry_id,
+            dataset=budget.dataset,
             sweep_id=sweep_id,
             trial_id=trial_id,
             kind=kind,
             epsilon=epsilon,
             delta=delta,
-            created_at=utcnow(),
+            created_at=now,
             note=note,
         )
-        session.add(entry)
-        # The sweep's running totals, in the same transaction (the caller holds the dataset's
-        # budget-row lock, so no other writer updates them meanwhile).
-        if totals is None:  # (a caller that read the row already passes it)
-            totals = session.scalars(
-                select(SweepTotals).where(
-                    SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
-                )
-            ).one_or_none()
-        if totals is None:
-            totals = SweepTotals(
-                dataset=dataset,
-                sweep_id=sweep_id,
-                epsilon_reserved=ZERO,
-                delta_reserved=ZERO,
-                epsilon_charged=ZERO,
-                delta_charged=ZERO,
-                epsilon_released=ZERO,
-                delta_released=ZERO,
-                reservations=0,
-            )
-            session.add(totals)
-        name = {EntryKind.RESERVE: "reserved", EntryKind.CHARGE: "charged"}.get(kind, "released")
-        setattr(totals, f"epsilon_{name}", add_exact(getattr(totals, f"epsilon_{name}"), epsilon))
-        setattr(totals, f"delta_{name}", add_exact(getattr(totals, f"delta_{name}"), delta))
-        if kind is EntryKind.RESERVE:
-            totals.reservations = totals.reservations + 1
-        session.flush()  # assigns the id; the commit happens when the operation's block exits
-        return LedgerRecord.from_row(entry)
 
     @staticmethod
-    def _check_totals(budget: DatasetBudget) -> None:
+    def _check_totals(budget: DatasetBudget | BudgetState) -> None:
         # Last line of defence before commit: if arithmetic elsewhere were ever wrong, refuse to
         # commit a ledger that is negative or over its cap (the transaction rolls back).
         for name in ("epsilon", "delta"):

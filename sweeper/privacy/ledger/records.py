@@ -99,6 +99,11 @@ class SweepBalance:
     reservations: int = 0
     """How many ``reserve`` entries the sweep has (a sweep must reserve before it charges)."""
 
+    @classmethod
+    def empty(cls, dataset: str, sweep_id: str) -> SweepBalance:
+        """The totals of a sweep without entries: all zero."""
+        return cls(dataset, sweep_id, ZERO, ZERO, ZERO, ZERO, ZERO, ZERO)
+
     @property
     def epsilon_outstanding(self) -> Decimal:
         """ε reserved and neither charged nor released: what charges may still take."""

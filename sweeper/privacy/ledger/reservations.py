@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from sweeper.privacy.ledger.amounts import (
@@ -25,7 +25,12 @@ from sweeper.privacy.ledger.errors import (
 )
 from sweeper.privacy.ledger.keys import checked_key, checked_note, dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, Reservation, SweepBalance
-from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, utcnow
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals
+from sweeper.privacy.ledger.statements import (
+    TOTAL_COLUMNS,
+    TOTALS,
+    lock_and_read,
+)
 
 __all__ = ["ReservationOperations"]
 
@@ -74,8 +79,8 @@ class ReservationOperations(LedgerCore):
         eps = epsilon_amount(epsilon)
         dlt = delta_amount(delta)
         note = checked_note(note)
-        with self._write() as session:
-            budget = self._lock_budget(session, dataset, create=True)
+        with self._transaction() as conn:
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=True)
             assert budget is not None
             for quantity, asked, cap, spent, reserved in (
                 ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
@@ -107,7 +112,7 @@ class ReservationOperations(LedgerCore):
                         remaining=left,
                     )
             if allowance is not None:
-                used = principal_usage(session, dataset, principal)
+                used = principal_usage(conn, dataset, principal)
                 left = sub_exact(allowance, used) if used <= allowance else ZERO
                 if eps > left:
                     shown_asked, shown_left = show_amounts(eps, left)
@@ -123,11 +128,10 @@ class ReservationOperations(LedgerCore):
                     )
             budget.epsilon_reserved = add_exact(budget.epsilon_reserved, eps)
             budget.delta_reserved = add_exact(budget.delta_reserved, dlt)
-            budget.updated_at = utcnow()
-            self._check_totals(budget)
             return self._record(
-                session,
-                dataset=dataset,
+                conn,
+                budget=budget,
+                totals=totals,
                 sweep_id=sweep_id,
                 trial_id=None,
                 kind=EntryKind.RESERVE,
@@ -175,11 +179,9 @@ class ReservationOperations(LedgerCore):
         eps = epsilon_amount(epsilon)
         dlt = delta_amount(delta)
         note = checked_note(note)
-        with self._write() as session:
-            budget = self._lock_budget(session, dataset, create=False)
-            totals = self._totals(session, dataset, sweep_id) if budget is not None else None
-            balance = self._balance_of(totals, dataset, sweep_id)
-            if budget is None or balance.reservations == 0:
+        with self._transaction() as conn:
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=False)
+            if budget is None or totals is None or totals.reservations == 0:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
                 raise ReservationExceeded(
@@ -191,6 +193,7 @@ class ReservationOperations(LedgerCore):
                     requested=eps,
                     outstanding=ZERO,
                 )
+            balance = totals
             for quantity, asked, outstanding in (
                 ("epsilon", eps, balance.epsilon_outstanding),
                 ("delta", dlt, balance.delta_outstanding),
@@ -214,18 +217,16 @@ class ReservationOperations(LedgerCore):
             budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
             budget.epsilon_spent = add_exact(budget.epsilon_spent, eps)
             budget.delta_spent = add_exact(budget.delta_spent, dlt)
-            budget.updated_at = utcnow()
-            self._check_totals(budget)
             return self._record(
-                session,
-                dataset=dataset,
+                conn,
+                budget=budget,
+                totals=totals,
                 sweep_id=sweep_id,
                 trial_id=trial_id,
                 kind=EntryKind.CHARGE,
                 epsilon=eps,
                 delta=dlt,
                 note=note,
-                totals=totals,
             )
 
     def release(self, dataset: str, *, sweep_id: str, note: str = "") -> LedgerRecord | None:
@@ -249,21 +250,20 @@ class ReservationOperations(LedgerCore):
         dataset = checked_key(dataset, "dataset")
         sweep_id = checked_key(sweep_id, "sweep_id")
         note = checked_note(note)
-        with self._write() as session:
-            budget = self._lock_budget(session, dataset, create=False)
+        with self._transaction() as conn:
+            budget, totals = lock_and_read(conn, dataset, sweep_id, create=False)
             if budget is None:
                 return None
-            balance = self._balance(session, dataset, sweep_id)
+            balance = totals or SweepBalance.empty(dataset, sweep_id)
             eps, dlt = balance.epsilon_outstanding, balance.delta_outstanding
             budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
             budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
-            budget.updated_at = utcnow()
-            self._check_totals(budget)
             # Recorded even when zero: the entry also marks, in the audit trail, that the sweep
             # ended.
             return self._record(
-                session,
-                dataset=dataset,
+                conn,
+                budget=budget,
+                totals=totals,
                 sweep_id=sweep_id,
                 trial_id=None,
                 kind=EntryKind.RELEASE,
@@ -285,57 +285,49 @@ def _released(balance: SweepBalance, quantity: str) -> Decimal:
     return balance.epsilon_released if quantity == "epsilon" else balance.delta_released
 
 
-def principal_usage(session: Session, dataset: str, principal: str | None) -> Decimal:
+def _principal_sweeps(
+    conn: Connection | Session, dataset: str, principal: str
+) -> list[SweepBalance]:
+    """The running totals of every sweep ``principal`` reserved for on ``dataset`` (their
+    whole totals: an entry of such a sweep counts whoever wrote it)."""
+    sweeps = (
+        select(LedgerEntry.sweep_id)
+        .where(
+            LedgerEntry.dataset == dataset,
+            LedgerEntry.principal == principal,
+            LedgerEntry.kind == EntryKind.RESERVE,
+        )
+        .distinct()
+    )
+    rows = conn.execute(
+        select(SweepTotals.sweep_id, *(TOTALS.c[name] for name in TOTAL_COLUMNS)).where(
+            SweepTotals.dataset == dataset, SweepTotals.sweep_id.in_(sweeps)
+        )
+    ).all()
+    return [SweepBalance(dataset, sweep_id, *amounts) for sweep_id, *amounts in rows]
+
+
+def principal_usage(conn: Connection | Session, dataset: str, principal: str | None) -> Decimal:
     """ε that ``principal``'s sweeps hold on ``dataset``: what they reserved less what they
     released unused (charges move ε from reserved to spent, and stay counted)."""
     if principal is None:
         return ZERO
-    sweeps = (
-        select(LedgerEntry.sweep_id)
-        .where(
-            LedgerEntry.dataset == dataset,
-            LedgerEntry.principal == principal,
-            LedgerEntry.kind == EntryKind.RESERVE,
-        )
-        .distinct()
-    )
-    rows = session.execute(
-        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
-            LedgerEntry.dataset == dataset,
-            LedgerEntry.sweep_id.in_(sweeps),
-            LedgerEntry.kind.in_([EntryKind.RESERVE, EntryKind.RELEASE]),
-        )
-    ).all()
     reserved, released = ZERO, ZERO
-    for kind, eps in rows:
-        if kind == EntryKind.RESERVE:
-            reserved = add_exact(reserved, eps)
-        else:
-            released = add_exact(released, eps)
+    for sweep in _principal_sweeps(conn, dataset, principal):
+        reserved = add_exact(reserved, sweep.epsilon_reserved)
+        released = add_exact(released, sweep.epsilon_released)
     return sub_exact(reserved, released) if released <= reserved else ZERO
 
 
-def principal_totals(session: Session, dataset: str, principal: str) -> tuple[Decimal, Decimal]:
+def principal_totals(
+    conn: Connection | Session, dataset: str, principal: str
+) -> tuple[Decimal, Decimal]:
     """ε charged to ``principal``'s sweeps on ``dataset``, and ε they still hold reserved."""
-    sweeps = (
-        select(LedgerEntry.sweep_id)
-        .where(
-            LedgerEntry.dataset == dataset,
-            LedgerEntry.principal == principal,
-            LedgerEntry.kind == EntryKind.RESERVE,
-        )
-        .distinct()
-    )
-    rows = session.execute(
-        select(LedgerEntry.kind, LedgerEntry.epsilon).where(
-            LedgerEntry.dataset == dataset, LedgerEntry.sweep_id.in_(sweeps)
-        )
-    ).all()
-    totals = {kind: ZERO for kind in EntryKind}
-    for kind, eps in rows:
-        totals[EntryKind(kind)] = add_exact(totals[EntryKind(kind)], eps)
-    held = sub_exact(totals[EntryKind.RESERVE], totals[EntryKind.RELEASE])
-    outstanding = (
-        sub_exact(held, totals[EntryKind.CHARGE]) if totals[EntryKind.CHARGE] <= held else ZERO
-    )
-    return totals[EntryKind.CHARGE], outstanding
+    reserved, charged, released = ZERO, ZERO, ZERO
+    for sweep in _principal_sweeps(conn, dataset, principal):
+        reserved = add_exact(reserved, sweep.epsilon_reserved)
+        charged = add_exact(charged, sweep.epsilon_charged)
+        released = add_exact(released, sweep.epsilon_released)
+    held = sub_exact(reserved, released)
+    outstanding = sub_exact(held, charged) if charged <= held else ZERO
+    return charged, outstanding

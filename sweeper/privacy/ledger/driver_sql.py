@@ -1,0 +1,169 @@
+"""Core statements compiled once and run on the driver's cursor: the hot path's executor.
+
+A ledger charge is a handful of tiny statements whose cost is mostly SQLAlchemy's per-execute
+machinery (about 25 µs each here, against 2 µs on the sqlite3 cursor) plus, on PostgreSQL, one
+network round trip each. This module keeps what SQLAlchemy is good at (the SQL text, compiled
+per dialect from the same Core statements; the column types' own bind and result processors,
+so amounts are stored exactly as :class:`~sweeper.store.types.ExactDecimal` stores them;
+connections and transactions, taken from the operation's :class:`~sqlalchemy.engine.Connection`)
+and runs the compiled SQL on the DBAPI cursor of that connection, inside its transaction.
+
+Driver errors are re-raised as SQLAlchemy's (:class:`~sqlalchemy.exc.DBAPIError` and its
+subclasses such as :class:`~sqlalchemy.exc.IntegrityError`), as if SQLAlchemy had run them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from threading import Lock
+from typing import Any
+
+from sqlalchemy import Connection, Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import Executable
+
+__all__ = ["DriverStatement"]
+
+_Processor = Callable[[Any], Any] | None
+
+
+def _key(dialect: Dialect) -> tuple[Any, ...]:
+    # What the SQL text and the conversions depend on: the database, the driver (its
+    # parameter style) and the server's version (what SQL it supports).
+    return (dialect.name, dialect.driver, dialect.paramstyle, dialect.server_version_info)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """One statement's SQL for one dialect, and how its parameters convert."""
+
+    sql: str
+    names: tuple[str, ...]
+    positional: bool
+    binds: tuple[_Processor, ...]
+
+
+class DriverStatement:
+    """A Core statement compiled once per dialect and run on the DBAPI cursor.
+
+    Args:
+        stmt: The statement, every parameter a named :func:`~sqlalchemy.sql.bindparam`.
+    """
+
+    def __init__(self, stmt: Executable) -> None:
+        self._stmt = stmt
+        self._compiled: dict[tuple[Any, ...], _Compiled] = {}
+        self._results: dict[tuple[Any, ...], tuple[_Processor, ...]] = {}
+        self._lock = Lock()
+
+    @property
+    def statement(self) -> Any:
+        """The Core statement."""
+        return self._stmt
+
+    def compiled(self, dialect: Dialect) -> _Compiled:
+        """The statement compiled for ``dialect`` (once; later calls reuse it)."""
+        found = self._compiled.get(_key(dialect))
+        if found is not None:
+            return found
+        with self._lock:
+            compiler = self._stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
+            assert isinstance(compiler, SQLCompiler)
+            names = (
+                tuple(compiler.positiontup or ()) if compiler.positional else tuple(compiler.binds)
+            )
+            binds = tuple(
+                compiler.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+                for name in names
+            )
+            found = _Compiled(
+                sql=compiler.string,
+                names=names,
+                positional=compiler.positional,
+                binds=binds,
+            )
+            self._compiled[_key(dialect)] = found
+        return found
+
+    def parameters(self, dialect: Dialect, params: Mapping[str, Any]) -> Any:
+        """``params`` converted for the driver (a tuple or a dict, as its style wants)."""
+        c = self.compiled(dialect)
+        values = [
+            process(params[name]) if process is not None else params[name]
+            for name, process in zip(c.names, c.binds, strict=True)
+        ]
+        return tuple(values) if c.positional else dict(zip(c.names, values, strict=True))
+
+    def row(
+        self, dialect: Dialect, raw: Sequence[Any] | None, description: Sequence[Any]
+    ) -> tuple[Any, ...] | None:
+        """A fetched row of a ``SELECT``, with its column types' result processing applied
+        (``description``: the cursor's, whose type codes some processors need)."""
+        if raw is None:
+            return None
+        results = self._results.get(_key(dialect))
+        if results is None:
+            selected = self._stmt.selected_columns  # type: ignore[attr-defined]
+            results = tuple(
+                column.type.dialect_impl(dialect).result_processor(dialect, info[1])
+                for column, info in zip(selected, description, strict=True)
+            )
+            self._results[_key(dialect)] = results
+        return tuple(
+            process(value) if process is not None else value
+            for value, process in zip(raw, results, strict=True)
+        )
+
+
+@dataclass
+class Ran:
+    """One statement of a batch, after it ran: its cursor and how to read it."""
+
+    statement: DriverStatement
+    dialect: Dialect
+    cursor: Any
+
+    def first(self) -> tuple[Any, ...] | None:
+        """The first row, converted (``None`` if there is none)."""
+        return self.statement.row(self.dialect, self.cursor.fetchone(), self.cursor.description)
+
+    def new_id(self) -> int:
+        """The primary key an ``INSERT`` created."""
+        if self.cursor.description is not None:  # INSERT ... RETURNING id
+            return int(self.cursor.fetchone()[0])
+        return int(self.cursor.lastrowid)
+
+
+@contextmanager
+def _driver_errors(conn: Connection, sql: str) -> Iterator[None]:
+    dbapi = conn.dialect.loaded_dbapi
+    try:
+        yield
+    except dbapi.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, dbapi.Error, dialect=conn.dialect) from exc
+
+
+def run(conn: Connection, batch: Sequence[tuple[DriverStatement, Mapping[str, Any]]]) -> list[Ran]:
+    """Run statements, in order, on ``conn``'s driver connection, inside its transaction.
+
+    Args:
+        conn: A connection inside the operation's transaction.
+        batch: The statements and their parameters (column names or bind names).
+
+    Returns:
+        Each statement's result, in order.
+    """
+    dialect = conn.dialect
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    ran: list[Ran] = []
+    for statement, params in batch:
+        sql = statement.compiled(dialect).sql
+        with _driver_errors(conn, sql):
+            cursor = raw.cursor()
+            cursor.execute(sql, statement.parameters(dialect, params))
+        ran.append(Ran(statement, dialect, cursor))
+    return ran
