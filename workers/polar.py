@@ -110,26 +110,27 @@ def polar_rows(
         sel = ws.get("sel", (k, pairs), np.int64)
         np.add(bounds[:-1, None], np.arange(pairs), out=sel)
         np.take(keep, sel, out=sel, mode="clip")
-    # Every temporary below lives in the workspace: fresh arrays of this size cost page faults.
-    ss = ws.get("ss", (k, got), np.float64)
-    f = ws.get("f", (k, got), np.float64)
+    # The temporaries below reuse the buffers of s and t once they are spent: fresh arrays of
+    # this size cost page faults, and a small footprint stays in cache.
+    ss = t.reshape(-1)[: k * got].reshape(k, got)
     np.take(s, sel, out=ss, mode="clip")
+    f = s.reshape(-1)[: k * got].reshape(k, got)
     np.log(ss, out=f)
     f *= -2.0
     f /= ss
     np.sqrt(f, out=f)
     # Flat indices of the accepted u's in the padded [k, 2m + 2] buffer: row r's word j sits
-    # at (2m + 2) r + j, and sel holds m r + j.
+    # at (2m + 2) r + j, and sel holds m r + j (sel is ours to overwrite).
     flat = w.reshape(-1).view(np.float64)
-    ui = ws.get("ui", (k, got), np.int64)
-    np.add(sel, (np.arange(k) * (m + 2))[:, None], out=ui)
+    ui = sel
+    if k > 1:
+        ui += (np.arange(k) * (m + 2))[:, None]
     hi, lo = min(got, pairs), min(got, n // 2)
-    zz = ss  # s is no longer needed: reuse its buffer for the gathered uniforms
-    np.take(flat, ui, out=zz, mode="clip")
-    np.multiply(zz[:, :hi], f[:, :hi], out=out[:, 0 : 2 * hi : 2])
+    np.take(flat, ui, out=ss, mode="clip")
+    np.multiply(ss[:, :hi], f[:, :hi], out=out[:, 0 : 2 * hi : 2])
     ui += m
-    np.take(flat, ui, out=zz, mode="clip")
-    np.multiply(zz[:, :lo], f[:, :lo], out=out[:, 1 : 2 * lo : 2])
+    np.take(flat, ui, out=ss, mode="clip")
+    np.multiply(ss[:, :lo], f[:, :lo], out=out[:, 1 : 2 * lo : 2])
     if not full:  # one stream (k == 1) short of pairs: continue from its own stream
         polar_rows(streams, n - 2 * got, out[:, 2 * got : n], ws)
     return out
