@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import numpy as np
 
+from workers.polar import Workspace, polar_rows
+
 if TYPE_CHECKING:
     import torch
     from torch import Tensor
@@ -96,7 +98,8 @@ class RandomStream:
 
         self._enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
         self._zeros = bytearray(0)
-        self._out = bytearray(0)
+        self._out = np.empty(0, dtype=np.int64)
+        self._ws = Workspace()
 
     def __reduce__(self) -> NoReturn:
         _never_pickled("a RandomStream")
@@ -104,18 +107,28 @@ class RandomStream:
     def __repr__(self) -> str:
         return "RandomStream(<secret>)"
 
+    def words_into(self, out: np.ndarray, n: int) -> None:
+        """Write the next ``n`` keystream words into ``out[:n]`` (uint64 or int64, C-contiguous).
+
+        ``out`` should hold two words more than ``n``: room for a cipher block more than the
+        input, as ``update_into`` documents for ciphers (CTR writes exactly ``n`` words).
+        """
+        size = 8 * n
+        if len(self._zeros) < size:
+            self._zeros = bytearray(size)
+        if out.nbytes < size or not out.flags.c_contiguous:
+            raise ValueError("words_into needs a C-contiguous buffer of at least n words")
+        self._enc.update_into(memoryview(self._zeros)[:size], out.data.cast("B"))
+
     def words(self, n: int) -> np.ndarray:
         """``n`` uniformly random 64-bit words, as ``int64``.
 
         The array is a view of a buffer that the next call overwrites: use it at once.
         """
-        size = 8 * n
-        if len(self._zeros) < size:
-            self._zeros = bytearray(size)
-            # Room for a block more than the input, as update_into documents for ciphers.
-            self._out = bytearray(size + 15)
-        self._enc.update_into(memoryview(self._zeros)[:size], self._out)
-        return np.frombuffer(self._out, dtype=np.int64, count=n)
+        if len(self._out) < n + 2:
+            self._out = np.empty(n + 2, dtype=np.int64)
+        self.words_into(self._out, n)
+        return self._out[:n]
 
     def uniform(self, n: int) -> np.ndarray:
         """``n`` float64 uniforms on the open interval (0, 1), with 52 random bits each."""
@@ -132,64 +145,13 @@ class RandomStream:
         """``n`` float64 standard normal draws (Marsaglia's polar method), into ``out`` if given.
 
         Uniforms on (-1, 1) have 51 random bits, are symmetric, exact in float64 and never 0,
-        so the tail reaches ~11.4 standard deviations (the mass beyond is ~1e-29).
+        so the tail reaches ~11.4 standard deviations (the mass beyond is ~1e-29). The
+        arithmetic is :func:`workers.polar.polar_rows` with one row.
         """
         if out is None:
             out = np.empty(n, dtype=np.float64)
-        filled = 0
-        while filled < n:
-            pairs = (n - filled + 1) // 2
-            # Acceptance is pi/4; draw enough that one round almost always suffices.
-            m = int(pairs / (math.pi / 4) + 4.0 * math.sqrt(pairs) + 8)
-            filled += self._polar_round(m, pairs, out[filled:n])
+        polar_rows([self], n, out[:n].reshape(1, n), self._ws)
         return out
-
-    def _polar_round(self, m: int, pairs: int, out: np.ndarray) -> int:
-        """Normals from ``m`` candidate pairs written to the front of ``out``; returns how many.
-
-        Works in buffers kept between calls: fresh megabyte-sized temporaries cost more in
-        page faults than the arithmetic (this runs once per release per step).
-        """
-        ws = self._workspace(m)
-        # Uniforms on (-1, 1) straight from the bits: 51 random mantissa bits with the lowest
-        # set, under the exponent of [1, 2), give x = 1 + (2i + 1) 2**-52; then u = 2x - 3 =
-        # (2i + 1 - 2**51) 2**-51: symmetric about 0, never 0, exact.
-        bits = ws["w"][: 2 * m]
-        np.right_shift(self.words(2 * m).view(np.uint64), np.uint64(12), out=bits)
-        np.bitwise_or(bits, np.uint64(0x3FF0000000000001), out=bits)
-        uv = bits.view(np.float64)
-        uv *= 2.0
-        uv -= 3.0
-        u, v = uv[:m], uv[m:]
-        s, f = ws["s"][:m], ws["f"][:m]
-        np.multiply(u, u, out=s)
-        np.multiply(v, v, out=f)
-        s += f
-        keep = np.flatnonzero(s < 1.0)[:pairs]
-        k = len(keep)
-        ss = ws["ss"][:k]
-        np.take(s, keep, out=ss)
-        f = f[:k]
-        np.log(ss, out=f)
-        f *= -2.0
-        f /= ss
-        np.sqrt(f, out=f)
-        # Pairs in stream order, u then v; a trailing odd draw is simply not used.
-        got = min(2 * k, len(out))
-        hi, lo = (got + 1) // 2, got // 2
-        np.multiply(np.take(u, keep[:hi]), f[:hi], out=out[0:got:2])
-        np.multiply(np.take(v, keep[:lo]), f[:lo], out=out[1:got:2])
-        return got
-
-    def _workspace(self, m: int) -> dict[str, np.ndarray]:
-        ws = getattr(self, "_ws", None)
-        if ws is None or len(ws["s"]) < m:
-            ws = {
-                "w": np.empty(2 * m, dtype=np.uint64),
-                **{name: np.empty(m) for name in ("s", "ss", "f")},
-            }
-            self._ws = ws
-        return ws
 
 
 class TrialRandomness:
@@ -242,6 +204,7 @@ class NoiseSource:
         self.streams = list(streams)
         self.device = torch.device(device)
         self._buf = np.empty((len(self.streams), 0))
+        self._ws = Workspace()
 
     def __reduce__(self) -> NoReturn:
         _never_pickled("a NoiseSource")
@@ -256,8 +219,9 @@ class NoiseSource:
         if self._buf.shape[1] < n:
             self._buf = np.empty((len(self.streams), n))
         z = self._buf[:, :n]
-        for row, stream in zip(z, self.streams, strict=True):
-            stream.standard_normal(n, out=row)
+        # One vectorised sampler call for the whole pack; row k is exactly what stream k alone
+        # gives (its own words, its own acceptances).
+        polar_rows(self.streams, n, z, self._ws)
         t = torch.from_numpy(z)
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
 
@@ -265,14 +229,22 @@ class NoiseSource:
 def snap_grid(std: Tensor) -> Tensor:
     """The snapping grid of each noise scale: the power of two just below ``std * 2**-GRID_BITS``.
 
-    Scales that are zero or not finite (a diverged trial's noised state) get a grid of 1; their
-    releases are not finite anyway.
+    Computed exactly from the binary exponent (``std = m 2**e`` with ``m`` in [0.5, 1), so the
+    grid is ``2**(e - 1 - GRID_BITS)``). Scales that are zero or not finite (a diverged trial's
+    noised state) get a grid of 1; their releases are not finite anyway.
     """
     import torch
 
     ok = torch.isfinite(std) & (std > 0)
-    safe = torch.where(ok, std, torch.ones_like(std))
-    return torch.where(ok, torch.exp2(torch.floor(torch.log2(safe)) - GRID_BITS), 1.0)
+    _, e = torch.frexp(torch.where(ok, std, torch.ones_like(std)))
+    return torch.where(ok, torch.ldexp(torch.ones_like(std), e - (1 + GRID_BITS)), 1.0)
+
+
+def _snap_grid_scalar(std: float) -> float:
+    """:func:`snap_grid` of one scale, in Python floats (the same value, exactly)."""
+    if not (math.isfinite(std) and std > 0):
+        return 1.0
+    return math.ldexp(1.0, math.frexp(std)[1] - (1 + GRID_BITS))
 
 
 def add_snapped_noise(buf: Tensor, z: Tensor, std: Tensor) -> Tensor:
@@ -289,13 +261,22 @@ def add_snapped_noise(buf: Tensor, z: Tensor, std: Tensor) -> Tensor:
     """
     import torch
 
+    # The value is round((buf + std z) / grid) * grid, in four passes over [K, P]: with the
+    # grid g a power of two, (std / g) z = (std z) / g and buf / g are exact scalings (which
+    # commute with rounding), so (std / g) z + buf / g, rounded once, is exactly
+    # (std z + buf) / g; dividing by g and multiplying back are exact. Rounding after the
+    # noise is added is post-processing: no privacy cost, no extra sensitivity.
+    if std.numel() == 1 and std.device.type == "cpu":
+        # A pack of one: scalars instead of [K, 1] tensors (a dozen small kernels fewer).
+        s = float(std.reshape(()).to(torch.float64))
+        g = _snap_grid_scalar(s)
+        z.mul_(s / g).add_(buf, alpha=1.0 / g).round_()
+        torch.mul(z, g, out=buf)
+        return buf
     std64 = std.to(torch.float64).unsqueeze(1)
     grid = snap_grid(std64)
-    noised = z.mul_(std64).add_(buf)
-    # Rounding after the noise is added is post-processing: no privacy cost, no extra
-    # sensitivity. Division and multiplication by a power of two are exact.
-    noised.div_(grid).round_().mul_(grid)
-    buf.copy_(noised)
+    z.mul_(std64 / grid).addcmul_(buf, grid.reciprocal()).round_()
+    torch.mul(z, grid, out=buf)
     return buf
 
 

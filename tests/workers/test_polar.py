@@ -1,0 +1,134 @@
+"""The vectorised polar sampler and the fused snapped release equal their plain definitions.
+
+The sampler runs once per step for the whole pack (:func:`workers.polar.polar_rows`); these
+tests pin it bit for bit to the one-stream-at-a-time polar method it replaced
+(:mod:`tests.workers.reference_polar`), including the rare rounds in which a stream accepts
+too few pairs, and check the distribution on a million draws. The snapped release is pinned to
+``round((buf + std z) / grid) * grid`` computed step by step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from tests.workers.reference_polar import reference_standard_normal
+from workers.polar import Workspace, candidates, polar_rows
+from workers.randomness import (
+    GRID_BITS,
+    NoiseSource,
+    RandomStream,
+    TrialRandomness,
+    add_snapped_noise,
+    snap_grid,
+)
+
+
+def _stream(seed: int) -> RandomStream:
+    return TrialRandomness.reproducible(seed).noise
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 1001, 20_001])
+def test_one_stream_equals_the_reference_bit_for_bit(n: int) -> None:
+    mine, ref = _stream(1), _stream(1)
+    for _ in range(3):  # consecutive calls continue the same keystream
+        assert np.array_equal(mine.standard_normal(n), reference_standard_normal(ref, n))
+
+
+@pytest.mark.parametrize(("k", "n"), [(2, 1), (3, 7), (25, 962), (4, 5001)])
+def test_each_row_of_a_pack_is_its_own_stream_alone(k: int, n: int) -> None:
+    """Row k is exactly what stream k gives by itself: packing shares arithmetic, not draws."""
+    source = NoiseSource([_stream(s) for s in range(k)], "cpu")
+    alone = [_stream(s) for s in range(k)]
+    for _ in range(2):
+        z = source.standard_normal(n).numpy().copy()
+        assert z.shape == (k, n)
+        for row, stream in zip(z, alone, strict=True):
+            assert np.array_equal(row, reference_standard_normal(stream, n))
+    assert len({z[r].tobytes() for r in range(k)}) == k
+
+
+class _Rejecting(RandomStream):
+    """A real keystream whose first ``bad`` words of each request are replaced by a candidate
+    that the polar method rejects (u = v close to -1, so s > 1): the round falls short."""
+
+    def __init__(self, seed: int, bad: int) -> None:
+        super().__init__(bytes(32), 0)
+        self._inner = _stream(seed)
+        self._bad = bad
+
+    def words_into(self, out: np.ndarray, n: int) -> None:
+        self._inner.words_into(out, n)
+        m = n // 2
+        out.view(np.uint64)[: min(self._bad, m)] = np.uint64(0)  # u = -1 + 2**-51
+        out.view(np.uint64)[m : m + min(self._bad, m)] = np.uint64(0)  # v likewise
+        self._bad = 0  # only the first round
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_short_round_continues_from_the_same_stream(k: int) -> None:
+    n = 2001
+    bad = candidates((n + 1) // 2) // 2  # far fewer than n / 2 pairs accepted in round one
+    streams = [_Rejecting(s, bad if s == 0 else 0) for s in range(k)]
+    refs = [_Rejecting(s, bad if s == 0 else 0) for s in range(k)]
+    out = np.full((k, n), np.nan)
+    polar_rows(streams, n, out, Workspace())
+    for row, ref in zip(out, refs, strict=True):
+        assert np.array_equal(row, reference_standard_normal(ref, n))
+
+
+def test_a_million_draws_are_standard_normal() -> None:
+    """Fixed tolerances (about 5 standard errors) on a million draws of a secret stream."""
+    source = NoiseSource([TrialRandomness.secret().noise for _ in range(4)], "cpu")
+    z = source.standard_normal(250_000).numpy().reshape(-1).copy()
+    n = len(z)
+    assert n == 1_000_000 and np.isfinite(z).all()
+    assert abs(z.mean()) < 5 / math.sqrt(n)
+    assert abs(z.var() - 1.0) < 5 * math.sqrt(2 / n)
+    assert abs(stats.skew(z)) < 5 * math.sqrt(6 / n)
+    assert abs(stats.kurtosis(z)) < 5 * math.sqrt(24 / n)
+    assert stats.kstest(z, "norm").statistic < 1.63 / math.sqrt(n) * 1.5  # p ~ 1e-4 at 1.63
+    # Tails: P(|z| > 3) = 0.0027 (~2,700 +- 52 expected).
+    assert abs(int((np.abs(z) > 3).sum()) - 2700) < 5 * 52
+
+
+def _plain_snap(buf: torch.Tensor, z: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """The release by its definition, one operation at a time."""
+    std64 = std.to(torch.float64).unsqueeze(1)
+    ok = torch.isfinite(std64) & (std64 > 0)
+    grid = torch.where(
+        ok,
+        torch.exp2(torch.floor(torch.log2(torch.where(ok, std64, 1.0))) - GRID_BITS),
+        1.0,
+    )
+    noised = (z * std64 + buf.to(torch.float64)) / grid
+    return (noised.round() * grid).to(buf.dtype)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_fused_snapped_release_equals_its_definition(k: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    specials = [0.0, math.inf, math.nan, 1e-45, 3e38, 1.0, 2.0**-20, -1.0, 0.37]
+    for trial in range(120):
+        scale = 10.0 ** torch.randint(-8, 8, (k, 1), generator=gen)
+        buf = (torch.randn(k, 300, generator=gen) * scale).to(dtype)
+        z = torch.randn(k, 300, generator=gen, dtype=torch.float64) * 3
+        std = torch.rand(k, generator=gen) * 10.0 ** torch.randint(-30, 30, (k,), generator=gen)
+        std = std.float()
+        if trial < len(specials):
+            std[0] = specials[trial]
+        expected = _plain_snap(buf, z, std)
+        got = add_snapped_noise(buf.clone(), z.clone(), std)
+        assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
+def test_the_grid_is_exact_at_powers_of_two() -> None:
+    std = torch.tensor([1.0, 2.0**-30, 3.0, 2.0**10 * (1 - 2.0**-24)], dtype=torch.float64)
+    grid = snap_grid(std)
+    expected = [2.0**-12, 2.0**-42, 2.0**-11, 2.0**-3]
+    assert grid.tolist() == expected
