@@ -16,7 +16,6 @@ from fastapi.openapi.utils import get_openapi
 
 from api import dashboard, errors
 from api.auth import current_viewer
-from api.notifications import SweepNotifier
 from api.planning import Planner
 from api.routes import datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
@@ -41,12 +40,9 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
         app.state.engine = _engine(url, settings)
         app.state.read_engine = read_only(app.state.engine)
         app.state.planner = Planner(settings.planner_processes)
-        app.state.notifier = SweepNotifier(app.state.engine, poll_seconds=settings.sse_poll_seconds)
-        app.state.notifier.start()
         try:
             yield
         finally:
-            app.state.notifier.stop()
             app.state.planner.close()
             app.state.engine.dispose()
 

@@ -39,18 +39,7 @@ class ApiSettings(BaseSettings):
     planner_processes: int = Field(
         default=0, ge=0, description="processes that plan sweeps (0: one per CPU, at most 4)"
     )
-    sse_poll_seconds: float = Field(
-        default=0.25,
-        gt=0,
-        description="SQLite: how often the API checks the database's change counter for its "
-        "event streams (one check for all); also their poll interval without notifications",
-    )
-    sse_fallback_seconds: float = Field(
-        default=5.0,
-        gt=0,
-        description="with notifications (PostgreSQL LISTEN, SQLite's change counter), how "
-        "long a quiet event stream waits before it reads the database anyway",
-    )
+    sse_poll_seconds: float = Field(default=0.25, gt=0)
     sse_keepalive_seconds: float = Field(default=10.0, gt=0)
     scheduler_stale_seconds: float = Field(
         default=20.0, gt=0, description="/ready wants a scheduler heartbeat this recent"

@@ -386,12 +386,6 @@ def list_trials(
     return JSONResponse({"items": page.items, "next_cursor": page.next_cursor})
 
 
-async def _disconnected(request: Request) -> None:
-    """Return when the client disconnects (an SSE client sends nothing else)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 @router.get(
     "/{sweep_id}/events",
     responses={
@@ -439,55 +433,35 @@ async def events(
             )
         start = int(last_event_id.strip())
 
-    notifier = request.app.state.notifier
-
     async def stream() -> AsyncIterator[str]:
-        # Ends when the client goes away, so a quiet stream stops at once (not at its next
-        # timeout) and never holds up a shutdown longer than the client stays connected.
-        gone = asyncio.ensure_future(_disconnected(request))
-        try:
-            async for chunk in _events(gone):
-                yield chunk
-        finally:
-            gone.cancel()
-
-    async def _events(gone: asyncio.Future[None]) -> AsyncIterator[str]:
         last, quiet_since = start, time.monotonic()
         yield "retry: 2000\n\n"
         while True:
-            # Registered before the read: an event committed after it still wakes this stream.
-            with notifier.subscription(sweep_id) as woken:
-                batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-                ended = False
-                for e in batch:
-                    last = e.id
-                    yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
-                    if e.kind == "sweep" and e.data.get("state") in TERMINAL:
-                        ended = True
-                if ended:
+            batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+            ended = False
+            for e in batch:
+                last = e.id
+                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
+                if e.kind == "sweep" and e.data.get("state") in TERMINAL:
+                    ended = True
+            if ended:
+                return
+            if batch:
+                quiet_since = time.monotonic()
+                continue
+            state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
+            if state in TERMINAL:
+                # Ended before this stream started (or its end event was already delivered).
+                more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+                if not more:
                     return
-                if batch:
-                    quiet_since = time.monotonic()
-                    continue
-                state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
-                if state in TERMINAL:
-                    # Ended before this stream started (or its end event was already sent).
-                    more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-                    if not more:
-                        return
-                    continue
-                if gone.done():
-                    return
-                if time.monotonic() - quiet_since >= settings.sse_keepalive_seconds:
-                    quiet_since = time.monotonic()
-                    yield ": keep-alive\n\n"
-                # Woken by a commit of this sweep's events (or, on SQLite, of anything);
-                # without live notifications, poll as before.
-                timeout = (
-                    settings.sse_fallback_seconds if notifier.live else settings.sse_poll_seconds
-                )
-                keepalive_in = settings.sse_keepalive_seconds - (time.monotonic() - quiet_since)
-                await woken.wait(max(0.01, min(timeout, keepalive_in)), unless=gone)
+                continue
+            if await request.is_disconnected():
+                return
+            if time.monotonic() - quiet_since >= settings.sse_keepalive_seconds:
+                quiet_since = time.monotonic()
+                yield ": keep-alive\n\n"
+            await asyncio.sleep(settings.sse_poll_seconds)
 
     return StreamingResponse(
         stream(),

@@ -22,7 +22,6 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from sweeper.store import Sweep, SweepEvent, iso
-from sweeper.store.notify import notify_sweep
 
 SWEEP = "sweep"
 TRIAL = "trial"
@@ -43,9 +42,8 @@ def emit(
     trial_id: str | None = None,
 ) -> None:
     """Append an event to the current transaction (which must have called :func:`lock_sweep`
-    before changing anything); its streams are notified when it commits."""
+    before changing anything)."""
     session.add(SweepEvent(sweep_id=sweep_id, kind=kind, trial_id=trial_id, data=data))
-    notify_sweep(session, sweep_id)
 
 
 def trial_event(
