@@ -7,6 +7,7 @@ process never runs trials; a scheduler (``sweeper.driver.scheduler``) picks up w
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +17,8 @@ from fastapi.openapi.utils import get_openapi
 
 from api import dashboard, errors
 from api.auth import current_viewer
+from api.live import EventHub
+from api.page_cache import PageCache
 from api.planning import Planner
 from api.routes import datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
@@ -40,9 +43,12 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
         app.state.engine = _engine(url, settings)
         app.state.read_engine = read_only(app.state.engine)
         app.state.planner = Planner(settings.planner_processes)
+        app.state.live = EventHub(app.state.read_engine, watch_seconds=settings.sse_poll_seconds)
+        app.state.live.start(asyncio.get_running_loop())
         try:
             yield
         finally:
+            app.state.live.stop()
             app.state.planner.close()
             app.state.engine.dispose()
 
@@ -55,6 +61,7 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     app.state.settings = settings
     app.state.database_url = url
     app.state.summaries = SummaryCache()
+    app.state.trial_pages = PageCache()
     errors.install(app)
     app.include_router(health.router)
     secured = [Depends(current_viewer)]

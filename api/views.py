@@ -34,6 +34,8 @@ from sweeper.sweeps.sweep_pages import sweep_head
 # Metrics where lower is better; every other metric is maximised.
 LOWER_IS_BETTER = frozenset({"loss", "ece", "mce", "mse", "nll", "brier", "epsilon"})
 TERMINAL = {s.value for s in TERMINAL_SWEEPS}
+# Encoded bodies kept per sweep version (fronts, results, pages of trials).
+MAX_BODIES = 256
 
 
 def mode_of(metric: str) -> str:
@@ -52,10 +54,16 @@ class Entry:
     bodies: dict[tuple[str, str | None], bytes] = field(default_factory=dict)
 
     def body(self, key: tuple[str, str | None], make: Any) -> bytes:
-        """The encoded body for ``key``, made once per version."""
-        if key not in self.bodies:
-            self.bodies[key] = json.dumps(make()).encode()
-        return self.bodies[key]
+        """The encoded body for ``key``, made once per version (made each time, not kept,
+        when the sweep is not cacheable or the entry already holds :data:`MAX_BODIES`)."""
+        found = self.bodies.get(key)
+        if found is not None:
+            return found
+        made = json.dumps(make()).encode()
+        # Bounded: trial pages are keyed by their query, and a client chooses the query.
+        if self.etag is not None and len(self.bodies) < MAX_BODIES:
+            self.bodies[key] = made
+        return made
 
 
 class SummaryCache:
@@ -66,13 +74,21 @@ class SummaryCache:
 
     def get(self, engine: Engine, sweep_id: str, viewer: Viewer) -> Entry:
         """The sweep's summary and results (raises SweepNotFound if not visible)."""
-        head = sweep_head(engine, sweep_id, viewer)
+        return self.get_for(engine, sweep_id, sweep_head(engine, sweep_id, viewer))
+
+    def get_for(self, engine: Engine, sweep_id: str, head: Any) -> Entry:
+        """The entry of the sweep at ``head`` (a :class:`~sweeper.sweeps.sweep_pages.SweepHead`
+        just read for a viewer who sees it)."""
         cacheable = head.state in TERMINAL or not head.hidden
         with self._lock:
             entry = self._items.get(sweep_id)
             if entry is not None and cacheable and entry.version == head.version:
                 self._items.move_to_end(sweep_id)
                 return entry
+        return self.build(engine, sweep_id, head, cacheable)
+
+    def build(self, engine: Engine, sweep_id: str, head: Any, cacheable: bool) -> Entry:
+        """Compute the entry of ``head``'s version (and keep it when ``cacheable``)."""
         sweep = load_sweep(engine, sweep_id)
         summary = summarize(engine, sweep_id, sweep=sweep)
         etag = f'W/"{sweep_id}.{head.version[0]}.{head.version[1]}"' if cacheable else None
