@@ -56,6 +56,12 @@ class ApiSettings(BaseSettings):
         default=20.0, gt=0, description="/ready wants a scheduler heartbeat this recent"
     )
     db_pool_size: int = Field(default=20, ge=1)
+    warm_summaries: int = Field(
+        default=8,
+        ge=0,
+        description="at start, build the cached summaries of this many most recently ended "
+        "sweeps in the background (0: none)",
+    )
     admin_token: SecretStr | None = Field(
         default=None,
         description="a bootstrap admin token made valid at start (deployments without a shell)",
