@@ -26,16 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
 from sweeper.store import SweepEvent
 from sweeper.store.notify import CHANNEL, subscribe
+from sweeper.sweeps.events import read_events
+from sweeper.sweeps.stored import TERMINAL_SWEEPS
+from sweeper.sweeps.sweep_pages import check_sweep
+
+TERMINAL = {s.value for s in TERMINAL_SWEEPS}
 
 log = logging.getLogger("dpsweep.api.live")
 
@@ -182,3 +191,68 @@ class EventHub:
 def _set_all(events: list[asyncio.Event]) -> None:
     for e in events:
         e.set()
+
+
+async def event_stream(
+    request: Request, engine: Engine, settings: Any, viewer: Any, sweep_id: str, start: int
+) -> AsyncIterator[str]:
+    """The SSE body of ``GET /sweeps/{id}/events``: the sweep's events after id ``start``,
+    read from the database whenever the app's :class:`EventHub` says there are new ones (and
+    at least every ``sse_fallback_seconds``), until the sweep ends or the client leaves."""
+    hub: EventHub = request.app.state.live
+    # Woken by the hub when the sweep has new events (api.live: LISTEN/NOTIFY on
+    # PostgreSQL), not by polling; the events themselves are read from the database by id,
+    # and a slow fallback read covers a missed notification.
+    last, quiet_since = start, time.monotonic()
+    yield "retry: 2000\n\n"
+    with hub.waiter(sweep_id) as woken:
+        while True:
+            # Cleared before reading: a notification that arrives during the read wakes
+            # the next wait at once.
+            woken.clear()
+            batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+            ended = False
+            for e in batch:
+                last = e.id
+                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
+                if e.kind == "sweep" and e.data.get("state") in TERMINAL:
+                    ended = True
+            if ended:
+                return
+            if batch:
+                quiet_since = time.monotonic()
+                continue
+            state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
+            if state in TERMINAL:
+                # Ended before this stream started (or its end event was already sent).
+                more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+                if not more:
+                    return
+                continue
+            if await request.is_disconnected():
+                return
+            now = time.monotonic()
+            if now - quiet_since >= settings.sse_keepalive_seconds:
+                quiet_since = now
+                yield ": keep-alive\n\n"
+            wait = min(
+                settings.sse_fallback_seconds,
+                settings.sse_keepalive_seconds - (time.monotonic() - quiet_since),
+            )
+            if not await _wait(woken, max(wait, 0.01), request):
+                return
+
+
+async def _wait(woken: asyncio.Event, seconds: float, request: Request) -> bool:
+    """Wait until ``woken`` is set or ``seconds`` pass; False if the client went away (checked
+    each second: the connection, not the database)."""
+    deadline = time.monotonic() + seconds
+    while not woken.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(woken.wait(), timeout=min(left, 1.0))
+        if not woken.is_set() and await request.is_disconnected():
+            return False
+    return True

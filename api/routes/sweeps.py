@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import json
-import time
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -28,6 +24,7 @@ from api.deps import (
     page_size,
 )
 from api.errors import PROBLEM, exception_body, problem_responses
+from api.live import event_stream
 from api.schemas import (
     CancelOut,
     ParetoOut,
@@ -46,7 +43,6 @@ from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
 from sweeper.sweeps.create import create_sweep, dataset_key
 from sweeper.sweeps.deletion import delete_sweep
-from sweeper.sweeps.events import read_events
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
 from sweeper.sweeps.sweep_pages import check_sweep, check_sweep_owner, page_sweeps, sweep_head
@@ -409,21 +405,6 @@ async def list_trials(
     return Response(await run_in_threadpool(work), media_type="application/json")
 
 
-async def _wait(woken: asyncio.Event, seconds: float, request: Request) -> bool:
-    """Wait until ``woken`` is set or ``seconds`` pass; False if the client went away (checked
-    each second: the connection, not the database)."""
-    deadline = time.monotonic() + seconds
-    while not woken.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(woken.wait(), timeout=min(left, 1.0))
-        if not woken.is_set() and await request.is_disconnected():
-            return False
-    return True
-
-
 @router.get(
     "/{sweep_id}/events",
     responses={
@@ -471,53 +452,8 @@ async def events(
             )
         start = int(last_event_id.strip())
 
-    hub = request.app.state.live
-
-    async def stream() -> AsyncIterator[str]:
-        # Woken by the hub when the sweep has new events (api.live: LISTEN/NOTIFY on
-        # PostgreSQL), not by polling; the events themselves are read from the database by id,
-        # and a slow fallback read covers a missed notification.
-        last, quiet_since = start, time.monotonic()
-        yield "retry: 2000\n\n"
-        with hub.waiter(sweep_id) as woken:
-            while True:
-                # Cleared before reading: a notification that arrives during the read wakes
-                # the next wait at once.
-                woken.clear()
-                batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-                ended = False
-                for e in batch:
-                    last = e.id
-                    yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
-                    if e.kind == "sweep" and e.data.get("state") in TERMINAL:
-                        ended = True
-                if ended:
-                    return
-                if batch:
-                    quiet_since = time.monotonic()
-                    continue
-                state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
-                if state in TERMINAL:
-                    # Ended before this stream started (or its end event was already sent).
-                    more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-                    if not more:
-                        return
-                    continue
-                if await request.is_disconnected():
-                    return
-                now = time.monotonic()
-                if now - quiet_since >= settings.sse_keepalive_seconds:
-                    quiet_since = now
-                    yield ": keep-alive\n\n"
-                wait = min(
-                    settings.sse_fallback_seconds,
-                    settings.sse_keepalive_seconds - (time.monotonic() - quiet_since),
-                )
-                if not await _wait(woken, max(wait, 0.01), request):
-                    return
-
     return StreamingResponse(
-        stream(),
+        event_stream(request, engine, settings, viewer, sweep_id, start),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
