@@ -7,6 +7,9 @@ process never runs trials; a scheduler (``sweeper.driver.scheduler``) picks up w
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +19,8 @@ from fastapi.openapi.utils import get_openapi
 
 from api import dashboard, errors
 from api.auth import current_viewer
+from api.live import EventHub
+from api.page_cache import PageCache
 from api.planning import Planner
 from api.routes import datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
@@ -40,9 +45,16 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
         app.state.engine = _engine(url, settings)
         app.state.read_engine = read_only(app.state.engine)
         app.state.planner = Planner(settings.planner_processes)
+        app.state.live = EventHub(app.state.read_engine, watch_seconds=settings.sse_poll_seconds)
+        app.state.live.start(asyncio.get_running_loop())
+        if settings.warm_summaries:
+            threading.Thread(
+                target=_warm, args=(app, settings.warm_summaries), name="dpsweep-warm", daemon=True
+            ).start()
         try:
             yield
         finally:
+            app.state.live.stop()
             app.state.planner.close()
             app.state.engine.dispose()
 
@@ -55,6 +67,7 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     app.state.settings = settings
     app.state.database_url = url
     app.state.summaries = SummaryCache()
+    app.state.trial_pages = PageCache()
     errors.install(app)
     app.include_router(health.router)
     secured = [Depends(current_viewer)]
@@ -111,3 +124,11 @@ def _engine(url: str, settings: ApiSettings) -> Any:
 
     # Enough connections for every request thread (anyio's pool has 40).
     return make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+
+
+def _warm(app: FastAPI, count: int) -> None:
+    """Build the cached summaries of the most recently ended sweeps (best effort)."""
+    try:
+        app.state.summaries.warm(app.state.read_engine, count)
+    except Exception:  # a warm-up failure only costs the first viewer the build
+        logging.getLogger("dpsweep.api").exception("warming the sweep summaries failed")

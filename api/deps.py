@@ -22,20 +22,22 @@ log = logging.getLogger("dpsweep.api")
 _store_lock = threading.Lock()
 
 
-def engine(request: Request) -> Engine:
+async def engine(request: Request) -> Engine:
+    # The trivial dependencies are async: FastAPI runs a sync one in a worker thread, and a
+    # thread hop per dependency is most of a cached read's cost under load.
     return request.app.state.engine
 
 
-def read_engine(request: Request) -> Engine:
+async def read_engine(request: Request) -> Engine:
     """The engine for routes that only read (no write lock on SQLite)."""
     return request.app.state.read_engine
 
 
-def settings(request: Request) -> ApiSettings:
+async def settings(request: Request) -> ApiSettings:
     return request.app.state.settings
 
 
-def planner(request: Request) -> Planner:
+async def planner(request: Request) -> Planner:
     return request.app.state.planner
 
 

@@ -39,12 +39,29 @@ class ApiSettings(BaseSettings):
     planner_processes: int = Field(
         default=0, ge=0, description="processes that plan sweeps (0: one per CPU, at most 4)"
     )
-    sse_poll_seconds: float = Field(default=0.25, gt=0)
+    sse_poll_seconds: float = Field(
+        default=0.2,
+        gt=0,
+        description="SQLite: how often the API checks PRAGMA data_version for events written "
+        "by other processes (a counter, no table read); PostgreSQL uses LISTEN/NOTIFY",
+    )
+    sse_fallback_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="a live stream re-reads its sweep's events at least this often, in case a "
+        "notification was missed",
+    )
     sse_keepalive_seconds: float = Field(default=10.0, gt=0)
     scheduler_stale_seconds: float = Field(
         default=20.0, gt=0, description="/ready wants a scheduler heartbeat this recent"
     )
     db_pool_size: int = Field(default=20, ge=1)
+    warm_summaries: int = Field(
+        default=8,
+        ge=0,
+        description="at start, build the cached summaries of this many most recently ended "
+        "sweeps in the background (0: none)",
+    )
     admin_token: SecretStr | None = Field(
         default=None,
         description="a bootstrap admin token made valid at start (deployments without a shell)",

@@ -34,6 +34,8 @@ from sweeper.sweeps.sweep_pages import sweep_head
 # Metrics where lower is better; every other metric is maximised.
 LOWER_IS_BETTER = frozenset({"loss", "ece", "mce", "mse", "nll", "brier", "epsilon"})
 TERMINAL = {s.value for s in TERMINAL_SWEEPS}
+# Encoded bodies kept per sweep version (fronts, results, pages of trials).
+MAX_BODIES = 256
 
 
 def mode_of(metric: str) -> str:
@@ -52,27 +54,54 @@ class Entry:
     bodies: dict[tuple[str, str | None], bytes] = field(default_factory=dict)
 
     def body(self, key: tuple[str, str | None], make: Any) -> bytes:
-        """The encoded body for ``key``, made once per version."""
-        if key not in self.bodies:
-            self.bodies[key] = json.dumps(make()).encode()
-        return self.bodies[key]
+        """The encoded body for ``key``, made once per version (made each time, not kept,
+        when the sweep is not cacheable or the entry already holds :data:`MAX_BODIES`)."""
+        found = self.bodies.get(key)
+        if found is not None:
+            return found
+        made = json.dumps(make()).encode()
+        # Bounded: trial pages are keyed by their query, and a client chooses the query.
+        if self.etag is not None and len(self.bodies) < MAX_BODIES:
+            self.bodies[key] = made
+        return made
 
 
 class SummaryCache:
     def __init__(self, size: int = 64) -> None:
         self._lock = threading.Lock()
         self._items: OrderedDict[str, Entry] = OrderedDict()
+        self._building: dict[str, threading.Lock] = {}
         self._size = size
 
     def get(self, engine: Engine, sweep_id: str, viewer: Viewer) -> Entry:
         """The sweep's summary and results (raises SweepNotFound if not visible)."""
-        head = sweep_head(engine, sweep_id, viewer)
+        return self.get_for(engine, sweep_id, sweep_head(engine, sweep_id, viewer))
+
+    def get_for(self, engine: Engine, sweep_id: str, head: Any) -> Entry:
+        """The entry of the sweep at ``head`` (a :class:`~sweeper.sweeps.sweep_pages.SweepHead`
+        just read for a viewer who sees it)."""
         cacheable = head.state in TERMINAL or not head.hidden
+        hit = self._hit(sweep_id, head, cacheable)
+        if hit is not None or not cacheable:
+            return hit or self.build(engine, sweep_id, head, cacheable)
+        # One build per sweep at a time: concurrent readers of a new version (50 clients, or
+        # the start-up warm-up and the first viewer) wait for it instead of repeating it.
+        with self._lock:
+            building = self._building.setdefault(sweep_id, threading.Lock())
+        with building:
+            hit = self._hit(sweep_id, head, cacheable)
+            return hit or self.build(engine, sweep_id, head, cacheable)
+
+    def _hit(self, sweep_id: str, head: Any, cacheable: bool) -> Entry | None:
         with self._lock:
             entry = self._items.get(sweep_id)
             if entry is not None and cacheable and entry.version == head.version:
                 self._items.move_to_end(sweep_id)
                 return entry
+        return None
+
+    def build(self, engine: Engine, sweep_id: str, head: Any, cacheable: bool) -> Entry:
+        """Compute the entry of ``head``'s version (and keep it when ``cacheable``)."""
         sweep = load_sweep(engine, sweep_id)
         summary = summarize(engine, sweep_id, sweep=sweep)
         etag = f'W/"{sweep_id}.{head.version[0]}.{head.version[1]}"' if cacheable else None
@@ -82,8 +111,29 @@ class SummaryCache:
             with self._lock:
                 self._items[sweep_id] = entry
                 while len(self._items) > self._size:
-                    self._items.popitem(last=False)
+                    gone, _ = self._items.popitem(last=False)
+                    self._building.pop(gone, None)
         return entry
+
+    def warm(self, engine: Engine, count: int) -> None:
+        """Build the entries of the ``count`` most recently ended sweeps (at start-up, in a
+        thread: the first viewer of a big finished sweep then does not wait for its summary,
+        whose audited epsilon of the whole search alone takes seconds)."""
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+
+        from sweeper.store import Sweep
+
+        with Session(engine) as session:
+            ids = session.scalars(
+                select(Sweep.id)
+                .where(Sweep.state.in_(list(TERMINAL_SWEEPS)))
+                .order_by(Sweep.finished_at.desc())
+                .limit(count)
+            ).all()
+        admin = Viewer(owner=None, admin=True)
+        for sweep_id in reversed(ids):  # the newest ends up the most recently used
+            self.get(engine, sweep_id, admin)
 
 
 def _finite(v: Any) -> bool:

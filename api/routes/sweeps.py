@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import time
-from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from api import idempotency
@@ -27,6 +24,7 @@ from api.deps import (
     page_size,
 )
 from api.errors import PROBLEM, exception_body, problem_responses
+from api.live import event_stream
 from api.schemas import (
     CancelOut,
     ParetoOut,
@@ -45,10 +43,9 @@ from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
 from sweeper.sweeps.create import create_sweep, dataset_key
 from sweeper.sweeps.deletion import delete_sweep
-from sweeper.sweeps.events import read_events
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
-from sweeper.sweeps.sweep_pages import check_sweep, check_sweep_owner, page_sweeps
+from sweeper.sweeps.sweep_pages import check_sweep, check_sweep_owner, page_sweeps, sweep_head
 from sweeper.sweeps.trial_pages import page_trials
 
 router = APIRouter(prefix="/sweeps", tags=["sweeps"])
@@ -263,11 +260,15 @@ def _cached(request: Request, entry: Any, body: bytes) -> Response:
     response_model=SweepOut,
     responses={**NOT_MODIFIED, **problem_responses(401, 404)},
 )
-def get_sweep(
+async def get_sweep(
     request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id: str
 ) -> Response:
-    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-    return _cached(request, entry, entry.summary_body)
+    # The reads of a route go to one worker thread together (one hop per request).
+    def work() -> Response:
+        entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+        return _cached(request, entry, entry.summary_body)
+
+    return await run_in_threadpool(work)
 
 
 @router.post(
@@ -317,19 +318,22 @@ def delete(
     responses={**NOT_MODIFIED, **problem_responses(401, 404)},
     summary="The best configuration per arm and epsilon level",
 )
-def results(request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
-    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-    s = entry.summary
-    body = entry.body(
-        ("results", None),
-        lambda: {
-            "id": sweep_id,
-            "state": s["state"],
-            "objective": s["objective"],
-            "results": s["results"],
-        },
-    )
-    return _cached(request, entry, body)
+async def results(request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id: str) -> Any:
+    def work() -> Response:
+        entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+        s = entry.summary
+        body = entry.body(
+            ("results", None),
+            lambda: {
+                "id": sweep_id,
+                "state": s["state"],
+                "objective": s["objective"],
+                "results": s["results"],
+            },
+        )
+        return _cached(request, entry, body)
+
+    return await run_in_threadpool(work)
 
 
 @router.get(
@@ -341,7 +345,7 @@ def results(request: Request, engine: ReadEngineDep, viewer: ViewerDep, sweep_id
     },
     summary="A Pareto front: epsilon vs a metric, or a metric vs another (accuracy vs ece)",
 )
-def get_pareto(
+async def get_pareto(
     request: Request,
     engine: ReadEngineDep,
     viewer: ViewerDep,
@@ -349,9 +353,12 @@ def get_pareto(
     x: Annotated[str, Query(max_length=64, description="epsilon, or a metric")] = "epsilon",
     y: Annotated[str | None, Query(max_length=64, description="a metric")] = None,
 ) -> Any:
-    entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-    body = entry.body(("pareto", f"{x}\0{y}"), lambda: pareto(entry, sweep_id, x=x, y=y))
-    return _cached(request, entry, body)
+    def work() -> Response:
+        entry = request.app.state.summaries.get(engine, sweep_id, viewer)
+        body = entry.body(("pareto", f"{x}\0{y}"), lambda: pareto(entry, sweep_id, x=x, y=y))
+        return _cached(request, entry, body)
+
+    return await run_in_threadpool(work)
 
 
 @router.get(
@@ -360,7 +367,8 @@ def get_pareto(
     responses=problem_responses(401, 404, 422),
     summary="A sweep's trials: filter by arm, level and state; sort by grid order or objective",
 )
-def list_trials(
+async def list_trials(
+    request: Request,
     engine: ReadEngineDep,
     settings: SettingsDep,
     viewer: ViewerDep,
@@ -372,18 +380,29 @@ def list_trials(
     limit: Limit = None,
     cursor: Cursor = None,
 ) -> Any:
-    page = page_trials(
-        engine,
-        sweep_id,
-        viewer,
-        arm=arm,
-        level=level,
-        state=state,
-        sort=sort,
-        limit=page_size(limit, settings),
-        cursor=cursor,
-    )
-    return JSONResponse({"items": page.items, "next_cursor": page.next_cursor})
+    size = page_size(limit, settings)
+
+    def make() -> dict[str, Any]:
+        page = page_trials(
+            engine,
+            sweep_id,
+            viewer,
+            arm=arm,
+            level=level,
+            state=state,
+            sort=sort,
+            limit=size,
+            cursor=cursor,
+        )
+        return {"items": page.items, "next_cursor": page.next_cursor}
+
+    def work() -> bytes:
+        # A finished sweep's pages are encoded once per version (api.page_cache).
+        head = sweep_head(engine, sweep_id, viewer)
+        query = (arm, level, state, sort, size, cursor)
+        return request.app.state.trial_pages.get(engine, sweep_id, head, query, make)
+
+    return Response(await run_in_threadpool(work), media_type="application/json")
 
 
 @router.get(
@@ -433,38 +452,8 @@ async def events(
             )
         start = int(last_event_id.strip())
 
-    async def stream() -> AsyncIterator[str]:
-        last, quiet_since = start, time.monotonic()
-        yield "retry: 2000\n\n"
-        while True:
-            batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-            ended = False
-            for e in batch:
-                last = e.id
-                yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
-                if e.kind == "sweep" and e.data.get("state") in TERMINAL:
-                    ended = True
-            if ended:
-                return
-            if batch:
-                quiet_since = time.monotonic()
-                continue
-            state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
-            if state in TERMINAL:
-                # Ended before this stream started (or its end event was already delivered).
-                more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
-                if not more:
-                    return
-                continue
-            if await request.is_disconnected():
-                return
-            if time.monotonic() - quiet_since >= settings.sse_keepalive_seconds:
-                quiet_since = time.monotonic()
-                yield ": keep-alive\n\n"
-            await asyncio.sleep(settings.sse_poll_seconds)
-
     return StreamingResponse(
-        stream(),
+        event_stream(request, engine, settings, viewer, sweep_id, start),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

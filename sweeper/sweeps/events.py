@@ -22,6 +22,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from sweeper.store import Sweep, SweepEvent, iso
+from sweeper.store.notify import sweep_changed
 
 SWEEP = "sweep"
 TRIAL = "trial"
@@ -42,8 +43,10 @@ def emit(
     trial_id: str | None = None,
 ) -> None:
     """Append an event to the current transaction (which must have called :func:`lock_sweep`
-    before changing anything)."""
+    before changing anything). Live streams are notified when it commits
+    (:func:`sweeper.store.notify.sweep_changed`)."""
     session.add(SweepEvent(sweep_id=sweep_id, kind=kind, trial_id=trial_id, data=data))
+    sweep_changed(session, sweep_id)
 
 
 def trial_event(
