@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -32,3 +33,16 @@ def fresh_postgres_database(base_url: str, key: str) -> str:
         c.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
     return base_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def sqlite_or_postgres_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database at head for a fixture parametrized ``["sqlite", "postgresql"]``: a
+    SQLite file in ``tmp_path``, or a new database on the session's PostgreSQL server."""
+    from sweeper.store.schema import upgrade
+
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'test.db'}"
+    else:
+        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
+    upgrade(url)
+    return url

@@ -9,18 +9,12 @@ from typing import Any
 import pytest
 
 from sweeper.store.engine import make_engine
-from sweeper.store.schema import upgrade
-from tests.conftest import fresh_postgres_database
+from tests.conftest import sqlite_or_postgres_url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def both_engines(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """A fresh database at head, once on SQLite and once on a throwaway PostgreSQL."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'datasets.db'}"
-    else:
-        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
-    upgrade(url)
-    eng = make_engine(url)
+    eng = make_engine(sqlite_or_postgres_url(request, tmp_path))
     yield eng
     eng.dispose()

@@ -26,8 +26,7 @@ from sweeper.privacy.ledger.driver_sql import run
 from sweeper.privacy.ledger.rows import utcnow
 from sweeper.privacy.ledger.statements import _INSERT_ENTRY_D
 from sweeper.store.engine import make_engine
-from sweeper.store.schema import upgrade
-from tests.conftest import fresh_postgres_database
+from tests.conftest import sqlite_or_postgres_url
 
 D = Decimal
 DS = "digits"
@@ -44,12 +43,7 @@ def exact_decimals() -> Iterator[None]:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    else:
-        url = fresh_postgres_database(request.getfixturevalue("postgres_url"), str(tmp_path))
-    upgrade(url)
-    engine = make_engine(url, pool_size=12)
+    engine = make_engine(sqlite_or_postgres_url(request, tmp_path), pool_size=12)
     yield engine
     engine.dispose()
 
