@@ -14,15 +14,7 @@ from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.keys import checked_key, checked_note
 from sweeper.privacy.ledger.records import BudgetSummary, CarriedOver, summary_of
 from sweeper.privacy.ledger.rows import LedgerEntry, SweepTotals, utcnow
-
-_TOTAL_FIELDS = (
-    "epsilon_reserved",
-    "delta_reserved",
-    "epsilon_charged",
-    "delta_charged",
-    "epsilon_released",
-    "delta_released",
-)
+from sweeper.privacy.ledger.statements import TOTAL_AMOUNTS
 
 __all__ = ["KeyMoves"]
 
@@ -113,7 +105,7 @@ class KeyMoves(LedgerCore):
                 if there is None:
                     totals.dataset = target
                     continue
-                for field in _TOTAL_FIELDS:
+                for field in TOTAL_AMOUNTS:
                     setattr(there, field, add_exact(getattr(there, field), getattr(totals, field)))
                 there.reservations = there.reservations + totals.reservations
                 session.delete(totals)

@@ -31,6 +31,7 @@ __all__ = [
     "BUDGETS",
     "ENTRIES",
     "TOTALS",
+    "TOTAL_AMOUNTS",
     "TOTAL_COLUMNS",
     "BudgetState",
     "lock_and_read",
@@ -87,16 +88,19 @@ _STORE_BUDGET = (
     )
 )
 
-#: The totals of a sweep, in :class:`~sweeper.privacy.ledger.records.SweepBalance`'s order.
-TOTAL_COLUMNS = (
+#: The exact amounts of a sweep's totals, in :class:`~sweeper.privacy.ledger.records.
+#: SweepBalance`'s order.
+TOTAL_AMOUNTS = (
     "epsilon_reserved",
     "delta_reserved",
     "epsilon_charged",
     "delta_charged",
     "epsilon_released",
     "delta_released",
-    "reservations",
 )
+#: Every column of a sweep's totals, in :class:`~sweeper.privacy.ledger.records.SweepBalance`'s
+#: order.
+TOTAL_COLUMNS = (*TOTAL_AMOUNTS, "reservations")
 
 _READ_TOTALS = select(*(TOTALS.c[name] for name in TOTAL_COLUMNS)).where(
     TOTALS.c.dataset == bindparam("k_dataset"), TOTALS.c.sweep_id == bindparam("k_sweep")
