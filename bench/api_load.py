@@ -10,9 +10,13 @@ measures, one endpoint at a time:
 * ``GET /api/v1/sweeps/{id}/trials?limit=100`` (first page, grid order),
 * ``GET /api/v1/sweeps/{id}`` (the summary),
 
-each with ``--clients`` concurrent clients (default 50; one thread and one keep-alive
-``httpx.Client`` each, released together) issuing ``--requests`` requests back to back
-(default 20), after ``--warmup`` untimed requests from one client (default 5). Latency is the
+each with ``--clients`` concurrent clients (default 50; each one keep-alive connection,
+released together) issuing ``--requests`` requests back to back (default 20), after
+``--warmup`` untimed requests from one client (default 5). The clients are driven by one
+asyncio loop that writes the requests and reads the responses itself (``--client raw``, the
+default), because on a small machine the load generator shares the server's cores: one
+thread and ``httpx.Client`` per client (``--client httpx``, the bench's first load
+generator) costs 2-3 ms of CPU per request, about as much as the server's own work. Latency is the
 wall time of one request, from sending it to having read the whole body. Per endpoint and
 backend it reports p50, p99, mean and max latency, throughput (requests / wall time of the
 phase), whether p99 meets the target (<= 100 ms at 50 clients on PostgreSQL; printed, not
@@ -21,8 +25,9 @@ asserted), the response size and, to tell service time from queueing:
 * ``serial_ms``: the median of the warm-up requests after the first (one request at a time);
 * ``cold_ms``: the first request (on the pareto endpoint, measured first, it includes building
   the server's cached summary of the sweep, which ``GET /sweeps/{id}`` then reads too);
-* ``server_cpu_ms`` / ``client_cpu_ms``: CPU time per request of the API server process
-  (from ``/proc``; PostgreSQL's own processes are not counted) and of this process.
+* ``server_cpu_ms`` / ``client_cpu_ms``: CPU time per request of the API server (its
+  process and its ``--api-workers`` worker processes, from ``/proc``; PostgreSQL's own
+  processes are not counted) and of this process.
 
 Any non-200 response makes the script exit 1.
 
@@ -35,13 +40,14 @@ would give. Small ``--trials`` plan slower than large ones (each grid's few tria
 noise, which the PLD accountant handles slowly): 200 trials take ~4 s to plan, 40 take ~12 s.
 
 Usage: ``python bench/api_load.py [--json] [--trials N] [--clients C] [--requests R]
-[--warmup W] [--backends sqlite,postgresql]``. The full bench (defaults, both backends) takes
-a few minutes on a 2-core VM.
+[--warmup W] [--backends sqlite,postgresql] [--api-workers K] [--client raw|httpx]``. The
+full bench (defaults, both backends) takes a few minutes on a 2-core VM.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import math
@@ -191,6 +197,121 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    out: list[int] = []
+    for task in tasks:
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def server_cpu_seconds(pid: int | None) -> float | None:
+    """CPU time so far of the API server: the process and, with ``--api-workers`` > 1, its
+    worker processes (uvicorn's supervisor forks them)."""
+    total = _cpu_seconds(pid)
+    if pid is None or total is None:
+        return total
+    for child in _children(pid):
+        total += _cpu_seconds(child) or 0.0
+    return total
+
+
+class _RawResponse:
+    """Status and body of one HTTP/1.1 response read by :func:`_read_response`."""
+
+    __slots__ = ("body", "status")
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> _RawResponse:
+    """One whole response (Content-Length or chunked body) from a keep-alive connection."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+    if "content-length" in headers:
+        return _RawResponse(status, await reader.readexactly(int(headers["content-length"])))
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        parts: list[bytes] = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")  # no trailers are sent
+                return _RawResponse(status, b"".join(parts))
+            parts.append(await reader.readexactly(size))
+            await reader.readexactly(2)
+    raise RequestFailed(f"response without a length: {head[:300]!r}")
+
+
+def measure_raw(
+    base: str,
+    token: str,
+    path: str,
+    *,
+    clients: int,
+    requests: int,
+) -> tuple[list[float], float, int]:
+    """:func:`measure` with ``clients`` keep-alive connections driven by one asyncio loop
+    that writes each request and reads its whole response itself (no HTTP library), so that
+    the load generator, which shares the machine's cores with the server, costs the server
+    as little CPU as it can. Each client still sends its next request only after reading the
+    previous response, and latency is still from sending to having read the whole body."""
+    url = httpx.URL(base)
+    host, port = url.host, url.port or 80
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Accept: */*\r\n\r\n"
+    ).encode()
+    health = f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode()
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    async def run() -> float:
+        conns = [await asyncio.open_connection(host, port) for _ in range(clients)]
+        try:
+            # Open every connection before the clock starts.
+            for reader, writer in conns:
+                writer.write(health)
+                await _read_response(reader)
+            go = asyncio.Event()
+
+            async def client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await go.wait()
+                for _ in range(requests):
+                    t0 = time.perf_counter()
+                    writer.write(request)
+                    r = await _read_response(reader)
+                    latencies.append((time.perf_counter() - t0) * 1000.0)
+                    if r.status != 200:
+                        failures.append(f"HTTP {r.status}: {r.body[:300]!r}")
+
+            tasks = [asyncio.create_task(client(r, w)) for r, w in conns]
+            await asyncio.sleep(0)
+            t0 = time.perf_counter()
+            go.set()
+            await asyncio.gather(*tasks)
+            return time.perf_counter() - t0
+        finally:
+            for _, writer in conns:
+                writer.close()
+
+    wall = asyncio.run(run())
+    if failures:
+        print(f"  {path}: {len(failures)} failed request(s), e.g. {failures[0]}", file=sys.stderr)
+    return latencies, wall, len(failures)
+
+
 def settle(url: str) -> None:
     """On PostgreSQL, VACUUM ANALYZE after the bulk load, as autovacuum soon would: the bulk
     UPDATE of every trial left dead rows, and the planner has no statistics yet."""
@@ -226,9 +347,10 @@ def bench_endpoint(
             _check(path, r)
         _sanity(name, r.json(), trials)
         size = len(r.content)
-    server_cpu0, client_cpu0 = _cpu_seconds(server_pid), time.process_time()
-    lat, wall, errors = measure(base, token, path, clients=args.clients, requests=args.requests)
-    server_cpu1, client_cpu1 = _cpu_seconds(server_pid), time.process_time()
+    load = measure_raw if args.client == "raw" else measure
+    server_cpu0, client_cpu0 = server_cpu_seconds(server_pid), time.process_time()
+    lat, wall, errors = load(base, token, path, clients=args.clients, requests=args.requests)
+    server_cpu1, client_cpu1 = server_cpu_seconds(server_pid), time.process_time()
     p99 = percentile(lat, 0.99)
     return {
         "p50_ms": percentile(lat, 0.50),
@@ -273,8 +395,7 @@ def bench_backend(backend: str, args: argparse.Namespace, log: Any) -> dict[str,
                         name,
                         path,
                         args,
-                        # With worker processes the parent only supervises: CPU not measured.
-                        server.proc.pid if args.api_workers == 1 else None,
+                        server.proc.pid,
                         loaded.trials,
                     )
                     out[name] = row
@@ -346,6 +467,14 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="API server processes (dpsweep serve --api-workers; default 1)",
     )
+    p.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="load generator: raw (asyncio keep-alive sockets, cheap; default) or httpx (one "
+        "thread and httpx.Client per client, as before: costs the shared cores ~2-3 ms of "
+        "CPU per request)",
+    )
     args = p.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(backends) - set(BACKENDS)
@@ -361,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
         "trials": load_spec(sweep_spec(args.trials)).planned_trials(),
         "clients": args.clients,
         "api_workers": args.api_workers,
+        "client": args.client,
         "requests_per_client": args.requests,
         "target_p99_ms": TARGET_P99_MS,
         "target_backend": TARGET_BACKEND,
