@@ -33,7 +33,6 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     """The API app. The database must already be at schema head (``dpsweep db upgrade``)."""
     from dpsweep.spec import SweepSpec
     from sweeper.store.engine import database_url as resolved_url
-    from sweeper.store.engine import read_only
     from sweeper.store.schema import require_head
 
     settings = settings or ApiSettings()
@@ -43,7 +42,7 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         require_head(url)
         app.state.engine = _engine(url, settings)
-        app.state.read_engine = read_only(app.state.engine)
+        app.state.read_engine = _read_engine(app.state.engine, settings)
         app.state.planner = Planner(settings.planner_processes)
         app.state.live = EventHub(app.state.read_engine, watch_seconds=settings.sse_poll_seconds)
         app.state.live.start(asyncio.get_running_loop())
@@ -57,6 +56,8 @@ def create_app(settings: ApiSettings | None = None, *, database_url: str | None 
             app.state.live.stop()
             app.state.planner.close()
             app.state.engine.dispose()
+            if app.state.read_engine.pool is not app.state.engine.pool:
+                app.state.read_engine.dispose()
 
     app = FastAPI(
         title="dpsweep",
@@ -124,6 +125,15 @@ def _engine(url: str, settings: ApiSettings) -> Any:
 
     # Enough connections for every request thread (anyio's pool has 40).
     return make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
+
+
+def _read_engine(engine: Any, settings: ApiSettings) -> Any:
+    from sweeper.store.engine import make_read_engine
+
+    # The reads' own pool on PostgreSQL (autocommit: no BEGIN/ROLLBACK round trips per read).
+    return make_read_engine(
+        engine, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size
+    )
 
 
 def _warm(app: FastAPI, count: int) -> None:

@@ -42,7 +42,7 @@ def current_viewer(
             kind="unauthorized",
             headers={"WWW-Authenticate": 'Bearer realm="dpsweep"'},
         )
-    principal = verify_token(state.engine, credentials.credentials)
+    principal = verify_token(state.read_engine, credentials.credentials, writer=state.engine)
     if principal is None:
         raise _unauthorized("the bearer token is unknown or revoked")
     return Viewer(owner=principal.name, admin=principal.admin)

@@ -7,7 +7,7 @@ sweep (:mod:`sweeper.sweeps.events`), and a page's kept-model refs change only w
 :class:`~sweeper.store.ModelArtifact` row (added or replaced with a newer ``created_at``, or
 deleted with the sweep), so a page is cached under the sweep's version
 (:func:`sweeper.sweeps.sweep_pages.sweep_head`) *and* the stamp of its models' rows
-(:func:`artifact_stamp`), and only once the sweep has ended: a running sweep's version moves
+(``SweepHead.models``), and only once the sweep has ended: a running sweep's version moves
 with every event, so caching its pages would only cost memory.
 
 What a page shows (release policy, visibility) is still decided by
@@ -23,25 +23,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session
-
-from sweeper.store import ModelArtifact, iso
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
 
 TERMINAL = {s.value for s in TERMINAL_SWEEPS}
-
-
-def artifact_stamp(engine: Engine, sweep_id: str) -> tuple[int, str | None]:
-    """(count, newest ``created_at``) of the sweep's kept models: changes whenever a model is
-    added, replaced (the new row is newer) or deleted."""
-    with Session(engine) as session:
-        n, newest = session.execute(
-            select(func.count(), func.max(ModelArtifact.created_at)).where(
-                ModelArtifact.sweep_id == sweep_id
-            )
-        ).one()
-    return int(n or 0), iso(newest)
 
 
 def encode(content: Any) -> bytes:
@@ -61,7 +45,6 @@ class PageCache:
 
     def get(
         self,
-        engine: Engine,
         sweep_id: str,
         head: Any,
         query: tuple[Any, ...],
@@ -71,7 +54,7 @@ class PageCache:
         ended, otherwise ``make()`` encoded."""
         if head.state not in TERMINAL:
             return encode(make())
-        key = (sweep_id, head.version, artifact_stamp(engine, sweep_id), query)
+        key = (sweep_id, head.version, head.models, query)
         with self._lock:
             body = self._items.get(key)
             if body is not None:

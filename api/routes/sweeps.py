@@ -400,7 +400,7 @@ async def list_trials(
         # A finished sweep's pages are encoded once per version (api.page_cache).
         head = sweep_head(engine, sweep_id, viewer)
         query = (arm, level, state, sort, size, cursor)
-        return request.app.state.trial_pages.get(engine, sweep_id, head, query, make)
+        return request.app.state.trial_pages.get(sweep_id, head, query, make)
 
     return Response(await run_in_threadpool(work), media_type="application/json")
 

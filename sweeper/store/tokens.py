@@ -14,10 +14,11 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, NotFound
+from sweeper.store.engine import writable
 from sweeper.store.rows import ApiToken
 
 PREFIX = "dps"
@@ -155,25 +156,42 @@ def revoke_token(engine: Engine, token_id: str) -> TokenInfo:
         return TokenInfo.of(row)
 
 
-def verify_token(engine: Engine, token: str) -> Principal | None:
-    """The principal a presented token stands for, or None if it is unknown or revoked."""
+# Built once: every authenticated request runs it.
+_LOOKUP = select(
+    ApiToken.id,
+    ApiToken.name,
+    ApiToken.admin,
+    ApiToken.token_hash,
+    ApiToken.revoked_at,
+    ApiToken.last_used_at,
+).where(ApiToken.token_hash == bindparam("digest"))
+
+
+def verify_token(engine: Engine, token: str, *, writer: Engine | None = None) -> Principal | None:
+    """The principal a presented token stands for, or None if it is unknown or revoked.
+
+    Args:
+        engine: Where to look the token up (a server's read engine will do).
+        token: The presented secret.
+        writer: Where to record that the token was used (default: ``engine``, made writable).
+    """
     if not token.startswith(f"{PREFIX}_") or len(token) > 200:
         return None
     digest = _hash(token)
-    with Session(engine) as session:
-        row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
-        if row is None or row.revoked_at is not None:
-            return None
-        # Compare again in constant time: the index lookup above is not.
-        if not secrets.compare_digest(row.token_hash, digest):
-            return None
-        principal = Principal(row.name, bool(row.admin), row.id)
-        last = row.last_used_at
-        if last is not None and last.tzinfo is None:
-            last = last.replace(tzinfo=UTC)
-        stale = last is None or _now() - last > _TOUCH_EVERY
-    if stale:
-        with Session(engine) as session, session.begin():
+    # A Core connection, not an ORM session: this runs before every request.
+    with engine.connect() as conn:
+        row = conn.execute(_LOOKUP, {"digest": digest}).first()
+    if row is None or row.revoked_at is not None:
+        return None
+    # Compare again in constant time: the index lookup above is not.
+    if not secrets.compare_digest(row.token_hash, digest):
+        return None
+    principal = Principal(row.name, bool(row.admin), row.id)
+    last = row.last_used_at
+    if last is not None and last.tzinfo is None:
+        last = last.replace(tzinfo=UTC)
+    if last is None or _now() - last > _TOUCH_EVERY:
+        with Session(writable(writer or engine)) as session, session.begin():
             session.execute(
                 update(ApiToken)
                 .where(ApiToken.id == principal.token_id)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, literal, or_, select, tuple_
+from sqlalchemy import Engine, bindparam, func, literal, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, PermissionDenied, SweepNotFound
@@ -19,7 +19,16 @@ from dpsweep.spec import randomness_label
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.grants import owned_dataset_names, sees_sweep
 from sweeper.privacy.ledger.rows import LedgerEntry
-from sweeper.store import Sweep, SweepEvent, SweepState, Trial, TrialResultRow, TrialState, iso
+from sweeper.store import (
+    ModelArtifact,
+    Sweep,
+    SweepEvent,
+    SweepState,
+    Trial,
+    TrialResultRow,
+    TrialState,
+    iso,
+)
 from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.stored import typed_spec
 
@@ -36,14 +45,12 @@ class SweepHead:
     metric: str = "accuracy"
     mode: str = "max"
     randomness: str = "secret"
+    # (count, newest ``created_at``) of its kept models: changes whenever a model is added,
+    # replaced (the new row is newer) or deleted, which happens without an event.
+    models: tuple[int, str | None] = (0, None)
 
 
-def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
-    """One query: the :class:`SweepHead` of a visible sweep.
-
-    Raises:
-        SweepNotFound: no such sweep, or someone else's.
-    """
+def _head_statement() -> Any:
     ev = (
         select(func.max(SweepEvent.id))
         .where(SweepEvent.sweep_id == Sweep.id)
@@ -60,14 +67,38 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
         .correlate(Sweep)
         .scalar_subquery()
     )
-    with Session(engine) as session:
-        row = session.execute(
-            select(Sweep.owner, Sweep.state, Sweep.spec, ev, le, Sweep.dataset).where(
-                Sweep.id == sweep_id
-            )
-        ).first()
-        # Its owner, or the owner of its dataset (who sees every sweep on their data).
-        visible = row is not None and sees_sweep(session, viewer, owner=row[0], dataset=row[5])
+    # The kept models' stamp: their rows change without events (api.page_cache).
+    models = (
+        select(func.count(), func.max(ModelArtifact.created_at))
+        .where(ModelArtifact.sweep_id == Sweep.id)
+        .correlate(Sweep)
+    )
+    n_models = models.with_only_columns(func.count()).scalar_subquery()
+    newest_model = models.with_only_columns(func.max(ModelArtifact.created_at)).scalar_subquery()
+    return select(
+        Sweep.owner, Sweep.state, Sweep.spec, ev, le, Sweep.dataset, n_models, newest_model
+    ).where(Sweep.id == bindparam("sweep_id"))
+
+
+# Built once: every API read of a sweep starts with it, and building the statement costs
+# about as much as running it.
+_HEAD = _head_statement()
+
+
+def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
+    """One query: the :class:`SweepHead` of a visible sweep.
+
+    Raises:
+        SweepNotFound: no such sweep, or someone else's.
+    """
+    # A Core connection, not an ORM session: this runs before every cached read.
+    with engine.connect() as conn:
+        row = conn.execute(_HEAD, {"sweep_id": sweep_id}).first()
+        visible = row is not None and viewer.sees(row[0])
+        if row is not None and not visible:
+            # The owner of its dataset sees every sweep on their data.
+            with Session(bind=conn) as session:
+                visible = sees_sweep(session, viewer, owner=row[0], dataset=row[5])
     if row is None or not visible:
         raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
     spec = typed_spec(row[2])
@@ -81,6 +112,7 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
         spec.objective.mode,
         # From the stored JSON: a spec stored before the field existed is reproducible.
         randomness_label(row[2]),
+        (int(row[6] or 0), iso(row[7])),
     )
 
 
