@@ -34,7 +34,7 @@ from sweeper.artifacts.keeper import ModelKeeper, quota_bytes, store_for
 from sweeper.driver import ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
-from sweeper.driver.held_sweep import InFlight, PendingTrial
+from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
 from sweeper.driver.liveness import Heartbeat, driver_ident, give_up, take_over, utc_now
 from sweeper.driver.pack_events import PackEvents
 from sweeper.driver.packs import Packer
@@ -44,10 +44,15 @@ from sweeper.privacy import release_log
 from sweeper.privacy.charges import exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind
+from sweeper.privacy.releases import store_release_in_background
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.sweeps import events
 from sweeper.sweeps.stored import grid_key
+
+# How long a driver ending its run waits for the sweep's release to be stored (a reader
+# computes it when it is missing, so this only bounds the wait).
+RELEASE_JOIN_SECONDS = 60.0
 
 
 class SweepRunner:
@@ -93,6 +98,14 @@ class SweepRunner:
         )
         if held is None:
             return run_outcome(self.engine, self.sweep_id)
+        # The sweep's audited epsilon (seconds of composition), stored once for its plan, so
+        # that readers (summaries after a server start, model cards) need not compute it.
+        release = store_release_in_background(self.engine, self.sweep_id)
+        outcome = self._run(held)
+        release.join(timeout=RELEASE_JOIN_SECONDS)
+        return outcome
+
+    def _run(self, held: HeldSweep) -> RunOutcome:
         self.held = held
         self.progress = Progress(held, on_progress=self.on_progress, t0=self._t0)
         self.tpe = TpeSearch(held)

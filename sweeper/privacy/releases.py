@@ -17,8 +17,15 @@ how their metrics are released.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import logging
+import threading
 from typing import Any
+
+from sqlalchemy import Engine, select, update
+
+log = logging.getLogger(__name__)
 
 GRID_COVERS = "releasing every trial of this grid (an arm at one epsilon level)"
 SEARCH_COVERS = "releasing the selected trial of this random search (papernot-steinke)"
@@ -53,26 +60,155 @@ def grid_releases(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# The plan fields the sweep's composition reads (:func:`_sweep_release`): its whole input.
+_COMPOSED = (
+    "arm",
+    "accounting",
+    "trials",
+    "steps_per_trial",
+    "sample_rate",
+    "noise_multiplier",
+    "delta",
+    "epsilon_total",
+    "distribution_shape",
+    "mean_trials",
+    "eval_noise_multiplier",
+    "eval_releases",
+)
+# Bump when the computation of :func:`_sweep_release` or of
+# :func:`workers.accounting.audit.sweep.sweep_epsilon` changes what it returns: every stored
+# release's key then stops matching, and readers compute again.
+COMPOSITION_VERSION = 1
+
+
+def _composition_input(plan: list[dict[str, Any]]) -> str:
+    """The canonical JSON of what the sweep's composition reads from ``plan``."""
+    return json.dumps([{k: g.get(k) for k in _COMPOSED} for g in plan], sort_keys=True)
+
+
 def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The sweep's epsilon over all its grids (None for a sweep without a plan)."""
+    """The sweep's epsilon over all its grids, computed (None for a sweep without a plan).
+
+    Seconds on a first call per process (tight composition, and importing dp_accounting);
+    a stored sweep's is read with :func:`sweep_release_of` instead."""
     if not plan:
         return None
-    keys = (
-        "arm",
-        "accounting",
-        "trials",
-        "steps_per_trial",
-        "sample_rate",
-        "noise_multiplier",
-        "delta",
-        "epsilon_total",
-        "distribution_shape",
-        "mean_trials",
-        "eval_noise_multiplier",
-        "eval_releases",
+    return dict(_sweep_release(_composition_input(plan)))
+
+
+def release_key(plan: list[dict[str, Any]] | None) -> str | None:
+    """The sha256 of exactly what :func:`sweep_release` computes ``plan``'s release from: the
+    plan's composition input, :data:`COMPOSITION_VERSION` and dp_accounting's version (None
+    without a plan). A stored release is ``plan``'s if and only if its key is this one."""
+    if not plan:
+        return None
+    return _key_of(_composition_input(plan))
+
+
+@functools.lru_cache(maxsize=256)
+def _key_of(composition_input: str) -> str:
+    text = json.dumps(
+        {
+            "version": COMPOSITION_VERSION,
+            "dp_accounting": _accountant_version(),
+            "grids": json.loads(composition_input),
+        },
+        sort_keys=True,
     )
-    grids = json.dumps([{k: g.get(k) for k in keys} for g in plan], sort_keys=True)
-    return dict(_sweep_release(grids))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _accountant_version() -> str:
+    # From the installed distribution's metadata: no import of dp_accounting (a second).
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dp-accounting")
+    except PackageNotFoundError:  # pragma: no cover - a dependency of the project
+        return "unknown"
+
+
+def stored_release(sweep: Any) -> dict[str, Any] | None:
+    """``sweep``'s stored release when it was computed from its current plan, else None.
+
+    ``sweep``: a :class:`sweeper.store.Sweep` (its ``plan``, ``release`` and
+    ``release_key``)."""
+    stored, key = sweep.release, sweep.release_key
+    if stored is None or key is None or key != release_key(list(sweep.plan or [])):
+        return None
+    return dict(stored)
+
+
+def sweep_release_of(sweep: Any) -> dict[str, Any] | None:
+    """A stored sweep's release: the stored one when its key matches the sweep's current
+    plan (:func:`stored_release`), otherwise computed from the plan (:func:`sweep_release`).
+
+    What summaries and model cards show for a sweep; it never writes (the API's read path
+    calls it). The driver stores the release when a sweep starts (:func:`store_release`)."""
+    found = stored_release(sweep)
+    return found if found is not None else sweep_release(list(sweep.plan or []))
+
+
+def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
+    """Compute a sweep's release from its current plan and store it with the plan's key.
+
+    The computation (seconds) runs outside any transaction; the write is one short UPDATE of
+    two columns (``updated_at`` kept: the sweep itself did not change). A plan changed in
+    between cannot leave a wrong release: the key stored is the one of the plan the value
+    was computed from, and readers compare it with the plan they read. Nothing stored is
+    derived from records: the plan holds public, planned quantities only.
+
+    Returns:
+        The release (None: no such sweep, or no plan).
+    """
+    from sweeper.store import Sweep
+    from sweeper.store.engine import read_only, writable
+
+    with read_only(engine).connect() as conn:
+        row = conn.execute(
+            select(Sweep.plan, Sweep.release, Sweep.release_key).where(Sweep.id == sweep_id)
+        ).first()
+    if row is None or not row.plan:
+        return None
+    plan = list(row.plan)
+    key = release_key(plan)
+    if row.release is not None and key == row.release_key:
+        return dict(row.release)  # stored already (a resumed sweep)
+    release = sweep_release(plan)
+    if not _json_safe(release):
+        return release
+    with writable(engine).begin() as conn:
+        conn.execute(
+            update(Sweep)
+            .where(Sweep.id == sweep_id)
+            .values(release=release, release_key=key, updated_at=Sweep.updated_at)
+        )
+    return release
+
+
+def store_release_in_background(engine: Engine, sweep_id: str) -> threading.Thread:
+    """:func:`store_release` in a daemon thread (a driver starting a sweep does not wait for
+    the composition); a failure is logged, and readers then compute the release themselves."""
+
+    def work() -> None:
+        try:
+            store_release(engine, sweep_id)
+        except Exception:  # readers fall back to computing it
+            log.exception("storing the release of sweep %s failed", sweep_id)
+
+    thread = threading.Thread(target=work, name=f"dpsweep-release-{sweep_id}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _json_safe(value: Any) -> bool:
+    # PostgreSQL's JSON refuses NaN and Infinity; such a release is computed on each read.
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)

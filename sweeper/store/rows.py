@@ -141,6 +141,12 @@ class Sweep(Base):
     # sweeps stored before ledgers were keyed by content; those use ``dataset`` (the name).
     # ``dataset`` stays the name users gave and see.
     ledger_key: Mapped[str | None] = mapped_column(String(200), index=True)
+    # The audited epsilon of the whole sweep (sweeper.privacy.releases.sweep_release: seconds of
+    # tight composition), computed once by the driver, and the sha256 of exactly what it was
+    # computed from (the plan's composition input and the accountant's version). A reader uses
+    # it only while that key matches the current plan; NULL: not computed yet (recomputed).
+    release_key: Mapped[str | None] = mapped_column(String(64))
+    release: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     trials: Mapped[list[Trial]] = relationship(back_populates="sweep", cascade="all, delete-orphan")
 

@@ -22,7 +22,7 @@ from sweeper.privacy.releases import (
     evaluation_statement,
     grid_releases,
     lifetime_release,
-    sweep_release,
+    sweep_release_of,
 )
 from sweeper.store import Sweep, TrialState, iso, sweep_ledger_key
 from sweeper.sweeps.released import released_records
@@ -138,10 +138,11 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
     plan = list(sweep.plan or [])
     # One epsilon per release, each saying what it covers (sweeper/privacy/releases.py). Grid and
     # sweep figures are public (planned from public quantities); the lifetime figure is the
-    # ledger's, and the hash-derived ledger key itself is never shown.
+    # ledger's, and the hash-derived ledger key itself is never shown. The sweep's figure is the
+    # one the driver stored for this very plan (its key checked), else computed (seconds).
     privacy = {
         "grids": grid_releases(plan),
-        "sweep": sweep_release(plan),
+        "sweep": sweep_release_of(sweep),
         "dataset_lifetime": _lifetime(engine, sweep, key),
         "evaluation": evaluation_statement(plan),
     }
