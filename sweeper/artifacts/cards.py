@@ -34,7 +34,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from dpsweep.errors import IllegalState
-from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release
+from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release_of
 from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps.released import selected_trial, trial_record
 from sweeper.sweeps.stored import grid_key, hidden_grids, randomness_fields, typed_spec
@@ -133,7 +133,7 @@ def model_card(
                 "size_bytes": int(weights_size_bytes),
             }
         },
-        "privacy": _privacy_section(trial, plan, grid, private, randomness, selected_only),
+        "privacy": _privacy_section(trial, sweep, plan, grid, private, randomness, selected_only),
         "evaluation": evaluation_statement(plan)
         | {k: grid.get(k) for k in ("eval_releases", "eval_noise_multiplier", "epsilon_eval")},
         "metrics": {
@@ -258,6 +258,7 @@ def _dataset_section(sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
 
 def _privacy_section(
     trial: Trial,
+    sweep: Sweep,
     plan: list[dict[str, Any]],
     grid: dict[str, Any],
     private: bool,
@@ -291,7 +292,8 @@ def _privacy_section(
         "delta": release["delta"],
         "covers": release["covers"],
         "grid": release,
-        "sweep": sweep_release(plan),
+        # As the summary shows it: stored by the driver for this plan, else computed.
+        "sweep": sweep_release_of(sweep),
         "accounting": grid.get("accounting"),
         "accountant": grid.get("accountant"),
         "verification": {
