@@ -162,7 +162,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     }
     try:
         if args.api_workers == 1:
-            uvicorn.run(create_app(settings, database_url=url), **common)
+            uvicorn.run(create_app(settings, database_url=url, freeze_gc=True), **common)
         else:
             # Worker processes build the app from the environment (uvicorn's factory).
             os.environ["DPSWEEP_DATABASE_URL"] = url
