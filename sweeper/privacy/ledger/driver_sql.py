@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from threading import Lock
 from typing import Any
 
-from sqlalchemy import Connection, Dialect
+from sqlalchemy import Connection, Dialect, Select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
-__all__ = ["DriverStatement"]
+__all__ = ["DriverStatement", "run"]
 
 _Processor = Callable[[Any], Any] | None
 
@@ -57,6 +57,7 @@ class DriverStatement:
         self._stmt = stmt
         self._compiled: dict[tuple[Any, ...], _Compiled] = {}
         self._results: dict[tuple[Any, ...], tuple[_Processor, ...]] = {}
+        self._returns_rows: dict[tuple[Any, ...], bool] = {}
         self._lock = Lock()
 
     @property
@@ -97,44 +98,64 @@ class DriverStatement:
         ]
         return tuple(values) if c.positional else dict(zip(c.names, values, strict=True))
 
-    def row(
-        self, dialect: Dialect, raw: Sequence[Any] | None, description: Sequence[Any]
-    ) -> tuple[Any, ...] | None:
-        """A fetched row of a ``SELECT``, with its column types' result processing applied
-        (``description``: the cursor's, whose type codes some processors need)."""
-        if raw is None:
-            return None
-        results = self._results.get(_key(dialect))
-        if results is None:
+    def returns_rows(self, dialect: Dialect, cursor: Any) -> bool:
+        """Whether the statement returns rows (a ``SELECT``, or ``RETURNING``), as ``cursor``
+        (which ran it) says the first time: on psycopg, reading the description builds every
+        column's description, too slow to do for every statement."""
+        found = self._returns_rows.get(_key(dialect))
+        if found is None:
+            found = self._returns_rows[_key(dialect)] = cursor.description is not None
+        return found
+
+    def results(self, dialect: Dialect, cursor: Any) -> tuple[_Processor, ...]:
+        """The result processors of a ``SELECT``'s columns, from ``cursor`` (which ran it) the
+        first time: some need the columns' type codes, from its description."""
+        found = self._results.get(_key(dialect))
+        if found is None:
             selected = self._stmt.selected_columns  # type: ignore[attr-defined]
-            results = tuple(
+            found = tuple(
                 column.type.dialect_impl(dialect).result_processor(dialect, info[1])
-                for column, info in zip(selected, description, strict=True)
+                for column, info in zip(selected, cursor.description, strict=True)
             )
-            self._results[_key(dialect)] = results
-        return tuple(
-            process(value) if process is not None else value
-            for value, process in zip(raw, results, strict=True)
-        )
+            self._results[_key(dialect)] = found
+        return found
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ran:
-    """One statement of a batch, after it ran: its cursor and how to read it."""
+    """One statement of a batch, after it ran: what it returned, read at once (the next
+    statement of the batch reuses the cursor)."""
 
-    statement: DriverStatement
-    dialect: Dialect
-    cursor: Any
+    #: The first row as the driver returned it (statements that return rows), else ``None``.
+    raw: tuple[Any, ...] | None
+    #: A ``SELECT``'s result processors (else empty).
+    results: tuple[_Processor, ...]
+    #: The row id the driver reports (an ``INSERT`` without ``RETURNING`` on SQLite).
+    lastrowid: int | None
 
     def first(self) -> tuple[Any, ...] | None:
-        """The first row, converted (``None`` if there is none)."""
-        return self.statement.row(self.dialect, self.cursor.fetchone(), self.cursor.description)
+        """A ``SELECT``'s first row, converted by its column types (``None`` if none)."""
+        if self.raw is None:
+            return None
+        return tuple(
+            process(value) if process is not None else value
+            for value, process in zip(self.raw, self.results, strict=True)
+        )
 
     def new_id(self) -> int:
         """The primary key an ``INSERT`` created."""
-        if self.cursor.description is not None:  # INSERT ... RETURNING id
-            return int(self.cursor.fetchone()[0])
-        return int(self.cursor.lastrowid)
+        if self.raw is not None:  # INSERT ... RETURNING id
+            return int(self.raw[0])
+        assert self.lastrowid is not None
+        return int(self.lastrowid)
+
+
+def _ran(statement: DriverStatement, dialect: Dialect, cursor: Any) -> Ran:
+    if not statement.returns_rows(dialect, cursor):
+        return Ran(None, (), getattr(cursor, "lastrowid", None))  # psycopg has no lastrowid
+    raw = cursor.fetchone()
+    selects = isinstance(statement.statement, Select)
+    return Ran(raw, statement.results(dialect, cursor) if selects else (), None)
 
 
 @contextmanager
@@ -160,10 +181,10 @@ def run(conn: Connection, batch: Sequence[tuple[DriverStatement, Mapping[str, An
     raw = conn.connection.driver_connection
     assert raw is not None
     ran: list[Ran] = []
+    cursor = raw.cursor()
     for statement, params in batch:
         sql = statement.compiled(dialect).sql
         with _driver_errors(conn, sql):
-            cursor = raw.cursor()
             cursor.execute(sql, statement.parameters(dialect, params))
-        ran.append(Ran(statement, dialect, cursor))
+            ran.append(_ran(statement, dialect, cursor))
     return ran
