@@ -276,9 +276,11 @@ def write_operation(
     if conn.dialect.name == "postgresql":
         # One statement: the two updates ride along as WITH clauses of the entry's INSERT.
         combined = _combined(totals[0])
-        (inserted,) = run(conn, [(combined, {**stored, **written, **totals[1]})])
+        (inserted,) = run(conn, [(combined, {**stored, **written, **totals[1]})], last=True)
         return inserted.new_id()
-    _, inserted, _ = run(conn, [(_STORE_BUDGET_D, stored), (_INSERT_ENTRY_D, written), totals])
+    _, inserted, _ = run(
+        conn, [(_STORE_BUDGET_D, stored), (_INSERT_ENTRY_D, written), totals], last=True
+    )
     return inserted.new_id()
 
 
