@@ -1,10 +1,11 @@
 """PostgreSQL (psycopg 3): a batch of the hot path's statements in one libpq pipeline.
 
 On PostgreSQL a charge used to be six network round trips (the pool's ping, ``BEGIN``, the
-dataset's lock, the sweep's totals, the writes, ``COMMIT``), and the client's share of its
-time was mostly psycopg's per-execute machinery and the socket calls of each round trip.
-Here a batch goes out as one libpq pipeline (psycopg's low-level :mod:`psycopg.pq` layer):
-``BEGIN``, lock and totals read in one round trip, the writes and ``COMMIT`` in the next.
+dataset's lock, the sweep's totals, the writes, ``COMMIT``), and much of its time went to
+psycopg's per-execute machinery, the socket calls of each round trip, and the server parsing
+and planning each statement. Here a batch goes out as one libpq pipeline (psycopg's
+low-level :mod:`psycopg.pq` layer): ``BEGIN``, lock and totals read in one round trip, the
+writes and ``COMMIT`` in the next, each statement prepared once per server session.
 
 What stays as it was:
 
@@ -25,6 +26,14 @@ What stays as it was:
   (it broke), it is closed, so that SQLAlchemy invalidates it and never hands it out again;
 * the connection's lock is held, as psycopg does, and waiting is done with ``select`` (the GIL
   released: other threads run while this one waits for the dataset's row lock).
+
+Prepared statements (``dpsweep_ledger_N``, never psycopg's names) can vanish from a session:
+psycopg sends ``DEALLOCATE ALL`` when its own statement cache is cleared (a rollback after it
+prepared something, ``ROLLBACK TO SAVEPOINT``, DDL). A pipeline that finds one gone
+(SQLSTATE 26000) and had begun the transaction itself is rolled back and sent again,
+prepared anew; a later batch of a transaction in which something else ran
+(:func:`touched`) is sent unprepared; one that still finds a statement gone fails, closed
+(the operation rolls back), and the next prepares anew.
 """
 
 from __future__ import annotations
@@ -34,10 +43,10 @@ import select
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Numbered", "numbered", "run_pipeline"]
+__all__ = ["Numbered", "numbered", "run_pipeline", "touched"]
 
 _NAMED = re.compile(r"%\((\w+)\)s|%%")
 
@@ -66,20 +75,42 @@ def numbered(sql: str) -> Numbered:
     return Numbered(_NAMED.sub(number, sql).encode(), tuple(order))
 
 
-# One transformer per psycopg connection (it caches its dumpers and loaders).
-_TRANSFORMERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_TRANSFORMERS_LOCK = threading.Lock()
+@dataclass(eq=False)
+class _Session:
+    """What the ledger keeps for one psycopg connection (one server session)."""
+
+    #: The connection's transformer (it caches its dumpers and loaders).
+    transformer: Any
+    #: The statements prepared on the server session: SQL -> name.
+    prepared: dict[bytes, bytes] = field(default_factory=dict)
+    #: The transaction (SQLAlchemy's) whose BEGIN went in one of our pipelines and in which
+    #: nothing but our pipelines ran since: its prepared statements are still there.
+    clean_in: object | None = None
 
 
-def _transformer(raw: Any) -> Any:
-    found = _TRANSFORMERS.get(raw)
+_SESSIONS: weakref.WeakKeyDictionary[Any, _Session] = weakref.WeakKeyDictionary()
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _session(raw: Any) -> _Session:
+    found = _SESSIONS.get(raw)
     if found is None:
         from psycopg.adapt import Transformer
 
-        found = Transformer(raw)
-        with _TRANSFORMERS_LOCK:
-            _TRANSFORMERS[raw] = found
+        found = _Session(Transformer(raw))
+        with _SESSIONS_LOCK:
+            _SESSIONS[raw] = found
     return found
+
+
+def touched(raw: Any) -> None:
+    """Say that a statement not sent by :func:`run_pipeline` ran on ``raw`` in the current
+    transaction. psycopg may then have dropped every prepared statement (it sends
+    ``DEALLOCATE ALL`` when its own cache is cleared, after a ``ROLLBACK TO SAVEPOINT`` for
+    one), so the transaction's later batches go unprepared."""
+    found = _SESSIONS.get(raw)
+    if found is not None:
+        found.clean_in = None
 
 
 def _begin_command(raw: Any) -> bytes:
@@ -94,18 +125,40 @@ def _begin_command(raw: Any) -> bytes:
     return " ".join(parts).encode()
 
 
+class _Deallocated(Exception):
+    """A prepared statement of ours was gone from the server session."""
+
+    def __init__(self, error: Exception, began: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.began = began
+
+
 def run_pipeline(
-    raw: Any, statements: Sequence[tuple[Numbered, Mapping[str, Any]]], *, commit: bool
+    raw: Any,
+    statements: Sequence[tuple[Numbered, Mapping[str, Any]]],
+    *,
+    commit: bool,
+    transaction: object,
 ) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]]:
     """Run statements, in order, on psycopg connection ``raw`` in one pipeline (one round
     trip), in its transaction: begun first if the connection is idle, committed after them
     if ``commit``.
+
+    Statements are prepared on the server session once (in the pipeline that first runs
+    them) and then run by name, which spares the server their parsing and planning. Names are
+    ``dpsweep_ledger_N``, never psycopg's. Should they be gone all the same (a
+    ``DEALLOCATE ALL`` or ``DISCARD ALL`` on the session), a pipeline that began the
+    transaction is rolled back and sent again, prepared anew (nothing else had run in that
+    transaction); a later one fails (the operation rolls back), and the next prepares anew.
 
     Args:
         raw: The psycopg connection (SQLAlchemy's driver connection).
         statements: Each statement's SQL and its parameters by bind name, already through
             SQLAlchemy's bind processors.
         commit: Send ``COMMIT`` after the statements.
+        transaction: SQLAlchemy's transaction on ``raw`` (what tells a later batch that it
+            is in the transaction an earlier one began).
 
     Returns:
         For each statement, its first row (``None`` if none) and its columns' type codes
@@ -115,27 +168,64 @@ def run_pipeline(
         psycopg.Error: The first error the server reported (or a lost connection); nothing
             after it ran.
     """
+    session = _session(raw)
+    try:
+        return _attempt(raw, session, statements, commit=commit, transaction=transaction)
+    except _Deallocated as gone:
+        session.prepared.clear()
+        session.clean_in = None
+        if not gone.began:
+            raise gone.error from None
+    # The failed pipeline began the transaction, which did nothing else: end it (psycopg's
+    # rollback, which also resets its own prepared-statement cache) and send it again.
+    raw.rollback()
+    return _attempt(raw, session, statements, commit=commit, transaction=transaction)
+
+
+def _attempt(
+    raw: Any,
+    session: _Session,
+    statements: Sequence[tuple[Numbered, Mapping[str, Any]]],
+    *,
+    commit: bool,
+    transaction: object,
+) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]]:
     from psycopg import errors
     from psycopg.adapt import PyFormat
     from psycopg.pq import ExecStatus, TransactionStatus
 
-    transformer = _transformer(raw)
+    transformer = session.transformer
     out: list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] = []
     with raw.lock:
         pgconn = raw.pgconn
-        # The statements' results are at these positions (BEGIN's comes first if sent).
-        first = 0
+        began = pgconn.transaction_status == TransactionStatus.IDLE
+        named = began or session.clean_in is transaction
+        # What each result will answer: ("begin"|"commit", None), ("prepare", (sql, name))
+        # or ("run", index of the statement).
+        sent: list[tuple[str, Any]] = []
         pgconn.enter_pipeline_mode()
         try:
-            if pgconn.transaction_status == TransactionStatus.IDLE:
+            if began:
                 pgconn.send_query_params(_begin_command(raw), None)
-                first = 1
-            for sql, params in statements:
+                sent.append(("begin", None))
+            for index, (sql, params) in enumerate(statements):
                 values = [params[name] for name in sql.order]
                 dumped = transformer.dump_sequence(values, [PyFormat.TEXT] * len(values))
-                pgconn.send_query_params(sql.sql, dumped)
+                if not named:
+                    pgconn.send_query_params(sql.sql, dumped)
+                    sent.append(("run", index))
+                    continue
+                name = session.prepared.get(sql.sql)
+                if name is None:
+                    pending = sum(kind == "prepare" for kind, _ in sent)
+                    name = f"dpsweep_ledger_{len(session.prepared) + pending}".encode()
+                    pgconn.send_prepare(name, sql.sql)
+                    sent.append(("prepare", (sql.sql, name)))
+                pgconn.send_query_prepared(name, dumped)
+                sent.append(("run", index))
             if commit:
                 pgconn.send_query_params(b"COMMIT", None)
+                sent.append(("commit", None))
             pgconn.pipeline_sync()
             results = _until_sync(pgconn)
         finally:
@@ -145,10 +235,26 @@ def run_pipeline(
                 # Results left unread (the connection broke, or an interrupt): unusable.
                 raw.close()
                 raise errors.OperationalError("connection lost in a pipeline") from exc
-        failed = next((r for r in results if r.status == ExecStatus.FATAL_ERROR), None)
+        rows: list[Any] = [None] * len(statements)
+        failed: Any = None
+        for (kind, what), result in zip(sent, results, strict=True):
+            if kind == "prepare" and result.status == ExecStatus.COMMAND_OK:
+                session.prepared[what[0]] = what[1]
+            elif kind == "run":
+                rows[what] = result
+            if failed is None and result.status == ExecStatus.FATAL_ERROR:
+                failed = result
         if failed is not None:
-            raise errors.error_from_result(failed, encoding=raw.info.encoding)
-        for result in results[first : first + len(statements)]:
+            session.clean_in = None
+            error = errors.error_from_result(failed, encoding=raw.info.encoding)
+            if named and error.sqlstate == "26000":  # invalid_sql_statement_name
+                raise _Deallocated(error, began)
+            raise error
+        if commit:
+            session.clean_in = None
+        elif began:
+            session.clean_in = transaction
+        for result in rows:
             if result.status != ExecStatus.TUPLES_OK:
                 out.append((None, ()))
                 continue

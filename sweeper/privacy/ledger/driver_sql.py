@@ -29,9 +29,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
+from sweeper.privacy.ledger import driver_pq
 from sweeper.privacy.ledger.driver_pq import Numbered, numbered, run_pipeline
 
-__all__ = ["DriverStatement", "run"]
+__all__ = ["DriverStatement", "run", "touched"]
 
 _Processor = Callable[[Any], Any] | None
 
@@ -184,6 +185,14 @@ def _driver_errors(conn: Connection, sql: str) -> Iterator[None]:
         raise DBAPIError.instance(sql, None, exc, dbapi.Error, dialect=conn.dialect) from exc
 
 
+def touched(conn: Connection) -> None:
+    """Say that a statement ran on ``conn`` through SQLAlchemy (not :func:`run`) inside an
+    operation's transaction: on PostgreSQL, :func:`run`'s later batches in it then go
+    unprepared (see :func:`~sweeper.privacy.ledger.driver_pq.touched`)."""
+    if _pipelines(conn.dialect):
+        driver_pq.touched(conn.connection.driver_connection)
+
+
 def _pipelines(dialect: Dialect) -> bool:
     found = _PIPELINES.get(_key(dialect))
     if found is None:
@@ -247,7 +256,7 @@ def _run_pipelined(
     ]
     sql = ";\n".join(statement.compiled(dialect).sql for statement, _ in batch)
     with _driver_errors(conn, sql):
-        done = run_pipeline(raw, queued, commit=last)
+        done = run_pipeline(raw, queued, commit=last, transaction=conn.get_transaction())
     ran: list[Ran] = []
     for (statement, _), (row, codes) in zip(batch, done, strict=True):
         if row is None or not isinstance(statement.statement, Select):

@@ -16,8 +16,10 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweeper.privacy.ledger import BudgetLedger, ReservationExceeded, summed_entries
+from sweeper.privacy.ledger import BudgetLedger, EntryKind, ReservationExceeded, summed_entries
 from sweeper.privacy.ledger.driver_pq import numbered
+from sweeper.privacy.ledger.driver_sql import touched
+from sweeper.privacy.ledger.statements import lock_and_read
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from tests.conftest import fresh_postgres_database
@@ -223,4 +225,100 @@ def test_a_dropped_connection_is_replaced_before_the_next_charge(url: str) -> No
         assert_books(ledger)
     finally:
         admin.dispose()
+        engine.dispose()
+
+
+def test_statements_dropped_from_the_session_are_prepared_again(url: str) -> None:
+    # One pooled connection, whose prepared statements are dropped between operations: by
+    # hand (DEALLOCATE ALL), and by psycopg itself (it deallocates everything when a rollback
+    # clears its own cache of statements it prepared, here a query run 6 times).
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        ledger = BudgetLedger(engine)
+        ledger.reserve(DS, sweep_id="s", epsilon=STEP * 3, delta=D(0))
+        ledger.charge(DS, sweep_id="s", trial_id="t1", epsilon=STEP, delta=D(0))
+        with engine.connect() as conn:
+            conn.exec_driver_sql("DEALLOCATE ALL")
+        ledger.charge(DS, sweep_id="s", trial_id="t2", epsilon=STEP, delta=D(0))
+        with engine.connect() as conn:
+            for _ in range(6):
+                conn.exec_driver_sql("SELECT count(*) FROM budget_ledger_entries").all()
+            conn.rollback()
+        ledger.release(DS, sweep_id="s")
+        balance = ledger.sweep_balance(DS, sweep_id="s")
+        assert balance.epsilon_charged == STEP * 2 and balance.epsilon_released == STEP
+        assert [e.trial_id for e in ledger.entries(DS)] == [None, "t1", "t2", None]
+        assert_books(ledger)
+    finally:
+        engine.dispose()
+
+
+def test_a_first_reservation_racing_on_a_new_dataset_prepares_nothing_stale(url: str) -> None:
+    # A first reservation creates the dataset's row between its two round trips (through
+    # SQLAlchemy, with a savepoint): its write must not count on statements prepared before.
+    engine = make_engine(url, pool_size=8)
+    try:
+        ledger = BudgetLedger(engine)
+        ledger.reserve("warm", sweep_id="s", epsilon=STEP, delta=D(0))
+        barrier = threading.Barrier(8)
+
+        def reserve(i: int) -> None:
+            barrier.wait()
+            ledger.reserve(f"new{i % 2}", sweep_id=f"s{i}", epsilon=STEP, delta=D(0))
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(reserve, range(8)))
+        for dataset in ("new0", "new1"):
+            assert ledger.summary(dataset).epsilon_reserved == STEP * 4
+            assert_books(ledger, dataset)
+    finally:
+        engine.dispose()
+
+
+def test_statements_dropped_inside_an_operation_fail_it_closed_unless_announced(
+    url: str,
+) -> None:
+    # Statements dropped between an operation's two round trips: announced (touched, as the
+    # ledger's own SQLAlchemy statements are), the write goes unprepared and succeeds; not
+    # announced, the write fails, nothing is recorded, and the next operation prepares anew.
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    try:
+        ledger = BudgetLedger(engine)
+        ledger.reserve(DS, sweep_id="s", epsilon=STEP * 4, delta=D(0))
+        ledger.charge(DS, sweep_id="s", trial_id="t1", epsilon=STEP, delta=D(0))
+
+        def charge_dropping(trial_id: str, *, announce: bool) -> None:
+            with engine.begin() as conn:
+                budget, totals = lock_and_read(conn, DS, "s", create=False)
+                assert budget is not None and totals is not None
+                if announce:
+                    touched(conn)
+                conn.exec_driver_sql("DEALLOCATE ALL")
+                budget.epsilon_reserved -= STEP
+                budget.epsilon_spent += STEP
+                ledger._record(
+                    conn,
+                    budget=budget,
+                    totals=totals,
+                    sweep_id="s",
+                    trial_id=trial_id,
+                    kind=EntryKind.CHARGE,
+                    epsilon=STEP,
+                    delta=D(0),
+                    note="",
+                )
+
+        charge_dropping("t2", announce=True)
+        # Prepares its three statements anew (the first round trip finds them gone, and is
+        # sent again), so that the next write runs a statement that is then dropped.
+        ledger.charge(DS, sweep_id="s", trial_id="t3", epsilon=STEP, delta=D(0))
+        before = (ledger.summary(DS), ledger.entries(DS))
+        with pytest.raises(ProgrammingError, match="does not exist"):
+            charge_dropping("t4", announce=False)
+        assert (ledger.summary(DS), ledger.entries(DS)) == before
+        ledger.charge(DS, sweep_id="s", trial_id="t5", epsilon=STEP, delta=D(0))
+        assert [e.trial_id for e in ledger.entries(DS)] == [None, "t1", "t2", "t3", "t5"]
+        assert ledger.sweep_balance(DS, sweep_id="s").epsilon_outstanding == 0
+        assert_books(ledger)
+    finally:
         engine.dispose()
