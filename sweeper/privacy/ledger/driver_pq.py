@@ -203,14 +203,17 @@ def _attempt(
         # What each result will answer: ("begin"|"commit", None), ("prepare", (sql, name))
         # or ("run", index of the statement).
         sent: list[tuple[str, Any]] = []
+        # Dumped before anything is queued: a value the driver refuses leaves nothing sent.
+        dumped_all = []
+        for sql, params in statements:
+            values = [params[name] for name in sql.order]
+            dumped_all.append(transformer.dump_sequence(values, [PyFormat.TEXT] * len(values)))
         pgconn.enter_pipeline_mode()
         try:
             if began:
                 pgconn.send_query_params(_begin_command(raw), None)
                 sent.append(("begin", None))
-            for index, (sql, params) in enumerate(statements):
-                values = [params[name] for name in sql.order]
-                dumped = transformer.dump_sequence(values, [PyFormat.TEXT] * len(values))
+            for index, ((sql, _), dumped) in enumerate(zip(statements, dumped_all, strict=True)):
                 if not named:
                     pgconn.send_query_params(sql.sql, dumped)
                     sent.append(("run", index))
@@ -228,13 +231,12 @@ def _attempt(
                 sent.append(("commit", None))
             pgconn.pipeline_sync()
             results = _until_sync(pgconn)
-        finally:
-            try:
-                pgconn.exit_pipeline_mode()
-            except Exception as exc:
-                # Results left unread (the connection broke, or an interrupt): unusable.
-                raw.close()
-                raise errors.OperationalError("connection lost in a pipeline") from exc
+        except BaseException:
+            # The first error stands (a lost connection, an interrupt); the connection is
+            # closed if it cannot leave pipeline mode.
+            _leave(raw, quiet=True)
+            raise
+        _leave(raw, quiet=False)
         rows: list[Any] = [None] * len(statements)
         failed: Any = None
         for (kind, what), result in zip(sent, results, strict=True):
@@ -265,6 +267,19 @@ def _attempt(
             transformer.set_pgresult(result)
             out.append((transformer.load_row(0, tuple), codes))
     return out
+
+
+def _leave(raw: Any, *, quiet: bool) -> None:
+    """Take ``raw`` out of pipeline mode; if it cannot be (results left unread: it broke, or
+    the wait was interrupted), close it, so that it is never used again."""
+    from psycopg import OperationalError
+
+    try:
+        raw.pgconn.exit_pipeline_mode()
+    except Exception as exc:
+        raw.close()
+        if not quiet:
+            raise OperationalError("connection lost in a pipeline") from exc
 
 
 def _until_sync(pgconn: Any) -> list[Any]:

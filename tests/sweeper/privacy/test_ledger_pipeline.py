@@ -322,3 +322,44 @@ def test_statements_dropped_inside_an_operation_fail_it_closed_unless_announced(
         assert_books(ledger)
     finally:
         engine.dispose()
+
+
+def test_a_connection_killed_inside_a_pipeline_fails_the_charge_and_is_replaced(
+    url: str,
+) -> None:
+    # The charge's first round trip waits for the dataset's lock, held by another
+    # transaction; its server session is killed meanwhile. The charge fails (nothing is
+    # recorded) and the next one runs on a new connection.
+    engine = make_engine(url, pool_size=1, max_overflow=0)
+    admin = make_engine(url)
+    try:
+        ledger = BudgetLedger(engine)
+        ledger.reserve(DS, sweep_id="s", epsilon=STEP * 2, delta=D(0))
+        with admin.connect() as holder:
+            holder.execute(
+                sa.text("SELECT id FROM dataset_budgets WHERE dataset = :d FOR UPDATE"), {"d": DS}
+            ).all()
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                charging = pool.submit(
+                    ledger.charge, DS, sweep_id="s", trial_id="t1", epsilon=STEP, delta=D(0)
+                )
+                with admin.connect() as killer:
+                    for _ in range(200):  # up to 10 s for the charge to wait on the lock
+                        killed = killer.exec_driver_sql(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                        ).all()
+                        if killed:
+                            break
+                        threading.Event().wait(0.05)
+                    assert killed
+                with pytest.raises(OperationalError):
+                    charging.result(timeout=30)
+            holder.rollback()
+        assert [e.trial_id for e in ledger.entries(DS)] == [None]
+        ledger.charge(DS, sweep_id="s", trial_id="t2", epsilon=STEP, delta=D(0))
+        assert ledger.sweep_balance(DS, sweep_id="s").epsilon_charged == STEP
+        assert_books(ledger)
+    finally:
+        admin.dispose()
+        engine.dispose()
