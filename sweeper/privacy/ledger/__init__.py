@@ -45,7 +45,11 @@ driver's cursor of the operation's connection (:mod:`~sweeper.privacy.ledger.dri
 with the column types' own conversions. A charge locks the dataset row, reads its sweep's
 running totals (``ledger_sweep_totals``: one row, whatever the number of earlier entries),
 checks in Python with the exact arithmetic above, then writes the dataset row, the entry and
-the sweep's totals (one statement on PostgreSQL) and commits: O(1) per charge.
+the sweep's totals (one statement on PostgreSQL) and commits: O(1) per charge. On
+PostgreSQL (psycopg) each batch is one libpq pipeline of statements prepared once per server
+session (:mod:`~sweeper.privacy.ledger.driver_pq`): ``BEGIN``, lock and totals read in one
+round trip, the writes and ``COMMIT`` in the next; the server still runs them in order, so
+the totals are read after the lock is granted.
 
 Schema: the tables (:mod:`~sweeper.privacy.ledger.rows`) share the project's declarative
 base (:mod:`sweeper.store.base`) and come from the Alembic migrations;

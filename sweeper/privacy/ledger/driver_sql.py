@@ -10,6 +10,9 @@ and runs the compiled SQL on the DBAPI cursor of that connection, inside its tra
 
 Driver errors are re-raised as SQLAlchemy's (:class:`~sqlalchemy.exc.DBAPIError` and its
 subclasses such as :class:`~sqlalchemy.exc.IntegrityError`), as if SQLAlchemy had run them.
+
+On PostgreSQL with psycopg 3, a batch is one libpq pipeline, one round trip
+(:mod:`~sweeper.privacy.ledger.driver_pq`); the operation's last batch carries its ``COMMIT``.
 """
 
 from __future__ import annotations
@@ -17,15 +20,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from threading import Lock
 from typing import Any
 
-from sqlalchemy import Connection, Dialect
+from sqlalchemy import Connection, Dialect, Select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import Executable
 
-__all__ = ["DriverStatement"]
+from sweeper.privacy.ledger import driver_pq
+from sweeper.privacy.ledger.driver_pq import Numbered, numbered, run_pipeline
+
+__all__ = ["DriverStatement", "run", "touched"]
 
 _Processor = Callable[[Any], Any] | None
 
@@ -57,6 +64,8 @@ class DriverStatement:
         self._stmt = stmt
         self._compiled: dict[tuple[Any, ...], _Compiled] = {}
         self._results: dict[tuple[Any, ...], tuple[_Processor, ...]] = {}
+        self._returns_rows: dict[tuple[Any, ...], bool] = {}
+        self._numbered: dict[tuple[Any, ...], Numbered] = {}
         self._lock = Lock()
 
     @property
@@ -97,44 +106,74 @@ class DriverStatement:
         ]
         return tuple(values) if c.positional else dict(zip(c.names, values, strict=True))
 
-    def row(
-        self, dialect: Dialect, raw: Sequence[Any] | None, description: Sequence[Any]
-    ) -> tuple[Any, ...] | None:
-        """A fetched row of a ``SELECT``, with its column types' result processing applied
-        (``description``: the cursor's, whose type codes some processors need)."""
-        if raw is None:
-            return None
-        results = self._results.get(_key(dialect))
-        if results is None:
+    def numbered(self, dialect: Dialect) -> Numbered:
+        """The SQL with libpq's ``$n`` placeholders (psycopg's pipeline)."""
+        found = self._numbered.get(_key(dialect))
+        if found is None:
+            found = self._numbered[_key(dialect)] = numbered(self.compiled(dialect).sql)
+        return found
+
+    def returns_rows(self, dialect: Dialect, cursor: Any) -> bool:
+        """Whether the statement returns rows (a ``SELECT``, or ``RETURNING``), as ``cursor``
+        (which ran it) says the first time: on psycopg, reading the description builds every
+        column's description, too slow to do for every statement."""
+        found = self._returns_rows.get(_key(dialect))
+        if found is None:
+            found = self._returns_rows[_key(dialect)] = cursor.description is not None
+        return found
+
+    def results(
+        self, dialect: Dialect, type_codes: Callable[[], Sequence[Any]]
+    ) -> tuple[_Processor, ...]:
+        """The result processors of a ``SELECT``'s columns (some need the columns' type
+        codes: ``type_codes`` is asked for them the first time for each dialect)."""
+        found = self._results.get(_key(dialect))
+        if found is None:
             selected = self._stmt.selected_columns  # type: ignore[attr-defined]
-            results = tuple(
-                column.type.dialect_impl(dialect).result_processor(dialect, info[1])
-                for column, info in zip(selected, description, strict=True)
+            found = tuple(
+                column.type.dialect_impl(dialect).result_processor(dialect, code)
+                for column, code in zip(selected, type_codes(), strict=True)
             )
-            self._results[_key(dialect)] = results
-        return tuple(
-            process(value) if process is not None else value
-            for value, process in zip(raw, results, strict=True)
-        )
+            self._results[_key(dialect)] = found
+        return found
 
 
-@dataclass
+@dataclass(frozen=True)
 class Ran:
-    """One statement of a batch, after it ran: its cursor and how to read it."""
+    """One statement of a batch, after it ran: what it returned, read at once (the next
+    statement of the batch reuses the cursor)."""
 
-    statement: DriverStatement
-    dialect: Dialect
-    cursor: Any
+    #: The first row as the driver returned it (statements that return rows), else ``None``.
+    raw: tuple[Any, ...] | None
+    #: A ``SELECT``'s result processors (else empty).
+    results: tuple[_Processor, ...]
+    #: The row id the driver reports (an ``INSERT`` without ``RETURNING`` on SQLite).
+    lastrowid: int | None
 
     def first(self) -> tuple[Any, ...] | None:
-        """The first row, converted (``None`` if there is none)."""
-        return self.statement.row(self.dialect, self.cursor.fetchone(), self.cursor.description)
+        """A ``SELECT``'s first row, converted by its column types (``None`` if none)."""
+        if self.raw is None:
+            return None
+        return tuple(
+            process(value) if process is not None else value
+            for value, process in zip(self.raw, self.results, strict=True)
+        )
 
     def new_id(self) -> int:
         """The primary key an ``INSERT`` created."""
-        if self.cursor.description is not None:  # INSERT ... RETURNING id
-            return int(self.cursor.fetchone()[0])
-        return int(self.cursor.lastrowid)
+        if self.raw is not None:  # INSERT ... RETURNING id
+            return int(self.raw[0])
+        assert self.lastrowid is not None
+        return int(self.lastrowid)
+
+
+def _ran(statement: DriverStatement, dialect: Dialect, cursor: Any) -> Ran:
+    if not statement.returns_rows(dialect, cursor):
+        return Ran(None, (), getattr(cursor, "lastrowid", None))  # psycopg has no lastrowid
+    raw = cursor.fetchone()
+    if not isinstance(statement.statement, Select):
+        return Ran(raw, (), None)
+    return Ran(raw, statement.results(dialect, lambda: [d[1] for d in cursor.description]), None)
 
 
 @contextmanager
@@ -146,12 +185,43 @@ def _driver_errors(conn: Connection, sql: str) -> Iterator[None]:
         raise DBAPIError.instance(sql, None, exc, dbapi.Error, dialect=conn.dialect) from exc
 
 
-def run(conn: Connection, batch: Sequence[tuple[DriverStatement, Mapping[str, Any]]]) -> list[Ran]:
+def touched(conn: Connection) -> None:
+    """Say that a statement ran on ``conn`` through SQLAlchemy (not :func:`run`) inside an
+    operation's transaction: on PostgreSQL, :func:`run`'s later batches in it then go
+    unprepared (see :func:`~sweeper.privacy.ledger.driver_pq.touched`)."""
+    if _pipelines(conn.dialect):
+        driver_pq.touched(conn.connection.driver_connection)
+
+
+def _pipelines(dialect: Dialect) -> bool:
+    found = _PIPELINES.get(_key(dialect))
+    if found is None:
+        found = dialect.driver == "psycopg"
+        if found:
+            from psycopg import Pipeline
+
+            found = Pipeline.is_supported()  # libpq 14 or later
+        _PIPELINES[_key(dialect)] = found
+    return found
+
+
+_PIPELINES: dict[tuple[Any, ...], bool] = {}
+
+
+def run(
+    conn: Connection,
+    batch: Sequence[tuple[DriverStatement, Mapping[str, Any]]],
+    *,
+    last: bool = False,
+) -> list[Ran]:
     """Run statements, in order, on ``conn``'s driver connection, inside its transaction.
 
     Args:
         conn: A connection inside the operation's transaction.
         batch: The statements and their parameters (column names or bind names).
+        last: The operation's last statements: on PostgreSQL (psycopg) its ``COMMIT`` goes
+            with them, so nothing may run on ``conn`` afterwards (``conn``'s own commit then
+            finds nothing to do). Elsewhere ``conn``'s commit commits.
 
     Returns:
         Each statement's result, in order.
@@ -159,11 +229,38 @@ def run(conn: Connection, batch: Sequence[tuple[DriverStatement, Mapping[str, An
     dialect = conn.dialect
     raw = conn.connection.driver_connection
     assert raw is not None
+    if _pipelines(dialect):
+        return _run_pipelined(conn, raw, batch, last=last)
     ran: list[Ran] = []
+    cursor = raw.cursor()
     for statement, params in batch:
         sql = statement.compiled(dialect).sql
         with _driver_errors(conn, sql):
-            cursor = raw.cursor()
             cursor.execute(sql, statement.parameters(dialect, params))
-        ran.append(Ran(statement, dialect, cursor))
+            ran.append(_ran(statement, dialect, cursor))
+    return ran
+
+
+def _run_pipelined(
+    conn: Connection,
+    raw: Any,
+    batch: Sequence[tuple[DriverStatement, Mapping[str, Any]]],
+    *,
+    last: bool,
+) -> list[Ran]:
+    dialect = conn.dialect
+    # Converted before anything is sent: a value the types refuse fails with nothing sent.
+    queued = [
+        (statement.numbered(dialect), statement.parameters(dialect, params))
+        for statement, params in batch
+    ]
+    sql = ";\n".join(statement.compiled(dialect).sql for statement, _ in batch)
+    with _driver_errors(conn, sql):
+        done = run_pipeline(raw, queued, commit=last, transaction=conn.get_transaction())
+    ran: list[Ran] = []
+    for (statement, _), (row, codes) in zip(batch, done, strict=True):
+        if row is None or not isinstance(statement.statement, Select):
+            ran.append(Ran(row, (), None))
+        else:
+            ran.append(Ran(row, statement.results(dialect, partial(tuple, codes)), None))
     return ran

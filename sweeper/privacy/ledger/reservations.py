@@ -18,6 +18,7 @@ from sweeper.privacy.ledger.amounts import (
     sub_exact,
 )
 from sweeper.privacy.ledger.core import LedgerCore
+from sweeper.privacy.ledger.driver_sql import touched
 from sweeper.privacy.ledger.errors import (
     AllowanceExhausted,
     BudgetExhausted,
@@ -112,6 +113,7 @@ class ReservationOperations(LedgerCore):
                         remaining=left,
                     )
             if allowance is not None:
+                touched(conn)  # a read through SQLAlchemy, in the operation's transaction
                 used = principal_usage(conn, dataset, principal)
                 left = sub_exact(allowance, used) if used <= allowance else ZERO
                 if eps > left:

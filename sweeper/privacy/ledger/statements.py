@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
-from sweeper.privacy.ledger.driver_sql import DriverStatement, run
+from sweeper.privacy.ledger.driver_sql import DriverStatement, run, touched
 from sweeper.privacy.ledger.records import SweepBalance
 from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, SweepTotals, utcnow
 
@@ -200,6 +200,7 @@ def _create_budget_row(conn: Connection, dataset: str) -> None:
     # once the winner commits, and it then locks the winner's row. The savepoint keeps the
     # transaction usable after that failure.
     now = utcnow()
+    touched(conn)  # statements through SQLAlchemy, in the operation's transaction
     try:
         with conn.begin_nested():
             conn.execute(
@@ -276,9 +277,11 @@ def write_operation(
     if conn.dialect.name == "postgresql":
         # One statement: the two updates ride along as WITH clauses of the entry's INSERT.
         combined = _combined(totals[0])
-        (inserted,) = run(conn, [(combined, {**stored, **written, **totals[1]})])
+        (inserted,) = run(conn, [(combined, {**stored, **written, **totals[1]})], last=True)
         return inserted.new_id()
-    _, inserted, _ = run(conn, [(_STORE_BUDGET_D, stored), (_INSERT_ENTRY_D, written), totals])
+    _, inserted, _ = run(
+        conn, [(_STORE_BUDGET_D, stored), (_INSERT_ENTRY_D, written), totals], last=True
+    )
     return inserted.new_id()
 
 
