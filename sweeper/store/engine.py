@@ -74,9 +74,7 @@ def make_engine(url: str | None = None, **engine_kwargs: object) -> Engine:
     url = database_url(url)
     if url.startswith("sqlite"):
         return create_ledger_engine(url, **engine_kwargs)
-    # Pooled connections are checked before use after sitting idle (a restarted server),
-    # not at every checkout (one more round trip per request and per ledger charge).
-    return ping_when_idle(create_engine(url, **engine_kwargs))
+    return create_engine(url, pool_pre_ping=True, **engine_kwargs)
 
 
 def _sqlite_connect(dbapi_connection: Any, connection_record: Any) -> None:
@@ -123,7 +121,10 @@ def make_read_engine(engine: Engine, **engine_kwargs: object) -> Engine:
     ``ROLLBACK`` round trips that wrap it otherwise. This changes nothing a reader sees: under
     READ COMMITTED (:func:`create_ledger_engine`), each statement of a transaction takes its
     own snapshot anyway. Reads only: a write through this engine would commit statement by
-    statement, so writers use ``engine``.
+    statement, so writers use ``engine``. Its connections are pinged only after idling
+    (:func:`~sweeper.store.liveness.ping_when_idle`), not at every checkout: a read that
+    fails on a connection the server dropped a moment ago is one retryable error, while the
+    writers (the ledger, the drivers) keep ``pool_pre_ping``.
 
     Args:
         engine: The server's engine (its writes go there).
@@ -131,8 +132,8 @@ def make_read_engine(engine: Engine, **engine_kwargs: object) -> Engine:
     """
     if engine.dialect.name != "postgresql":
         return read_only(engine)
-    url = engine.url.render_as_string(hide_password=False)
-    return read_only(make_engine(url, isolation_level="AUTOCOMMIT", **engine_kwargs))
+    reads = create_engine(engine.url, isolation_level="AUTOCOMMIT", **engine_kwargs)
+    return read_only(ping_when_idle(reads))
 
 
 def writable(engine: Engine) -> Engine:

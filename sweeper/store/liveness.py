@@ -5,6 +5,9 @@ the server dropped (a restart, a failover, an idle timeout) is replaced before a
 fails on it. On a busy server that is one extra network round trip per checkout: the API
 checks a connection out two or three times per request, and the ledger once per charge, and
 on PostgreSQL over loopback the round trip costs about as much CPU as the work it guards.
+The API's read pool (:func:`sweeper.store.engine.make_read_engine`) uses this instead; the
+writers keep ``pool_pre_ping``, because a ledger charge or a driver's write failing on a
+dropped connection costs more than a read that the client retries.
 
 :func:`ping_when_idle` keeps the guarantee where it matters: a connection is pinged at
 checkout only if it has been back in the pool for at least ``idle_seconds``. A connection in

@@ -73,15 +73,23 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced(
     assert second != first and pings[0] == 1
 
 
-def test_make_engine_pings_idle_connections(pg_url: str) -> None:
-    engine = make_engine(pg_url)
+def test_the_read_pool_pings_idle_connections_and_writers_ping_every_checkout(
+    pg_url: str,
+) -> None:
+    writer = make_engine(pg_url)
+    reader = make_read_engine(writer)
     try:
-        first = _pids(engine)
+        first = _pids(reader)
         _terminate(pg_url, first)
         time.sleep(1.5)  # past PING_AFTER_IDLE_S
-        assert _pids(engine) != first
+        assert _pids(reader) != first
+        # The writers' pool pre-pings: a connection killed a moment ago is replaced too.
+        first = _pids(writer)
+        _terminate(pg_url, first)
+        assert _pids(writer) != first
     finally:
-        engine.dispose()
+        reader.dispose()
+        writer.dispose()
 
 
 def test_the_read_pool_is_autocommit_and_sees_what_writers_commit(pg_url: str) -> None:
