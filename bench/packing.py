@@ -1,4 +1,4 @@
-"""Packed trials vs one trial at a time, on the 25-trial digits grid, with one thread.
+"""Packed trials vs one trial at a time, on the 25-trial digits grid, with one torch thread.
 
 The grid is 004's: lr in logspace(-2.5, 1.5, 5) x C in logspace(-2, 2, 5), one seed each,
 fixed clipping at the noise multiplier for epsilon = 3, batch 64, for ``mlp`` and the 004
@@ -12,17 +12,27 @@ fixed clipping at the noise multiplier for epsilon = 3, batch 64, for ``mlp`` an
   non-private PyTorch step of the same model at the same batch size
   (``per_trial_step_vs_nonprivate``).
 
-Usage: ``python bench/packing.py [--json] [--quick] [--models mlp,cnn]``. ``--quick`` trains
-one epoch and times 5 of the 25 trials one at a time (scaled to 25), in under a minute.
+Training follows the worker setting ``DPSWEEP_NOISE_AHEAD`` (on by default): each DP step's
+noise draws are made on a second thread during the step before (:mod:`workers.noise_ahead`),
+so training may keep two cores busy where the non-private step keeps one.
+``--sequential-too`` also runs the grid (packed and one at a time) with every draw on the
+training thread and adds the same figures with the suffix ``_sequential``.
+
+Usage: ``python bench/packing.py [--json] [--quick] [--models mlp,cnn] [--sequential-too]``.
+``--quick`` trains one epoch and times 5 of the 25 trials one at a time (scaled to 25), in
+under a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +84,22 @@ def nonprivate_step_ms(model_name: str, repeats: int = 200) -> float:
     return statistics.median(times)
 
 
-def run(model_name: str, *, quick: bool) -> dict[str, Any]:
+@contextlib.contextmanager
+def noise_ahead(on: bool | None) -> Iterator[None]:
+    """``DPSWEEP_NOISE_AHEAD`` set to ``on`` for the block (``None``: left as it is)."""
+    old = os.environ.get("DPSWEEP_NOISE_AHEAD")
+    if on is not None:
+        os.environ["DPSWEEP_NOISE_AHEAD"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("DPSWEEP_NOISE_AHEAD", None)
+        else:
+            os.environ["DPSWEEP_NOISE_AHEAD"] = old
+
+
+def run(model_name: str, *, quick: bool, sequential_too: bool = False) -> dict[str, Any]:
     torch.set_num_threads(1)
     epochs = 1.0 if quick else 5.0
     data = load_dataset(DatasetSpec("digits"))
@@ -98,29 +123,40 @@ def run(model_name: str, *, quick: bool) -> dict[str, Any]:
         )
 
     train_pack(spec(trials[:1]))  # warm-up (imports, kernels, the epsilon cache)
-    t0 = time.perf_counter()
-    results = train_pack(spec(trials))
-    packed_s = time.perf_counter() - t0
     sample = trials[::5] if quick else trials
-    t0 = time.perf_counter()
-    for t in sample:
-        train_pack(spec([t]))
-    alone_s = (time.perf_counter() - t0) * len(trials) / len(sample)
-    per_trial_step = results[0].step_time_ms_median / len(trials)
+
+    def grid_times() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        results = train_pack(spec(trials))
+        packed_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for t in sample:
+            train_pack(spec([t]))
+        alone_s = (time.perf_counter() - t0) * len(trials) / len(sample)
+        return packed_s, alone_s, results[0].step_time_ms_median / len(trials)
+
+    variants = {"": None, "_sequential": False} if sequential_too else {"": None}
+    times = {}
+    for suffix, on in variants.items():
+        with noise_ahead(on):
+            times[suffix] = grid_times()
     base = nonprivate_step_ms(model_name)
     trial_steps = len(trials) * steps
-    return {
-        "trials": len(trials),
-        "steps": steps,
-        "packed_s": round(packed_s, 3),
-        "one_at_a_time_s": round(alone_s, 3),
-        "speedup": round(alone_s / packed_s, 2),
-        "packed_trial_steps_per_s": round(trial_steps / packed_s, 1),
-        "one_at_a_time_trial_steps_per_s": round(trial_steps / alone_s, 1),
-        "per_trial_step_ms": round(per_trial_step, 4),
-        "nonprivate_step_ms": round(base, 4),
-        "per_trial_step_vs_nonprivate": round(per_trial_step / base, 3),
-    }
+    out: dict[str, Any] = {"trials": len(trials), "steps": steps}
+    for suffix, (packed_s, alone_s, per_trial_step) in times.items():
+        out.update(
+            {
+                f"packed_s{suffix}": round(packed_s, 3),
+                f"one_at_a_time_s{suffix}": round(alone_s, 3),
+                f"speedup{suffix}": round(alone_s / packed_s, 2),
+                f"packed_trial_steps_per_s{suffix}": round(trial_steps / packed_s, 1),
+                f"one_at_a_time_trial_steps_per_s{suffix}": round(trial_steps / alone_s, 1),
+                f"per_trial_step_ms{suffix}": round(per_trial_step, 4),
+                f"per_trial_step_vs_nonprivate{suffix}": round(per_trial_step / base, 3),
+            }
+        )
+    out["nonprivate_step_ms"] = round(base, 4)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,21 +164,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quick", action="store_true", help="1 epoch; 5 trials timed one at a time")
     p.add_argument("--models", default="mlp,cnn")
+    p.add_argument(
+        "--sequential-too",
+        action="store_true",
+        help="also run the grid with every noise draw on the training thread",
+    )
     a = p.parse_args(argv)
-    out = {m: run(m, quick=a.quick) for m in a.models.split(",")}
+    out = {m: run(m, quick=a.quick, sequential_too=a.sequential_too) for m in a.models.split(",")}
     if a.json:
         print(json.dumps(out))
         return 0
-    print("25-trial digits grid, one thread" + (" (quick: 1 epoch)" if a.quick else ""))
+    print(
+        "25-trial digits grid, one torch thread (DP noise drawn ahead unless _sequential)"
+        + (" (quick: 1 epoch)" if a.quick else "")
+    )
     for m, r in out.items():
-        print(
-            f"{m:<4} packed {r['packed_s']:7.2f} s ({r['packed_trial_steps_per_s']:8.0f} "
-            f"trial-steps/s)  one at a time {r['one_at_a_time_s']:7.2f} s "
-            f"({r['one_at_a_time_trial_steps_per_s']:7.0f}/s)  speedup {r['speedup']:5.2f}x  "
-            f"per trial-step {r['per_trial_step_ms']:.4f} ms = "
-            f"{r['per_trial_step_vs_nonprivate']:.2f}x a non-private step "
-            f"({r['nonprivate_step_ms']:.3f} ms)"
-        )
+        for sfx in ("", "_sequential"):
+            if f"packed_s{sfx}" not in r:
+                continue
+            print(
+                f"{m + sfx:<15} packed {r['packed_s' + sfx]:7.2f} s "
+                f"({r['packed_trial_steps_per_s' + sfx]:8.0f} trial-steps/s)  one at a time "
+                f"{r['one_at_a_time_s' + sfx]:7.2f} s "
+                f"({r['one_at_a_time_trial_steps_per_s' + sfx]:7.0f}/s)  "
+                f"speedup {r['speedup' + sfx]:5.2f}x  per trial-step "
+                f"{r['per_trial_step_ms' + sfx]:.4f} ms = "
+                f"{r['per_trial_step_vs_nonprivate' + sfx]:.2f}x a non-private step "
+                f"({r['nonprivate_step_ms']:.3f} ms)"
+            )
     return 0
 
 

@@ -1,4 +1,10 @@
-"""Step-time overhead of DP-SGD against a plain non-private step, with one thread.
+"""Step-time overhead of DP-SGD against a plain non-private step, with one torch thread.
+
+torch runs on one thread for every step. A DP step also makes its next step's noise draws on
+a second thread while it runs (:mod:`workers.noise_ahead`, the worker default;
+``DPSWEEP_NOISE_AHEAD=0`` turns it off here too), so DP steps may keep two cores busy where
+the non-private step keeps one; ``--sequential-too`` adds the same steps with every draw on
+the training thread (keys ``<strategy>_sequential``), timed in the same rounds.
 
 For ``mlp`` (784-128-10) and ``cnn`` (004 Table 5) on 28x28 inputs at batch sizes 64 and 256, it
 times (median over repeated steps, after warm-up):
@@ -29,7 +35,8 @@ non-private step, dpsweep's fixed (flat) DP step, Opacus hooks and Opacus ghost,
 is reported as unsupported). They are in the default set of models.
 
 Usage: ``python bench/step_overhead.py [--json] [--repeats N]
-[--models mlp,cnn,wrn16_4,text_classifier] [--batches 64,256] [--strategies all|none|a,b]``;
+[--models mlp,cnn,wrn16_4,text_classifier] [--batches 64,256] [--strategies all|none|a,b]
+[--sequential-too]``;
 without ``--batches`` each model gets its default batch sizes (64 and 256 for mlp/cnn, 16 for
 wrn16_4, 32 for text_classifier).
 """
@@ -56,9 +63,11 @@ from bench import step_overhead_generic as generic
 from bench.opacus_step import opacus_step as shared_opacus_step
 from workers.engine import DPEngine
 from workers.models import ModelSpec, build_model
+from workers.noise_ahead import NoiseAhead
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
 from workers.randomness import NoiseSource, TrialRandomness
+from workers.settings import WorkerSettings
 from workers.strategies import get_strategy
 
 N_TRAIN = 60_000
@@ -151,7 +160,12 @@ def dpsweep_step(
     strategy_name: str = "fixed",
     model: nn.Sequential | None = None,
     plain_noise: bool = False,
+    noise_ahead: bool | None = None,
 ) -> Callable[[], None]:
+    """``noise_ahead``: make the next step's draws on a second thread (:mod:`workers.noise_ahead`);
+    ``None`` follows the worker setting (``DPSWEEP_NOISE_AHEAD``, on by default)."""
+    if noise_ahead is None:
+        noise_ahead = WorkerSettings().noise_ahead
     params = STRATEGY_PARAMS.get(strategy_name, {})
     packed = PackedModel([model if model is not None else _model(name)])
     strategy = get_strategy(strategy_name)(
@@ -168,7 +182,9 @@ def dpsweep_step(
         sample_rate=b / x.shape[0],
         noise_multiplier=torch.tensor([1.0]),
         sample_streams=[rand.sample],
-        noise=NoiseSource([rand.noise], packed.device),
+        noise=(NoiseAhead if noise_ahead and not plain_noise else NoiseSource)(
+            [rand.noise], packed.device
+        ),
     )
     if plain_noise:
         gen = torch.Generator().manual_seed(2)
@@ -189,9 +205,17 @@ def opacus_step(
 
 
 def run(
-    models: list[str], batches: list[int] | None, repeats: int, strategies: list[str]
+    models: list[str],
+    batches: list[int] | None,
+    repeats: int,
+    strategies: list[str],
+    sequential_too: bool = False,
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Rows ``{model: {batch: row}}``; ``batches`` None gives each model its default sizes."""
+    """Rows ``{model: {batch: row}}``; ``batches`` None gives each model its default sizes.
+
+    ``sequential_too`` adds ``<strategy>_sequential`` keys: the same steps with every noise
+    draw on the training thread (``DPSWEEP_NOISE_AHEAD=0``), timed in the same rounds.
+    """
     from workers.models import MODELS
 
     torch.set_num_threads(1)
@@ -216,6 +240,9 @@ def run(
             for s in strategies:
                 if s not in steps and s != "lipschitz":
                     steps[s] = dpsweep_step(name, x, y, b, s)
+            if sequential_too:
+                for s in ["fixed", *(s for s in strategies if s != "lipschitz")]:
+                    steps[f"{s}_sequential"] = dpsweep_step(name, x, y, b, s, noise_ahead=False)
             lip = name == "mlp" and "lipschitz" in strategies and "lip_mlp" in MODELS
             if lip:
                 lip_model = build_model(
@@ -262,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
         "--batches", default=None, help="comma list for every model (default: per model)"
     )
     p.add_argument("--strategies", default="all", help="'all', 'none' or a comma list")
+    p.add_argument(
+        "--sequential-too",
+        action="store_true",
+        help="also time each DP step with its noise drawn on the training thread",
+    )
     a = p.parse_args(argv)
     strategies = (
         ALL_STRATEGIES
@@ -271,11 +303,14 @@ def main(argv: list[str] | None = None) -> int:
         else a.strategies.split(",")
     )
     batches = [int(b) for b in a.batches.split(",")] if a.batches else None
-    res = run(a.models.split(","), batches, a.repeats, strategies)
+    res = run(a.models.split(","), batches, a.repeats, strategies, a.sequential_too)
     if a.json:
         print(json.dumps(res))
         return 0
-    print("median step time, one thread; 'x np' = vs the non-private step, 'x fixed' = vs fixed")
+    print(
+        "median step time, one torch thread (DP noise drawn ahead on a second thread unless "
+        "'_sequential'); 'x np' = vs the non-private step, 'x fixed' = vs fixed"
+    )
     print("(lipschitz: vs the non-private step of the same lip_mlp model)")
     for name, rows in res.items():
         if name in generic.MODELS:

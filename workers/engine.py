@@ -122,6 +122,8 @@ class DPEngine:
         if self.strategy.private:
             self.strategy.observe(releases, self.noise)
         self.strategy.after_step(self.model.flat)
+        # A read-ahead source (workers.noise_ahead) starts the next step's draws now.
+        self.noise.step_done()
 
     def per_sample(
         self, xb: Tensor, target: Tensor, mask: Tensor

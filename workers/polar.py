@@ -56,7 +56,12 @@ class Workspace:
 
 
 def polar_rows(
-    streams: Sequence[WordSource], n: int, out: np.ndarray, ws: Workspace | None = None
+    streams: Sequence[WordSource],
+    n: int,
+    out: np.ndarray,
+    ws: Workspace | None = None,
+    *,
+    keep_words: bool = False,
 ) -> np.ndarray:
     """``out[k, :n]`` <- ``n`` float64 standard normal draws from ``streams[k]``; returns ``out``.
 
@@ -65,6 +70,9 @@ def polar_rows(
         n: draws per row.
         out: ``[K, >= n]`` float64 (any row stride; columns need not be contiguous).
         ws: buffers to reuse between calls.
+        keep_words: leave every keystream word a stream wrote (into the buffer it was given)
+            untouched until the next call with ``ws``, for a read-ahead that may hand them back
+            (:mod:`workers.noise_ahead`); costs one more buffer of words, no extra pass.
     """
     k = len(streams)
     if n <= 0 or k == 0:
@@ -74,14 +82,17 @@ def polar_rows(
     m = candidates(pairs)
     # Two spare words per row: room for a cipher block more than the input, as update_into
     # documents for ciphers (CTR writes exactly the input's length).
-    w = ws.get("w", (k, 2 * m + 2), np.uint64)
+    raw = ws.get("raw", (k, 2 * m + 2), np.uint64)
     for r, stream in enumerate(streams):
-        stream.words_into(w[r], 2 * m)
+        stream.words_into(raw[r], 2 * m)
+    # With keep_words the first pass writes elsewhere (at no extra cost), so the words stay
+    # as read.
+    w = ws.get("w", (k, 2 * m + 2), np.uint64) if keep_words else raw
     bits = w[:, : 2 * m]
     # Uniforms on (-1, 1) straight from the bits: 51 random mantissa bits with the lowest set,
     # under the exponent of [1, 2), give x = 1 + (2i + 1) 2**-52; then u = 2x - 3: symmetric
     # about 0, never 0, exact.
-    np.right_shift(bits, _SHIFT, out=bits)
+    np.right_shift(raw[:, : 2 * m], _SHIFT, out=bits)
     np.bitwise_or(bits, _MANTISSA, out=bits)
     uv = bits.view(np.float64)
     uv *= 2.0
@@ -103,7 +114,8 @@ def polar_rows(
         sel = keep[:got].reshape(1, got)
     elif not full:
         for r in range(k):
-            _row(streams[r], n, out[r : r + 1], keep[bounds[r] : bounds[r + 1]] - r * m, uv[r])
+            row_keep = keep[bounds[r] : bounds[r + 1]] - r * m
+            _row(streams[r], n, out[r : r + 1], row_keep, uv[r], keep_words)
         return out
     else:
         got = pairs
@@ -132,11 +144,20 @@ def polar_rows(
     np.take(flat, ui, out=ss, mode="clip")
     np.multiply(ss[:, :lo], f[:, :lo], out=out[:, 1 : 2 * lo : 2])
     if not full:  # one stream (k == 1) short of pairs: continue from its own stream
-        polar_rows(streams, n - 2 * got, out[:, 2 * got : n], ws)
+        # With keep_words in fresh buffers (rare), so this round's words stay as they were read.
+        more = Workspace() if keep_words else ws
+        polar_rows(streams, n - 2 * got, out[:, 2 * got : n], more, keep_words=keep_words)
     return out
 
 
-def _row(stream: WordSource, n: int, out: np.ndarray, keep: np.ndarray, uv: np.ndarray) -> None:
+def _row(
+    stream: WordSource,
+    n: int,
+    out: np.ndarray,
+    keep: np.ndarray,
+    uv: np.ndarray,
+    keep_words: bool,
+) -> None:
     """One row of a round in which some row fell short (rare): emit, then continue alone.
 
     ``keep`` holds the row's accepted candidate indices, ``uv`` its ``2m`` uniforms.
@@ -153,4 +174,4 @@ def _row(stream: WordSource, n: int, out: np.ndarray, keep: np.ndarray, uv: np.n
     out[0, 0:got:2] = uk[:hi] * f[:hi]
     out[0, 1:got:2] = vk[:lo] * f[:lo]
     if got < n:
-        polar_rows([stream], n - got, out[:, got:n])
+        polar_rows([stream], n - got, out[:, got:n], keep_words=keep_words)

@@ -100,6 +100,8 @@ class RandomStream:
         self._zeros = bytearray(0)
         self._out = np.empty(0, dtype=np.int64)
         self._ws = Workspace()
+        # Keystream words read ahead and handed back unused (:meth:`unread`): they come next.
+        self._pending: np.ndarray | None = None
 
     def __reduce__(self) -> NoReturn:
         _never_pickled("a RandomStream")
@@ -113,12 +115,32 @@ class RandomStream:
         ``out`` should hold two words more than ``n``: room for a cipher block more than the
         input, as ``update_into`` documents for ciphers (CTR writes exactly ``n`` words).
         """
-        size = 8 * n
+        if out.nbytes < 8 * n or not out.flags.c_contiguous:
+            raise ValueError("words_into needs a C-contiguous buffer of at least n words")
+        done = 0
+        if self._pending is not None:
+            done = min(n, len(self._pending))
+            out.reshape(-1).view(np.uint64)[:done] = self._pending[:done]
+            rest = self._pending[done:]
+            self._pending = rest if len(rest) else None
+            if done == n:
+                return
+        size = 8 * (n - done)
         if len(self._zeros) < size:
             self._zeros = bytearray(size)
-        if out.nbytes < size or not out.flags.c_contiguous:
-            raise ValueError("words_into needs a C-contiguous buffer of at least n words")
-        self._enc.update_into(memoryview(self._zeros)[:size], out.data.cast("B"))
+        self._enc.update_into(memoryview(self._zeros)[:size], out.data.cast("B")[8 * done :])
+
+    def unread(self, words: Sequence[np.ndarray]) -> None:
+        """Hand back keystream words read but not used, in stream order: they are read next.
+
+        ``words`` must be exactly the words this stream gave out last, in order (a read-ahead
+        that was not needed); the stream then continues as if they had never been read.
+        """
+        parts = [np.array(w, dtype=np.uint64).reshape(-1) for w in words]
+        if self._pending is not None:
+            parts.append(self._pending)
+        joined = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+        self._pending = joined if len(joined) else None
 
     def words(self, n: int) -> np.ndarray:
         """``n`` uniformly random 64-bit words, as ``int64``.
@@ -214,16 +236,25 @@ class NoiseSource:
 
         On CPU the tensor is a view of a buffer that the next call overwrites: use it at once.
         """
-        import torch
-
         if self._buf.shape[1] < n:
             self._buf = np.empty((len(self.streams), n))
         z = self._buf[:, :n]
         # One vectorised sampler call for the whole pack; row k is exactly what stream k alone
         # gives (its own words, its own acceptances).
         polar_rows(self.streams, n, z, self._ws)
+        return self._tensor(z)
+
+    def _tensor(self, z: np.ndarray) -> Tensor:
+        import torch
+
         t = torch.from_numpy(z)
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+    def step_done(self) -> None:
+        """The engine's step is over (a hook for :class:`workers.noise_ahead.NoiseAhead`)."""
+
+    def close(self) -> None:
+        """Release what the source holds besides the streams (nothing here)."""
 
 
 def snap_grid(std: Tensor) -> Tensor:

@@ -17,3 +17,10 @@ class WorkerSettings(BaseSettings):
     max_pack_size: int = Field(default=64, ge=1, description="most trials in one pack")
     threads: int = Field(default=1, ge=1, description="CPU threads per pack")
     device: str = Field(default="auto", description="auto, cpu or cuda")
+    noise_ahead: bool = Field(
+        default=True,
+        description=(
+            "make the next DP step's noise draws on a second thread during the current step "
+            "(identical draws; DPSWEEP_NOISE_AHEAD=0 keeps a pack on a single core)"
+        ),
+    )

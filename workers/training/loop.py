@@ -26,12 +26,14 @@ from workers.factories import load_exported_factories
 from workers.generic.dispatch import build_pack_model
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import build_model, model_task
+from workers.noise_ahead import NoiseAhead
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
 from workers.plan_check import check_pack
 from workers.randomness import NoiseSource, TrialRandomness
 from workers.schedule import eval_releases
 from workers.seeding import stream_seed
+from workers.settings import WorkerSettings
 from workers.strategies import get_strategy
 from workers.training.evaluation import (
     DIAGNOSTIC_BATCH,
@@ -163,7 +165,10 @@ def train_pack(
         sample_rate=q,
         noise_multiplier=torch.tensor(sigmas, device=device),
         sample_streams=[r.sample for r in rands],
-        noise=NoiseSource([r.noise for r in rands], device),
+        # With the read-ahead (the default), the next step's draws are made during this one.
+        noise=(NoiseAhead if WorkerSettings().noise_ahead else NoiseSource)(
+            [r.noise for r in rands], device
+        ),
     )
     # DP evaluation draws its count noise from a third stream of the same secret.
     count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None
@@ -236,19 +241,22 @@ def train_pack(
                 best_flat[i] = model.flat[i]
         return results
 
-    for step in range(1, total_steps + 1):
-        if sync:
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        engine.step()
-        if sync:
-            torch.cuda.synchronize(device)
-        step_times.append((time.perf_counter() - t0) * 1000.0)
-        evals = None
-        if step % spec.eval_every == 0 or step == total_steps:
-            evals = evaluate(step)
-        if progress is not None:
-            progress(Progress(step=step, total_steps=total_steps, evals=evals))
+    try:
+        for step in range(1, total_steps + 1):
+            if sync:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            engine.step()
+            if sync:
+                torch.cuda.synchronize(device)
+            step_times.append((time.perf_counter() - t0) * 1000.0)
+            evals = None
+            if step % spec.eval_every == 0 or step == total_steps:
+                evals = evaluate(step)
+            if progress is not None:
+                progress(Progress(step=step, total_steps=total_steps, evals=evals))
+    finally:
+        engine.noise.close()  # joins a read-ahead thread, also when a step or callback raises
 
     if dp_eval:
         # The noisy value that won the selection over-states the checkpoint's accuracy (the
