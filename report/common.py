@@ -10,7 +10,9 @@ A papernot-steinke sweep therefore shows only its selected trials, as it must.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import os
 import statistics
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +41,9 @@ SPECS = ROOT / "examples" / "report"
 READINGS = Path(__file__).resolve().parent / "readings"
 LOCAL = Viewer(owner=None, admin=True)
 _UPGRADE_LOCK = threading.Lock()
+# Set by :func:`one_process`: dpsweep's commands then run in this process, one at a time.
+_IN_PROCESS = threading.Event()
+_COMMAND_LOCK = threading.Lock()
 # One colour per arm name across every figure of the report.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
@@ -103,6 +109,73 @@ def shrink(spec: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
+@contextlib.contextmanager
+def one_process() -> Iterator[None]:
+    """Run every ``dpsweep`` command of the experiments in this process, on one local Ray.
+
+    By default each ``dpsweep run`` is its own process that starts (and stops) its own local
+    Ray and Ray workers: about 15 s per sweep on 2 cores, which is most of a tiny sweep. Here
+    Ray is started once (:func:`sweeper.driver.ray_backend.ray_session`, as ``dpsweep run``
+    would), every command runs through :func:`api.cli.main` with the same arguments, and its
+    sweeps reuse the warm Ray workers, as sweeps run by ``dpsweep serve`` do. Commands then run
+    one at a time (their ``DPSWEEP_*`` settings and output are process-wide).
+    """
+    from sweeper.driver.ray_backend import ray_session
+    from sweeper.settings import SweeperSettings
+
+    with ray_session(SweeperSettings()):
+        _IN_PROCESS.set()
+        try:
+            yield
+        finally:
+            _IN_PROCESS.clear()
+
+
+def dpsweep(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``dpsweep ARGS`` with extra environment ``env``: its exit code, stdout and stderr.
+
+    A subprocess, or inside :func:`one_process` a call of :func:`api.cli.main` in this process.
+    """
+    if not _IN_PROCESS.is_set():
+        p = subprocess.run(
+            [DPSWEEP, *args],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        return p.returncode, p.stdout, p.stderr
+    from api.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with (
+        _COMMAND_LOCK,
+        _environment(env or {}),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        try:
+            rc = main(args)
+        except SystemExit as exc:  # argparse's usage errors
+            rc = exc.code if isinstance(exc.code, int) else 1
+    return rc, out.getvalue(), err.getvalue()
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``env`` added, restored afterwards."""
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def run_spec(
     spec: dict[str, Any],
     work: Path,
@@ -129,38 +202,19 @@ def run_spec(
     with _UPGRADE_LOCK:  # Alembic's command context is process-global: one upgrade at a time.
         upgrade(url)
     t0 = time.perf_counter()
-    cmd = [
-        DPSWEEP,
-        "run",
-        str(path),
-        "--db",
-        url,
-        "--new",
-        "--quiet",
-        "--json",
-        "--plots",
-        str(work / "plots"),
-    ]
+    cmd = ["run", str(path), "--db", url, "--new", "--quiet", "--json"]
+    cmd += ["--plots", str(work / "plots")]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    out = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
+    rc, stdout, stderr = dpsweep(cmd, env)
     seconds = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise RuntimeError(f"dpsweep run {path.name} failed:\n{out.stderr[-3000:]}")
-    sweep_id = json.loads(out.stdout[out.stdout.index("{") :])["id"]
-    exported = subprocess.run(
-        [DPSWEEP, "export", sweep_id, "--db", url, "--format", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    data = json.loads(exported.stdout)
+    if rc != 0:
+        raise RuntimeError(f"dpsweep run {path.name} failed:\n{stderr[-3000:]}")
+    sweep_id = json.loads(stdout[stdout.index("{") :])["id"]
+    rc, exported, stderr = dpsweep(["export", sweep_id, "--db", url, "--format", "json"])
+    if rc != 0:
+        raise RuntimeError(f"dpsweep export {sweep_id} failed:\n{stderr[-3000:]}")
+    data = json.loads(exported)
     run = Run(spec, data["sweep"], data["trials"], seconds)
     if details:
         engine = make_engine(url)

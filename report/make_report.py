@@ -3,8 +3,9 @@
 Each experiment is run with dpsweep itself: ``dpsweep run SPEC`` into a fresh SQLite database
 (local Ray), read back with ``dpsweep export`` and dpsweep's trial reads, and drawn with
 matplotlib (``report/common.py``; one module per experiment). ``--scale tiny`` shrinks every
-spec (at most 2 epochs and 2 seeds) so the whole pipeline runs in minutes; the committed report
-is made with ``--scale full``.
+spec (at most 2 epochs and 2 seeds) and runs its sweeps in one process on one Ray
+(``--one-process``), so the whole pipeline runs in about a minute; the committed report is
+made with ``--scale full``.
 
 Usage: ``python report/make_report.py [--scale full|tiny] [--out docs] [--only NAME ...]``
 (``make report``).
@@ -13,6 +14,7 @@ Usage: ``python report/make_report.py [--scale full|tiny] [--out docs] [--only N
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from report import calibration, clip_bias, clipless, strategies, tuning_cost  # noqa: E402
-from report.common import READINGS  # noqa: E402
+from report.common import READINGS, one_process  # noqa: E402
 
 Experiment = Callable[[str, Path, Path], tuple[str, dict[str, Any]]]
 EXPERIMENTS: dict[str, Experiment] = {
@@ -70,12 +72,22 @@ def main(argv: list[str] | None = None) -> int:
         help="experiments run at once (default 1: wall times are then each one's "
         "own; more overlaps their start-up, e.g. for --scale tiny)",
     )
+    p.add_argument(
+        "--one-process",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the sweeps in this process on one local Ray with warm workers, not one "
+        "`dpsweep run` process (and Ray) each (default: on for --scale tiny, whose sweeps are "
+        "mostly start-up; off for full, whose wall times then include dpsweep's start-up)",
+    )
     args = p.parse_args(argv)
+    in_process = args.scale == "tiny" if args.one_process is None else args.one_process
     out = Path(args.out)
     figures = out / "figures"
     figures.mkdir(parents=True, exist_ok=True)
     chosen = [n for n in EXPERIMENTS if not args.only or n in args.only]
-    with tempfile.TemporaryDirectory(prefix="dpsweep-report-") as tmp:
+    runner = one_process() if in_process else contextlib.nullcontext()
+    with runner, tempfile.TemporaryDirectory(prefix="dpsweep-report-") as tmp:
         base = Path(args.keep or tmp)
 
         def one(name: str) -> tuple[str, dict[str, Any]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,8 @@ import yaml
 
 from report.common import (
     COLOURS,
-    DPSWEEP,
     Run,
+    dpsweep,
     figure,
     load,
     params_text,
@@ -37,10 +36,10 @@ def _plan(spec: dict[str, Any], work: Path) -> list[dict[str, Any]]:
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"{spec['name']}-plan.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    out = subprocess.run([DPSWEEP, "plan", "--json", str(path)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"dpsweep plan {path.name} failed:\n{out.stderr[-2000:]}")
-    plan: list[dict[str, Any]] = json.loads(out.stdout)
+    rc, stdout, stderr = dpsweep(["plan", "--json", str(path)])
+    if rc != 0:
+        raise RuntimeError(f"dpsweep plan {path.name} failed:\n{stderr[-2000:]}")
+    plan: list[dict[str, Any]] = json.loads(stdout)
     return plan
 
 

@@ -160,7 +160,9 @@ class Cluster:
     def down(self) -> None:
         for proc in reversed(self.procs):
             _kill_session(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 20
+        # The head's `ray start --block` outlives a SIGTERM (it was still there after 20 s,
+        # every run); a short grace, then its whole session is killed and the temp dir removed.
+        deadline = time.monotonic() + 3
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
