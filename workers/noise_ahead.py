@@ -27,8 +27,9 @@ What stays exactly as in the sequential :class:`~workers.randomness.NoiseSource`
 The thread's errors surface in the step that uses the draw (``Future.result``); a source whose
 read-ahead failed refuses further draws, because its streams' positions are then unknown.
 :meth:`NoiseAhead.close` (the training loop calls it in ``finally``) undoes what was not used
-and joins the thread. ``DPSWEEP_NOISE_AHEAD=0`` (:class:`workers.settings.WorkerSettings`)
-keeps every draw on the training thread, for a worker that must use a single core.
+and joins the thread. It is opt-in, ``DPSWEEP_NOISE_AHEAD=1``
+(:class:`workers.settings.WorkerSettings`): a pack then keeps one more core busy than Ray was
+asked for, which pays only with an idle core beside each pack.
 
 The work in the thread runs in parallel with the training thread: the AES call of
 ``cryptography`` (>= 45) and numpy's ufuncs, ``take`` and ``nonzero`` on arrays of this size

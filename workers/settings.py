@@ -17,10 +17,13 @@ class WorkerSettings(BaseSettings):
     max_pack_size: int = Field(default=64, ge=1, description="most trials in one pack")
     threads: int = Field(default=1, ge=1, description="CPU threads per pack")
     device: str = Field(default="auto", description="auto, cpu or cuda")
+    # Off by default: on a CPU host running one pack per core the extra thread oversubscribes
+    # the cores (Ray is asked for `threads` CPUs per pack), and measured under load it made
+    # steps slower as often as faster. Worth it with an idle core beside each pack.
     noise_ahead: bool = Field(
-        default=True,
+        default=False,
         description=(
             "make the next DP step's noise draws on a second thread during the current step "
-            "(identical draws; DPSWEEP_NOISE_AHEAD=0 keeps a pack on a single core)"
+            "(identical draws; a pack then keeps one more core busy: DPSWEEP_NOISE_AHEAD=1)"
         ),
     )

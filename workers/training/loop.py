@@ -165,7 +165,7 @@ def train_pack(
         sample_rate=q,
         noise_multiplier=torch.tensor(sigmas, device=device),
         sample_streams=[r.sample for r in rands],
-        # With the read-ahead (the default), the next step's draws are made during this one.
+        # With the read-ahead (DPSWEEP_NOISE_AHEAD=1), the next step's draws come during this one.
         noise=(NoiseAhead if WorkerSettings().noise_ahead else NoiseSource)(
             [r.noise for r in rands], device
         ),
