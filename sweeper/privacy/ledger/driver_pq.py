@@ -125,13 +125,14 @@ def _begin_command(raw: Any) -> bytes:
     return " ".join(parts).encode()
 
 
-class _Deallocated(Exception):
-    """A prepared statement of ours was gone from the server session."""
+@dataclass(frozen=True)
+class _Deallocated:
+    """What an attempt answers when a prepared statement of ours was gone from the server
+    session: the server's error, and whether the attempt had begun the transaction. (A value,
+    not an exception: errors of the server are dpsweep's tree or the driver's own.)"""
 
-    def __init__(self, error: Exception, began: bool) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.began = began
+    error: Exception
+    began: bool
 
 
 def run_pipeline(
@@ -169,17 +170,23 @@ def run_pipeline(
             after it ran.
     """
     session = _session(raw)
-    try:
-        return _attempt(raw, session, statements, commit=commit, transaction=transaction)
-    except _Deallocated as gone:
-        session.prepared.clear()
-        session.clean_in = None
-        if not gone.began:
-            raise gone.error from None
+    done = _attempt(raw, session, statements, commit=commit, transaction=transaction)
+    if not isinstance(done, _Deallocated):
+        return done
+    session.prepared.clear()
+    session.clean_in = None
+    if not done.began:
+        raise done.error
     # The failed pipeline began the transaction, which did nothing else: end it (psycopg's
     # rollback, which also resets its own prepared-statement cache) and send it again.
     raw.rollback()
-    return _attempt(raw, session, statements, commit=commit, transaction=transaction)
+    again = _attempt(raw, session, statements, commit=commit, transaction=transaction)
+    if isinstance(again, _Deallocated):
+        # Gone again at once: fail closed with the server's error; the next prepares anew.
+        session.prepared.clear()
+        session.clean_in = None
+        raise again.error
+    return again
 
 
 def _attempt(
@@ -189,7 +196,7 @@ def _attempt(
     *,
     commit: bool,
     transaction: object,
-) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]]:
+) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] | _Deallocated:
     from psycopg import errors
     from psycopg.adapt import PyFormat
     from psycopg.pq import ExecStatus, TransactionStatus
@@ -250,7 +257,7 @@ def _attempt(
             session.clean_in = None
             error = errors.error_from_result(failed, encoding=raw.info.encoding)
             if named and error.sqlstate == "26000":  # invalid_sql_statement_name
-                raise _Deallocated(error, began)
+                return _Deallocated(error, began)
             raise error
         if commit:
             session.clean_in = None
