@@ -20,16 +20,15 @@ from sweeper.privacy.ledger import (
     BudgetLedger,
     EntryKind,
     ReservationExceeded,
-    summed_entries,
 )
 from sweeper.privacy.ledger.driver_sql import run
 from sweeper.privacy.ledger.rows import utcnow
 from sweeper.privacy.ledger.statements import _INSERT_ENTRY_D
 from sweeper.store.engine import make_engine
 from tests.conftest import sqlite_or_postgres_url
+from tests.sweeper.privacy.books import DS, assert_books
 
 D = Decimal
-DS = "digits"
 
 
 @pytest.fixture(autouse=True)
@@ -46,22 +45,6 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     engine = make_engine(sqlite_or_postgres_url(request, tmp_path), pool_size=12)
     yield engine
     engine.dispose()
-
-
-def assert_books(ledger: BudgetLedger, dataset: str = DS) -> None:
-    """Every running total (the dataset's, each sweep's) equals the sum of the entries."""
-    summary = ledger.summary(dataset)
-    entries = ledger.entries(dataset)
-    assert summed_entries(entries) == {
-        "epsilon_spent": summary.epsilon_spent,
-        "delta_spent": summary.delta_spent,
-        "epsilon_reserved": summary.epsilon_reserved,
-        "delta_reserved": summary.delta_reserved,
-    }
-    with ledger.engine.connect() as conn:
-        for sweep_id in {e.sweep_id for e in entries}:
-            cached = ledger._balance(conn, dataset, sweep_id)
-            assert cached == ledger._balance_from_entries(conn, dataset, sweep_id)
 
 
 AMOUNTS = [D(0), D("0.1"), D("0.25"), D(1) / D(8), D(0.1), D(1 / 3), D("1e-30"), D(2)]

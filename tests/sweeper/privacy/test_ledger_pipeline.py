@@ -16,16 +16,16 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from sweeper.privacy.ledger import BudgetLedger, EntryKind, ReservationExceeded, summed_entries
+from sweeper.privacy.ledger import BudgetLedger, EntryKind, ReservationExceeded
 from sweeper.privacy.ledger.driver_pq import numbered
 from sweeper.privacy.ledger.driver_sql import touched
 from sweeper.privacy.ledger.statements import lock_and_read
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from tests.conftest import fresh_postgres_database
+from tests.sweeper.privacy.books import DS, assert_books
 
 D = Decimal
-DS = "digits"
 # Not a binary fraction, and 31 significant digits: any rounding or float on the way shows.
 STEP = D("0.1000000000000000000000000000001")
 
@@ -50,23 +50,6 @@ def engine(url: str) -> Iterator[Engine]:
     engine = make_engine(url, pool_size=20)
     yield engine
     engine.dispose()
-
-
-def assert_books(ledger: BudgetLedger, dataset: str = DS) -> None:
-    """Every running total (the dataset's, each sweep's) equals the sum of the entries."""
-    summary = ledger.summary(dataset)
-    entries = ledger.entries(dataset)
-    assert summed_entries(entries) == {
-        "epsilon_spent": summary.epsilon_spent,
-        "delta_spent": summary.delta_spent,
-        "epsilon_reserved": summary.epsilon_reserved,
-        "delta_reserved": summary.delta_reserved,
-    }
-    with ledger.engine.connect() as conn:
-        for sweep_id in {e.sweep_id for e in entries}:
-            assert ledger._balance(conn, dataset, sweep_id) == ledger._balance_from_entries(
-                conn, dataset, sweep_id
-            )
 
 
 def test_placeholders_are_numbered_once_per_name() -> None:
