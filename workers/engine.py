@@ -261,9 +261,8 @@ class DPEngine:
         buffer is touched once by the noise and never rescaled. ``S'`` is the sensitivity the
         engine enforces (:data:`_SENSITIVITY_RTOL` above the strategy's claim).
         """
-        xi = self.noise.standard_normal(buf.shape[1])
         std = multiplier * (sensitivity * _ENFORCED) / self.expected_batch_size
-        return add_snapped_noise(buf, xi, std)
+        return self.noise.add_noise(buf, std)
 
     def diagnostics(
         self, x: Tensor, target: Tensor, generators: Sequence[torch.Generator]

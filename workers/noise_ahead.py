@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, NoReturn
 import numpy as np
 
 from workers.polar import Workspace, polar_rows
-from workers.randomness import NoiseSource, RandomStream, _never_pickled
+from workers.randomness import NoiseSource, RandomStream, _never_pickled, add_snapped_noise
 
 if TYPE_CHECKING:
     import torch
@@ -132,6 +132,10 @@ class NoiseAhead(NoiseSource):
             self._undo()  # not what was foreseen: undo the read-ahead, then draw as usual
         self._sizes.append(n)
         return super().standard_normal(n)
+
+    def add_noise(self, buf: Tensor, std: Tensor) -> Tensor:
+        """As the sequential source's, from the draws made ahead (so never fused)."""
+        return add_snapped_noise(buf, self.standard_normal(buf.shape[1]), std)
 
     def step_done(self) -> None:
         """Schedule the next step's draws: one per request of this step, in the same order."""

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -55,6 +57,27 @@ class Workspace:
         return buf[:size].reshape(shape)
 
 
+def jit_kernels() -> ModuleType | None:
+    """The compiled kernels (:mod:`workers.polar_jit`), or None where numba is missing or the
+    compiled path is turned off (``USE_JIT``); both paths give the same draws, bit for bit."""
+    global _JIT
+    if not USE_JIT:
+        return None
+    if _JIT is None:
+        try:
+            import workers.polar_jit as jit
+        except ImportError:  # numba is a server dependency; the numpy path is the fallback
+            _JIT = False
+        else:
+            _JIT = jit
+    return _JIT or None
+
+
+# Tests turn this off to run the numpy path; production leaves it on.
+USE_JIT = True
+_JIT: ModuleType | Literal[False] | None = None
+
+
 def polar_rows(
     streams: Sequence[WordSource],
     n: int,
@@ -78,6 +101,21 @@ def polar_rows(
     if n <= 0 or k == 0:
         return out
     ws = ws if ws is not None else Workspace()
+    jit = jit_kernels()
+    if jit is not None:
+        # The compiled path never writes into the words, so keep_words holds as it is.
+        rnd = accepted_pairs(jit, streams, n, ws)
+        f = ws.get("f", ((n + 1) // 2 + 1,), np.float64)
+        jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, rnd.full_rows, n, out, f)
+        for r in rnd.short_rows:
+            c = int(rnd.counts[r])
+            jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, np.array([r]), 2 * c, out, f)
+        # A short row (rare) continues from its own stream, in fresh buffers: the other rows'
+        # words and accepted pairs stay as they were.
+        for r in rnd.short_rows:
+            c = int(rnd.counts[r])
+            polar_rows([streams[r]], n - 2 * c, out[r : r + 1, 2 * c : n], keep_words=keep_words)
+        return out
     pairs = (n + 1) // 2
     m = candidates(pairs)
     # Two spare words per row: room for a cipher block more than the input, as update_into
@@ -148,6 +186,84 @@ def polar_rows(
         more = Workspace() if keep_words else ws
         polar_rows(streams, n - 2 * got, out[:, 2 * got : n], more, keep_words=keep_words)
     return out
+
+
+def polar_snap_rows(
+    jit: ModuleType,
+    streams: Sequence[WordSource],
+    n: int,
+    buf: np.ndarray,
+    scale: np.ndarray,
+    inv_grid: np.ndarray,
+    grid: np.ndarray,
+    ws: Workspace,
+) -> None:
+    """``buf[k, :n] <- rint(z_k scale_k + buf[k, :n] inv_grid_k) grid_k`` with ``z_k`` the
+    draws :func:`polar_rows` gives for stream k (compiled path; see
+    :func:`workers.randomness.add_snapped_noise` for why this is the snapped release).
+
+    ``buf``: ``[K, >= n]`` float32 or float64, rows contiguous. The draws are never stored:
+    each is added, snapped and cast where it is made.
+    """
+    rnd = accepted_pairs(jit, streams, n, ws)
+    f = ws.get("f", ((n + 1) // 2 + 1,), np.float64)
+    jit.finish_snapped(
+        rnd.us, rnd.vs, rnd.ss, rnd.logs, rnd.full_rows, n, buf, scale, inv_grid, grid, f
+    )
+    for r in rnd.short_rows:  # rare: the row's draws in full, then snapped
+        c = int(rnd.counts[r])
+        z = np.empty((1, n), dtype=np.float64)
+        one = slice(r, r + 1)
+        jit.finish(rnd.us[one], rnd.vs[one], rnd.ss[one], rnd.logs[one], _ROWS[:1], 2 * c, z, f)
+        polar_rows([streams[r]], n - 2 * c, z[:, 2 * c : n])
+        jit.snap_row(z[0], buf[r], float(scale[r]), float(inv_grid[r]), float(grid[r]))
+
+
+@dataclass
+class Round:
+    """One compiled round for ``K`` rows: the accepted pairs, in stream order, and ``ln s``.
+
+    Rows in ``full_rows`` accepted at least ``pairs``; a row in ``short_rows`` (probability
+    ~3e-5 each) accepted ``counts[r]`` and continues from its own stream.
+    """
+
+    us: np.ndarray
+    vs: np.ndarray
+    ss: np.ndarray
+    logs: np.ndarray
+    counts: np.ndarray
+    full_rows: np.ndarray
+    short_rows: list[int]
+
+
+def accepted_pairs(jit: ModuleType, streams: Sequence[WordSource], n: int, ws: Workspace) -> Round:
+    """Read one round of words per stream and keep its accepted pairs (compiled path).
+
+    Each row reads exactly the ``2 m`` words of the numpy path's round, so the streams advance
+    alike on both paths.
+    """
+    k = len(streams)
+    pairs = (n + 1) // 2
+    m = candidates(pairs)
+    raw = ws.get("raw", (k, 2 * m + 2), np.uint64)
+    for r, stream in enumerate(streams):
+        stream.words_into(raw[r], 2 * m)
+    us = ws.get("us", (k, pairs + 1), np.float64)
+    vs = ws.get("vs", (k, pairs + 1), np.float64)
+    ss = ws.get("ss", (k, pairs + 1), np.float64)
+    counts = ws.get("counts", (k,), np.int64)
+    jit.compact(raw, m, pairs, us, vs, ss, counts)
+    logs = ws.get("logs", (k, pairs), np.float64)
+    np.log(ss[:, :pairs], out=logs)  # numpy's SIMD log: the numpy path's very function
+    if (counts[0] >= pairs) if k == 1 else bool((counts >= pairs).all()):
+        rows = _ROWS[:k] if k <= len(_ROWS) else np.arange(k, dtype=np.int64)
+        return Round(us, vs, ss, logs, counts, rows, [])
+    short = [r for r in range(k) if counts[r] < pairs]
+    full = np.array([r for r in range(k) if counts[r] >= pairs], dtype=np.int64)
+    return Round(us, vs, ss, logs, counts, full, short)
+
+
+_ROWS = np.arange(256, dtype=np.int64)
 
 
 def _row(

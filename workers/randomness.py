@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Literal, NoReturn
 
 import numpy as np
 
-from workers.polar import Workspace, polar_rows
+from workers.polar import Workspace, jit_kernels, polar_rows, polar_snap_rows
 
 if TYPE_CHECKING:
     import torch
@@ -243,6 +243,43 @@ class NoiseSource:
         # gives (its own words, its own acceptances).
         polar_rows(self.streams, n, z, self._ws)
         return self._tensor(z)
+
+    def add_noise(self, buf: Tensor, std: Tensor) -> Tensor:
+        """``buf[k] <- snap_k(buf[k] + std[k] z[k])`` in place, with ``z`` this source's next
+        ``[K, P]`` draws; returns ``buf``.
+
+        The same values as ``add_snapped_noise(buf, self.standard_normal(P), std)``, bit for
+        bit, and the streams advance alike. On CPU with the compiled kernels, each draw is
+        added, snapped and cast where it is made, so the ``[K, P]`` draws are never stored
+        (:func:`workers.polar.polar_snap_rows`).
+        """
+        import torch
+
+        jit = jit_kernels()
+        k = len(self.streams)
+        if (
+            jit is None
+            or buf.device.type != "cpu"
+            or buf.dim() != 2
+            or buf.shape[0] != k
+            or buf.shape[1] == 0
+            or buf.requires_grad
+            or not buf.is_contiguous()
+            or buf.dtype not in (torch.float32, torch.float64)
+            or std.numel() not in (1, k)
+        ):
+            return add_snapped_noise(buf, self.standard_normal(buf.shape[1]), std)
+        stds = std.detach().reshape(-1).to("cpu", torch.float64).tolist()
+        if len(stds) == 1:
+            stds = stds * k
+        grids = [_snap_grid_scalar(s) for s in stds]
+        scale = np.array([s / g for s, g in zip(stds, grids, strict=True)], dtype=np.float64)
+        inv_grid = np.array([1.0 / g for g in grids], dtype=np.float64)
+        grid = np.array(grids, dtype=np.float64)
+        polar_snap_rows(
+            jit, self.streams, buf.shape[1], buf.numpy(), scale, inv_grid, grid, self._ws
+        )
+        return buf
 
     def _tensor(self, z: np.ndarray) -> Tensor:
         import torch

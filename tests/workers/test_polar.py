@@ -3,8 +3,11 @@
 The sampler runs once per step for the whole pack (:func:`workers.polar.polar_rows`); these
 tests pin it bit for bit to the one-stream-at-a-time polar method it replaced
 (:mod:`tests.workers.reference_polar`), including the rare rounds in which a stream accepts
-too few pairs, and check the distribution on a million draws. The snapped release is pinned to
-``round((buf + std z) / grid) * grid`` computed step by step.
+too few pairs, and check the distribution on a million draws. Both of its paths are pinned:
+the compiled kernels (:mod:`workers.polar_jit`, numba) and the numpy fallback. The snapped
+release is pinned to ``round((buf + std z) / grid) * grid`` computed step by step, and the
+source's fused release (:meth:`workers.randomness.NoiseSource.add_noise`, which never stores
+the draws) to the snapped release of the source's own draws.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import pytest
 import torch
 from scipy import stats
 
+import workers.polar
 from tests.workers.reference_polar import reference_standard_normal
-from workers.polar import Workspace, candidates, polar_rows
+from workers.polar import Workspace, candidates, jit_kernels, polar_rows
 from workers.randomness import (
     GRID_BITS,
     NoiseSource,
@@ -32,6 +36,19 @@ def _stream(seed: int) -> RandomStream:
     return TrialRandomness.reproducible(seed).noise
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def sampler_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test on the compiled kernels and on the numpy fallback."""
+    monkeypatch.setattr(workers.polar, "USE_JIT", request.param == "compiled")
+    return str(request.param)
+
+
+def test_the_compiled_kernels_are_in_use() -> None:
+    """numba is a server dependency: without it every step would silently take the slow path."""
+    assert workers.polar.USE_JIT and jit_kernels() is not None
+
+
+@pytest.mark.usefixtures("sampler_path")
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 1001, 20_001])
 def test_one_stream_equals_the_reference_bit_for_bit(n: int) -> None:
     mine, ref = _stream(1), _stream(1)
@@ -39,6 +56,7 @@ def test_one_stream_equals_the_reference_bit_for_bit(n: int) -> None:
         assert np.array_equal(mine.standard_normal(n), reference_standard_normal(ref, n))
 
 
+@pytest.mark.usefixtures("sampler_path")
 @pytest.mark.parametrize(("k", "n"), [(2, 1), (3, 7), (25, 962), (4, 5001)])
 def test_each_row_of_a_pack_is_its_own_stream_alone(k: int, n: int) -> None:
     """Row k is exactly what stream k gives by itself: packing shares arithmetic, not draws."""
@@ -69,6 +87,7 @@ class _Rejecting(RandomStream):
         self._bad = 0  # only the first round
 
 
+@pytest.mark.usefixtures("sampler_path")
 @pytest.mark.parametrize("k", [1, 3])
 def test_a_short_round_continues_from_the_same_stream(k: int) -> None:
     n = 2001
@@ -81,6 +100,7 @@ def test_a_short_round_continues_from_the_same_stream(k: int) -> None:
         assert np.array_equal(row, reference_standard_normal(ref, n))
 
 
+@pytest.mark.usefixtures("sampler_path")
 def test_a_million_draws_are_standard_normal() -> None:
     """Fixed tolerances (about 5 standard errors) on a million draws of a secret stream."""
     source = NoiseSource([TrialRandomness.secret().noise for _ in range(4)], "cpu")
@@ -132,3 +152,59 @@ def test_the_grid_is_exact_at_powers_of_two() -> None:
     grid = snap_grid(std)
     expected = [2.0**-12, 2.0**-42, 2.0**-11, 2.0**-3]
     assert grid.tolist() == expected
+
+
+_SPECIAL_STDS = [0.0, math.inf, math.nan, 1e-45, 3e38, 1.0, 2.0**-20, -1.0, 0.37]
+
+
+@pytest.mark.usefixtures("sampler_path")
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 2, 7, 1001])
+def test_the_sources_fused_release_equals_the_release_of_its_draws(
+    k: int, dtype: torch.dtype, n: int
+) -> None:
+    """``add_noise`` (draws added, snapped and cast where they are made) gives the same bits
+    as snapping the same source's stored draws, and leaves the streams at the same place."""
+    gen = torch.Generator().manual_seed(n)
+    for trial in range(len(_SPECIAL_STDS) + 3):
+        fused = NoiseSource([_stream(100 * trial + s) for s in range(k)], "cpu")
+        stored = NoiseSource([_stream(100 * trial + s) for s in range(k)], "cpu")
+        scale = 10.0 ** torch.randint(-8, 8, (k, 1), generator=gen)
+        buf = (torch.randn(k, n, generator=gen) * scale).to(dtype)
+        if trial == 1:  # a diverged trial's sums
+            buf[0, 0], buf[-1, -1] = math.nan, math.inf
+        std = torch.rand(k, generator=gen) * 10.0 ** torch.randint(-30, 30, (k,), generator=gen)
+        std = std.float()
+        if trial < len(_SPECIAL_STDS):
+            std[0] = _SPECIAL_STDS[trial]
+        for _ in range(2):  # and the streams continue alike
+            got = fused.add_noise(buf.clone(), std)
+            expected = add_snapped_noise(buf.clone(), stored.standard_normal(n), std)
+            assert got.dtype == dtype
+            assert torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
+@pytest.mark.usefixtures("sampler_path")
+def test_the_fused_release_of_a_short_round_continues_from_the_same_stream() -> None:
+    n, k = 2001, 3
+    bad = candidates((n + 1) // 2) // 2
+    fused = NoiseSource([_Rejecting(s, bad if s == 1 else 0) for s in range(k)], "cpu")
+    refs = [_Rejecting(s, bad if s == 1 else 0) for s in range(k)]
+    buf = torch.randn(k, n, generator=torch.Generator().manual_seed(3))
+    std = torch.tensor([0.5, 2.0, 1e-3])
+    got = fused.add_noise(buf.clone(), std)
+    z = torch.from_numpy(np.stack([reference_standard_normal(r, n) for r in refs]))
+    assert torch.equal(got, add_snapped_noise(buf.clone(), z, std))
+
+
+def test_the_fused_release_takes_the_plain_path_where_it_cannot_fuse() -> None:
+    """A buffer the kernels cannot write in place (not contiguous, or one std for all rows)
+    still gets exactly the snapped release of the source's draws."""
+    k, n = 2, 300
+    wide = torch.randn(k, 2 * n, generator=torch.Generator().manual_seed(4))
+    fused = NoiseSource([_stream(s) for s in range(k)], "cpu")
+    stored = NoiseSource([_stream(s) for s in range(k)], "cpu")
+    for buf, std in [(wide[:, ::2], torch.tensor([0.3, 0.7])), (wide[:, :n], torch.tensor(0.3))]:
+        expected = add_snapped_noise(buf.clone(), stored.standard_normal(n), std)
+        assert torch.equal(fused.add_noise(buf.clone(), std), expected)
