@@ -22,7 +22,21 @@ def weights_bytes(module: nn.Module) -> bytes:
     tensors = {
         name: t.detach().to("cpu").contiguous().clone() for name, t in module.state_dict().items()
     }
-    return bytes(save(tensors, metadata={"format": "pt", "producer": "dpsweep"}))
+    data = bytes(save(tensors, metadata=_METADATA))
+    # safetensors writes the metadata from a hash map, in an order that changes from process
+    # to process; the same weights must give the same bytes (and so the same SHA-256 in the
+    # store), so the metadata object is rewritten in one order. It has the same length.
+    size = int.from_bytes(data[:8], "little")
+    header = data[8 : 8 + size]
+    for variant in _METADATA_VARIANTS:
+        if variant in header:
+            return data[:8] + header.replace(variant, _METADATA_TEXT, 1) + data[8 + size :]
+    return data
+
+
+_METADATA = {"format": "pt", "producer": "dpsweep"}
+_METADATA_TEXT = b'"__metadata__":{"format":"pt","producer":"dpsweep"}'
+_METADATA_VARIANTS = (_METADATA_TEXT, b'"__metadata__":{"producer":"dpsweep","format":"pt"}')
 
 
 def load_weights(module: nn.Module, data: bytes) -> nn.Module:

@@ -274,3 +274,14 @@ def test_kept_token_model_uses_the_data_vocabulary(tmp_path: Path) -> None:
         module = build_trained(json.loads(json.dumps(r.model_info)), r.weights)
         assert module.embed.num_embeddings == data.vocab_size  # type: ignore[union-attr]
         assert accuracy(module, x, y) == r.metrics["accuracy"]
+
+
+def test_the_same_weights_give_the_same_bytes() -> None:
+    """safetensors writes its metadata from a hash map, in an order that varies between calls;
+    the store keys kept models by the SHA-256 of their bytes, so they must not vary."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    outputs = {weights_bytes(module) for _ in range(40)}
+    assert len(outputs) == 1
+    loaded = load(outputs.pop())
+    assert torch.equal(loaded["0.weight"], module[0].weight.detach())
