@@ -40,19 +40,27 @@ def pack_key(spec: PackSpec) -> str:
     return json.dumps(fields, sort_keys=True, default=str)
 
 
+# The noise sampler's work buffers per parameter and release, in 4-byte units
+# (workers/polar.py): the keystream words (about 1.28 words of 8 bytes per draw), the accepted
+# pairs' u, v, s and ln s (4 x 0.5 x 8 bytes) and, where the release is not fused (on a GPU,
+# or with the read-ahead), the draws themselves in float64 (8 bytes): about 34 bytes.
+SAMPLER_FLOATS = 9
+
+
 def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_classes: int) -> int:
     """A deliberately generous estimate of one trial's memory inside a pack, in bytes.
 
     Parameter-sized buffers (parameters, gradient, noise, extra releases, optimizer state,
-    best checkpoint) plus activations and their gradients for the largest likely batch, plus
-    materialised per-sample convolution gradients, for each of the strategy's gradient passes
-    (its descriptor's ``gradient_passes``: BAM runs a second, perturbed pass).
+    best checkpoint, the noise sampler's work buffers) plus activations and their gradients for
+    the largest likely batch, plus materialised per-sample convolution gradients, for each of
+    the strategy's gradient passes (its descriptor's ``gradient_passes``: BAM runs a second,
+    perturbed pass).
     """
     module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
     b = spec.batch_size
     b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
     opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
-    param_buffers = 8 + opt_state
+    param_buffers = 8 + opt_state + SAMPLER_FLOATS
     passes = get_descriptor(spec.strategy).gradient_passes
     if not packable(module):
         # The generic path materialises every example's full gradient (workers.generic).

@@ -208,3 +208,18 @@ def test_the_fused_release_takes_the_plain_path_where_it_cannot_fuse() -> None:
     for buf, std in [(wide[:, ::2], torch.tensor([0.3, 0.7])), (wide[:, :n], torch.tensor(0.3))]:
         expected = add_snapped_noise(buf.clone(), stored.standard_normal(n), std)
         assert torch.equal(fused.add_noise(buf.clone(), std), expected)
+
+
+@pytest.mark.usefixtures("sampler_path")
+def test_the_pack_memory_estimate_covers_the_samplers_buffers() -> None:
+    """``workers.packing.SAMPLER_FLOATS`` (per parameter, in 4-byte units) bounds what the
+    source keeps between steps, fused or not."""
+    from workers.packing import SAMPLER_FLOATS
+
+    k, n = 3, 20_001
+    source = NoiseSource([_stream(s) for s in range(k)], "cpu")
+    source.add_noise(torch.zeros(k, n), torch.ones(k))
+    source.standard_normal(n)  # the unfused path's buffers too
+    held = source._buf.nbytes + sum(b.nbytes for b in source._ws._bufs.values())
+    assert held <= 4 * SAMPLER_FLOATS * k * n
+    assert held >= 4 * (SAMPLER_FLOATS - 2) * k * n  # and is not far off
