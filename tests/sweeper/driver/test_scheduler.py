@@ -87,7 +87,14 @@ def test_a_stopped_scheduler_gives_its_sweep_up_and_the_next_one_finishes_it(
 ) -> None:
     spec = tiny_spec(
         privacy={"budgets": [2], "delta": 1e-5},
-        arms=[{"strategy": "fixed", "grid": {"lr": [0.1, 0.2, 0.3, 0.5], "clip": [1.0]}}],
+        # Enough trials that some still wait when the first is seen done, even on a loaded
+        # machine where this loop notices it late (with 4, all had sometimes finished).
+        arms=[
+            {
+                "strategy": "fixed",
+                "grid": {"lr": [0.05 * (i + 1) for i in range(10)], "clip": [1.0]},
+            }
+        ],
     )
     sid = create_sweep(engine, spec)
     settings = SweeperSettings(
