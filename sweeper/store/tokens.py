@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, bindparam, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, NotFound
@@ -125,11 +126,17 @@ def ensure_token(engine: Engine, *, name: str, secret: str, admin: bool) -> Toke
     """
     check_name(name)
     digest = _hash(secret)
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
-        if row is None:
-            row = ApiToken(id=digest[:12], name=name, admin=admin, token_hash=digest)
-            session.add(row)
+    try:
+        with Session(engine, expire_on_commit=False) as session, session.begin():
+            row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+            if row is None:
+                row = ApiToken(id=digest[:12], name=name, admin=admin, token_hash=digest)
+                session.add(row)
+    except IntegrityError:
+        # Two servers started at once (replicas) both found no row and both inserted it: the
+        # other one's insert won, and that row is the token.
+        with Session(engine, expire_on_commit=False) as session:
+            row = session.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).one()
     return TokenInfo.of(row)
 
 

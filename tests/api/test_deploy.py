@@ -11,16 +11,20 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
+from sqlalchemy import delete
+from sqlalchemy.orm import Session
 
 from api.testing.postgres import free_port
 from api.testing.server import DPSWEEP, start_server
 from sweeper.store.engine import display_url, make_engine
+from sweeper.store.rows import ApiToken
 from sweeper.store.schema import upgrade
 from sweeper.store.tokens import (
     EXAMPLE_ADMIN_TOKEN,
@@ -31,6 +35,7 @@ from sweeper.store.tokens import (
     revoke_token,
     verify_token,
 )
+from tests.conftest import sqlite_or_postgres_url
 
 ROOT = Path(__file__).resolve().parents[2]
 STRONG = "dps_" + "k3Yq" * 10
@@ -249,6 +254,39 @@ def test_ensure_token_is_idempotent_and_a_revoked_bootstrap_stays_revoked(tmp_pa
         revoke_token(engine, a.id)
         c = ensure_token(engine, name="admin", secret=STRONG, admin=True)
         assert c.revoked_at is not None and verify_token(engine, STRONG) is None
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return sqlite_or_postgres_url(request, tmp_path)
+
+
+def test_replicas_starting_at_once_all_get_the_one_bootstrap_token(fresh_url: str) -> None:
+    """API replicas that start together race to insert the bootstrap token: none may fail."""
+    engine = make_engine(fresh_url)
+    barrier = threading.Barrier(6)
+    got: list[str] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        barrier.wait()
+        try:
+            got.append(ensure_token(engine, name="admin", secret=STRONG, admin=True).id)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        for _ in range(5):
+            threads = [threading.Thread(target=start) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            assert not errors and len(set(got)) == 1 and len(list_tokens(engine)) == 1
+            with Session(engine) as s, s.begin():  # the next round races a fresh insert
+                s.execute(delete(ApiToken))
     finally:
         engine.dispose()
 
