@@ -76,10 +76,11 @@ class PLinear(ParamLayer):
     def sq_norms(self, info: _LinearInfo) -> Tensor:
         a, g = info.a, info.g
         if a.dim() == 3:
-            # Ghost norm: ||g_i a_i^T||^2 + ||g_i||^2 = ||g_i||^2 (||a_i||^2 + 1).
+            # Ghost norm: ||g_i a_i^T||^2 + ||g_i||^2 = ||g_i||^2 (||a_i||^2 + 1). (vecdot, not
+            # vector_norm: the norms round exactly as they always have.)
             gg = torch.linalg.vecdot(g, g)
             aa = torch.linalg.vecdot(a, a)
-            return gg * (aa + 1.0) if self.bias else gg * aa
+            return gg.mul_(aa.add_(1.0)) if self.bias else gg.mul_(aa)
         if info.ps is not None:
             sq = info.ps.pow(2).sum(dim=(2, 3))
         else:
@@ -163,7 +164,11 @@ class PLinear(ParamLayer):
                 out=out[0].view(k, 1, self.out_f * self.in_f),
             )
         elif info.a.dim() == 3:
-            torch.bmm((info.g * w.unsqueeze(2)).transpose(1, 2), info.a, out=out[0])
+            # sum_i w_i g_i a_i^T: scale whichever side is narrower (one pass less memory).
+            if self.in_f < self.out_f:
+                torch.bmm(info.g.transpose(1, 2), info.a * w.unsqueeze(2), out=out[0])
+            else:
+                torch.bmm((info.g * w.unsqueeze(2)).transpose(1, 2), info.a, out=out[0])
         else:
             t = info.a.shape[2]
             g_scaled = info.g * w.view(k, b, 1, 1)
