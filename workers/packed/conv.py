@@ -145,9 +145,10 @@ class PConv2d(_PConvBase):
     def compute(self, x: Act) -> tuple[Tensor, Tensor]:
         a = x.as_bk()
         k = x.k
-        if k > 1 and self.cin <= _PER_TRIAL_MAX_CIN:
-            # Few input channels per trial (an image model's first layer): the grouped kernel
-            # is ~2.5x slower here than one plain convolution per trial on its own channels.
+        if k > 1 and self.cin <= _PER_TRIAL_MAX_CIN and a.device.type == "cpu":
+            # Few input channels per trial (an image model's first layer): on CPU the grouped
+            # kernel is ~2.5x slower here than one plain convolution per trial on its own
+            # channels (which is also exactly how the trial alone computes it).
             b = a.shape[0]
             a5 = a.view(b, k, self.cin, *a.shape[2:])
             bias_k = self.params[1] if self.bias else None

@@ -31,7 +31,7 @@ class PPool2d(PackedLayer):
 
     def forward(self, x: Act) -> Act:
         if x.layout == "bk":
-            if self._max is not None and x.t.dim() == 4:
+            if self._max is not None and x.t.dim() == 4 and x.t.device.type == "cpu":
                 return Act(_ChannelsLastMaxPool.apply(x.t, self._max), "bk", x.k)
             return Act(self.m(x.t), "bk", x.k)
         k, b = x.t.shape[:2]
@@ -57,7 +57,7 @@ class _MaxPoolArgs:
 
 
 class _ChannelsLastMaxPool(torch.autograd.Function):
-    """``max_pool2d`` of an NCHW tensor, computed by the channels-last kernel.
+    """``max_pool2d`` of an NCHW tensor on CPU, computed by the channels-last kernel.
 
     A pack's activations have many small planes (``B x K*C`` planes of a few pixels), where
     the NCHW kernel spends most of its time per plane; the channels-last kernel vectorises
