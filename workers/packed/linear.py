@@ -76,10 +76,9 @@ class PLinear(ParamLayer):
     def sq_norms(self, info: _LinearInfo) -> Tensor:
         a, g = info.a, info.g
         if a.dim() == 3:
-            # Ghost norm: ||g_i a_i^T||^2 + ||g_i||^2 = ||g_i||^2 (||a_i||^2 + 1). (vecdot, not
-            # vector_norm: the norms round exactly as they always have.)
-            gg = torch.linalg.vecdot(g, g)
-            aa = torch.linalg.vecdot(a, a)
+            # Ghost norm: ||g_i a_i^T||^2 + ||g_i||^2 = ||g_i||^2 (||a_i||^2 + 1).
+            gg = _sq_rows(g)
+            aa = _sq_rows(a)
             return gg.mul_(aa.add_(1.0)) if self.bias else gg.mul_(aa)
         if info.ps is not None:
             sq = info.ps.pow(2).sum(dim=(2, 3))
@@ -192,6 +191,16 @@ class PLinear(ParamLayer):
         if self.bias:
             out.append(info.g if info.g.dim() == 3 else info.g.sum(dim=2))
         return out
+
+
+def _sq_rows(t: Tensor) -> Tensor:
+    """``||t[..., :]||^2`` over the last axis in one fused pass over ``t`` (vecdot would first
+    write every product: two more passes over the largest activations of a step).
+
+    A strided ``t`` (a transposed activation) is made contiguous first, so that a trial's
+    norms round the same in a pack of any size.
+    """
+    return torch.linalg.vector_norm(t.contiguous(), dim=-1).square_()
 
 
 register_packed_layer(nn.Linear)(PLinear)

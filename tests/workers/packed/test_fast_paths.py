@@ -76,3 +76,27 @@ def test_per_trial_convolutions_equal_each_trial_alone(c_in: int) -> None:
         x.transpose(0, 1).reshape(6, 3 * c_in, 7, 7), w, first.params[1].reshape(-1), 1, 1, 1, 3
     )
     torch.testing.assert_close(cap.outs[0].detach(), grouped, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_norms_round_alike_in_any_pack_and_match_per_sample_gradients() -> None:
+    """The fused ghost norms of a linear layer fed a transposed (strided) activation: a trial's
+    norms are bitwise the same packed or alone, and equal its materialised gradients' norms."""
+    mods = []
+    for s in (1, 2, 3):
+        torch.manual_seed(s)
+        mods.append(nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(100, 6)))
+    x = torch.randn(3, 5, 2, 7, 7, generator=torch.Generator().manual_seed(8))
+    target = torch.randint(6, (3, 5), generator=torch.Generator().manual_seed(9))
+
+    def norms(pack: PackedModel, xs: torch.Tensor, ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out, cap = pack.forward(xs, capture=True)
+        assert cap is not None
+        loss = F.cross_entropy(out.reshape(-1, 6), ts.reshape(-1), reduction="sum")
+        infos = pack.layer_grads(loss, cap)
+        return pack.sq_norms(infos), pack.per_sample_grads(infos)
+
+    sq, grads = norms(PackedModel(mods), x, target)
+    torch.testing.assert_close(sq.sum(dim=-1), grads.pow(2).sum(dim=-1), rtol=1e-4, atol=1e-6)
+    for t, m in enumerate(mods):
+        sq_alone, _ = norms(PackedModel([m]), x[t : t + 1], target[t : t + 1])
+        assert torch.equal(sq[t, :, 1], sq_alone[0, :, 1])
