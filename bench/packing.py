@@ -12,11 +12,12 @@ fixed clipping at the noise multiplier for epsilon = 3, batch 64, for ``mlp`` an
   non-private PyTorch step of the same model at the same batch size
   (``per_trial_step_vs_nonprivate``).
 
-Training follows the worker setting ``DPSWEEP_NOISE_AHEAD`` (on by default): each DP step's
-noise draws are made on a second thread during the step before (:mod:`workers.noise_ahead`),
-so training may keep two cores busy where the non-private step keeps one.
-``--sequential-too`` also runs the grid (packed and one at a time) with every draw on the
-training thread and adds the same figures with the suffix ``_sequential``.
+Training follows the worker setting ``DPSWEEP_NOISE_AHEAD``, off by default (opt-in): every
+DP noise draw is made on the training thread. With ``DPSWEEP_NOISE_AHEAD=1`` each step's draws
+are made on a second thread during the step before (:mod:`workers.noise_ahead`), so training
+may keep two cores busy where the non-private step keeps one; ``--sequential-too`` then also
+runs the grid (packed and one at a time) with every draw on the training thread and adds the
+same figures with the suffix ``_sequential`` (without the setting both runs are sequential).
 
 Usage: ``python bench/packing.py [--json] [--quick] [--models mlp,cnn] [--sequential-too]``.
 ``--quick`` trains one epoch and times 5 of the 25 trials one at a time (scaled to 25), in
@@ -175,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
         return 0
     print(
-        "25-trial digits grid, one torch thread (DP noise drawn ahead unless _sequential)"
-        + (" (quick: 1 epoch)" if a.quick else "")
+        "25-trial digits grid, one torch thread (DP noise drawn ahead only with "
+        "DPSWEEP_NOISE_AHEAD=1, never in _sequential)" + (" (quick: 1 epoch)" if a.quick else "")
     )
     for m, r in out.items():
         for sfx in ("", "_sequential"):

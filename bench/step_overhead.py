@@ -1,10 +1,11 @@
 """Step-time overhead of DP-SGD against a plain non-private step, with one torch thread.
 
-torch runs on one thread for every step. A DP step also makes its next step's noise draws on
-a second thread while it runs (:mod:`workers.noise_ahead`, the worker default;
-``DPSWEEP_NOISE_AHEAD=0`` turns it off here too), so DP steps may keep two cores busy where
-the non-private step keeps one; ``--sequential-too`` adds the same steps with every draw on
-the training thread (keys ``<strategy>_sequential``), timed in the same rounds.
+torch runs on one thread for every step. DP steps follow the worker setting
+``DPSWEEP_NOISE_AHEAD``, off by default (opt-in): every noise draw is made on the training
+thread. With ``DPSWEEP_NOISE_AHEAD=1`` a DP step makes its next step's noise draws on a second
+thread while it runs (:mod:`workers.noise_ahead`), so DP steps may keep two cores busy where
+the non-private step keeps one; ``--sequential-too`` then adds the same steps with every draw
+on the training thread (keys ``<strategy>_sequential``), timed in the same rounds.
 
 For ``mlp`` (784-128-10) and ``cnn`` (004 Table 5) on 28x28 inputs at batch sizes 64 and 256, it
 times (median over repeated steps, after warm-up):
@@ -163,7 +164,7 @@ def dpsweep_step(
     noise_ahead: bool | None = None,
 ) -> Callable[[], None]:
     """``noise_ahead``: make the next step's draws on a second thread (:mod:`workers.noise_ahead`);
-    ``None`` follows the worker setting (``DPSWEEP_NOISE_AHEAD``, on by default)."""
+    ``None`` follows the worker setting (``DPSWEEP_NOISE_AHEAD``, off by default)."""
     if noise_ahead is None:
         noise_ahead = WorkerSettings().noise_ahead
     params = STRATEGY_PARAMS.get(strategy_name, {})
@@ -308,8 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
     print(
-        "median step time, one torch thread (DP noise drawn ahead on a second thread unless "
-        "'_sequential'); 'x np' = vs the non-private step, 'x fixed' = vs fixed"
+        "median step time, one torch thread (DP noise drawn ahead on a second thread only with "
+        "DPSWEEP_NOISE_AHEAD=1, never in '_sequential'); 'x np' = vs the non-private step, "
+        "'x fixed' = vs fixed"
     )
     print("(lipschitz: vs the non-private step of the same lip_mlp model)")
     for name, rows in res.items():

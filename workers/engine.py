@@ -195,8 +195,12 @@ class DPEngine:
         strategy = self.strategy
         infos: list[Any] | None = None
         if idx.shape[1] > 0:
-            xb = self.x[idx]
-            target = self.y[idx] if self.y is not None else xb
+            # One flat gather (index_select) is ~5x faster than advanced indexing by [K, B].
+            flat_idx = idx.view(-1)
+            xb = self.x.index_select(0, flat_idx).view(*idx.shape, *self.x.shape[1:])
+            target = xb
+            if self.y is not None:
+                target = self.y.index_select(0, flat_idx).view(*idx.shape, *self.y.shape[1:])
             infos, sq, ctx = self.per_sample(xb, target, mask)
         else:
             sq = None

@@ -57,30 +57,52 @@ def poisson_sample_pack(
 ) -> tuple[Tensor, Tensor]:
     """Independent Poisson samples for K trials, padded: indices and mask ``[K, B_max]``.
 
-    Row k is exactly ``poisson_sample(n, sample_rate, streams[k])`` (each row draws its gaps
-    from its own stream in the same chunks), followed by zero-weight padding; only the
-    cumulative sums and the padding are batched across trials.
+    Row k is exactly ``poisson_sample(n, sample_rate, streams[k])``: each row's gaps come from
+    its own stream's next words, in the same chunks, mapped to gaps by the same float64
+    arithmetic as :meth:`RandomStream.geometric`; only that arithmetic, the cumulative sums and
+    the padding are batched across trials (one numpy call per stage instead of one per trial).
     """
     if sample_rate >= 1.0 or n == 0 or sample_rate <= 0.0:
         return _pad([poisson_sample(n, sample_rate, g) for g in streams])
     chunk = _chunk(n, sample_rate)
-    gaps = torch.from_numpy(np.stack([g.geometric(chunk, sample_rate) for g in streams]))
-    pos = torch.cumsum(gaps, dim=1).sub_(1)
+    # Small arrays: numpy's per-call cost is a fraction of torch's (integer sums are exact).
+    pos = np.cumsum(_geometric_rows(streams, chunk, sample_rate), axis=1)
+    pos -= 1
     valid = pos < n
     unfinished = valid[:, -1]
-    if bool(unfinished.any()):
+    if unfinished.any():
         # Rare: a trial's first chunk did not reach n; finish those rows one by one.
+        pos_t = torch.from_numpy(pos)
         picks = [
-            _continue(n, sample_rate, g, [pos[r]], int(pos[r, -1]))
-            if bool(unfinished[r])
-            else pos[r][valid[r]]
+            _continue(n, sample_rate, g, [pos_t[r]], int(pos[r, -1]))
+            if unfinished[r]
+            else pos_t[r][torch.from_numpy(valid[r])]
             for r, g in enumerate(streams)
         ]
         return _pad(picks)
-    b_max = int(valid.sum(dim=1).max())
+    # Positions increase along a row, so each row's sample is a prefix of it.
+    b_max = int(valid.sum(axis=1).max())
     mask = valid[:, :b_max]
-    idx = torch.where(mask, pos[:, :b_max], torch.zeros((), dtype=torch.long))
-    return idx, mask.to(torch.float32)
+    idx = np.where(mask, pos[:, :b_max], 0)
+    return torch.from_numpy(idx), torch.from_numpy(mask.astype(np.float32))
+
+
+def _geometric_rows(streams: list[RandomStream], n: int, p: float) -> np.ndarray:
+    """``[K, n]`` Geometric(p) draws, row k equal to ``streams[k].geometric(n, p)``.
+
+    Each stream writes its next ``n`` keystream words into its own row (one cipher call per
+    stream, as :meth:`RandomStream.words` makes); the words-to-gaps arithmetic below is
+    :meth:`RandomStream.uniform` and :meth:`RandomStream.geometric`, operation for operation,
+    on the whole pack at once, so every value is bit-for-bit what the stream alone gives.
+    """
+    # Two spare words per row: ``words_into`` asks for room for one cipher block more.
+    words = np.empty((len(streams), n + 2), dtype=np.int64)
+    for row, stream in zip(words, streams, strict=True):
+        stream.words_into(row, n)
+    # RandomStream.uniform: (j + 1/2) 2**-52 for the top 52 bits j of each word.
+    u = ((words[:, :n] >> 12).astype(np.float64) + (2.0**51 + 0.5)) * 2.0**-52
+    # RandomStream.geometric: P(gap > k) = (1-p)^k.
+    return np.floor(np.log(u) / math.log1p(-p)).astype(np.int64) + 1
 
 
 def _pad(picks: list[Tensor]) -> tuple[Tensor, Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -72,3 +73,35 @@ def test_pack_rows_equal_single_samples(monkeypatch: pytest.MonkeyPatch, chunk: 
             assert torch.equal(idx[row][m], alone)
             assert int(m.sum()) == len(alone) and bool(m[: len(alone)].all())
             assert (idx[row][~m] == 0).all()
+
+
+def test_pack_gaps_equal_each_streams_own_geometric_draws() -> None:
+    """The batched words-to-gaps arithmetic gives every row its own stream's gaps, bit for bit,
+    and leaves each stream exactly where its own ``geometric`` call would."""
+    from workers.sampling import _geometric_rows
+
+    for n, p in [(130, 0.0445), (7, 0.9), (1000, 1e-4), (64, 0.5), (1, 0.3)]:
+        seeds = list(range(20, 37))
+        streams = [sample_stream(s) for s in seeds]
+        rows = _geometric_rows(streams, n, p)
+        for row, (s, stream) in enumerate(zip(seeds, streams, strict=True)):
+            alone = sample_stream(s)
+            assert np.array_equal(rows[row], alone.geometric(n, p)), (n, p, s)
+            # The stream continues exactly where its own call leaves it.
+            assert np.array_equal(stream.words(5), alone.words(5))
+
+
+def test_pack_rows_equal_per_stream_loop_over_many_steps() -> None:
+    """Many consecutive pack samples equal the straightforward per-trial loop, step by step."""
+    import workers.sampling as sampling
+
+    n, q = 1438, 64 / 1438
+    seeds = list(range(25))
+    packed = [sample_stream(s) for s in seeds]
+    alone = [sample_stream(s) for s in seeds]
+    for _ in range(30):
+        idx, mask = sampling.poisson_sample_pack(n, q, packed)
+        for row, stream in enumerate(alone):
+            ref = poisson_sample(n, q, stream)
+            m = mask[row] > 0
+            assert torch.equal(idx[row][m], ref)

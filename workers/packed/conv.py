@@ -35,6 +35,11 @@ class _ConvInfo:
         return torch.stack(self.ps_w) if len(self.ps_w) > 1 else self.ps_w[0].unsqueeze(0)
 
 
+# Input channels per trial up to which a pack convolves trial by trial (measured on CPU: 1
+# channel is ~2.5x faster per trial, 16 channels faster grouped).
+_PER_TRIAL_MAX_CIN = 3
+
+
 class _PConvBase(ParamLayer):
     kernel: tuple[int, int]
     stride: tuple[int, int]
@@ -140,6 +145,25 @@ class PConv2d(_PConvBase):
     def compute(self, x: Act) -> tuple[Tensor, Tensor]:
         a = x.as_bk()
         k = x.k
+        if k > 1 and self.cin <= _PER_TRIAL_MAX_CIN and a.device.type == "cpu":
+            # Few input channels per trial (an image model's first layer): on CPU the grouped
+            # kernel is ~2.5x slower here than one plain convolution per trial on its own
+            # channels (which is also exactly how the trial alone computes it).
+            b = a.shape[0]
+            a5 = a.view(b, k, self.cin, *a.shape[2:])
+            bias_k = self.params[1] if self.bias else None
+            outs = [
+                F.conv2d(
+                    a5[:, t].contiguous(),
+                    self.params[0][t],
+                    None if bias_k is None else bias_k[t],
+                    self.stride,
+                    self.padding,
+                    self.dilation,
+                )
+                for t in range(k)
+            ]
+            return a, torch.cat(outs, dim=1)
         w = self.params[0].reshape(k * self.cout, self.cin, *self.kernel)
         bias = self.params[1].reshape(k * self.cout) if self.bias else None
         return a, self._conv(a, w, bias, k)

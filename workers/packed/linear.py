@@ -77,9 +77,9 @@ class PLinear(ParamLayer):
         a, g = info.a, info.g
         if a.dim() == 3:
             # Ghost norm: ||g_i a_i^T||^2 + ||g_i||^2 = ||g_i||^2 (||a_i||^2 + 1).
-            gg = torch.linalg.vecdot(g, g)
-            aa = torch.linalg.vecdot(a, a)
-            return gg * (aa + 1.0) if self.bias else gg * aa
+            gg = _sq_rows(g)
+            aa = _sq_rows(a)
+            return gg.mul_(aa.add_(1.0)) if self.bias else gg.mul_(aa)
         if info.ps is not None:
             sq = info.ps.pow(2).sum(dim=(2, 3))
         else:
@@ -163,7 +163,11 @@ class PLinear(ParamLayer):
                 out=out[0].view(k, 1, self.out_f * self.in_f),
             )
         elif info.a.dim() == 3:
-            torch.bmm((info.g * w.unsqueeze(2)).transpose(1, 2), info.a, out=out[0])
+            # sum_i w_i g_i a_i^T: scale whichever side is narrower (one pass less memory).
+            if self.in_f < self.out_f:
+                torch.bmm(info.g.transpose(1, 2), info.a * w.unsqueeze(2), out=out[0])
+            else:
+                torch.bmm((info.g * w.unsqueeze(2)).transpose(1, 2), info.a, out=out[0])
         else:
             t = info.a.shape[2]
             g_scaled = info.g * w.view(k, b, 1, 1)
@@ -187,6 +191,16 @@ class PLinear(ParamLayer):
         if self.bias:
             out.append(info.g if info.g.dim() == 3 else info.g.sum(dim=2))
         return out
+
+
+def _sq_rows(t: Tensor) -> Tensor:
+    """``||t[..., :]||^2`` over the last axis in one fused pass over ``t`` (vecdot would first
+    write every product: two more passes over the largest activations of a step).
+
+    A strided ``t`` (a transposed activation) is made contiguous first, so that a trial's
+    norms round the same in a pack of any size.
+    """
+    return torch.linalg.vector_norm(t.contiguous(), dim=-1).square_()
 
 
 register_packed_layer(nn.Linear)(PLinear)
