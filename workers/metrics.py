@@ -42,26 +42,30 @@ def classification_metrics(
     ece = gap.sum(dim=1) / n
     safe = counts.clamp(min=1)
     mce = torch.where(counts > 0, gap / safe, torch.zeros_like(gap)).max(dim=1).values
+    # To Python once: indexing tensors element by element costs ~7 ms for a pack of 25. The
+    # divisions below are the same IEEE float64 operations torch would do.
+    counts_l, acc_l, conf_l = counts.tolist(), acc_sum.tolist(), conf_sum.tolist()
+    acc_t, loss_t, ece_t, mce_t = acc.tolist(), loss.tolist(), ece.tolist(), mce.tolist()
     out = []
     for t in range(k):
         bins = []
         for m in range(n_bins):
-            cnt = int(counts[t, m])
+            cnt = int(counts_l[t][m])
             bins.append(
                 {
                     "lower": m / n_bins,
                     "upper": (m + 1) / n_bins,
                     "count": cnt,
-                    "accuracy": float(acc_sum[t, m] / cnt) if cnt else None,
-                    "confidence": float(conf_sum[t, m] / cnt) if cnt else None,
+                    "accuracy": acc_l[t][m] / cnt if cnt else None,
+                    "confidence": conf_l[t][m] / cnt if cnt else None,
                 }
             )
         out.append(
             {
-                "accuracy": float(acc[t]),
-                "loss": float(loss[t]),
-                "ece": float(ece[t]),
-                "mce": float(mce[t]),
+                "accuracy": acc_t[t],
+                "loss": loss_t[t],
+                "ece": ece_t[t],
+                "mce": mce_t[t],
                 "reliability": bins,
             }
         )
