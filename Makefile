@@ -41,8 +41,12 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# Two test processes (pytest-xdist), one per core: many tests wait on servers, sweeps and
+# subprocesses, so the suite takes 55-70% of its one-process time. Whole files go to one process
+# (--dist loadfile), so a module's server or finished sweep is set up once. Each process has
+# its own throwaway PostgreSQL, local Rays and temporary directories (tests/conftest.py).
 pytest: install $(COMPOSE_STAMP)
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile
 
 test: lint typecheck pytest
 

@@ -8,6 +8,27 @@ from pathlib import Path
 import pytest
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """In the main process, before any xdist worker starts: make Ray's token file.
+
+    A local ``ray.init`` creates ``~/.ray/auth_token`` when it is missing, by truncating and
+    writing the file. Two workers starting their first Ray at once on a fresh home directory
+    would each write their own token, and one cluster's processes would read the other's.
+    """
+    import os
+
+    if hasattr(config, "workerinput") or os.environ.get("RAY_AUTH_MODE", "token") != "token":
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    if not (Path.home() / ".ray" / "auth_token").exists():
+        from ray._private.authentication.authentication_token_setup import (
+            generate_and_save_token,
+        )
+
+        generate_and_save_token()
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL server on 127.0.0.1 for this test session (:mod:`api.testing.postgres`)."""
