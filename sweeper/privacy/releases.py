@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine, select, update
@@ -187,15 +188,28 @@ def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
     return release
 
 
+_STORE_ATTEMPTS = 3
+_RETRY_SECONDS = 0.5
+
+
 def store_release_in_background(engine: Engine, sweep_id: str) -> threading.Thread:
     """:func:`store_release` in a daemon thread (a driver starting a sweep does not wait for
     the composition); a failure is logged, and readers then compute the release themselves."""
 
     def work() -> None:
-        try:
-            store_release(engine, sweep_id)
-        except Exception:  # readers fall back to computing it
-            log.exception("storing the release of sweep %s failed", sweep_id)
+        for attempt in range(_STORE_ATTEMPTS):
+            try:
+                store_release(engine, sweep_id)
+                return
+            except Exception:
+                if attempt == _STORE_ATTEMPTS - 1:  # readers fall back to computing it
+                    log.exception("storing the release of sweep %s failed", sweep_id)
+                    return
+                # Seen in a driver: the accountant's scipy looked torch up while the main thread
+                # was still importing it ("partially initialized module"); a moment later the
+                # import is complete and the same call succeeds.
+                log.warning("storing the release of sweep %s failed; retrying", sweep_id)
+                time.sleep(_RETRY_SECONDS * 2**attempt)
 
     thread = threading.Thread(target=work, name=f"dpsweep-release-{sweep_id}", daemon=True)
     thread.start()

@@ -139,6 +139,39 @@ def test_the_stored_release_is_the_computed_one(engine: Engine, sid: str) -> Non
     assert releases._sweep_release.cache_info().currsize == 0
 
 
+def test_a_background_store_that_fails_once_is_retried(
+    engine: Engine, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transient failure (a driver's concurrent import of torch made scipy fail once) does
+    not lose the stored release; a failure that persists is given up after a few tries."""
+    real = releases.store_release
+    calls: list[str] = []
+
+    def flaky(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
+        calls.append(sweep_id)
+        if len(calls) == 1:
+            raise AttributeError("partially initialized module 'torch' has no attribute 'Tensor'")
+        return real(engine, sweep_id)
+
+    monkeypatch.setattr(releases, "_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(releases, "store_release", flaky)
+    releases.store_release_in_background(engine, sid).join(30)
+    assert calls == [sid, sid]
+    assert stored_release(load_sweep(engine, sid)) == _computed(
+        list(load_sweep(engine, sid).plan or [])
+    )
+
+    def broken(engine: Engine, sweep_id: str) -> None:
+        calls.append(sweep_id)
+        raise RuntimeError("the database is gone")
+
+    calls.clear()
+    monkeypatch.setattr(releases, "store_release", broken)
+    thread = releases.store_release_in_background(engine, sid)
+    thread.join(30)
+    assert not thread.is_alive() and len(calls) == releases._STORE_ATTEMPTS
+
+
 def test_a_changed_plan_never_gets_the_stored_release(engine: Engine, sid: str) -> None:
     stored = store_release(engine, sid)
     assert stored is not None
