@@ -213,8 +213,8 @@ def polar_snap_rows(
     for r in rnd.short_rows:  # rare: the row's draws in full, then snapped
         c = int(rnd.counts[r])
         z = np.empty((1, n), dtype=np.float64)
-        one = slice(r, r + 1)
-        jit.finish(rnd.us[one], rnd.vs[one], rnd.ss[one], rnd.logs[one], _ROWS[:1], 2 * c, z, f)
+        one, first = slice(r, r + 1), np.zeros(1, dtype=np.int64)
+        jit.finish(rnd.us[one], rnd.vs[one], rnd.ss[one], rnd.logs[one], first, 2 * c, z, f)
         polar_rows([streams[r]], n - 2 * c, z[:, 2 * c : n])
         jit.snap_row(z[0], buf[r], float(scale[r]), float(inv_grid[r]), float(grid[r]))
 
@@ -256,14 +256,10 @@ def accepted_pairs(jit: ModuleType, streams: Sequence[WordSource], n: int, ws: W
     logs = ws.get("logs", (k, pairs), np.float64)
     np.log(ss[:, :pairs], out=logs)  # numpy's SIMD log: the numpy path's very function
     if (counts[0] >= pairs) if k == 1 else bool((counts >= pairs).all()):
-        rows = _ROWS[:k] if k <= len(_ROWS) else np.arange(k, dtype=np.int64)
-        return Round(us, vs, ss, logs, counts, rows, [])
+        return Round(us, vs, ss, logs, counts, np.arange(k, dtype=np.int64), [])
     short = [r for r in range(k) if counts[r] < pairs]
     full = np.array([r for r in range(k) if counts[r] >= pairs], dtype=np.int64)
     return Round(us, vs, ss, logs, counts, full, short)
-
-
-_ROWS = np.arange(256, dtype=np.int64)
 
 
 def _row(

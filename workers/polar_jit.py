@@ -117,6 +117,13 @@ def finish(
             o[2 * lo] = u[lo] * f[lo]
 
 
+@njit(cache=True, nogil=True, error_model="numpy")
+def _snapped(z: float, b: float, a: float, ig: float, g: float) -> float:
+    """The snapped release of one coordinate: ``rint(z a + b ig) g`` (``a = std / grid``,
+    ``ig = 1 / grid``); compiled into the loops that call it."""
+    return np.rint(z * a + b * ig) * g
+
+
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
 def finish_snapped(
     us: np.ndarray,
@@ -149,10 +156,10 @@ def finish_snapped(
         ig = inv_grid[r]
         g = grid[r]
         for j in range(lo):
-            b[2 * j] = np.rint(u[j] * f[j] * a + float(b[2 * j]) * ig) * g
-            b[2 * j + 1] = np.rint(v[j] * f[j] * a + float(b[2 * j + 1]) * ig) * g
+            b[2 * j] = _snapped(u[j] * f[j], float(b[2 * j]), a, ig, g)
+            b[2 * j + 1] = _snapped(v[j] * f[j], float(b[2 * j + 1]), a, ig, g)
         if hi > lo:
-            b[2 * lo] = np.rint(u[lo] * f[lo] * a + float(b[2 * lo]) * ig) * g
+            b[2 * lo] = _snapped(u[lo] * f[lo], float(b[2 * lo]), a, ig, g)
 
 
 @njit(cache=True, nogil=True, boundscheck=False, error_model="numpy")
@@ -161,4 +168,4 @@ def snap_row(
 ) -> None:  # pragma: no cover - compiled
     """``buf[i] <- rint(z_i a + buf[i] ig) g`` for one row (a short row's continuation)."""
     for i in range(z.shape[0]):
-        buf[i] = np.rint(z[i] * a + float(buf[i]) * ig) * g
+        buf[i] = _snapped(z[i], float(buf[i]), a, ig, g)

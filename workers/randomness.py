@@ -154,14 +154,11 @@ class RandomStream:
 
     def uniform(self, n: int) -> np.ndarray:
         """``n`` float64 uniforms on the open interval (0, 1), with 52 random bits each."""
-        # (j + 1/2) 2**-52 for a 52-bit j: exact in float64, never 0 or 1.
-        return ((self.words(n) >> 12).astype(np.float64) + (2.0**51 + 0.5)) * 2.0**-52
+        return uniform_from_words(self.words(n))
 
     def geometric(self, n: int, p: float) -> np.ndarray:
         """``n`` draws of Geometric(p) on {1, 2, ...} (gaps between Bernoulli(p) successes)."""
-        u = self.uniform(n)
-        # P(gap > k) = P(u <= (1-p)^k) = (1-p)^k.
-        return np.floor(np.log(u) / math.log1p(-p)).astype(np.int64) + 1
+        return geometric_from_words(self.words(n), p)
 
     def standard_normal(self, n: int, *, out: np.ndarray | None = None) -> np.ndarray:
         """``n`` float64 standard normal draws (Marsaglia's polar method), into ``out`` if given.
@@ -174,6 +171,18 @@ class RandomStream:
             out = np.empty(n, dtype=np.float64)
         polar_rows([self], n, out[:n].reshape(1, n), self._ws)
         return out
+
+
+def uniform_from_words(words: np.ndarray) -> np.ndarray:
+    """Uniforms on (0, 1) from int64 keystream words (any shape): ``(j + 1/2) 2**-52`` for the
+    top 52 bits ``j`` of each word, exact in float64, never 0 or 1."""
+    return ((words >> 12).astype(np.float64) + (2.0**51 + 0.5)) * 2.0**-52
+
+
+def geometric_from_words(words: np.ndarray, p: float) -> np.ndarray:
+    """Geometric(p) draws on {1, 2, ...} from int64 keystream words (any shape), one per word:
+    P(gap > k) = P(u <= (1-p)^k) = (1-p)^k."""
+    return np.floor(np.log(uniform_from_words(words)) / math.log1p(-p)).astype(np.int64) + 1
 
 
 class TrialRandomness:
@@ -357,5 +366,7 @@ __all__ = [
     "Randomness",
     "TrialRandomness",
     "add_snapped_noise",
+    "geometric_from_words",
     "snap_grid",
+    "uniform_from_words",
 ]

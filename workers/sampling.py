@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.randomness import RandomStream
+from workers.randomness import RandomStream, geometric_from_words
 
 
 def poisson_sample(n: int, sample_rate: float, stream: RandomStream) -> Tensor:
@@ -91,18 +91,15 @@ def _geometric_rows(streams: list[RandomStream], n: int, p: float) -> np.ndarray
     """``[K, n]`` Geometric(p) draws, row k equal to ``streams[k].geometric(n, p)``.
 
     Each stream writes its next ``n`` keystream words into its own row (one cipher call per
-    stream, as :meth:`RandomStream.words` makes); the words-to-gaps arithmetic below is
-    :meth:`RandomStream.uniform` and :meth:`RandomStream.geometric`, operation for operation,
-    on the whole pack at once, so every value is bit-for-bit what the stream alone gives.
+    stream, as :meth:`RandomStream.words` makes); the words-to-gaps arithmetic is the one
+    :meth:`RandomStream.geometric` uses, on the whole pack at once, so every value is
+    bit-for-bit what the stream alone gives.
     """
     # Two spare words per row: ``words_into`` asks for room for one cipher block more.
     words = np.empty((len(streams), n + 2), dtype=np.int64)
     for row, stream in zip(words, streams, strict=True):
         stream.words_into(row, n)
-    # RandomStream.uniform: (j + 1/2) 2**-52 for the top 52 bits j of each word.
-    u = ((words[:, :n] >> 12).astype(np.float64) + (2.0**51 + 0.5)) * 2.0**-52
-    # RandomStream.geometric: P(gap > k) = (1-p)^k.
-    return np.floor(np.log(u) / math.log1p(-p)).astype(np.int64) + 1
+    return geometric_from_words(words[:, :n], p)
 
 
 def _pad(picks: list[Tensor]) -> tuple[Tensor, Tensor]:
