@@ -146,24 +146,20 @@ def _compose_epsilons(plan: Any) -> list[float]:
         raise PrivacyError(
             f"arm {plan.arm!r}: no per-run charges for the plan's accountant {accountant.name!r}"
         )
-    from dp_accounting.pld import privacy_loss_distribution as pld
-
     from workers.accounting import PLD_DISCRETIZATION
+    from workers.accounting.gaussian_pld import gaussian_pld
 
     # One run's PLD, composed with itself run by run: each prefix is a pessimistic upper
     # bound on the composed privacy loss, the same accountant the plan was calibrated with.
-    one = pld.from_gaussian_mechanism(
+    one = gaussian_pld(
         plan.noise_multiplier,
         sampling_prob=plan.sample_rate,
         value_discretization_interval=PLD_DISCRETIZATION,
-        use_connect_dots=True,
     ).self_compose(steps)
     if releases and sigma_e is not None:
         one = one.compose(
-            pld.from_gaussian_mechanism(
-                float(sigma_e) / releases**0.5,
-                value_discretization_interval=PLD_DISCRETIZATION,
-                use_connect_dots=True,
+            gaussian_pld(
+                float(sigma_e) / releases**0.5, value_discretization_interval=PLD_DISCRETIZATION
             )
         )
     out, cur = [], one

@@ -196,20 +196,19 @@ def sweep_epsilon(grids: Iterable[Any]) -> SweepEpsilon:
 
 
 def _pld_sweep(gs: Sequence[_Grid], delta: float) -> float:
-    from dp_accounting import dp_event
-    from dp_accounting.pld import pld_privacy_accountant
+    from workers.accounting.gaussian_pld import composed_pld
 
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+    mechanisms: list[tuple[float, float | None, int]] = []
     for g in gs:
-        acc.compose(
-            dp_event.PoissonSampledDpEvent(g.q, dp_event.GaussianDpEvent(g.sigma)),
-            g.trials * g.steps,
-        )
+        mechanisms.append((g.sigma, g.q, g.trials * g.steps))
         ev = g.eval_mechanism()
         if ev is not None:
             # K*E Gaussians of multiplier sigma_e are one of sigma_e / sqrt(K*E) (exact).
-            acc.compose(dp_event.GaussianDpEvent(ev[0] / math.sqrt(ev[2])))
-    return float(acc.get_epsilon(delta))
+            mechanisms.append((ev[0] / math.sqrt(ev[2]), None, 1))
+    total = composed_pld(mechanisms, value_discretization_interval=PLD_DISCRETIZATION)
+    if total is None:
+        return math.inf
+    return float(total.get_epsilon_for_delta(delta))
 
 
 def _rdp_sweep(gs: Sequence[_Grid], delta: float) -> float:
