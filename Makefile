@@ -59,6 +59,7 @@ bench: install
 	$(BIN)/python bench/api_load.py
 	$(BIN)/python bench/dashboard_open.py
 	$(BIN)/python bench/ledger.py
+	$(BIN)/python bench/planning.py
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install

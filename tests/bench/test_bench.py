@@ -213,3 +213,11 @@ def test_ledger_benchmark_smoke() -> None:
     out = json.loads(p.stdout)
     assert out["sqlite"]["charges"] == 40 and out["sqlite"]["seconds"] > 0
     assert out["postgresql"]["charges"] in (0, 40)
+
+
+def test_planning_benchmark_smoke() -> None:
+    """bench/planning.py plans a spec both ways and finds the same plan (one repeat)."""
+    p = _script("bench/planning.py", "--json", "--repeats", "1", "--specs", "four_grids")
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.loads(p.stdout)["four_grids"]
+    assert row["grids"] == 4 and row["seconds"] > 0 and row["library_seconds"] > 0

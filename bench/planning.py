@@ -1,0 +1,134 @@
+"""How long a sweep takes to plan: the wait before its first trial, after a submit or `dpsweep run`.
+
+For each spec it times :func:`sweeper.sweeps.create.prepare_sweep` (the dataset loaded for N,
+every grid's noise multiplier calibrated with the PLD accountant and verified by the second
+accountant, every grid's per-run charge schedule), the CPU-heavy part of creating a sweep,
+on this machine's cores (the planner's process pool, ``DPSWEEP_PLAN_PROCESSES``):
+
+* ``examples/demo.yaml``: `make demo`'s 9 grids (3 arms x 3 epsilon levels);
+* ``four_grids``: 2 arms x 2 levels, retries 1, 120 steps a trial.
+
+Each spec is timed twice in the same run, alternating, ``--repeats`` times (median):
+
+* ``seconds``: dpsweep's planning, whose subsampled-Gaussian PLDs come from
+  :mod:`workers.accounting.gaussian_pld` (dp_accounting's construction, its inverse privacy
+  loss computed for the whole grid at once);
+* ``library_seconds``: the same planning with dp_accounting's own per-point loop (the
+  library's class in place of the vectorised one: what planning cost before), and
+  ``speedup``, their ratio.
+
+Both give the same plan: the bench checks that every grid's noise multiplier and charge
+schedule are equal.
+
+Usage: ``python bench/planning.py [--repeats N] [--specs demo,four_grids] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FOUR_GRIDS: dict[str, Any] = {
+    "name": "four_grids",
+    "dataset": {"name": "digits"},
+    "model": {"name": "cnn"},
+    "training": {"steps": 120, "batch_size": 64, "eval_every": 40},
+    "privacy": {"budgets": [3, 8], "delta": 1e-5, "retries": 1},
+    "arms": [
+        {"strategy": "fixed", "grid": {"lr": [0.1, 0.3, 1.0], "clip": [1.0]}},
+        {"strategy": "automatic", "grid": {"lr": [0.3, 1.0]}},
+    ],
+}
+
+
+@contextlib.contextmanager
+def library_loop() -> Iterator[None]:
+    """Plan with dp_accounting's own ``GaussianPrivacyLoss`` (its per-point Python loop)."""
+    from dp_accounting.pld import privacy_loss_mechanism as plm
+
+    from workers.accounting import gaussian_pld
+
+    saved = gaussian_pld._CLASS
+    gaussian_pld._CLASS = plm.GaussianPrivacyLoss
+    try:
+        yield
+    finally:
+        gaussian_pld._CLASS = saved
+
+
+def _fingerprint(prepared: Any) -> list[Any]:
+    return [
+        (g.arm, g.epsilon_budget, g.noise_multiplier, [str(e) for e in s.epsilon])
+        for g, s in zip(prepared.plan.grids, prepared.schedules, strict=True)
+    ]
+
+
+def time_spec(spec: Any, repeats: int) -> dict[str, Any]:
+    from sweeper.sweeps.create import prepare_sweep
+
+    prepare_sweep(spec)  # warm-up: imports, the dataset's first load
+    ours: list[float] = []
+    library: list[float] = []
+    fingerprints = set()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a = prepare_sweep(spec)
+        ours.append(time.perf_counter() - t0)
+        with library_loop():
+            t0 = time.perf_counter()
+            b = prepare_sweep(spec)
+            library.append(time.perf_counter() - t0)
+        fingerprints.add(json.dumps(_fingerprint(a)))
+        if _fingerprint(a) != _fingerprint(b):
+            raise SystemExit(f"{spec.name}: the two plans differ")
+    if len(fingerprints) != 1:
+        raise SystemExit(f"{spec.name}: planning is not deterministic")
+    s, lib = statistics.median(ours), statistics.median(library)
+    return {
+        "grids": len(a.plan.grids),
+        "seconds": round(s, 3),
+        "library_seconds": round(lib, 3),
+        "speedup": round(lib / s, 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--specs", default="demo,four_grids", help="comma-separated: demo,four_grids")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    from dpsweep.spec import load_spec
+
+    specs = {
+        "demo": load_spec(ROOT / "examples" / "demo.yaml"),
+        "four_grids": load_spec(FOUR_GRIDS),
+    }
+    wanted = [name.strip() for name in args.specs.split(",") if name.strip()]
+    unknown = sorted(set(wanted) - set(specs))
+    if unknown:
+        p.error(f"unknown spec(s) {unknown}; choose from {sorted(specs)}")
+    out = {name: time_spec(specs[name], args.repeats) for name in wanted}
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    for name, r in out.items():
+        print(
+            f"{name:>10}: {r['grids']} grids planned in {r['seconds']:.2f} s "
+            f"(dp_accounting's loop: {r['library_seconds']:.2f} s, {r['speedup']:.2f}x)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
