@@ -37,7 +37,8 @@ functions, then finished in bulk as the runner would have left it.
 The clients run in this process, on the same machine as the server: on a 2-core VM they take
 CPU from the server (``client_cpu_ms``), so latencies are somewhat worse than the server alone
 would give. Small ``--trials`` plan slower than large ones (each grid's few trials get little
-noise, which the PLD accountant handles slowly): 200 trials take ~4 s to plan, 40 take ~12 s.
+noise, which the PLD accountant handles slowly): loading 200 trials takes ~2 s, planning
+included, and 40 take ~4 s.
 
 Usage: ``python bench/api_load.py [--json] [--trials N] [--clients C] [--requests R]
 [--warmup W] [--backends sqlite,postgresql] [--api-workers K] [--client raw|httpx]``. The
