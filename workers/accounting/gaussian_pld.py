@@ -23,6 +23,7 @@ back to the library's public ``from_gaussian_mechanism`` (the same values, only 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -95,7 +96,7 @@ def _vector_class() -> type:
                 adjacency.REMOVE,
             ):
                 return super().get_delta_for_epsilon(epsilon)
-            is_scalar = isinstance(epsilon, int | float) and not isinstance(epsilon, bool)
+            is_scalar = isinstance(epsilon, numbers.Number)
             epsilons = np.array([epsilon]) if is_scalar else np.asarray(epsilon)
             deltas = np.zeros_like(epsilons, dtype=float)
             if self.adjacency_type == adjacency.ADD:
@@ -179,13 +180,19 @@ def composed_pld(
     Returns:
         The PLD, or ``None`` where a mechanism gives no privacy (a noise multiplier of 0),
         whose epsilon the accountant reports as infinite.
+
+    Raises:
+        ValueError: a count below 1, which the accountant refuses too (a composition of no
+            releases is a caller's bug, not an epsilon of 0).
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     grid = value_discretization_interval
     total = pld.identity(value_discretization_interval=grid)
     for sigma, q, count in mechanisms:
-        if count <= 0 or q == 0:
+        if count < 1:
+            raise ValueError(f"`count` must be positive. Found {count}.")
+        if q == 0:
             continue
         if sigma == 0:
             return None

@@ -95,10 +95,18 @@ def test_a_mechanism_without_noise_has_infinite_epsilon_like_the_accountant() ->
     assert eps == math.inf == _accountant_epsilon(0.0, 0.01, 10, 1e-5, None)
 
 
-def test_zero_steps_and_zero_rate_compose_to_the_identity() -> None:
-    for mechanisms in ([], [(1.0, 0.01, 0)], [(1.0, 0.0, 50)]):
+def test_a_zero_rate_composes_to_the_identity_and_a_zero_count_is_refused() -> None:
+    """As PLDAccountant: q = 0 adds nothing; a count below 1 raises rather than count as 0."""
+    for mechanisms in ([], [(1.0, 0.0, 50)]):
         total = composed_pld(mechanisms, value_discretization_interval=1e-3)
         assert total is not None and total.get_epsilon_for_delta(1e-5) == 0.0
+    for count in (0, -1):
+        with pytest.raises(ValueError):
+            composed_pld([(1.0, 0.01, count)], value_discretization_interval=1e-3)
+        with pytest.raises(ValueError):
+            pld_privacy_accountant.PLDAccountant().compose(
+                dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.0)), count
+            )
 
 
 @pytest.mark.parametrize("q", [1e-4, 0.01, 0.3, 0.9])
@@ -142,5 +150,6 @@ def test_deltas_for_scalars_and_arrays_match_the_library(adjacency: plm.Adjacenc
     fast = _vector_gaussian()(0.9, sampling_prob=0.02, adjacency_type=adjacency)
     eps = np.linspace(-0.5, 0.5, 2001)
     np.testing.assert_array_equal(fast.get_delta_for_epsilon(eps), slow.get_delta_for_epsilon(eps))
-    for e in (0.0, 0.01, -0.01, 0.3):
+    for e in (0.0, 0.01, -0.01, 0.3, np.float32(0.01), np.float64(-0.01)):
         assert fast.get_delta_for_epsilon(e) == slow.get_delta_for_epsilon(e)
+        assert type(fast.get_delta_for_epsilon(e)) is type(slow.get_delta_for_epsilon(e))
