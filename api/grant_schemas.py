@@ -84,10 +84,32 @@ class AuditPage(_Out):
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page")
 
 
+class DatasetViewOut(_Out):
+    """How every sweep on a stored dataset splits and scales its records (set by its owner;
+    an analyst's spec cannot change it)."""
+
+    test_fraction: float = Field(description="the share of records held out for evaluation")
+    split_seed: int = Field(description="the seed (in eval mode dp: the key) of the split")
+    input_bounds: list[float] | None = Field(description="declared bounds of every input")
+    feature_clip: float = Field(description="the clip of features scaled by public statistics")
+
+
+class DatasetViewIn(_Out):
+    test_fraction: float | None = Field(default=None, gt=0, lt=1)
+    split_seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    input_bounds: list[float] | None = Field(
+        default=None, min_length=2, max_length=2, description="[lo, hi]; null: none"
+    )
+    feature_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
 class PolicyOut(_Out):
     dataset: str
     analyst_eval_modes: list[str]
     public_info: PublicInfo
+    view: DatasetViewOut | None = Field(
+        default=None, description="how sweeps read the records (stored files only)"
+    )
 
 
 class PublicInfoIn(_Out):
@@ -107,4 +129,9 @@ class PolicyIn(_Out):
         default=None,
         description="each field given replaces the declared one (null withdraws it); fields "
         "left out are kept",
+    )
+    view: DatasetViewIn | None = Field(
+        default=None,
+        description="each setting given replaces the owner's view of the records (every later "
+        "sweep, the owner's and the analysts', reads them so); settings left out are kept",
     )

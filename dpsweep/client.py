@@ -236,6 +236,7 @@ class Client(HttpTransport):
         analyst_eval_modes: list[str] | None = None,
         label_names: list[str] | None = None,
         description: str | None = None,
+        view: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Change what analysts may use and see of your dataset; what is not given stays.
 
@@ -244,6 +245,9 @@ class Client(HttpTransport):
                 ``carve-out``: a carve-out releases raw metrics on private records).
             label_names: The classes' names, declared public.
             description: A public description.
+            view: How every later sweep reads the records: any of ``test_fraction``,
+                ``split_seed``, ``input_bounds`` (``[lo, hi]``, or None to withdraw them) and
+                ``feature_clip``. Analysts' specs cannot change them.
 
         Raises:
             PermissionDenied: you are an analyst of the dataset, not its owner.
@@ -258,6 +262,8 @@ class Client(HttpTransport):
             info["description"] = description
         if info:
             body["public_info"] = info
+        if view:
+            body["view"] = dict(view)
         return dict(self._json("PUT", f"/datasets/{dataset}/policy", json=body, safe=True))
 
 
@@ -271,7 +277,7 @@ def spec_body(spec: Any) -> bytes:
 
     try:
         if isinstance(spec, SweepSpec):
-            model = SweepSpec.model_validate(spec.model_dump(mode="json"))
+            model = SweepSpec.model_validate(spec.model_dump(mode="json", exclude_unset=True))
         elif isinstance(spec, str | Path | dict):
             model = load_spec(spec)
         else:
@@ -284,4 +290,7 @@ def spec_body(spec: Any) -> bytes:
         if exc.field:
             problem["errors"] = [{"field": exc.field, "message": str(exc)}]
         raise ConfigError(str(exc), field=exc.field, problem=problem) from None
-    return json.dumps(model.model_dump(mode="json")).encode()
+    # Only what the spec sets: a dataset's owner fixes the settings a spec leaves out (its
+    # split, bounds...), and an analyst's spec that repeated every default would contradict
+    # an owner who chose others.
+    return json.dumps(model.model_dump(mode="json", exclude_unset=True)).encode()

@@ -78,6 +78,17 @@ def add_parsers(dsub: Any) -> None:
     )
     p.add_argument("--label-names", help="comma-separated class names, declared public")
     p.add_argument("--description", help="a public description of the dataset")
+    p.add_argument(
+        "--test-fraction", type=float, help="the view: share of records held out for evaluation"
+    )
+    p.add_argument("--split-seed", type=int, help="the view: seed (eval mode dp: key) of the split")
+    p.add_argument(
+        "--input-bounds",
+        help="the view: bounds of every input value, LO,HI (or 'none' to withdraw them)",
+    )
+    p.add_argument(
+        "--feature-clip", type=float, help="the view: clip of features scaled by statistics"
+    )
 
 
 def _local() -> Any:
@@ -227,15 +238,22 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if args.description is not None:
         info["description"] = args.description or None
     modes = None if args.analyst_eval_modes is None else _split(args.analyst_eval_modes)
+    settings: dict[str, Any] = {}
+    for key in ("test_fraction", "split_seed", "feature_clip"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     try:
+        if args.input_bounds is not None:
+            settings["input_bounds"] = _bounds(args.input_bounds)
         engine = open_engine(args.db, migrate=True)
-        if modes is not None or info:
+        if modes is not None or info or settings:
             view = update_policy(
                 engine,
                 args.name,
                 _local(),
                 analyst_eval_modes=modes,
                 public_info=info or None,
+                view=settings or None,
             )
         else:
             view = dataset_policy(engine, args.name, _local())
@@ -251,4 +269,27 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     labels = public.get("label_names")
     out.print("label names: " + (", ".join(labels) if labels else "(not declared)"))
     out.print("description: " + (public.get("description") or "(none)"))
+    fixed = view.get("view")
+    if fixed:
+        bounds = fixed["input_bounds"]
+        out.print(
+            f"view: test fraction {fixed['test_fraction']}, split seed {fixed['split_seed']}, "
+            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}"
+        )
     return 0
+
+
+def _bounds(text: str) -> list[float] | None:
+    """``LO,HI`` as two floats; ``none`` withdraws the bounds."""
+    from dpsweep.errors import ConfigError
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        lo, hi = (float(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigError(
+            f"--input-bounds takes LO,HI (e.g. 0,255) or none; got {text!r}",
+            field="--input-bounds",
+        ) from None
+    return [lo, hi]

@@ -314,5 +314,6 @@ def put_policy(
             if body.analyst_eval_modes is None
             else list(body.analyst_eval_modes),
             public_info=info,
+            view=body.view.model_dump(exclude_unset=True) if body.view else None,
         )
     )

@@ -38,10 +38,10 @@ from api.spec_body import check_limits, parse_spec, read_body
 from api.views import pareto
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import SweepSpec
-from sweeper.datasets.access import check_access
 from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
-from sweeper.sweeps.create import create_sweep, dataset_key
+from sweeper.sweeps.admission import Admission, admit, public_data_error
+from sweeper.sweeps.create import check_before_reserving, create_sweep, dataset_key
 from sweeper.sweeps.deletion import delete_sweep
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
@@ -66,12 +66,25 @@ NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _prepare(engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int) -> Any:
+def _prepare(
+    engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int
+) -> tuple[Admission, Any]:
+    """The one check and the plan, shared by the dry run and the submission (they answer
+    the same): limits, access, the grant's terms and the owner's view, then the plan of the
+    effective spec."""
     check_limits(spec, max_trials)
-    check_access(engine, spec.dataset, viewer)
-    # Loader names pass through; uploads, registered names and a public evaluation dataset
-    # are looked up in the catalog.
-    return planner.prepare(spec, dataset=resolve(engine, spec.dataset, spec.eval))
+    admission = admit(engine, spec, viewer)
+    spec = admission.spec
+    try:
+        # Loader names pass through; uploads, registered names and a public evaluation
+        # dataset are looked up in the catalog.
+        prepared = planner.prepare(spec, dataset=resolve(engine, spec.dataset, spec.eval))
+    except DpsweepError as exc:
+        public = public_data_error(exc, admission)
+        if public is exc:
+            raise
+        raise public from None
+    return admission, prepared
 
 
 def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
@@ -123,10 +136,12 @@ async def create(
                 )
         try:
             spec = parse_spec(ctype, body)
-            prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
+            admission, prepared = _prepare(
+                engine, planner, viewer, spec, settings.max_trials_per_sweep
+            )
             sweep_id = create_sweep(
                 engine,
-                spec,
+                admission.spec,
                 owner=viewer.owner,
                 prepared=prepared,
                 artifact_quota_mb=settings.artifact_quota_mb,
@@ -181,8 +196,20 @@ async def plan(
     ctype = request.headers.get("content-type", "")
 
     def work() -> dict[str, Any]:
-        spec = parse_spec(ctype, body)
-        prepared = _prepare(engine, planner, viewer, spec, settings.max_trials_per_sweep)
+        admission, prepared = _prepare(
+            engine, planner, viewer, parse_spec(ctype, body), settings.max_trials_per_sweep
+        )
+        spec = admission.spec
+        # What a submission checks after planning, read-only: the tenant's quota of kept
+        # models, and an analyst's allowance (their own use; never the lifetime cap's figures).
+        check_before_reserving(
+            engine,
+            spec,
+            prepared,
+            admission,
+            owner=viewer.owner,
+            artifact_quota_mb=settings.artifact_quota_mb,
+        )
         grids = []
         for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True):
             grids.append(

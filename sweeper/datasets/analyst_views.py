@@ -245,9 +245,11 @@ def update_policy(
     *,
     analyst_eval_modes: list[str] | None = None,
     public_info: dict[str, Any] | None = None,
+    view: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Change the policy (owner or admin): the evaluation modes when given, and each
-    ``public_info`` field given (a field set to None is withdrawn; one left out is kept).
+    """Change the policy (owner or admin): the evaluation modes when given, each
+    ``public_info`` field given (a field set to None is withdrawn; one left out is kept), and
+    each setting of the dataset's ``view`` given (:mod:`sweeper.datasets.fixed_view`).
 
     Raises:
         DatasetNotFound / PermissionDenied: not the viewer's dataset (403 for its analysts).
@@ -260,4 +262,11 @@ def update_policy(
             current = dict(row.public_info or {}) if row is not None else {}
         merged = current | public_info
         info = {k: v for k, v in merged.items() if v is not None}
-    return set_policy(engine, name, viewer, analyst_eval_modes=analyst_eval_modes, public_info=info)
+    return set_policy(
+        engine,
+        name,
+        viewer,
+        analyst_eval_modes=analyst_eval_modes,
+        public_info=info,
+        view=view,
+    )

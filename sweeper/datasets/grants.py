@@ -294,6 +294,7 @@ def set_policy(
     *,
     analyst_eval_modes: list[str] | None = None,
     public_info: dict[str, Any] | None = None,
+    view: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Set what analysts may use and see of a dataset (owner or admin).
 
@@ -302,13 +303,29 @@ def set_policy(
             ``carve-out``); None leaves them as they are.
         public_info: What the owner declares public: ``label_names`` (a list of strings) and
             ``description`` (text). Never computed from the records.
+        view: Settings of the dataset's view to change (``test_fraction``, ``split_seed``,
+            ``input_bounds``, ``feature_clip``: :mod:`sweeper.datasets.fixed_view`); the
+            others stay. Every later sweep on the dataset reads it this way.
 
     Raises:
         DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
-        ConfigError: an unknown mode or a malformed description.
+        ConfigError: an unknown mode, a malformed description, or a view setting out of
+            range, or a view on a dataset that is not a stored file.
     """
     with Session(engine) as session, session.begin():
         row = _owned_row(session, name, viewer)
+        if view:
+            from sweeper.datasets.fixed_view import checked_view, view_of
+
+            if not row.storage_path:
+                raise ConfigError(
+                    f"dataset {name!r} is not a stored file; only uploads and registered "
+                    "names have a view",
+                    field="view",
+                )
+            new_view = checked_view(view_of(row), view)
+            # A new dict: SQLAlchemy's JSON column notices a replaced value, not a mutation.
+            row.config = {**dict(row.config or {}), "view": new_view.to_json()}
         if analyst_eval_modes is not None:
             bad = [m for m in analyst_eval_modes if m not in EVAL_MODES]
             if bad:
@@ -330,10 +347,13 @@ def analyst_modes(row: Dataset) -> tuple[str, ...]:
 
 def policy_view(row: Dataset) -> dict[str, Any]:
     """A dataset's analyst policy as the API shows it."""
+    from sweeper.datasets.fixed_view import view_of
+
     return {
         "dataset": row.name,
         "analyst_eval_modes": list(analyst_modes(row)),
         "public_info": dict(row.public_info or {}),
+        "view": view_of(row).to_json() if row.storage_path else None,
     }
 
 

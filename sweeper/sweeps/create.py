@@ -61,6 +61,125 @@ def _content_of(engine: Engine, spec: SweepSpec) -> str:
     return dataset_content_sha256(resolve(engine, spec.dataset))
 
 
+def _ledger_key(
+    engine: Engine, spec: SweepSpec, name: str, content: str, n_examples: int | None
+) -> str:
+    """The ledger a sweep reserves on.
+
+    A stored file (an upload or a registered name) was bound to its records when its owner
+    uploaded or registered it, and no sweep re-points it: whatever a spec sets, the sweep is
+    charged on that ledger (an analyst cannot reach a fresh ledger by reading the file another
+    way, and the owner's budget view keeps every spend). Loader names and paths (local use
+    and admins) are bound here to the records the plan read.
+    """
+    from sweeper.datasets.fixed_view import stored_row
+    from sweeper.datasets.identity import bind_name, ledger_key_of
+    from sweeper.datasets.names import in_catalog
+
+    if in_catalog(spec.dataset.name) and stored_row(engine, spec.dataset.name) is not None:
+        return ledger_key_of(engine, spec.dataset.name)
+    # Bind the name to its records before reserving: a cap or spend still kept under the name
+    # (from before ledgers were keyed by content) must apply to this reservation.
+    return bind_name(
+        engine,
+        name,
+        content,
+        new_row={"config": spec.dataset.model_dump(mode="json"), "n_examples": n_examples},
+    ).ledger_key
+
+
+def check_before_reserving(
+    engine: Engine,
+    spec: SweepSpec,
+    prepared: PreparedSweep,
+    admission: Any,
+    *,
+    owner: str | None,
+    artifact_quota_mb: float | None = None,
+) -> None:
+    """What a submission refuses after planning, checked read-only for a dry run.
+
+    The tenant's quota of kept models, and whether the sweep's cost fits an analyst's
+    allowance (their own use) and what remains of the records' lifetime cap (an analyst is
+    told only that it does not fit, as at submission: the figures would say what others
+    spent). A submission checks the same again, atomically, when it reserves.
+
+    Raises:
+        QuotaExceeded, AllowanceExhausted, BudgetExhausted: as :func:`create_sweep` would.
+    """
+    from sweeper.artifacts.quota import check_quota, configured_quota_bytes
+    from sweeper.datasets.grants import usage
+    from sweeper.privacy.ledger.amounts import (
+        ZERO,
+        cap_left,
+        show_amount,
+        show_amounts,
+        sub_exact,
+    )
+
+    check_quota(
+        engine,
+        owner,
+        spec,
+        configured_quota_bytes(artifact_quota_mb),
+        model_bytes=prepared.model_bytes,
+    )
+    from sweeper.datasets.fixed_view import stored_row
+
+    if stored_row(engine, spec.dataset.name) is None:
+        return  # loader names and paths: bound, and capped, when the sweep is created
+    from sweeper.datasets.identity import ledger_key_of
+
+    name = spec.dataset.name
+    key = ledger_key_of(engine, name)
+    eps = exact_sum([s.reserved_epsilon for s in prepared.schedules])
+    dlt = exact_sum([s.reserved_delta for s in prepared.schedules])
+    terms = admission.terms
+    budget = BudgetLedger(engine).summary(key)
+    for quantity, asked, cap, spent, reserved in (
+        ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
+        ("delta", dlt, budget.delta_cap, budget.delta_spent, budget.delta_reserved),
+    ):
+        left = cap_left(cap, spent, reserved)
+        if left is not None and asked > left:
+            if terms is not None:
+                raise BudgetExhausted(
+                    f"dataset {name!r}: the sweep does not fit what remains of the dataset's "
+                    "lifetime cap; ask its owner",
+                    dataset=name,
+                    quantity=quantity,
+                    requested=asked,
+                    remaining=ZERO,
+                )
+            shown_asked, shown_left = show_amounts(asked, left)
+            raise BudgetExhausted(
+                f"dataset {name!r}: the sweep asks for {quantity}={shown_asked} but only "
+                f"{shown_left} remains of the lifetime cap {show_amount(cap or ZERO)} "
+                f"({show_amount(spent)} spent, {show_amount(reserved)} reserved by running "
+                "sweeps)",
+                dataset=name,
+                quantity=quantity,
+                requested=asked,
+                remaining=left,
+            )
+    if terms is not None:
+        used = usage(engine, key, terms.analyst)
+        allowance = terms.epsilon_allowance
+        left = sub_exact(allowance, used) if used <= allowance else ZERO
+        if eps > left:
+            shown_asked, shown_left = show_amounts(eps, left)
+            raise AllowanceExhausted(
+                f"dataset {name!r}: the sweep asks for epsilon={shown_asked} but only "
+                f"{shown_left} remains of the allowance of {show_amount(allowance)} the data "
+                f"owner granted {terms.analyst!r} ({show_amount(used)} held by their sweeps); "
+                "ask the owner for more",
+                dataset=name,
+                quantity="epsilon",
+                requested=eps,
+                remaining=left,
+            )
+
+
 def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
     """The trial rows of one grid: params, seed, configuration number (and, for
     papernot-steinke, the position ``number``).
@@ -159,6 +278,13 @@ def create_sweep(
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
+    from sweeper.datasets.access import Viewer
+    from sweeper.sweeps.admission import admit
+
+    # The same admission as a dry run's (the API has run it already; it is idempotent): an
+    # analyst's terms and the owner's view of a stored dataset, before anything is planned.
+    admission = admit(engine, spec, Viewer(owner))
+    spec, terms = admission.spec, admission.terms
     check_spec(spec)
     if prepared is None:
         if plan is None:
@@ -182,12 +308,8 @@ def create_sweep(
         model_bytes=prepared.model_bytes,
     )
     # An analyst's sweep (a grant on someone else's dataset) is bound by the grant: the
-    # evaluation modes its owner allows, and its ε allowance (checked with the reservation).
-    from sweeper.datasets.grants import analyst_terms, check_eval_mode
-
-    terms = analyst_terms(engine, spec.dataset.name, owner)
-    if terms is not None:
-        check_eval_mode(terms, spec.eval.mode)
+    # evaluation modes its owner allows (checked at admission), and its ε allowance (checked
+    # with the reservation).
     # The ledger is keyed by the records, not by the name: the same records under any name,
     # path or format share one lifetime budget.
     content = plan.dataset_sha256 or _content_of(engine, spec)
@@ -237,16 +359,7 @@ def create_sweep(
     sweep.trials = trials
     sweep.id = new_id()
     sweep_id, name = sweep.id, sweep.dataset
-    from sweeper.datasets.identity import bind_name
-
-    # Bind the name to its records before reserving: a cap or spend still kept under the name
-    # (from before ledgers were keyed by content) must apply to this reservation.
-    key = bind_name(
-        engine,
-        name,
-        content,
-        new_row={"config": spec.dataset.model_dump(mode="json"), "n_examples": plan.n_examples},
-    ).ledger_key
+    key = _ledger_key(engine, spec, name, content, plan.n_examples)
     sweep.ledger_key = key
     ledger = BudgetLedger(engine)
     # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and

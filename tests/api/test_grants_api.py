@@ -89,7 +89,11 @@ def world(server: Server) -> dict[str, Any]:
         assert r.json()["active"] and r.json()["epsilon_allowance"] == eps
     r = c["olga"].put(
         f"{V1}/datasets/{ds}/policy",
-        json={"public_info": {"label_names": ["neg", "pos"], "description": "points"}},
+        json={
+            "public_info": {"label_names": ["neg", "pos"], "description": "points"},
+            # DP evaluation scales by declared bounds only: the owner declares them.
+            "view": {"input_bounds": [-5.0, 5.0]},
+        },
     )
     assert r.status_code == 200, r.text
     sweeps = {}

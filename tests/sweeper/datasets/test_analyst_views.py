@@ -42,7 +42,7 @@ def _content() -> bytes:
 
 
 def _upload(engine: Any, tmp_path: Path, owner: str) -> str:
-    return str(
+    ds = str(
         store_upload(
             engine,
             owner=owner,
@@ -52,6 +52,9 @@ def _upload(engine: Any, tmp_path: Path, owner: str) -> str:
             label_column="label",
         )["id"]
     )
+    # DP evaluation scales by declared bounds only: the owner declares them in the view.
+    grants.set_policy(engine, ds, Viewer(owner), view={"input_bounds": [-5.0, 5.0]})
+    return ds
 
 
 def _sweep(engine: Any, ds: str, owner: str) -> str:
@@ -154,8 +157,29 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
         "dataset": ds,
         "analyst_eval_modes": ["dp"],
         "public_info": {"description": "points"},
+        "view": {
+            "test_fraction": 0.2,
+            "split_seed": 0,
+            "input_bounds": [-5.0, 5.0],
+            "feature_clip": 5.0,
+        },
     }
     assert dataset_policy(engine, ds, ANA) == p
+    # The view: each setting given replaces the owner's; the others stay.
+    p = update_policy(engine, ds, OLGA, view={"split_seed": 9, "input_bounds": None})
+    assert p["view"] == {
+        "test_fraction": 0.2,
+        "split_seed": 9,
+        "input_bounds": None,
+        "feature_clip": 5.0,
+    }
+    with pytest.raises(ConfigError) as refused:
+        update_policy(engine, ds, OLGA, view={"test_fraction": 0})
+    assert refused.value.field == "view.test_fraction"
+    with pytest.raises(ConfigError):
+        update_policy(engine, ds, OLGA, view={"layout": "nchw"})
+    with pytest.raises(PermissionDenied):
+        update_policy(engine, ds, ANA, view={"split_seed": 1})
     assert describe(engine, ds, ANA)["analyst_eval_modes"] == ["dp"]
     with pytest.raises(PermissionDenied):
         update_policy(engine, ds, ANA, analyst_eval_modes=["carve-out"])

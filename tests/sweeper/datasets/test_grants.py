@@ -51,6 +51,8 @@ def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0) -> str:
         label_column="label",
         epsilon_cap=cap,
     )
+    # DP evaluation scales by declared bounds only: the owner declares them in the view.
+    grants.set_policy(engine, str(desc["id"]), OWNER, view={"input_bounds": [-5.0, 5.0]})
     return str(desc["id"])
 
 

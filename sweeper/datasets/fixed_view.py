@@ -1,0 +1,186 @@
+"""The owner's view of a stored dataset: how its records are split and scaled.
+
+A stored dataset (an upload ``ds_...`` or a registered name) is read the way its **owner**
+declared: its loader options (at registration), and the settings below, which every sweep on
+it uses unless its owner's own spec says otherwise:
+
+* ``test_fraction`` and ``split_seed``: the evaluation split (in mode ``dp`` the key of the
+  content-keyed split);
+* ``input_bounds`` and ``feature_clip``: how inputs are scaled and bounded.
+
+They are part of the dataset's registered description: set at upload or registration (the
+defaults, 0.2, 0, none, 5) and changed later by the owner only
+(``PUT /api/v1/datasets/{id}/policy`` with ``view``, ``dpsweep datasets policy``).
+
+**Why an analyst may not choose them.** Each of them is a way to read the private records.
+An analyst who picks the split seed can search offline for a seed that puts one target
+record alone in a tiny evaluation split and learn from a dry run whether the record is there;
+one who picks loader options or a label column parses the same file into other records, with
+a fresh ledger; one who picks bounds moves what the records contribute. So an analyst's spec
+may leave them out (the owner's apply) or repeat the owner's values; any other value is
+refused (422 naming the field) before anything is planned or reserved, and the stored sweep
+carries the owner's values (:func:`apply_view`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from dpsweep.errors import ConfigError
+from dpsweep.spec import DatasetConfig, SweepSpec
+from sweeper.store import Dataset
+
+#: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
+VIEW_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
+#: What reads the file itself: fixed at upload or registration, never chosen by an analyst.
+FILE_FIELDS: tuple[str, ...] = ("path", "labels_path", "label_column", "options")
+
+
+@dataclass(frozen=True)
+class DatasetView:
+    """The split and scaling settings of a stored dataset (see the module docstring)."""
+
+    test_fraction: float = 0.2
+    split_seed: int = 0
+    input_bounds: tuple[float, float] | None = None
+    feature_clip: float = 5.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["input_bounds"] = None if self.input_bounds is None else list(self.input_bounds)
+        return out
+
+
+def view_of(row: Dataset) -> DatasetView:
+    """The view stored in a dataset row (the defaults for rows stored before views)."""
+    raw = dict(dict(row.config or {}).get("view") or {})
+    bounds = raw.get("input_bounds")
+    return DatasetView(
+        test_fraction=float(raw.get("test_fraction", 0.2)),
+        split_seed=int(raw.get("split_seed", 0)),
+        input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
+        feature_clip=float(raw.get("feature_clip", 5.0)),
+    )
+
+
+def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
+    """``current`` with ``changes`` applied (a key set to None resets input_bounds), checked as
+    a spec's ``dataset`` section is.
+
+    Raises:
+        ConfigError: an unknown setting or a value out of range (field ``view.<name>``).
+    """
+    unknown = set(changes) - set(VIEW_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"unknown view setting(s) {sorted(unknown)}; allowed: {', '.join(VIEW_FIELDS)}",
+            field=f"view.{sorted(unknown)[0]}",
+        )
+    merged = {**asdict(current), **changes}
+    for name in ("test_fraction", "split_seed", "feature_clip"):
+        if merged[name] is None:
+            merged[name] = getattr(DatasetView(), name)
+    try:
+        # The same checks as a spec's dataset section (ranges, finite bounds, lo < hi).
+        d = DatasetConfig.model_validate({"name": "view", **merged})
+    except ValueError as exc:
+        errors: list[Any] = list(getattr(exc, "errors", lambda: [])())
+        where = ".".join(str(p) for p in errors[0]["loc"]) if errors else ""
+        raise ConfigError(
+            f"invalid dataset view: {errors[0]['msg'] if errors else exc}",
+            field=f"view.{where}" if where else "view",
+        ) from None
+    return DatasetView(
+        test_fraction=d.test_fraction,
+        split_seed=d.split_seed,
+        input_bounds=d.input_bounds,
+        feature_clip=d.feature_clip,
+    )
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return float(a) == float(b)  # exact: 0.2 given for 0.2 stored, nothing else
+        except (TypeError, ValueError):
+            return False
+    return bool(a == b)
+
+
+def apply_view(spec: SweepSpec, row: Dataset, *, analyst: bool) -> SweepSpec:
+    """The spec with the dataset's view filled in: what the sweep will run and store.
+
+    Settings the spec leaves out take the owner's values. An analyst's spec may repeat the
+    owner's values but not change them, nor anything that reads the file (path, label
+    column, loader options); the dataset's owner may (their own sweeps on their own data;
+    the ledger charged stays the one bound to the name, whatever they choose).
+
+    Raises:
+        ConfigError: an analyst's spec sets one of them to another value (field
+            ``dataset.<name>``), saying that the owner sets it.
+    """
+    d = spec.dataset
+    given = d.model_fields_set
+    view = view_of(row)
+    updates: dict[str, Any] = {}
+    for name in VIEW_FIELDS:
+        owner_value = getattr(view, name)
+        if name not in given:
+            updates[name] = owner_value
+        elif analyst and not _same(getattr(d, name), owner_value):
+            raise ConfigError(
+                f"dataset.{name} of dataset {d.name!r} is set by its owner "
+                f"({_shown(owner_value)}); analysts cannot change it: leave it out",
+                field=f"dataset.{name}",
+            )
+    if analyst:
+        cfg = dict(row.config or {})
+        stored = {
+            "path": None,
+            "labels_path": None,
+            "label_column": cfg.get("label_column"),
+            "options": dict(cfg.get("options") or {}),
+        }
+        for name in FILE_FIELDS:
+            value = getattr(d, name)
+            if name in given and value not in (None, {}) and not _same_json(value, stored[name]):
+                raise ConfigError(
+                    f"dataset.{name} of dataset {d.name!r} is fixed when its owner uploads or "
+                    "registers it; analysts cannot change how its file is read: leave it out",
+                    field=f"dataset.{name}",
+                )
+    if not updates:
+        return spec
+    return spec.model_copy(update={"dataset": d.model_copy(update=updates)})
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    import json
+
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return str(list(value))
+    return repr(value)
+
+
+def stored_row(engine: Engine, name: str) -> Dataset | None:
+    """The catalog row of a stored file (upload or registered name), or None."""
+    from sweeper.datasets.grants import dataset_row
+
+    with Session(engine) as session:
+        row = dataset_row(session, name)
+        if row is None or not row.storage_path or not row.format:
+            return None
+        session.expunge(row)
+        return row
