@@ -24,7 +24,7 @@ from PIL import Image
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api.testing.server import Server, start_server
+from api.testing.server import start_server
 from sweeper import datasets as catalog
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.store import Dataset, Sweep
