@@ -7,10 +7,20 @@ all of them split, scale and bound the inputs the same way.
 What is shown of a file is what the planner and the model need and treats as public: the
 number of examples (it sets the sample rate and bounds δ), of features and of classes. Never
 rows, labels or class names: those are the private data.
+
+The class list of a stored file is declared once, when its owner uploads or registers it
+(:func:`load_declared`, stored in the row's ``config["classes"]``), and every later load of
+the file (planning, workers, descriptions) encodes labels by it
+(:attr:`workers.datasets.records.DatasetSpec.classes`): the class count and encoding are then
+part of the registered description, never computed from the records an analyst's outputs
+depend on. Rows stored before declarations have no ``classes``; their loads still count the
+classes in the records, until their owner uploads or registers the file again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from dpsweep.errors import ConfigError, DatasetError
@@ -25,11 +35,13 @@ def worker_spec(
     label_column: str | None,
     labels_path: str | None = None,
     stored_options: dict[str, Any] | None = None,
+    classes: Sequence[str] | None = None,
 ) -> Any:
     """The :class:`workers.datasets.DatasetSpec` of loader ``name`` (for a stored file: its
     format) at ``path``, with the split and scaling settings of ``d`` (a spec's ``dataset``
     section, or a dict). A stored file's own options (``stored_options``: its vocabulary,
-    image size...) apply unless the spec's options override them."""
+    image size...) apply unless the spec's options override them; ``classes`` is its declared
+    class list (None: the records' distinct labels)."""
     from workers.datasets.records import DatasetSpec
 
     get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
@@ -46,12 +58,15 @@ def worker_spec(
         options={**(stored_options or {}), **dict(get("options", {}) or {})},
         input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         feature_clip=5.0 if feature_clip is None else float(feature_clip),
+        classes=None if classes is None else tuple(str(c) for c in classes),
     )
 
 
 def file_spec(row: Dataset, dataset: Any = None) -> Any:
     """The worker spec of a stored file (an upload or a registered name); split and scaling
-    settings from ``dataset`` (a spec's), the file's own settings from the row."""
+    settings from ``dataset`` (a spec's), the file's own settings from the row, its declared
+    class list among them (None for rows stored before declarations: see the module
+    docstring)."""
     cfg = dict(row.config or {})
     assert row.storage_path is not None and row.format is not None
     return worker_spec(
@@ -61,6 +76,7 @@ def file_spec(row: Dataset, dataset: Any = None) -> Any:
         label_column=cfg.get("label_column"),
         labels_path=cfg.get("labels_path"),
         stored_options=dict(cfg.get("options") or {}),
+        classes=cfg.get("classes"),
     )
 
 
@@ -70,6 +86,37 @@ def load_file(spec: Any, shown_as: str) -> tuple[dict[str, Any], str]:
     Raises:
         DatasetError: the file cannot be loaded (named ``shown_as``, not by its path).
     """
+    info, identity, _ = _load(spec, shown_as)
+    return info, identity
+
+
+def load_declared(spec: Any, shown_as: str) -> tuple[Any, dict[str, Any], str]:
+    """Load a file its owner is uploading or registering, and declare its class list.
+
+    The list (:func:`workers.datasets.loading.class_names`) is computed from the records
+    here, once, as the owner's action on the owner's file; stored in the row's
+    ``config["classes"]`` it becomes part of the registered description, and every later
+    load uses it (module docstring). What is shown is what those loads give
+    (``num_classes`` is the list's length).
+
+    Returns:
+        ``spec`` with its declared ``classes``, what may be shown of the file
+        (:func:`load_file`), and its identity.
+
+    Raises:
+        DatasetError: the file cannot be loaded (named ``shown_as``, not by its path).
+    """
+    info, identity, data = _load(spec, shown_as)
+    declared = replace(spec, classes=tuple(data.declared_classes))
+    if len(declared.classes) != info["num_classes"]:
+        # Two spellings of one class ("1" and "1.0") are one declared class: later loads
+        # encode (and split) by the list, so describe what they will load.
+        info, identity, _ = _load(declared, shown_as)
+    return declared, info, identity
+
+
+def _load(spec: Any, shown_as: str) -> tuple[dict[str, Any], str, Any]:
+    """:func:`load_file`, with the loaded :class:`workers.datasets.records.Dataset`."""
     from workers.datasets.loading import load_dataset
 
     try:
@@ -84,7 +131,7 @@ def load_file(spec: Any, shown_as: str) -> tuple[dict[str, Any], str]:
         "num_classes": int(data.num_classes),
         "kind": data.kind,
     }
-    return info, data.content_sha256
+    return info, data.content_sha256, data
 
 
 def describe_file(spec: Any, shown_as: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, or_, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
-from sweeper.datasets.files import load_file, worker_spec
+from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import Binding, bind_name
 from sweeper.datasets.names import check_registered_name, format_of
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
@@ -49,7 +49,15 @@ def register_file(
     ``options``: the format's options (:mod:`workers.datasets.descriptors`), e.g. an
     ``image_folder``'s ``size`` and ``mode`` or a ``text_csv``'s ``text_column`` and public
     ``vocab`` / ``tokenizer`` file; checked, used to load the file, and stored in the row's
-    ``config`` (``options``) as given.
+    ``config`` (``options``) as given, except that an ``image_folder`` stores the ``size`` and
+    ``mode`` its loader would otherwise derive from the records, resolved now
+    (:func:`workers.datasets.images.registered_options`).
+
+    The class list is declared now too, from the file, and stored in the row's ``config``
+    (``classes``; :func:`sweeper.datasets.files.load_declared`). Both are the owner's action
+    on the owner's file and become the registered description: the input shape and the class
+    count and encoding are shown and shape the model, so no later load (planning, workers,
+    descriptions) may compute them from the records. Registering again recomputes them.
 
     Returns:
         The binding (``shared_with``: other names of the same records, which share its cap
@@ -78,10 +86,14 @@ def register_file(
                 "it; choose another name",
                 field="name",
             )
+    if fmt == "image_folder":
+        from workers.datasets.images import registered_options
+
+        given = registered_options(file, given)
     spec = worker_spec(
         {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
     )
-    info, identity = load_file(spec, str(file))
+    spec, info, identity = load_declared(spec, str(file))
     fields: dict[str, Any] = {
         "label": name,
         "format": fmt,
@@ -94,6 +106,7 @@ def register_file(
             "labels_path": labels,
             **({"options": given} if given else {}),
             **info,
+            "classes": list(spec.classes),
             "public": bool(public),
         },
     }

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DpsweepError
 from sweeper.datasets.access import Viewer
-from sweeper.datasets.files import load_file, worker_spec
+from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import bind_name
 from sweeper.datasets.names import UPLOAD_FORMATS, UPLOAD_PREFIX
 from sweeper.datasets.views import describe
@@ -47,6 +47,10 @@ def store_upload(
 
     The file is parsed exactly as a sweep will load it, so a malformed file is refused now,
     not when trials start. Nothing is kept of a refused upload.
+
+    Its class list is declared now, from the file (the owner's action on the owner's file),
+    and stored in the row's ``config["classes"]``: every later load encodes labels by it,
+    never by the labels the records hold (:func:`sweeper.datasets.files.load_declared`).
 
     The upload is bound to the identity of its records (:func:`bind_name`): records uploaded
     before (under any id, name or format) keep their ledger and cap. Caps given here can only
@@ -91,7 +95,7 @@ def store_upload(
             name=fmt,
             label_column=label_column,
         )
-        info, identity = load_file(spec, filename)
+        spec, info, identity = load_declared(spec, filename)
         binding = bind_name(
             engine,
             uid,
@@ -104,7 +108,11 @@ def store_upload(
                 "sha256": hashlib.sha256(content).hexdigest(),
                 "storage_path": str(path.resolve()),
                 "n_examples": info["n_examples"],
-                "config": {"label_column": label_column, **info},
+                "config": {
+                    "label_column": label_column,
+                    **info,
+                    "classes": list(spec.classes),
+                },
             },
         )
         if epsilon_cap is not None or delta_cap is not None:

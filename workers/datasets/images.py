@@ -7,6 +7,12 @@ another size is refused, naming the file and both sizes (never a pixel value), u
 ``resize`` resamples it. Option ``mode`` chooses grey (1 channel) or RGB (3 channels);
 ``auto`` is grey when every image is and RGB when every image is in colour, and refuses a
 mix (naming a file): one record must not silently change the input shape, which is public.
+
+The defaults of ``size`` and ``mode`` are read from the records (the first image's size,
+whether every image is grey), and the input shape they give is shown and shapes the model.
+So they are defaults for local use by path only: a registered folder always carries both,
+resolved once at registration (:func:`registered_options`, the owner's action on the owner's
+file) and stored with its options, so no later load derives them from a record.
 8-bit pixels are scaled by the format's fixed range
 [0, 255] (:mod:`workers.datasets.scaling`), never by statistics of the records, and the
 identity (:func:`workers.datasets.identity.content_sha256`) covers the decoded records
@@ -15,6 +21,7 @@ whatever the files' names or order.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +76,46 @@ def image_files(root: Path) -> list[tuple[str, Path]]:
         if not found:
             raise DatasetError(f"{folder}: class folder {folder.name!r} holds no image")
     return files
+
+
+def registered_options(root: str | Path, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options an image folder is registered with: ``options`` as given, plus the
+    defaults the loader would otherwise derive from the records, resolved once.
+
+    * ``size`` (not given, and ``resize`` is ``none``): the first image's ``[H, W]``, the
+      size the loader picks without it. With ``resize`` the owner must give it (the loader
+      refuses without).
+    * ``mode`` (``auto`` or not given): ``grayscale`` when every image is grey, ``rgb`` when
+      every image is in colour, as the loader would choose; left ``auto`` for a mix, which the
+      loader refuses (naming a file).
+
+    Only headers are read. Every later load of the registered folder then reads its size and
+    channels from the registered description, never from a record (module docstring).
+
+    Raises:
+        ConfigError: an invalid option.
+        DatasetError: not an image folder, or an unreadable image (named).
+    """
+    opts = IMAGE_FOLDER.validate(dict(options))
+    out = dict(options)
+    need_size = opts["size"] is None and str(opts["resize"]) == "none"
+    need_mode = str(opts["mode"]) == "auto"
+    if not (need_size or need_mode):
+        return out
+    grey: set[bool] = set()
+    for i, (_, f) in enumerate(image_files(Path(root))):
+        with _open(f) as im:
+            mode, (w, h) = im.mode, im.size
+        if i == 0 and need_size:
+            out["size"] = [int(h), int(w)]
+        if not need_mode:
+            break
+        grey.add(mode in _GREY_MODES)
+        if len(grey) == 2:
+            break
+    if need_mode and len(grey) == 1:
+        out["mode"] = "grayscale" if True in grey else "rgb"
+    return out
 
 
 def _open(path: Path) -> Any:

@@ -21,15 +21,26 @@ what they are and what epsilon covers:
   a format with a known pixel range.
 
 Normalisation (:mod:`workers.datasets.scaling`) uses no training record, and bounds every input.
+
+Privacy note on classes: the class count is shown and sets the model's output layer, and the
+label encoding decides what every output unit means. Computed from the records (the sorted
+distinct labels), both depend on which labels occur: a neighbouring dataset without the only
+record of a class has one class fewer, and every later class another index. A stored file
+(upload, registered name) therefore declares its class list once, at upload or registration,
+as part of its registered description (:attr:`DatasetSpec.classes`, :func:`class_names`);
+every load of it encodes labels by that list and never counts classes in the records.
 """
 
 from __future__ import annotations
+
+import math
+import re
 
 import numpy as np
 
 from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.finite import _check_finite
-from workers.datasets.identity import _canonical_labels, content_sha256
+from workers.datasets.identity import _canonical_labels, _canonical_number, content_sha256
 from workers.datasets.records import EVAL_MODES, Dataset, DatasetSpec, RawData
 from workers.datasets.registry import DATASETS, dataset_names, has_loader
 from workers.datasets.scaling import _normalise
@@ -44,13 +55,17 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     ``dp`` by a keyed hash of each record's content (:func:`_keyed_split`), and ``public``
     trains on every record and evaluates on ``spec.eval_dataset``.
 
+    Labels are encoded by the declared class list ``spec.classes`` when there is one (module
+    docstring), else by the sorted distinct labels of the records.
+
     Raises:
         ConfigError: unknown name or invalid settings (the message lists what is allowed); in
             mode ``dp``, inputs that only public statistics could scale; in mode ``public``,
             an evaluation dataset of another kind or input shape.
         DatasetError: a missing or malformed file, or NaN / inf values (the message names the
             file and where the values are); a split that leaves a side empty; in mode
-            ``public``, evaluation labels that are not training classes.
+            ``public``, evaluation labels that are not training classes; a record whose label
+            is not one of the declared classes.
     """
     if not has_loader(spec.name):
         raise ConfigError(
@@ -83,10 +98,29 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     # The identity is taken from the records as parsed, before the split and the scaling:
     # those depend on the spec (seed, fraction, bounds), the records do not.
     identity = content_sha256(raw)
-    classes, y = np.unique(raw.y, return_inverse=True)
+    labels, inverse = np.unique(raw.y, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if spec.classes is None:
+        # Local use (a built-in, a file given by path): the records' sorted distinct labels.
+        classes = [str(c) for c in labels]
+        # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one
+        # class (the first spelling's index, for mode public's evaluation labels).
+        canonical = _canonical_labels(labels)
+        index: dict[bytes, int] = {}
+        for i, c in enumerate(canonical):
+            index.setdefault(c, i)
+        y = inverse
+        declared = _names(canonical)
+    else:
+        # A stored file: its declared list, never what the records hold (module docstring).
+        classes = list(spec.classes)
+        index = _declared_index(spec.classes)
+        y = _encode(labels, inverse, index)
+        declared = tuple(spec.classes)
     if len(classes) < 2:
+        declares = "declares" if spec.classes is not None else "has"
         raise DatasetError(
-            f"dataset {spec.name!r} ({spec.path or 'built-in'}) has fewer than two classes"
+            f"dataset {spec.name!r} ({spec.path or 'built-in'}) {declares} fewer than two classes"
         )
     x = raw.x
     if raw.kind == "image" and x.ndim == 3:
@@ -95,7 +129,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         assert spec.eval_dataset is not None
         x_fit, y_fit = x, y
         x_eval, y_eval = _public_eval_records(
-            spec.eval_dataset, raw, x, classes, bounds=spec.input_bounds is not None
+            spec.eval_dataset, raw, x, index, len(classes), bounds=spec.input_bounds is not None
         )
     else:
         if mode == "dp":
@@ -113,19 +147,28 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         x_test=x_test,
         y_test=y_eval.astype(np.int64),
         num_classes=len(classes),
-        classes=[str(c) for c in classes],
+        classes=classes,
         input_scaling=scaling,
         content_sha256=identity,
         evaluation=mode,
         vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
+        declared_classes=declared,
     )
 
 
 def _public_eval_records(
-    eval_spec: DatasetSpec, raw: RawData, x: np.ndarray, classes: np.ndarray, *, bounds: bool
+    eval_spec: DatasetSpec,
+    raw: RawData,
+    x: np.ndarray,
+    index: dict[bytes, int],
+    n_classes: int,
+    *,
+    bounds: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Mode ``public``: the records of the public evaluation dataset, with channel axis, and
-    their labels as indices into the training ``classes``.
+    their labels as indices into the training classes (``index``: canonical label to class
+    index; the declared list's when the training dataset declares one, so the evaluation
+    encoding is the training encoding).
 
     Its kind and input shape must be the training data's (both are public: the model's input),
     and so must its pixel format unless ``bounds`` (declared ``input_bounds``) scale both.
@@ -184,9 +227,6 @@ def _public_eval_records(
             field="eval.dataset",
         )
     # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one class.
-    index: dict[bytes, int] = {}
-    for i, c in enumerate(_canonical_labels(np.asarray(classes))):
-        index.setdefault(c, i)
     mapped = [index.get(c, -1) for c in _canonical_labels(pub.y)]
     y_pub = np.asarray(mapped, dtype=np.int64)
     unknown = int(np.count_nonzero(y_pub < 0))
@@ -195,11 +235,91 @@ def _public_eval_records(
         # missing from the training data would say which classes it has.
         raise DatasetError(
             f"evaluation dataset {where}: {unknown} of its {len(y_pub)} records have a label "
-            f"that is not one of the training dataset's {len(classes)} classes; label the "
+            f"that is not one of the training dataset's {n_classes} classes; label the "
             "evaluation records with the training dataset's label values (same spelling), or "
             "drop records of other classes"
         )
     return x_pub, y_pub
+
+
+def class_names(labels: np.ndarray) -> tuple[str, ...]:
+    """The class list an upload or registration declares for records with these labels
+    (:attr:`DatasetSpec.classes`): their distinct labels as canonical names, in the order an
+    undeclared load encodes them (sorted, as :func:`numpy.unique`).
+
+    A canonical name is a label's canonical form (:func:`workers.datasets.identity.
+    _canonical_labels`, the one the identity hashes): a number as the shortest form of its
+    value (``1``, ``1.0`` and ``"1"`` give ``"1"``), text stripped. Labels that spell one
+    class differently are one class (the first's place); otherwise the declared list encodes
+    the records exactly as an undeclared load does (same indices, same count).
+
+    Computed from the records: call it where their owner acts on them (an upload, a
+    registration), never for a load whose outputs an analyst receives.
+    """
+    return _names(_canonical_labels(np.unique(np.asarray(labels))))
+
+
+def _names(canonical: list[bytes]) -> tuple[str, ...]:
+    """Canonical labels as names (text without its ``s:`` tag), duplicates dropped."""
+    seen: dict[bytes, None] = dict.fromkeys(canonical)
+    return tuple(c[2:].decode() if c.startswith(b"s:") else c.decode() for c in seen)
+
+
+# A number's canonical name that is an integer (kept exact: an int64 label above 2**53 does
+# not survive a float).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _declared_key(name: str) -> bytes:
+    """The canonical label (:func:`_canonical_labels`) a declared class name stands for: the
+    inverse of :func:`class_names`' naming, so a name it gave matches its labels exactly."""
+    text = name.strip()
+    try:
+        number = float(text)
+    except ValueError:
+        return b"s:" + text.encode()
+    if not math.isfinite(number):
+        return b"s:" + text.encode()  # "inf" and "nan" are text labels (as the identity has it)
+    if _INTEGER.fullmatch(text):
+        return str(int(text)).encode()
+    return _canonical_number(number)
+
+
+def _declared_index(classes: tuple[str, ...]) -> dict[bytes, int]:
+    """Canonical label to class index of a declared class list.
+
+    Raises:
+        DatasetError: two names of one class (``1`` and ``1.0``), by their places in the
+            list, not their names: analysts may read the message.
+    """
+    index: dict[bytes, int] = {}
+    for i, name in enumerate(classes):
+        key = _declared_key(str(name))
+        if key in index:
+            raise DatasetError(
+                f"the declared classes name one class twice (classes {index[key]} and {i}); "
+                "declare each class once"
+            )
+        index[key] = i
+    return index
+
+
+def _encode(labels: np.ndarray, inverse: np.ndarray, index: dict[bytes, int]) -> np.ndarray:
+    """Each record's class index under a declared list (``labels``, ``inverse``: the records'
+    distinct labels and each record's place among them).
+
+    Raises:
+        DatasetError: a record's label is not declared. It names no label, row or count:
+            the analyst may read it, and any of them would be the private records'.
+    """
+    lut = np.asarray([index.get(c, -1) for c in _canonical_labels(labels)], dtype=np.int64)
+    if len(lut) and int(lut.min()) < 0:
+        # Only a file edited after it was stored gets here: the list was computed from it.
+        raise DatasetError(
+            "a record's label is not one of the dataset's declared classes (its file changed "
+            "after it was uploaded or registered); its owner uploads or registers it again"
+        )
+    return lut[inverse]
 
 
 def dataset_content_sha256(spec: DatasetSpec) -> str:

@@ -43,6 +43,16 @@ class DatasetSpec:
             split that stays private). See :mod:`workers.datasets.loading`.
         eval_dataset: mode ``public``: the worker spec of the public evaluation dataset
             (loaded with its own loader; its split and scaling settings are not used).
+        classes: the dataset's declared classes in their encoding order (class ``i`` is
+            label ``classes[i]``), as canonical names
+            (:func:`workers.datasets.loading.class_names`). Set, they fix the label encoding
+            and the class count whatever labels the records hold: both are shown and shape
+            the model's output layer, so they must come from the dataset's registered
+            description, not from the private records (without a declaration, a neighbouring
+            dataset lacking the only record of a class has one class fewer, and every later
+            class another index). Stored files (uploads, registered names) carry the list
+            computed at upload or registration. None: the sorted distinct labels of the
+            records (built-ins, local files given by path, rows stored before declarations).
     """
 
     name: str
@@ -56,6 +66,7 @@ class DatasetSpec:
     feature_clip: float = 5.0
     evaluation: str = "carve-out"
     eval_dataset: DatasetSpec | None = None
+    classes: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -123,6 +134,12 @@ class Dataset:
     evaluation: str = "carve-out"
     #: Kind ``tokens``: the embedding size a model needs (the public tokenizer's); else None.
     vocab_size: int | None = None
+    #: The class list an upload or registration declares for these records
+    #: (:attr:`DatasetSpec.classes`): the spec's when it declares one, else the canonical
+    #: names of the records' distinct labels (:func:`workers.datasets.loading.class_names`).
+    #: It equals ``classes`` in length and order unless two labels spell one class
+    #: differently (``"1"`` and ``"1.0"``), which a declared list merges.
+    declared_classes: tuple[str, ...] = ()
 
     @property
     def input_shape(self) -> tuple[int, ...]:
