@@ -92,6 +92,9 @@ class DatasetViewOut(_Out):
     split_seed: int = Field(description="the seed (in eval mode dp: the key) of the split")
     input_bounds: list[float] | None = Field(description="declared bounds of every input")
     feature_clip: float = Field(description="the clip of features scaled by public statistics")
+    n_examples: int | None = Field(
+        description="the number of records, declared public: plans take N, q and T from it"
+    )
 
 
 class DatasetViewIn(_Out):
@@ -101,6 +104,7 @@ class DatasetViewIn(_Out):
         default=None, min_length=2, max_length=2, description="[lo, hi]; null: none"
     )
     feature_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    n_examples: int | None = Field(default=None, ge=2, lt=2**53)
 
 
 class PolicyOut(_Out):

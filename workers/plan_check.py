@@ -87,7 +87,12 @@ def check_pack(spec: Any, data: Any) -> tuple[float, int]:
     from workers.schedule import eval_releases, plan_steps
 
     q, steps = plan_steps(
-        n_train=data.n_train, batch_size=spec.batch_size, epochs=spec.epochs, steps=spec.steps
+        # The size the plan used: declared by the owner for a stored dataset (the records'
+        # own count is private), counted otherwise.
+        n_train=data.planning_n_train,
+        batch_size=spec.batch_size,
+        epochs=spec.epochs,
+        steps=spec.steps,
     )
     if spec.planned is not None:
         dp_eval = spec.eval_noise_multiplier is not None

@@ -89,6 +89,11 @@ def add_parsers(dsub: Any) -> None:
     p.add_argument(
         "--feature-clip", type=float, help="the view: clip of features scaled by statistics"
     )
+    p.add_argument(
+        "--n-examples",
+        type=int,
+        help="the view: the number of records, declared public (plans take N, q and T from it)",
+    )
 
 
 def _local() -> Any:
@@ -239,7 +244,7 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         info["description"] = args.description or None
     modes = None if args.analyst_eval_modes is None else _split(args.analyst_eval_modes)
     settings: dict[str, Any] = {}
-    for key in ("test_fraction", "split_seed", "feature_clip"):
+    for key in ("test_fraction", "split_seed", "feature_clip", "n_examples"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
     try:
@@ -274,7 +279,8 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         bounds = fixed["input_bounds"]
         out.print(
             f"view: test fraction {fixed['test_fraction']}, split seed {fixed['split_seed']}, "
-            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}"
+            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}, "
+            f"declared records {fixed.get('n_examples')}"
         )
     return 0
 

@@ -93,7 +93,14 @@ def allowance_view(engine: Engine, g: DatasetGrant, ledger_key: str) -> dict[str
 
 def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[str, Any]:
     """A dataset as its analyst sees it: the public description and their allowance."""
+    from sweeper.datasets.fixed_view import view_of
+
     cfg = dict(row.config or {})
+    # Sizes as the owner declared them (the view), never counted from the records: the
+    # training share is the one every plan with a held-out split uses.
+    view = view_of(row)
+    n = view.n_examples
+    n_train = None if n is None else max(1, n - max(1, round(n * view.test_fraction)))
     return {
         "id": row.name,
         "name": row.label or row.name,
@@ -101,8 +108,8 @@ def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[s
         "role": ANALYST,
         "format": row.format,
         "label_column": cfg.get("label_column"),
-        "n_examples": row.n_examples,
-        "n_train": cfg.get("n_train"),
+        "n_examples": n,
+        "n_train": n_train,
         "input_shape": cfg.get("input_shape"),
         "num_classes": cfg.get("num_classes"),
         "kind_of_data": cfg.get("kind"),

@@ -6,7 +6,12 @@ it uses unless its owner's own spec says otherwise:
 
 * ``test_fraction`` and ``split_seed``: the evaluation split (in mode ``dp`` the key of the
   content-keyed split);
-* ``input_bounds`` and ``feature_clip``: how inputs are scaled and bounded.
+* ``input_bounds`` and ``feature_clip``: how inputs are scaled and bounded;
+* ``n_examples``: the number of records, declared public (by default the count at upload or
+  registration). Plans take N, the sample rate q = b / n_train, the step count and the
+  noisy accuracy's denominator from it, never from counting the records, so two neighbouring
+  datasets under one declaration get the same plan, the same q and the same sigma: the size
+  of the data is the owner's declaration, not a count an analyst can read.
 
 They are part of the dataset's registered description: set at upload or registration (the
 defaults, 0.2, 0, none, 5) and changed later by the owner only
@@ -35,7 +40,9 @@ from dpsweep.spec import DatasetConfig, SweepSpec
 from sweeper.store import Dataset
 
 #: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
-VIEW_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
+SPEC_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
+#: Everything of the view an owner may change.
+VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, "n_examples")
 #: What reads the file itself: fixed at upload or registration, never chosen by an analyst.
 FILE_FIELDS: tuple[str, ...] = ("path", "labels_path", "label_column", "options")
 
@@ -48,6 +55,7 @@ class DatasetView:
     split_seed: int = 0
     input_bounds: tuple[float, float] | None = None
     feature_clip: float = 5.0
+    n_examples: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -64,6 +72,7 @@ def view_of(row: Dataset) -> DatasetView:
         split_seed=int(raw.get("split_seed", 0)),
         input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         feature_clip=float(raw.get("feature_clip", 5.0)),
+        n_examples=int(raw.get("n_examples") or row.n_examples or 0) or None,
     )
 
 
@@ -84,6 +93,15 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
     for name in ("test_fraction", "split_seed", "feature_clip"):
         if merged[name] is None:
             merged[name] = getattr(DatasetView(), name)
+    size = merged.pop("n_examples")
+    if size is not None and (
+        isinstance(size, bool) or not isinstance(size, int) or not 2 <= size < 2**53
+    ):
+        raise ConfigError(
+            f"view.n_examples is the number of records, declared public: an integer >= 2; "
+            f"got {size!r}",
+            field="view.n_examples",
+        )
     try:
         # The same checks as a spec's dataset section (ranges, finite bounds, lo < hi).
         d = DatasetConfig.model_validate({"name": "view", **merged})
@@ -99,6 +117,7 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
         split_seed=d.split_seed,
         input_bounds=d.input_bounds,
         feature_clip=d.feature_clip,
+        n_examples=size,
     )
 
 
@@ -129,7 +148,7 @@ def apply_view(spec: SweepSpec, row: Dataset, *, analyst: bool) -> SweepSpec:
     given = d.model_fields_set
     view = view_of(row)
     updates: dict[str, Any] = {}
-    for name in VIEW_FIELDS:
+    for name in SPEC_FIELDS:
         owner_value = getattr(view, name)
         if name not in given:
             updates[name] = owner_value

@@ -197,4 +197,8 @@ def _resolve_training(engine: Engine | None, dataset: Any) -> Any:
         row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
     if row is None or row.storage_path is None or row.format is None:
         raise ConfigError(unknown_dataset(name), field="dataset.name")
-    return file_spec(row, dataset)
+    from sweeper.datasets.fixed_view import view_of
+
+    # Sizes come from the owner's declaration (sweeper.datasets.fixed_view), not from
+    # counting the records: the plan must not depend on whether one record is there.
+    return replace(file_spec(row, dataset), declared_size=view_of(row).n_examples)

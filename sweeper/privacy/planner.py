@@ -189,15 +189,16 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     evaluation = getattr(spec, "eval", None)
     # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
     data = load_dataset(dataset or resolve(None, spec.dataset, evaluation))
-    # N: the private records (in mode public the evaluation records are another dataset).
-    n = data.n_private
+    # N: the private records (in mode public the evaluation records are another dataset), as
+    # declared by a stored dataset's owner: the plan is then the same on neighbouring data.
+    n = data.planning_n_private
     arms = {a.label: a for a in spec.arms}
     b = spec.training.batch_size
     from sweeper.privacy.parallel import pmap
 
     engine_path = _engine_path(spec.model.name)
     grids = []
-    requests = grid_requests(spec, dataset_size=n, n_train=data.n_train)
+    requests = grid_requests(spec, dataset_size=n, n_train=data.planning_n_train)
     for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
         arm = arms[req.arm]
         # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
@@ -225,8 +226,8 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
                 input_scaling=dict(data.input_scaling),
                 count_noise=count_noise,
                 warnings=tuple(warnings),
-                n_train=data.n_train,
-                n_eval=int(data.x_test.shape[0]),
+                n_train=data.planning_n_train,
+                n_eval=data.planning_n_eval,
                 eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
                 eval_dataset=getattr(evaluation, "dataset", None),
                 engine_path=engine_path,

@@ -64,6 +64,21 @@ def test_grant_list_policy_audit_and_revoke(setup: Any, capsys: pytest.CaptureFi
     p = _json(capsys, *policy, "--description", "three features")
     assert p["public_info"] == {"label_names": ["neg", "pos"], "description": "three features"}
     assert _json(capsys, *policy) == p
+    # The owner's view of the records: analysts' specs cannot change it.
+    p = _json(capsys, *policy, "--input-bounds=-5,5", "--split-seed", "3", "--n-examples", "250")
+    assert p["view"] == {
+        "test_fraction": 0.2,
+        "split_seed": 3,
+        "input_bounds": [-5.0, 5.0],
+        "feature_clip": 5.0,
+        "n_examples": 250,
+    }
+    assert main(["datasets", "policy", ds, "--input-bounds", "lo,hi", *db]) == 1
+    assert "--input-bounds takes LO,HI" in capsys.readouterr().err
+    assert main(["datasets", "policy", ds, "--n-examples", "1", *db]) == 1
+    assert "n_examples" in capsys.readouterr().err
+    assert main(["datasets", "policy", ds, *db]) == 0
+    assert "split seed 3" in capsys.readouterr().out
     assert main(["datasets", "policy", ds, "--analyst-eval-modes", "raw", *db]) == 1
     assert "unknown evaluation mode" in capsys.readouterr().err
 

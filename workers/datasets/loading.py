@@ -153,6 +153,8 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         evaluation=mode,
         vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
         declared_classes=declared,
+        declared_size=spec.declared_size,
+        test_fraction=spec.test_fraction,
     )
 
 

@@ -43,6 +43,9 @@ class DatasetSpec:
             split that stays private). See :mod:`workers.datasets.loading`.
         eval_dataset: mode ``public``: the worker spec of the public evaluation dataset
             (loaded with its own loader; its split and scaling settings are not used).
+        declared_size: the number of private records its owner declared public (a stored
+            dataset's view); the sample rate, step count and the noisy accuracy's denominator
+            come from it, never from counting the records. None: counted (local use).
         classes: the dataset's declared classes in their encoding order (class ``i`` is
             label ``classes[i]``), as canonical names
             (:func:`workers.datasets.loading.class_names`). Set, they fix the label encoding
@@ -66,6 +69,7 @@ class DatasetSpec:
     feature_clip: float = 5.0
     evaluation: str = "carve-out"
     eval_dataset: DatasetSpec | None = None
+    declared_size: int | None = None
     classes: tuple[str, ...] | None = None
 
 
@@ -140,6 +144,35 @@ class Dataset:
     #: It equals ``classes`` in length and order unless two labels spell one class
     #: differently (``"1"`` and ``"1.0"``), which a declared list merges.
     declared_classes: tuple[str, ...] = ()
+    #: The number of private records its owner declared (``DatasetSpec.declared_size``);
+    #: None: sizes are counted from the records (local use).
+    declared_size: int | None = None
+    #: The share of records held out for evaluation (modes ``carve-out`` and ``dp``).
+    test_fraction: float = 0.2
+
+    @property
+    def planning_n_eval(self) -> int:
+        """The evaluation records' number as plans and releases use it: the declared size's
+        share when a size is declared (the records' own count is private), else the count."""
+        if self.declared_size is None or self.evaluation == "public":
+            return int(self.x_test.shape[0])
+        return max(1, round(self.declared_size * self.test_fraction))
+
+    @property
+    def planning_n_train(self) -> int:
+        """The training records' number as plans use it (q = b / n, T): from the declared
+        size when there is one, never from the records, so that neighbouring datasets with
+        one declaration get the same q, T and sigma; else the count."""
+        if self.declared_size is None:
+            return self.n_train
+        if self.evaluation == "public":
+            return self.declared_size
+        return max(1, self.declared_size - self.planning_n_eval)
+
+    @property
+    def planning_n_private(self) -> int:
+        """N as plans use it (delta's bound): the declared size, else :attr:`n_private`."""
+        return self.n_private if self.declared_size is None else self.declared_size
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -74,6 +74,7 @@ def _noisy_accuracy(
     noise: NoiseSource,
     *,
     noise_multiplier: float,
+    n_records: int | None = None,
     chunk: int = 2048,
 ) -> list[dict[str, Any]]:
     """DP evaluation: each trial's accuracy from a noisy count of correct predictions.
@@ -81,7 +82,9 @@ def _noisy_accuracy(
     The count has sensitivity 1 (adding or removing one evaluation record changes it by at
     most 1, whatever the record holds); Gaussian noise of std ``noise_multiplier`` is added
     and snapped like every other release (:func:`workers.randomness.add_snapped_noise`).
-    The number of evaluation records is public, as every dataset size is to the planner.
+    The noisy count is divided by ``n_records``: a public number (a stored dataset's
+    declared size, :attr:`workers.datasets.Dataset.planning_n_eval`), never the private
+    count of evaluation records unless no size was declared (local use; ``None``).
     Only the accuracy is released: no loss, calibration or per-bin counts.
     """
     correct = torch.zeros(model.k, dtype=torch.float64, device=x.device)
@@ -97,5 +100,5 @@ def _noisy_accuracy(
     z = noise.standard_normal(1)
     std = torch.full((model.k,), float(noise_multiplier), dtype=torch.float64, device=x.device)
     add_snapped_noise(buf, z, std)
-    n = float(x.shape[0])
+    n = float(x.shape[0] if n_records is None else n_records)
     return [{"accuracy": min(max(float(buf[i, 0]) / n, 0.0), 1.0)} for i in range(model.k)]

@@ -184,7 +184,12 @@ def train_pack(
         if max(released) > n_releases:  # never release more than the plan charged
             raise PrivacyError("DP evaluation would release more noisy counts than planned")
         return _noisy_accuracy(
-            model, x_test, y_test, count_noise, noise_multiplier=spec.eval_noise_multiplier
+            model,
+            x_test,
+            y_test,
+            count_noise,
+            noise_multiplier=spec.eval_noise_multiplier,
+            n_records=data.planning_n_eval,
         )
 
     # Clipping diagnostics use a fixed batch of the public evaluation split (never training

@@ -162,6 +162,7 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
             "split_seed": 0,
             "input_bounds": [-5.0, 5.0],
             "feature_clip": 5.0,
+            "n_examples": 200,
         },
     }
     assert dataset_policy(engine, ds, ANA) == p
@@ -172,6 +173,7 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
         "split_seed": 9,
         "input_bounds": None,
         "feature_clip": 5.0,
+        "n_examples": 200,
     }
     with pytest.raises(ConfigError) as refused:
         update_policy(engine, ds, OLGA, view={"test_fraction": 0})
