@@ -95,6 +95,9 @@ class DatasetViewOut(_Out):
     n_examples: int | None = Field(
         description="the number of records, declared public: plans take N, q and T from it"
     )
+    classes: list[str] | None = Field(
+        default=None, description="the class list in encoding order (sizes the model's output)"
+    )
 
 
 class DatasetViewIn(_Out):
@@ -105,6 +108,9 @@ class DatasetViewIn(_Out):
     )
     feature_clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     n_examples: int | None = Field(default=None, ge=2, lt=2**53)
+    classes: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] | None = Field(
+        default=None, min_length=2, max_length=10000
+    )
 
 
 class PolicyOut(_Out):

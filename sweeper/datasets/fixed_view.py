@@ -7,6 +7,8 @@ it uses unless its owner's own spec says otherwise:
 * ``test_fraction`` and ``split_seed``: the evaluation split (in mode ``dp`` the key of the
   content-keyed split);
 * ``input_bounds`` and ``feature_clip``: how inputs are scaled and bounded;
+* ``classes``: the class list in encoding order (computed once at upload or registration;
+  the owner may declare another, e.g. a class the records do not hold yet);
 * ``n_examples``: the number of records, declared public (by default the count at upload or
   registration). Plans take N, the sample rate q = b / n_train, the step count and the
   noisy accuracy's denominator from it, never from counting the records, so two neighbouring
@@ -42,7 +44,7 @@ from sweeper.store import Dataset
 #: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
 SPEC_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
 #: Everything of the view an owner may change.
-VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, "n_examples")
+VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, "n_examples", "classes")
 #: What reads the file itself: fixed at upload or registration, never chosen by an analyst.
 FILE_FIELDS: tuple[str, ...] = ("path", "labels_path", "label_column", "options")
 
@@ -56,10 +58,14 @@ class DatasetView:
     input_bounds: tuple[float, float] | None = None
     feature_clip: float = 5.0
     n_examples: int | None = None
+    #: The class list in encoding order (stored as the row's ``config["classes"]``, declared at
+    #: upload or registration); None for rows stored before classes were declared.
+    classes: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["input_bounds"] = None if self.input_bounds is None else list(self.input_bounds)
+        out["classes"] = None if self.classes is None else list(self.classes)
         return out
 
 
@@ -73,7 +79,13 @@ def view_of(row: Dataset) -> DatasetView:
         input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         feature_clip=float(raw.get("feature_clip", 5.0)),
         n_examples=int(raw.get("n_examples") or row.n_examples or 0) or None,
+        classes=_classes_of(row),
     )
+
+
+def _classes_of(row: Dataset) -> tuple[str, ...] | None:
+    classes = dict(row.config or {}).get("classes")
+    return None if classes is None else tuple(str(c) for c in classes)
 
 
 def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
@@ -93,6 +105,18 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
     for name in ("test_fraction", "split_seed", "feature_clip"):
         if merged[name] is None:
             merged[name] = getattr(DatasetView(), name)
+    classes = merged.pop("classes")
+    if classes is not None and (
+        not isinstance(classes, (list, tuple))
+        or not 2 <= len(classes) <= 10000
+        or not all(isinstance(c, str) and 0 < len(c) <= 200 for c in classes)
+        or len(set(classes)) != len(classes)
+    ):
+        raise ConfigError(
+            "view.classes is the class list in encoding order: 2-10000 distinct labels (strings "
+            "of 1-200 characters) as the file writes them",
+            field="view.classes",
+        )
     size = merged.pop("n_examples")
     if size is not None and (
         isinstance(size, bool) or not isinstance(size, int) or not 2 <= size < 2**53
@@ -118,6 +142,7 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
         input_bounds=d.input_bounds,
         feature_clip=d.feature_clip,
         n_examples=size,
+        classes=None if classes is None else tuple(classes),
     )
 
 

@@ -324,8 +324,15 @@ def set_policy(
                     field="view",
                 )
             new_view = checked_view(view_of(row), view)
+            stored = new_view.to_json()
+            classes = stored.pop("classes")
+            config = {**dict(row.config or {}), "view": stored}
+            if classes is not None:
+                # Where every load reads the class list (sweeper.datasets.files.file_spec).
+                config["classes"] = classes
+                config["num_classes"] = len(classes)
             # A new dict: SQLAlchemy's JSON column notices a replaced value, not a mutation.
-            row.config = {**dict(row.config or {}), "view": new_view.to_json()}
+            row.config = config
         if analyst_eval_modes is not None:
             bad = [m for m in analyst_eval_modes if m not in EVAL_MODES]
             if bad:

@@ -72,6 +72,7 @@ def test_grant_list_policy_audit_and_revoke(setup: Any, capsys: pytest.CaptureFi
         "input_bounds": [-5.0, 5.0],
         "feature_clip": 5.0,
         "n_examples": 250,
+        "classes": ["0", "1"],
     }
     assert main(["datasets", "policy", ds, "--input-bounds", "lo,hi", *db]) == 1
     assert "--input-bounds takes LO,HI" in capsys.readouterr().err

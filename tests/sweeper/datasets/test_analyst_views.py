@@ -163,6 +163,7 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
             "input_bounds": [-5.0, 5.0],
             "feature_clip": 5.0,
             "n_examples": 200,
+            "classes": ["0", "1"],
         },
     }
     assert dataset_policy(engine, ds, ANA) == p
@@ -174,6 +175,7 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
         "input_bounds": None,
         "feature_clip": 5.0,
         "n_examples": 200,
+        "classes": ["0", "1"],
     }
     with pytest.raises(ConfigError) as refused:
         update_policy(engine, ds, OLGA, view={"test_fraction": 0})
