@@ -36,7 +36,12 @@ pytestmark = pytest.mark.slow  # two servers, one tiny sweep each: about a minut
 V1 = "/api/v1"
 N = 300
 REMOVED = 17  # the record D′ lacks: the only one of class 2
-DECLARED = {"n_examples": N, "classes": ["0", "1", "2"], "input_bounds": [-4.0, 4.0], "test_fraction": 0.2}
+DECLARED = {
+    "n_examples": N,
+    "classes": ["0", "1", "2"],
+    "input_bounds": [-4.0, 4.0],
+    "test_fraction": 0.2,
+}
 # What the analyst receives as DP outputs: noisy metrics and what was chosen by them, the
 # trained weights (and what the card says of them), and how long the steps took.
 DP_OUTPUT_KEYS = {
