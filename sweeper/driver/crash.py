@@ -28,11 +28,13 @@ The policy (:func:`decide`):
 The two occasions differ only in how the verdicts are written: after a dead driver, straight to
 the trial rows in one transaction (the next load re-counts them); under a live driver, through
 :class:`~sweeper.driver.claims.Claims` and the live queue and counts. Each says in the trial's
-error which crash interrupted it.
+error which crash interrupted it; a lost worker's error text goes to the driver's log, and the
+trial says only its failure's category (:mod:`sweeper.driver.failures`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -41,6 +43,7 @@ from typing import NamedTuple
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from sweeper.driver import failures
 from sweeper.driver.claims import Claims
 from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
 from sweeper.driver.liveness import utc_now
@@ -48,6 +51,8 @@ from sweeper.driver.progress import Progress
 from sweeper.privacy import release_log
 from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps import events
+
+log = logging.getLogger(__name__)
 
 
 class TrialRow(NamedTuple):
@@ -233,7 +238,22 @@ class CrashPolicy:
         why.
         """
         held = self.held
-        reason = f"its worker was lost ({type(exc).__name__})"
+        # Privacy: Ray's error text names the node, the process and (for an out-of-memory kill)
+        # the memory it used, which scales with the private batch: it goes to the driver's log;
+        # the trials say only the failure's category (sweeper.driver.failures).
+        failure = failures.log_failure(
+            log,
+            exc,
+            "sweep %s: the worker of trial(s) %s was lost",
+            held.sweep_id,
+            ", ".join(t.id for t in flight.trials),
+        )
+        category = failure.category
+        if category not in (failures.OUT_OF_MEMORY, failures.CANCELLED):
+            # Anything raised while reading a pack's events is the infrastructure's (the task
+            # reports its own errors as events).
+            category = failures.WORKER_LOST
+        reason = f"its worker was lost ({category}; {failures.DETAILS})"
         needed: dict[str, int] = {}
         for p in held.pending:
             needed[p.grid] = needed.get(p.grid, 0) + 1

@@ -22,6 +22,7 @@ the driver sees it at its next poll, kills the running tasks (they stay charged)
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -31,7 +32,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sweeper.artifacts.keeper import ModelKeeper, quota_bytes, store_for
-from sweeper.driver import ray_backend
+from sweeper.driver import failures, ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
 from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
@@ -49,6 +50,8 @@ from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.sweeps import events
 from sweeper.sweeps.stored import grid_key
+
+log = logging.getLogger(__name__)
 
 # How long a driver ending its run waits for the sweep's release to be stored (a reader
 # computes it when it is missing, so this only bounds the wait).
@@ -371,6 +374,15 @@ class SweepRunner:
         except Exception as exc:
             # The workers could not even be told what to run (an uploaded dataset gone, say):
             # these trials fail before they are charged, instead of charging and crashing.
+            # Privacy: the exception's text (a path, a loader's message) goes to the driver's
+            # log; the trials say only its category (sweeper.driver.failures).
+            failure = failures.log_failure(
+                log,
+                exc,
+                "sweep %s: trial(s) %s could not be prepared",
+                held.sweep_id,
+                ", ".join(t.id for t in chosen),
+            )
             claimed = claims.claim(chosen)
             if claimed is None:
                 return False
@@ -378,7 +390,7 @@ class SweepRunner:
                 claims.end(
                     t,
                     TrialState.failed,
-                    f"not run, and not charged: {type(exc).__name__}: {exc}",
+                    f"not run, and not charged: {failure.text}",
                     uncharged=True,
                 )
             return True

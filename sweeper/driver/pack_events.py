@@ -3,11 +3,14 @@
 A pack task (:mod:`sweeper.driver.ray_backend`) yields ``started`` (which worker runs it),
 ``eval`` (metrics at each evaluation), then ``result`` or ``error``. A task that ends without a
 result fails its trials; a worker or node that dies takes the pack through the crash policy
-(:meth:`sweeper.driver.crash.CrashPolicy.lost`).
+(:meth:`sweeper.driver.crash.CrashPolicy.lost`). A failed trial's stored error is its failure's
+category and fixed reason (:mod:`sweeper.driver.failures`); the worker's own report goes to the
+driver's log.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -15,7 +18,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from sweeper.artifacts.keeper import ModelKeeper
-from sweeper.driver import ray_backend
+from sweeper.driver import failures, ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy
 from sweeper.driver.held_sweep import HeldSweep, InFlight
@@ -25,6 +28,8 @@ from sweeper.driver.tpe import TpeSearch
 from sweeper.privacy import release_log
 from sweeper.store import MetricPoint, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import events
+
+log = logging.getLogger(__name__)
 
 
 def finite(value: Any) -> float | None:
@@ -92,8 +97,20 @@ class PackEvents:
             self.write_results(flight, event)
         elif kind == "error":
             held.inflight.remove(flight)
+            # Privacy: the worker's exception text may hold values computed from the records;
+            # it goes to the server log for the operator, never to the database or the events.
+            # The stored error is rebuilt here from the category alone (an unknown one is
+            # internal-error), so only one of the fixed public texts can be stored.
+            failure = failures.for_category(event.get("category"))
+            log.error(
+                "sweep %s: trial(s) %s failed in their worker (%s); the worker's report:\n%s",
+                held.sweep_id,
+                ", ".join(t.id for t in flight.trials),
+                failure.category,
+                event.get("detail") or "(none)",
+            )
             for t in flight.trials:
-                self.claims.end(t, TrialState.failed, event["error"])
+                self.claims.end(t, TrialState.failed, failure.text)
 
     def write_metrics(self, flight: InFlight, event: dict[str, Any]) -> None:
         """Store an ``eval`` event's metrics (and their events, for shown grids)."""

@@ -10,15 +10,19 @@ and checks a pack against its plan on the data as it is now, before anything is 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ModelConfig, SweepSpec, TrainingConfig
+from sweeper.driver import failures
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
 from workers.accounting.registry import trial_accountant_for_plan
+
+log = logging.getLogger(__name__)
 
 
 class TrialToTrain(Protocol):
@@ -223,7 +227,13 @@ class Packer:
         return self._dataset
 
     def plan_mismatch(self, trials: list[PendingTrial]) -> str | None:
-        """Why ``trials`` would not run as planned (see :mod:`workers.plan_check`), or None."""
+        """Why ``trials`` would not run as planned (see :mod:`workers.plan_check`), or None.
+
+        The reason is public: the failure's category and fixed reason
+        (:mod:`sweeper.driver.failures`). The check's own message names values computed from
+        the data on disk (the sample rate its record count implies, or that count itself), so
+        it goes to the driver's log only.
+        """
         from workers.plan_check import PlanMismatch, check_pack
 
         spec = self.spec_for(trials)
@@ -232,7 +242,13 @@ class Packer:
         try:
             check_pack(spec, data)
         except (PlanMismatch, ConfigError) as exc:
-            return str(exc)
+            return failures.log_failure(
+                log,
+                exc,
+                "sweep %s: trial(s) %s would not run as planned",
+                self.held.sweep_id,
+                ", ".join(t.id for t in trials),
+            ).text
         return None
 
     def current_data(self, dataset: Any) -> Any:

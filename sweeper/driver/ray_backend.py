@@ -14,6 +14,7 @@ Ray is imported only inside these functions: ``sweeper`` imports no Ray at modul
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import socket
@@ -23,7 +24,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sweeper.driver import failures
 from sweeper.settings import SweeperSettings
+
+log = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------------------
 # The Ray task (runs in a worker process; never touches the database)
@@ -31,7 +35,12 @@ from sweeper.settings import SweeperSettings
 
 def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
     """Train one pack and stream its events: ``started``, ``eval`` (per evaluation),
-    then ``result`` or ``error``."""
+    then ``result`` or ``error``.
+
+    An ``error`` event carries the failure's ``category`` (:mod:`sweeper.driver.failures`),
+    ``privacy`` (whether a privacy refusal), and ``detail``: the exception's full text, for the
+    driver's log only (it may hold values computed from the records).
+    """
     from dpsweep.errors import PrivacyError as _PrivacyError
     from workers.training.loop import train_pack
 
@@ -57,10 +66,22 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
                 }
             )
         except BaseException as exc:  # reported to the driver, which marks the trials failed
+            # Privacy: the exception's text may hold values computed from the records (an
+            # out-of-memory message's sizes scale with the realised Poisson batch). Only its
+            # category reaches the driver's database; the full text goes to this worker's log,
+            # and, as ``detail``, to the driver's log alone (sweeper.driver.failures).
+            failure = failures.log_failure(
+                log,
+                exc,
+                "a pack of %d %s trial(s) failed",
+                len(getattr(spec, "trials", ())),
+                getattr(spec, "strategy", "?"),
+            )
             events.put(
                 {
                     "type": "error",
-                    "error": f"{type(exc).__name__}: {exc}",
+                    "category": failure.category,
+                    "detail": failures.detail(exc),
                     "privacy": isinstance(exc, _PrivacyError),
                 }
             )
@@ -123,8 +144,6 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     if ray.is_initialized():
         yield
         return
-    import logging
-
     # Ray's token authentication stays on (a local cluster is still reachable by other local
     # users); its notice about it is not news to a dpsweep user.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(

@@ -40,6 +40,7 @@ from datetime import timedelta
 from sqlalchemy import Engine, delete, or_, select
 from sqlalchemy.orm import Session
 
+from sweeper.driver import failures
 from sweeper.driver.liveness import aware_utc, driver_alive, driver_ident, utc_now
 from sweeper.settings import SweeperSettings
 from sweeper.store import ServiceHeartbeat, Sweep, SweepState, iso
@@ -173,12 +174,15 @@ class Scheduler:
             n = self._crashes[sid] = self._crashes.get(sid, 0) + 1
             self._retry_at[sid] = time.monotonic() + RETRY_AFTER_S
             if n >= MAX_CRASHES:
+                # Privacy: the crash's text may hold values computed from the records (a
+                # loader's or an allocator's message); _drive logged it in full for the
+                # operator, and the sweep says only its category (sweeper.driver.failures).
+                failure = failures.public_failure(drive.error)
                 with contextlib.suppress(IllegalState):
                     fail_sweep(
                         self.engine,
                         sid,
-                        error=f"its driver crashed {n} times; last: "
-                        f"{type(drive.error).__name__}: {drive.error}",
+                        error=f"its driver crashed {n} times; last: {failure.text}",
                     )
 
     def _drain(self) -> None:
