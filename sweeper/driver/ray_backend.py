@@ -134,11 +134,51 @@ def _remote() -> Any:
 # The driver's side
 
 
+# The one address a locally started Ray may listen on. Ray's processes decide by comparing
+# their node IP with exactly this string: the GCS, the raylet's node and object managers, every
+# core worker (this driver's included), the runtime-env agent and, where installed, the dashboard
+# agent and its metrics exporter bind 127.0.0.1 when the node IP is "127.0.0.1", and all
+# interfaces (or the host's address) otherwise.
+LOOPBACK = "127.0.0.1"
+
+
+@contextmanager
+def _loopback_node_ip() -> Iterator[None]:
+    """While a local Ray starts, let Ray resolve "this node's IP" to 127.0.0.1.
+
+    ``ray.init`` passes any ``_node_ip_address`` that names localhost through
+    ``resolve_ip_for_localhost``, which swaps it for the host's routable address unless
+    ``ray_constants.ENABLE_RAY_CLUSTER`` is false. That flag comes from
+    ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``, read once when ``ray`` is first imported: setting the
+    variable here would be too late whenever anything imported Ray earlier (a test process, a
+    plugin), and setting it for the whole process would also make a driver that joins a remote
+    cluster advertise 127.0.0.1. So the flag itself is cleared for the start of a local Ray only,
+    and restored at once: once the node is up, Ray reads its IP from the node, not the flag.
+    """
+    from ray._private import ray_constants
+
+    missing = object()
+    before = getattr(ray_constants, "ENABLE_RAY_CLUSTER", missing)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if before is missing:
+            del ray_constants.ENABLE_RAY_CLUSTER
+        else:
+            ray_constants.ENABLE_RAY_CLUSTER = before
+
+
 @contextmanager
 def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Iterator[None]:
     """Use the Ray already initialised, else join ``ray_address``, else start a local Ray
-    (capped object store, no dashboard, quiet, listening on 127.0.0.1). Only a Ray started
-    here is shut down here."""
+    (capped object store, no dashboard, quiet, listening on 127.0.0.1 only). Only a Ray started
+    here is shut down here.
+
+    Raises:
+        RuntimeError: a local Ray started with a node IP other than 127.0.0.1 (then some of its
+            servers would listen beyond loopback); it is shut down first.
+    """
     import ray
 
     if ray.is_initialized():
@@ -149,8 +189,8 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
         logging.ERROR
     )
+    # Read when ray.init runs (not at import), so setting it here takes effect.
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "logging_level": "WARNING",
@@ -160,11 +200,21 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     if settings.ray_address:
         ray.init(address=settings.ray_address, **kwargs)
     else:
-        ray.init(
-            num_cpus=workers or settings.workers or os.cpu_count() or 1,
-            object_store_memory=settings.ray_object_store_mb * 2**20,
-            **kwargs,
-        )
+        with _loopback_node_ip():
+            ray.init(
+                num_cpus=workers or settings.workers or os.cpu_count() or 1,
+                object_store_memory=settings.ray_object_store_mb * 2**20,
+                _node_ip_address=LOOPBACK,
+                **kwargs,
+            )
+        # A Ray release that chose its node IP another way would silently listen on the
+        # network; refuse to run on it rather than break the "127.0.0.1 only" promise.
+        if (ip := ray.util.get_node_ip_address()) != LOOPBACK:
+            ray.shutdown()
+            raise RuntimeError(
+                f"the local Ray started with node IP {ip}, not {LOOPBACK}: its servers would "
+                "listen beyond loopback (set DPSWEEP_RAY_ADDRESS to use a Ray cluster instead)"
+            )
     try:
         yield
     finally:
