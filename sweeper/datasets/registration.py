@@ -86,6 +86,10 @@ def register_file(
                 "it; choose another name",
                 field="name",
             )
+        # The owner's split and scaling settings outlive a re-registration (sweeper.datasets.
+        # fixed_view); the declared size and classes are declared anew from the file.
+        view = dict(dict(existing.config or {}).get("view") or {}) if existing else {}
+        view.pop("n_examples", None)
     if fmt == "image_folder":
         from workers.datasets.images import registered_options
 
@@ -108,6 +112,7 @@ def register_file(
             **info,
             "classes": list(spec.classes),
             "public": bool(public),
+            **({"view": view} if view else {}),
         },
     }
     binding = bind_name(engine, name, identity, new_row=fields, row_update=fields)
