@@ -13,6 +13,10 @@ it. One module per command group:
 * :mod:`api.serve`: ``serve`` and ``scheduler``;
 * :mod:`api.cli.database`: ``db upgrade | current``.
 
+A refusal is one line, ``dpsweep COMMAND: error: MESSAGE`` (exit 2, :class:`api.cli.common.Parser`),
+or ``error: MESSAGE`` (exit 1) for a failure; the usage is printed by ``-h`` only. Every command
+that opens the database migrates a fresh SQLite file (:func:`api.cli.common.open_engine`).
+
 Commands import their heavy dependencies (torch, the workers, the database) only when they run,
 so ``dpsweep --help`` stays fast on the light client install.
 """
@@ -26,9 +30,10 @@ from collections.abc import Sequence
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpsweep`` parser, with every command (in the order ``--help`` lists them)."""
     from api.cli import database, datasets, models, plugins, run, sweeps, tokens, train
+    from api.cli.common import Parser
     from api.serve import add_parsers as add_serve_parsers
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="dpsweep",
         description="Hyperparameter sweeps for differentially private deep learning.",
     )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 
@@ -13,30 +14,71 @@ EXIT_FAILURE = 1
 DB_HELP = "database URL (default DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db)"
 
 
-def open_engine(url: str | None, *, migrate: bool = False) -> Any:
+# argparse's own messages that name no fix: they get a pointer to the command's help.
+_ARGPARSE_MESSAGES = (
+    "the following arguments are required",
+    "unrecognized arguments",
+    "argument ",
+    "one of the arguments",
+    "ambiguous option",
+    "expected ",
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """``dpsweep``'s argument parser: a refusal is one line on stderr, never the usage.
+
+    ``PROG: error: MESSAGE`` and exit code 2 (argparse's convention); the usage and the
+    options are printed by ``-h`` only. The commands' subparsers are of this class too
+    (``add_subparsers`` makes its parsers of the parent's class).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: error: MESSAGE`` (one line) and exit with code 2.
+
+        Args:
+            message: What is wrong and how to fix it; argparse's own messages (a missing or
+                unknown argument) get a pointer to ``PROG -h``.
+        """
+        line = " ".join(message.split())
+        if line.startswith(_ARGPARSE_MESSAGES) or "invalid choice" in line:
+            line += f" (`{self.prog} -h` lists the options)"
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {line}\n")
+
+
+def open_engine(url: str | None, *, migrate: bool = True) -> Any:
     """An engine on ``url`` (default: ``DPSWEEP_DATABASE_URL`` or the embedded SQLite file).
+
+    Every command opens the database here, so all of them treat a fresh database alike: an
+    embedded SQLite database is created and upgraded to head on first use; any other must
+    already be at head (the error says to run ``dpsweep db upgrade``).
 
     Args:
         url: The ``--db`` flag's value, or None.
-        migrate: Upgrade an embedded SQLite database to head first (it is migrated on first
-            use); any other database must already be at head.
+        migrate: Upgrade an embedded SQLite database to head first (the default); False only
+            checks that the schema is at head.
 
     Raises:
         DpsweepError: the schema is behind head.
     """
     from sweeper.store.engine import database_url, make_engine
-    from sweeper.store.schema import require_head, upgrade
+    from sweeper.store.schema import ensure_schema, require_head
 
     url = database_url(url)
-    if migrate and url.startswith("sqlite"):
-        upgrade(url)  # the embedded database is migrated on first use
-    require_head(url)
+    if migrate:
+        ensure_schema(url)
+    else:
+        require_head(url)
     return make_engine(url)
 
 
 def fail(exc: Exception) -> int:
-    """Print ``error: ...`` on stderr; the failure exit code."""
-    Console(stderr=True).print(f"[red]error:[/red] {exc}")
+    """Print ``error: MESSAGE`` on stderr, one line (never wrapped, no markup); the failure
+    exit code."""
+    from rich.text import Text
+
+    line = " ".join(str(exc).split())
+    Console(stderr=True).print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
     return EXIT_FAILURE
 
 

@@ -38,12 +38,20 @@ def add_parsers(sub: Any) -> None:
         description="Plan a sweep spec (infeasible plans are refused before anything trains), "
         "reserve its budget, run its trials on Ray with a progress display, then print the "
         "results and write the Pareto plots. Running the same spec again resumes an unfinished "
-        "sweep of it (after a crash, say); --new starts a fresh one.",
+        "sweep of it (after a crash, say). When the spec's newest sweep has finished, it is not "
+        "run again: done, its results are shown (exit 0); failed or cancelled, its results so "
+        "far are shown (exit 1). Nothing is reserved or spent; --new starts a fresh sweep, "
+        "which spends its budget again.",
     )
     r.add_argument("spec", help="sweep spec file (YAML or JSON)")
     r.add_argument("--db", help=DB_HELP)
     r.add_argument("--workers", type=int, help="trials (packs) run at once (default: CPUs)")
-    r.add_argument("--new", action="store_true", help="never resume: always a new sweep")
+    r.add_argument(
+        "--new",
+        action="store_true",
+        help="always a new sweep, which spends the spec's budget again: never resume an "
+        "unfinished sweep of the spec, nor show a finished one",
+    )
     r.add_argument(
         "--plots",
         default=None,
@@ -110,7 +118,6 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from dpsweep.spec import load_spec
     from sweeper.privacy.planner import plan_sweep
 
-    err = Console(stderr=True)
     try:
         spec = load_spec(args.spec)
         use_local_factories(spec)
@@ -119,8 +126,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(str(exc))
         return EXIT_USAGE  # unreachable
     except DpsweepError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        return EXIT_FAILURE
+        return fail(exc)
     rows = [g.to_dict() for g in plan.grids]
     if args.json:
         extra = (
@@ -255,7 +261,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from dpsweep.spec import load_spec
     from sweeper.driver.loop import run_sweep
     from sweeper.sweeps.create import create_sweep
-    from sweeper.sweeps.lifecycle import find_resumable
+    from sweeper.sweeps.lifecycle import find_finished, find_resumable
     from sweeper.sweeps.summary import summarize
 
     if args.workers is not None and args.workers < 1:
@@ -275,6 +281,9 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         engine = open_engine(args.db, migrate=True)
         sweep_id = None if args.new else find_resumable(engine, spec)
+        finished = None if args.new or sweep_id else find_finished(engine, spec)
+        if finished:
+            return _show_finished(engine, *finished, args=args, console=console)
         if sweep_id:
             console.print(f"resuming sweep [bold]{sweep_id}[/bold] ({spec.name})")
         else:
@@ -320,6 +329,40 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         console.print(f"[red]sweep {sweep_id} ended {outcome.state}[/red]")
         return EXIT_FAILURE
     return 0
+
+
+def _show_finished(
+    engine: Any, sweep_id: str, state: str, *, args: argparse.Namespace, console: Console
+) -> int:
+    """The results of the spec's finished sweep, instead of running (and spending) it again.
+
+    Args:
+        engine: The database.
+        sweep_id: The spec's newest sweep, finished.
+        state: Its state: ``done``, ``failed`` or ``cancelled``.
+        args: ``dpsweep run``'s arguments (``json``).
+        console: The console of messages (stderr).
+
+    Returns:
+        0 for a done sweep; the failure exit code for a failed or cancelled one (as at the end
+        of the run that ended it).
+    """
+    from sweeper.sweeps.summary import summarize
+
+    summary = summarize(engine, sweep_id)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print_results(stdout_console(), summary)
+    _print_kept_models(console, engine, sweep_id)
+    how = "`dpsweep run SPEC --new` starts another sweep, which spends its budget again"
+    if state == "done":
+        console.print(f"sweep {sweep_id} of this spec is done; nothing was run or spent. {how}")
+        return 0
+    console.print(
+        f"[red]sweep {sweep_id} of this spec ended {state}[/red]; nothing was run or spent. {how}"
+    )
+    return EXIT_FAILURE
 
 
 def _print_kept_models(console: Console, engine: Any, sweep_id: str) -> None:

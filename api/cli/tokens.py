@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from api.cli.common import DB_HELP, EXIT_FAILURE
+from api.cli.common import DB_HELP, fail, open_engine
 from sweeper.store import iso
 
 
@@ -53,15 +53,11 @@ def _info(t: Any) -> dict[str, Any]:
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Create, list or revoke API tokens."""
     from dpsweep.errors import DpsweepError
-    from sweeper.store.engine import database_url, make_engine
-    from sweeper.store.schema import require_head
     from sweeper.store.tokens import create_token, list_tokens, revoke_token
 
     err = Console(stderr=True)
-    url = database_url(args.db)
     try:
-        require_head(url)
-        engine = make_engine(url)
+        engine = open_engine(args.db)  # a fresh SQLite file is migrated, as by every command
         try:
             if args.token_command == "create":
                 secret, info = create_token(engine, name=args.name, admin=args.admin)
@@ -96,6 +92,5 @@ def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         finally:
             engine.dispose()
     except DpsweepError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        return EXIT_FAILURE
+        return fail(exc)
     return 0

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -271,14 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    from dpsweep.errors import ConfigError
     from sweeper.store.engine import database_url, make_engine
-    from sweeper.store.schema import require_head
+    from sweeper.store.schema import ensure_schema
 
     settings = SweeperSettings()
     if args.workers:
         settings = settings.model_copy(update={"workers": args.workers})
     url = database_url(args.db or settings.database_url)
-    require_head(url)
+    try:
+        ensure_schema(url)  # as every command: SQLite is migrated on first use
+    except ConfigError as exc:  # another database behind head: one line that says how
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
     engine = make_engine(url)
     stop = threading.Event()
     Scheduler(engine, settings, parent_pid=args.parent_pid).run(stop, handle_signals=True)

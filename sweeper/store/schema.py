@@ -1,7 +1,9 @@
 """The schema's versions: Alembic migrations, driven programmatically.
 
 The schema is created and upgraded only by migrations: ``dpsweep db upgrade`` (or
-:func:`upgrade`). A database behind head is refused by :func:`require_head`.
+:func:`upgrade`). A database behind head is refused by :func:`require_head`. Every command
+that opens the database goes through :func:`ensure_schema`: the embedded SQLite file is
+migrated on first use; any other database must already be at head.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from dpsweep.errors import ConfigError
-from sweeper.store.engine import DEFAULT_URL, database_url
+from sweeper.store.engine import DEFAULT_URL, database_url, display_url
 
 __all__ = [
     "MIGRATIONS",
     "VERSION_TABLE",
     "current_revision",
     "downgrade",
+    "ensure_schema",
     "head_revision",
     "require_head",
     "upgrade",
@@ -76,7 +79,24 @@ def require_head(url: str | None = None) -> None:
     cur, head = current_revision(url), head_revision()
     if cur != head:
         raise ConfigError(
-            f"the database {database_url(url)!r} is at schema revision {cur or 'none'}, not "
-            f"{head}; run `dpsweep db upgrade` first",
+            f"the database {display_url(database_url(url))!r} is at schema revision "
+            f"{cur or 'none'}, not {head}; run `dpsweep db upgrade` first (with the same --db)",
             field="database",
         )
+
+
+def ensure_schema(url: str | None = None) -> None:
+    """Make the database usable by a command: upgrade an embedded SQLite database to head
+    (a fresh file is created and migrated on first use); refuse any other database behind
+    head, saying how to upgrade it (:func:`require_head`).
+
+    Args:
+        url: The database URL (default: :func:`~sweeper.store.engine.database_url`).
+
+    Raises:
+        ConfigError: a non-SQLite database is not at head.
+    """
+    url = database_url(url)
+    if url.startswith("sqlite"):
+        upgrade(url)
+    require_head(url)

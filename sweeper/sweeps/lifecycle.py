@@ -1,4 +1,4 @@
-"""A sweep's end: cancel it, fail it, or find an unfinished one to resume.
+"""A sweep's end: cancel it, fail it, or find an unfinished one to resume (or a finished one).
 
 Ending a sweep stops its trials under the sweep's lock and releases the reservation they did
 not use: unstarted trials were never charged; started ones stay charged. papernot-steinke
@@ -153,3 +153,21 @@ def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
             )
             .order_by(Sweep.created_at.desc())
         ).first()
+
+
+def find_finished(engine: Engine, spec: SweepSpec) -> tuple[str, SweepState] | None:
+    """The newest sweep of exactly this spec, with its state, if it has finished.
+
+    ``dpsweep run`` shows such a sweep's results rather than spending the spec's budget again
+    (``--new`` starts another). None when the spec has no sweep, or its newest is unfinished.
+    """
+    with Session(engine) as session:
+        row = session.execute(
+            select(Sweep.id, Sweep.state)
+            .where(Sweep.spec_hash == spec_hash(spec))
+            .order_by(Sweep.created_at.desc(), Sweep.id.desc())
+            .limit(1)
+        ).first()
+    if row is None or row.state not in TERMINAL_SWEEPS:
+        return None
+    return row.id, SweepState(row.state)

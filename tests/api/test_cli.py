@@ -173,6 +173,17 @@ def test_bad_arguments_exit_2_with_a_helpful_message(args: list[str], message: s
     p = run(*args)
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert message in p.stderr
+    # One line that says what to fix; the usage only with -h.
+    assert p.stderr.startswith("dpsweep train: error: ") and p.stderr.count("\n") == 1, p.stderr
+    assert "usage:" not in p.stderr
+
+
+def test_usage_comes_with_h_only() -> None:
+    p = run("-h")
+    assert p.returncode == 0 and p.stdout.startswith("usage: dpsweep train") and not p.stderr
+    p = run("--epsilon")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "usage:" not in p.stderr
+    assert "--epsilon: expected one argument (`dpsweep train -h` lists the options)" in p.stderr
 
 
 def test_user_files_train_through_the_cli(tmp_path: Path) -> None:

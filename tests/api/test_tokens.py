@@ -65,3 +65,49 @@ def test_serve_refuses_no_auth_off_loopback(url: str, capsys: pytest.CaptureFixt
         main(["serve", "--no-auth", "--host", "0.0.0.0", "--db", url])
     assert exc.value.code == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def test_token_create_then_list_on_a_fresh_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's order (a token, then serve) on a new --db: the file is migrated on first
+    use, by `token create` as by every command."""
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert not (tmp_path / "fresh.db").exists()
+    assert main(["token", "create", "--name", "x", "--db", fresh, "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert main(["token", "list", "--db", fresh, "--json"]) == 0
+    assert [t["id"] for t in json.loads(capsys.readouterr().out)] == [created["id"]]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sweeps"],
+        ["datasets", "list"],
+        ["token", "list"],
+        ["show", "sw_nope"],
+    ],
+)
+def test_every_command_migrates_a_fresh_sqlite_file(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    code = main([*argv, "--db", fresh])
+    err = capsys.readouterr().err
+    assert "db upgrade" not in err and "schema revision" not in err, err
+    assert code == (1 if argv[0] == "show" else 0), err
+
+
+def test_a_refusal_is_one_line_and_usage_comes_with_h(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["token", "create", "--db", url])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "usage:" not in err
+    assert err.startswith("dpsweep token create: error: the following arguments are required")
+    assert "`dpsweep token create -h` lists the options" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["token", "create", "-h"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("usage: dpsweep token")
