@@ -87,6 +87,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from api.app import create_app
+    from api.cli.common import fail
     from api.settings import ApiSettings
     from dpsweep.errors import ConfigError
     from sweeper.store.engine import database_url, display_url
@@ -109,11 +110,9 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else:
             upgrade(url)
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        return 1
+        return fail(exc)
     except Exception as exc:  # a driver or connection error: say which database failed
-        err.print(f"[red]error:[/red] {display_url(url)}: {exc}")
-        return 1
+        return fail(RuntimeError(f"{display_url(url)}: {exc}"))
     if not settings.auth:
         err.print(
             "[yellow]auth is OFF[/yellow] (--no-auth): every request to "

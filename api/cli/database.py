@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from rich.console import Console
-
-from api.cli.common import DB_HELP, EXIT_FAILURE
+from api.cli.common import DB_HELP, fail
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,6 +34,5 @@ def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         shown = display_url(url)
         print(f"{shown}: schema revision {current_revision(url)} (head {head_revision()})")
     except Exception as exc:  # a driver or connection error: say which database failed
-        Console(stderr=True).print(f"[red]error:[/red] {display_url(url)}: {exc}")
-        return EXIT_FAILURE
+        return fail(RuntimeError(f"{display_url(url)}: {exc}"))
     return 0
