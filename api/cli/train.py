@@ -163,7 +163,8 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.datasets.registry import dataset_names, has_loader
     from workers.devices import DEVICES
     from workers.factories import is_factory_name, load_factory
-    from workers.models import get_model_descriptor, model_names
+    from workers.model_check import check_model
+    from workers.models import ModelSpec, get_model_descriptor, model_names
     from workers.optim import OPTIMIZERS
     from workers.plan_check import PlannedRun
     from workers.schedule import plan_steps
@@ -251,6 +252,16 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             split_seed=args.split_seed,
         )
         data = load_dataset(dataset_spec)
+        # The model on this data, as the run would build it (the generic path's layer check
+        # included: BatchNorm, Dropout), before anything is charged: a refused model costs
+        # nothing. The same check as a sweep's planning (workers.model_check).
+        check_model(
+            ModelSpec(args.model, model_options),
+            input_shape=tuple(data.input_shape),
+            num_classes=int(data.num_classes),
+            vocab_size=data.vocab_size,
+            strategies=[args.strategy],
+        )
         q, steps = plan_steps(
             n_train=data.n_train, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps
         )

@@ -184,11 +184,18 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             default: the spec's.
     """
     from sweeper.datasets.resolution import resolve
+    from sweeper.sweeps.checks import check_model_on_data, check_spec
     from workers.datasets.loading import load_dataset
 
+    # The one check before any reservation or charge, shared by every path that plans (the
+    # CLI's plan and run, the API's plan and submit): the spec's values first (torch-free) ...
+    check_spec(spec)
     evaluation = getattr(spec, "eval", None)
     # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
     data = load_dataset(dataset or resolve(None, spec.dataset, evaluation))
+    # ... then the model on the loaded data's shape (built on the meta device unless its
+    # descriptor declares the packed path), before any grid is planned.
+    engine_path = check_model_on_data(spec, data)
     # N: the private records (in mode public the evaluation records are another dataset), as
     # declared by a stored dataset's owner: the plan is then the same on neighbouring data.
     n = data.planning_n_private
@@ -196,7 +203,6 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     b = spec.training.batch_size
     from sweeper.privacy.parallel import pmap
 
-    engine_path = _engine_path(spec.model.name)
     grids = []
     requests = grid_requests(spec, dataset_size=n, n_train=data.planning_n_train)
     for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
@@ -234,12 +240,3 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             )
         )
     return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)
-
-
-def _engine_path(model: str) -> str:
-    """The model's declared engine path (torch-free: read from its descriptor)."""
-    from workers.models.descriptors import DESCRIPTORS, get_model_descriptor
-
-    if model not in DESCRIPTORS:
-        get_model_descriptor(model)  # loads plug-ins; refuses an unknown name
-    return DESCRIPTORS[model].engine_path

@@ -3,7 +3,11 @@
 The model is registered with options in range, every arm names a known private strategy and a
 learning rate, and every value a trial may get is checked against the strategy's torch-free
 descriptor (type, finiteness, range, choices), so a bad hyperparameter or model option is
-refused at submission, naming its field, and nothing is reserved.
+refused at submission, naming its field, and nothing is reserved. Once the data is loaded,
+:func:`check_model_on_data` checks that the model builds on it and that its engine path takes
+it (the generic path's layer check). The planner runs both, so every path that plans (``dpsweep
+plan``, ``dpsweep run``, the API's plan and submit) refuses the same specs before anything is
+reserved.
 """
 
 from __future__ import annotations
@@ -29,6 +33,41 @@ def check_spec(spec: SweepSpec) -> None:
         )
     _check_model(spec)
     _check_arms(spec)
+
+
+def check_model_on_data(spec: SweepSpec, data: Any) -> str:
+    """The spec's model on the loaded data: will every trial be able to train it?
+
+    The second half of the one check before any reservation or charge (the first is
+    :func:`check_spec`): :func:`sweeper.privacy.planner.plan_sweep` runs both, so ``dpsweep
+    plan``, ``dpsweep run`` and the API's plan and submit refuse the same specs, and
+    ``dpsweep train`` runs the same :func:`workers.model_check.check_model` before its charge.
+    The model is built as a trial builds it (on the meta device; not at all for a model whose
+    descriptor declares the packed path) and checked by the generic path's layer check, so a
+    BatchNorm or Dropout model is refused here, naming the layer and the fix, instead of by
+    every trial after the sweep was reserved.
+
+    Args:
+        spec: The sweep spec.
+        data: The loaded :class:`workers.datasets.Dataset` (``input_shape``, ``num_classes``,
+            ``vocab_size``).
+
+    Returns:
+        The engine path the trials will take (``packed`` or ``generic``).
+
+    Raises:
+        ConfigError: naming the field (``model.name``, ``model.options.<name>``).
+    """
+    from workers.model_check import check_model
+    from workers.models.descriptors import ModelSpec
+
+    return check_model(
+        ModelSpec(spec.model.name, dict(spec.model.options)),
+        input_shape=tuple(data.input_shape),
+        num_classes=int(data.num_classes),
+        vocab_size=getattr(data, "vocab_size", None),
+        strategies=[arm.strategy for arm in spec.arms],
+    )
 
 
 def _check_model(spec: SweepSpec) -> None:

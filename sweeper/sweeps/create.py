@@ -1,11 +1,11 @@
 """Creating a sweep: check and plan its spec, store it with its trials, reserve its cost.
 
 The runner (:mod:`sweeper.driver.loop`), the CLI and the API all create sweeps here. Nothing here
-imports torch: the spec is checked against the strategies' torch-free descriptors
-(:mod:`sweeper.sweeps.checks`) and planned by :mod:`sweeper.privacy.planner` before anything is
-stored,
-and the whole cost is reserved on the dataset's ledger before the sweep is, so a scheduler that
-picks a pending sweep up finds its reservation in place.
+imports torch at import time: the spec is checked against the strategies' torch-free descriptors
+and its model on the loaded data (:mod:`sweeper.sweeps.checks`; torch only for a model not
+declared packed, built on the meta device) and planned by :mod:`sweeper.privacy.planner` before
+anything is stored, and the whole cost is reserved on the dataset's ledger before the sweep is,
+so a scheduler that picks a pending sweep up finds its reservation in place.
 """
 
 from __future__ import annotations
@@ -235,10 +235,11 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
     """Plan a spec and compute its charge schedules (see :class:`PreparedSweep`).
 
     Raises:
-        ConfigError: the spec is invalid.
+        ConfigError: the spec is invalid, or its model cannot be trained on the data (the
+            planner's one check: :func:`sweeper.sweeps.checks.check_spec` and
+            :func:`~sweeper.sweeps.checks.check_model_on_data`).
         InfeasiblePlan: no usable noise multiplier fits a grid's budget.
     """
-    check_spec(spec)
     plan = plan_sweep(spec, dataset=dataset)
     from sweeper.artifacts.quota import estimate_if_limited
     from sweeper.privacy.parallel import pmap

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from dpsweep.errors import ConfigError
+from dpsweep.errors import ConfigError, DatasetError
 from workers.options import HParam, check_settings, check_value
 from workers.plugins import load_plugins
 
@@ -131,6 +131,32 @@ class ModelDescriptor:
             field="model.options",
             check=self._check_each,
         )
+
+    def check_input(self, input_shape: tuple[int, ...] | list[int]) -> None:
+        """Refuse data whose examples' shape is not the input this model builds on.
+
+        Torch-free, so that planning refuses a CNN on tabular data before anything is
+        reserved; :func:`workers.models.registry.build_model` runs the same check.
+
+        Raises:
+            DatasetError: the examples' shape does not fit :attr:`input_kind`.
+        """
+        shape = list(input_shape)
+        if self.input_kind == "image" and len(shape) != 3:
+            raise DatasetError(
+                f"model {self.name!r} needs image input [C, H, W]; this dataset's examples have "
+                f"shape {shape}. Use 'mlp', 'logreg' or 'bow_fc' for tabular data."
+            )
+        if self.input_kind == "flat" and len(shape) != 1:
+            raise DatasetError(
+                f"model {self.name!r} needs flat input [features]; this dataset's examples have "
+                f"shape {shape}"
+            )
+        if self.input_kind == "tokens" and len(shape) != 1:
+            raise DatasetError(
+                f"model {self.name!r} needs token ids [sequence length]; this dataset's "
+                f"examples have shape {shape}. Use a text dataset with a tokenizer."
+            )
 
     def _check_each(self, name: str, opt: Any, v: Any) -> Any:
         if opt.sequence:

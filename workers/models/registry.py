@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dpsweep.errors import ConfigError, DatasetError
+from dpsweep.errors import ConfigError
 from workers.models.descriptors import (
     DESCRIPTORS,
     ModelDescriptor,
@@ -152,22 +152,8 @@ def build_model(
             f"allowed: {sorted(entry.option_names) or 'none'}",
             field="model.options",
         )
-    kind = entry.descriptor.input_kind
-    if kind == "image" and len(input_shape) != 3:
-        raise DatasetError(
-            f"model {spec.name!r} needs image input [C, H, W]; this dataset's examples have "
-            f"shape {list(input_shape)}. Use 'mlp', 'logreg' or 'bow_fc' for tabular data."
-        )
-    if kind == "flat" and len(input_shape) != 1:
-        raise DatasetError(
-            f"model {spec.name!r} needs flat input [features]; this dataset's examples have "
-            f"shape {list(input_shape)}"
-        )
-    if kind == "tokens" and len(input_shape) != 1:
-        raise DatasetError(
-            f"model {spec.name!r} needs token ids [sequence length]; this dataset's examples "
-            f"have shape {list(input_shape)}. Use a text dataset with a tokenizer."
-        )
+    # The same check as at planning (torch-free, on the descriptor).
+    entry.descriptor.check_input(tuple(input_shape))
     # The same check as at submission; the builder gets the options as given (its own
     # defaults apply), so a model's weights do not depend on where it was validated.
     entry.descriptor.validate(spec.options)
