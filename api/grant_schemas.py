@@ -42,6 +42,11 @@ class GrantIn(_Out):
         ge=0, allow_inf_nan=False, description="the ε their sweeps may hold on the records"
     )
     note: str | None = Field(default=None, max_length=2000)
+    confirm: bool = Field(
+        default=False,
+        description="grant the name although no API token has it yet (otherwise such a "
+        "grant is refused: a typo would grant no one, and the right tenant nothing)",
+    )
 
 
 class GrantOut(_Out):
@@ -66,7 +71,10 @@ class GrantList(_Out):
 
 
 class AuditEntry(_Out):
-    id: int = Field(description="increasing: the order of the releases")
+    id: int = Field(
+        description="the entry's number in the log you read (1, 2, ...: the order of the "
+        "releases; an analyst's log numbers their own entries only), for ?after="
+    )
     at: str | None
     principal: str | None = Field(description="who received it (the sweep's owner)")
     dataset: str

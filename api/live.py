@@ -2,9 +2,10 @@
 
 One :class:`EventHub` per API process. Streams register an :class:`asyncio.Event` per sweep
 they follow (:meth:`EventHub.waiter`); the hub sets it when the sweep has new events, and the
-stream then reads them from the database by id (``Last-Event-ID`` order): the database stays
-the only record, so a lost notification delays an event, never loses it. The hub learns of
-new events from:
+stream then reads them from the database in order (``Last-Event-ID``: the number of the last
+event it sent, counted in its sweep; never the table's global id, which would count other
+tenants' events): the database stays the only record, so a lost notification delays an
+event, never loses it. The hub learns of new events from:
 
 * **PostgreSQL:** one connection per process that ``LISTEN``\\s on
   :data:`sweeper.store.notify.CHANNEL` (in a thread); writers notify in the transaction that
@@ -40,7 +41,7 @@ from starlette.requests import Request
 
 from sweeper.store import SweepEvent
 from sweeper.store.notify import CHANNEL, subscribe
-from sweeper.sweeps.events import read_events
+from sweeper.sweeps.events import read_numbered
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
 from sweeper.sweeps.sweep_pages import check_sweep
 
@@ -196,24 +197,31 @@ def _set_all(events: list[asyncio.Event]) -> None:
 async def event_stream(
     request: Request, engine: Engine, settings: Any, viewer: Any, sweep_id: str, start: int
 ) -> AsyncIterator[str]:
-    """The SSE body of ``GET /sweeps/{id}/events``: the sweep's events after id ``start``,
+    """The SSE body of ``GET /sweeps/{id}/events``: the sweep's events after its ``start``-th,
     read from the database whenever the app's :class:`EventHub` says there are new ones (and
-    at least every ``sse_fallback_seconds``), until the sweep ends or the client leaves."""
+    at least every ``sse_fallback_seconds``), until the sweep ends or the client leaves.
+
+    Each event's SSE id is its number in the sweep (:mod:`sweeper.sweeps.events`)."""
     hub: EventHub = request.app.state.live
     # Woken by the hub when the sweep has new events (api.live: LISTEN/NOTIFY on
-    # PostgreSQL), not by polling; the events themselves are read from the database by id,
-    # and a slow fallback read covers a missed notification.
+    # PostgreSQL), not by polling; the events themselves are read from the database in order,
+    # and a slow fallback read covers a missed notification. ``row`` is the table id of the
+    # last event sent: this stream's own cursor (the next read seeks to it instead of
+    # counting the sweep's events again), never sent.
     last, quiet_since = start, time.monotonic()
+    row: int | None = None
     yield "retry: 2000\n\n"
     with hub.waiter(sweep_id) as woken:
         while True:
             # Cleared before reading: a notification that arrives during the read wakes
             # the next wait at once.
             woken.clear()
-            batch = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+            batch = await run_in_threadpool(
+                read_numbered, engine, sweep_id, after=last, after_row=row
+            )
             ended = False
-            for e in batch:
-                last = e.id
+            for e, row_id in batch:
+                last, row = e.id, row_id
                 yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(e.data)}\n\n"
                 if e.kind == "sweep" and e.data.get("state") in TERMINAL:
                     ended = True
@@ -225,7 +233,9 @@ async def event_stream(
             state, _ = await run_in_threadpool(check_sweep, engine, sweep_id, viewer)
             if state in TERMINAL:
                 # Ended before this stream started (or its end event was already sent).
-                more = await run_in_threadpool(read_events, engine, sweep_id, after=last)
+                more = await run_in_threadpool(
+                    read_numbered, engine, sweep_id, after=last, after_row=row
+                )
                 if not more:
                     return
                 continue

@@ -292,6 +292,12 @@ class DatasetBudget(_Out):
     epsilon_committed: float
     epsilon_reserved: float
     epsilon_remaining: float | None
+    scope: Literal["records", "yours"] = Field(
+        default="records",
+        description="records: the records' lifetime totals; yours: a built-in set shared by "
+        "every tenant, as your own spending (its cap less yours is remaining: others' spending "
+        "may leave less)",
+    )
 
 
 class DatasetOut(_Out):
@@ -355,6 +361,12 @@ class BudgetOut(_Out):
     epsilon_remaining: float | None
     delta_remaining: float | None
     sweeps: list[BudgetSweep]
+    scope: Literal["records", "yours"] = Field(
+        default="records",
+        description="records: the records' lifetime totals; yours: a built-in set shared by "
+        "every tenant, as your own spending (its cap less yours is remaining: others' spending "
+        "may leave less)",
+    )
 
 
 class AnalystBudgetOut(Allowance):

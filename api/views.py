@@ -7,6 +7,12 @@ that version:
 a finished sweep is computed once. Sweeps with papernot-steinke grids are never cached while
 they run (their trials change without events, by design).
 
+The version is made of global counters (the newest event id and ledger entry id), so it never
+leaves the server as it is: an ETag that carried it would tell a tenant how many events and
+charges every other tenant caused between two reads. ETags are a keyed hash (HMAC-SHA256 with
+a per-server secret) of the sweep, its version and the viewer: equal versions give equal
+ETags (If-None-Match still gives 304) and nothing of the counters can be read from them.
+
 What a papernot-steinke grid releases (its selected trial, only once its search completed
 without a cancel) is decided by :func:`sweeper.sweeps.released_records`, which every summary,
 result and front here is built from; a cancel ends the sweep with an event, so a cached entry
@@ -15,8 +21,12 @@ never outlives it.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
+import os
+import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -36,6 +46,33 @@ LOWER_IS_BETTER = frozenset({"loss", "ece", "mce", "mse", "nll", "brier", "epsil
 TERMINAL = {s.value for s in TERMINAL_SWEEPS}
 # Encoded bodies kept per sweep version (fronts, results, pages of trials).
 MAX_BODIES = 256
+#: Where the ETag key is shared with the API's worker processes (``--api-workers``).
+ETAG_KEY_ENV = "DPSWEEP_ETAG_KEY"
+
+
+def _etag_key() -> bytes:
+    """The key of every ETag this server hands out: random, made once per server.
+
+    The first process makes it and puts it in its environment, so the worker processes that
+    ``dpsweep serve --api-workers N`` starts inherit it and give a client the same ETag
+    whichever of them answers (a 304 from any). It never leaves the server.
+    """
+    key = os.environ.get(ETAG_KEY_ENV)
+    if not key:
+        key = secrets.token_hex(32)
+        os.environ[ETAG_KEY_ENV] = key
+    return key.encode()
+
+
+_ETAG_KEY = _etag_key()
+
+
+def opaque_tag(*parts: object) -> str:
+    """A weak ETag that identifies ``parts`` (equal parts, equal tag) and reveals nothing
+    of them: 128 bits of their HMAC under the server's key."""
+    message = "\x00".join(str(p) for p in parts).encode()
+    digest = hmac.new(_ETAG_KEY, message, hashlib.sha256).hexdigest()[:32]
+    return f'W/"{digest}"'
 
 
 def mode_of(metric: str) -> str:
@@ -49,9 +86,18 @@ class Entry:
     version: tuple[int, int]
     summary: dict[str, Any]
     results: SweepResults
-    etag: str | None  # None: not cacheable (may change without a new version)
+    # The version's opaque tag (never the counters themselves); None: not cacheable (may
+    # change without a new version).
+    etag: str | None
     summary_body: bytes = b""
     bodies: dict[tuple[str, str | None], bytes] = field(default_factory=dict)
+
+    def etag_for(self, viewer: Viewer) -> str | None:
+        """The ETag ``viewer`` gets for this version: their own (two viewers of one sweep
+        cannot match theirs), equal on every read of the same version."""
+        if self.etag is None:
+            return None
+        return opaque_tag(self.etag, viewer.owner, viewer.admin)
 
     def body(self, key: tuple[str, str | None], make: Any) -> bytes:
         """The encoded body for ``key``, made once per version (made each time, not kept,
@@ -104,7 +150,7 @@ class SummaryCache:
         """Compute the entry of ``head``'s version (and keep it when ``cacheable``)."""
         sweep = load_sweep(engine, sweep_id)
         summary = summarize(engine, sweep_id, sweep=sweep)
-        etag = f'W/"{sweep_id}.{head.version[0]}.{head.version[1]}"' if cacheable else None
+        etag = opaque_tag(sweep_id, *head.version) if cacheable else None
         entry = Entry(head.version, summary, sweep_results(sweep), etag)
         entry.summary_body = json.dumps(summary).encode()
         if cacheable:

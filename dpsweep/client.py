@@ -187,19 +187,26 @@ class Client(HttpTransport):
         epsilon_allowance: float,
         *,
         note: str | None = None,
+        confirm: bool = False,
     ) -> dict[str, Any]:
         """Grant ``analyst`` (another tenant) access to your dataset with an ε allowance: they
         may submit sweeps on it and receive their DP outputs, holding at most
         ``epsilon_allowance`` on its records. A grant they hold is replaced (what they spent
         stays counted).
 
+        ``analyst`` is the name of their API token. A name no token has is refused (a typo
+        would grant no one) unless ``confirm=True``: the name their token will have.
+
         Raises:
             PermissionDenied: you are an analyst of the dataset, not its owner.
             NotFound: no such dataset of yours.
+            ConfigError: no token has that name, and ``confirm`` is not set.
         """
         body: dict[str, Any] = {"analyst": analyst, "epsilon_allowance": float(epsilon_allowance)}
         if note is not None:
             body["note"] = note
+        if confirm:
+            body["confirm"] = True
         # Repeating it grants the same again: harmless.
         path = f"/datasets/{dataset}/grants"
         return dict(self._json("POST", path, json=body, safe=True))

@@ -28,7 +28,7 @@ def add_parsers(dsub: Any) -> None:
         description="Let ANALYST (a tenant: a token's name) submit sweeps on NAME and receive "
         "their DP outputs, holding at most EPSILON on its records in total. A grant they hold "
         "already is replaced (what they spent stays counted). The records' lifetime cap still "
-        "bounds everyone together.",
+        "bounds everyone together. A name no API token has is refused unless --confirm.",
         positionals=(
             ("name", "the dataset (an upload's id ds_... or a registered name)"),
             ("analyst", "the analyst's tenant name"),
@@ -36,6 +36,12 @@ def add_parsers(dsub: Any) -> None:
     )
     g.add_argument("--epsilon", type=float, required=True, help="the ε allowance (>= 0)")
     g.add_argument("--note", default="", help="why (kept with the grant)")
+    g.add_argument(
+        "--confirm",
+        action="store_true",
+        help="grant ANALYST although no API token has that name yet (the name their token "
+        "will have)",
+    )
     local_command(
         dsub,
         "revoke",
@@ -132,6 +138,7 @@ def cmd_grant(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             epsilon_allowance=Decimal(repr(args.epsilon)),
             viewer=_local(),
             note=args.note,
+            confirm=args.confirm,
         )
     except DpsweepError as exc:
         return fail(exc)

@@ -227,6 +227,7 @@ def post_grant(
         epsilon_allowance=Decimal(repr(body.epsilon_allowance)),
         viewer=viewer,
         note=body.note or "",
+        confirm=body.confirm,
     )
     location = f"/api/v1/datasets/{dataset_id}/grants/{g['analyst']}"
     return JSONResponse(g, status_code=201, headers={"Location": location})
@@ -267,7 +268,8 @@ def get_audit(
     limit: Limit = None,
     cursor: Cursor = None,
     after: Annotated[
-        int | None, Query(ge=0, le=INT64_MAX, description="only entries after this entry id")
+        int | None,
+        Query(ge=0, le=INT64_MAX, description="only entries after the one with this id"),
     ] = None,
     analyst: Annotated[
         str | None, Query(max_length=200, description="only this analyst's entries")

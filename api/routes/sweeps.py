@@ -274,10 +274,15 @@ def list_sweeps(
     return {"items": page.items, "next_cursor": page.next_cursor}
 
 
-def _cached(request: Request, entry: Any, body: bytes) -> Response:
-    """The body, or 304 when the client already has this version (ETag / If-None-Match)."""
-    headers = {"ETag": entry.etag} if entry.etag else {}
-    if entry.etag and entry.etag in request.headers.get("if-none-match", ""):
+def _cached(request: Request, entry: Any, body: bytes, viewer: Any) -> Response:
+    """The body, or 304 when the client already has this version (ETag / If-None-Match).
+
+    The ETag is opaque and the viewer's own (:meth:`api.views.Entry.etag_for`): the version
+    it stands for is made of global counters, which would tell a tenant how much others did.
+    """
+    etag = entry.etag_for(viewer)
+    headers = {"ETag": etag} if etag else {}
+    if etag and etag in request.headers.get("if-none-match", ""):
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers)
 
@@ -293,7 +298,7 @@ async def get_sweep(
     # The reads of a route go to one worker thread together (one hop per request).
     def work() -> Response:
         entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-        return _cached(request, entry, entry.summary_body)
+        return _cached(request, entry, entry.summary_body, viewer)
 
     return await run_in_threadpool(work)
 
@@ -358,7 +363,7 @@ async def results(request: Request, engine: ReadEngineDep, viewer: ViewerDep, sw
                 "results": s["results"],
             },
         )
-        return _cached(request, entry, body)
+        return _cached(request, entry, body, viewer)
 
     return await run_in_threadpool(work)
 
@@ -383,7 +388,7 @@ async def get_pareto(
     def work() -> Response:
         entry = request.app.state.summaries.get(engine, sweep_id, viewer)
         body = entry.body(("pareto", f"{x}\0{y}"), lambda: pareto(entry, sweep_id, x=x, y=y))
-        return _cached(request, entry, body)
+        return _cached(request, entry, body, viewer)
 
     return await run_in_threadpool(work)
 

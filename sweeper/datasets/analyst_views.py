@@ -10,7 +10,9 @@ Never the file's hash or size (the hash is a function of every record), the reco
 
 The audit log of a dataset (:func:`audit_page`) is that of the releases from sweeps that named
 it: its owner reads every entry, an analyst their own, an admin (and local use) every entry on
-the records under any name. Nothing here writes to the log.
+the records under any name. Nothing here writes to the log. An entry's ``id`` is its number in
+the log its reader reads (1, 2, ... in the order of the releases), never the table's id: that
+one is global, and the gaps between an analyst's ids would count everyone else's releases.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound
@@ -191,9 +193,13 @@ def audit_page(
     Its owner reads the releases of every sweep that named it, an analyst their own; an admin
     and local use read every release from the records, under any name.
 
+    Each entry's ``id`` is its number in that log (the reader's: an analyst's first entry is 1
+    whatever others released before it), in the order of the releases; ``analyst=`` keeps the
+    numbers of the unfiltered log. The table's own ids are global and never shown.
+
     Args:
         analyst: Only this principal's entries (the owner's filter).
-        after: Only entries after this entry id.
+        after: Only entries after the one with this id (number).
         cursor: The ``next_cursor`` of the previous page.
         limit: At most this many entries.
 
@@ -210,20 +216,33 @@ def audit_page(
         not isinstance(start, int) or isinstance(start, bool) or not 0 <= start < 2**63
     ):
         raise ConfigError("invalid cursor", field="cursor" if key is not None else "after")
-    stmt = select(ReleaseRecord).where(ReleaseRecord.dataset == view_key(engine, name))
+    # The reader's log, numbered in the order of the releases (the table's ids grow in that
+    # order within a sweep, and one driver holds a sweep at a time).
+    scope = [ReleaseRecord.dataset == view_key(engine, name)]
     if not (viewer.admin or viewer.owner is None):
         # Tenants read the releases of sweeps on this name: the same records under another
         # tenant's name are that tenant's business.
-        stmt = stmt.where(ReleaseRecord.dataset_name == name)
+        scope.append(ReleaseRecord.dataset_name == name)
     if role == ANALYST:
-        stmt = stmt.where(ReleaseRecord.principal == viewer.owner)
+        scope.append(ReleaseRecord.principal == viewer.owner)
+    numbered = (
+        select(
+            ReleaseRecord.id.label("row_id"),
+            func.row_number().over(order_by=ReleaseRecord.id).label("number"),
+        )
+        .where(*scope)
+        .subquery()
+    )
+    stmt = select(ReleaseRecord, numbered.c.number).join(
+        numbered, numbered.c.row_id == ReleaseRecord.id
+    )
     if analyst is not None:
         stmt = stmt.where(ReleaseRecord.principal == analyst)
     if start is not None:
-        stmt = stmt.where(ReleaseRecord.id > start)
+        stmt = stmt.where(numbered.c.number > start)
     with Session(engine) as session:
-        rows = list(session.scalars(stmt.order_by(ReleaseRecord.id).limit(limit + 1)))
-        items = [entry_view(r) for r in rows[:limit]]
+        rows = list(session.execute(stmt.order_by(numbered.c.number).limit(limit + 1)))
+        items = [entry_view(r) | {"id": int(n)} for r, n in rows[:limit]]
     more = len(rows) > limit
     return Page(items, encode_cursor([items[-1]["id"]]) if more else None)
 

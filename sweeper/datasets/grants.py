@@ -31,7 +31,7 @@ from dpsweep.errors import ConfigError, DatasetNotFound, NotFound, PermissionDen
 from dpsweep.spec import EVAL_MODES
 from sweeper.datasets.access import Viewer
 from sweeper.privacy.ledger.amounts import epsilon_amount
-from sweeper.store import Dataset, DatasetGrant, iso
+from sweeper.store import ApiToken, Dataset, DatasetGrant, iso
 
 #: What analysts may use unless the owner says otherwise: never the unprotected carve-out.
 DEFAULT_ANALYST_EVAL_MODES: tuple[str, ...] = ("public", "dp")
@@ -106,6 +106,7 @@ def grant(
     epsilon_allowance: float | Decimal | str,
     viewer: Viewer,
     note: str = "",
+    confirm: bool = False,
 ) -> dict[str, Any]:
     """Grant ``analyst`` access to dataset ``name`` with an ε allowance (owner or admin).
 
@@ -113,9 +114,14 @@ def grant(
     recorded): its spending carries over, since the allowance counts what the analyst's sweeps
     hold on the records, whatever grant they reserved under.
 
+    An analyst is a token's name. A name that no API token has (revoked ones count) is
+    refused unless ``confirm``: a typo would otherwise grant no one at once, and whoever later
+    gets a token of that name the allowance.
+
     Raises:
         DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
-        ConfigError: an invalid analyst name or allowance.
+        ConfigError: an invalid analyst name or allowance, or a name no token has (field
+            ``analyst``, saying how to go on).
     """
     analyst = analyst.strip()
     if not analyst or len(analyst) > 200:
@@ -128,6 +134,9 @@ def grant(
                 f"{analyst!r} owns dataset {name!r}; grants are for analysts (other tenants)",
                 field="analyst",
             )
+        # Checked only for the dataset's owner (above): no one else learns which names exist.
+        if not confirm:
+            _check_tenant(session, analyst)
         now = _now()
         old = _active(session, name, analyst)
         if old is not None:
@@ -144,6 +153,33 @@ def grant(
         session.add(g)
         session.flush()
         return grant_view(g)
+
+
+def _check_tenant(session: Session, analyst: str) -> None:
+    """Refuse a grant to a name that no API token has (revoked tokens count: their name is
+    a tenant's).
+
+    Raises:
+        ConfigError: on field ``analyst``, saying how to go on.
+    """
+    if session.scalar(select(ApiToken.id).where(ApiToken.name == analyst).limit(1)):
+        return
+    create = f"`dpsweep token create --name {analyst}`"
+    confirm = '"confirm": true in the request, confirm=True in the SDK, --confirm on the CLI'
+    if session.scalar(select(ApiToken.id).limit(1)) is None:
+        # Local use, or a server before its first token: say that no tenant exists yet.
+        raise ConfigError(
+            f"no API token exists yet, so {analyst!r} names no tenant: create the analyst's "
+            f"token first ({create}), or confirm that {analyst!r} is the name their token "
+            f"will have ({confirm})",
+            field="analyst",
+        )
+    raise ConfigError(
+        f"no API token has the name {analyst!r} (a typo?): create the analyst's token first "
+        f"({create}), or confirm that {analyst!r} is the name their token will have "
+        f"({confirm})",
+        field="analyst",
+    )
 
 
 def revoke(engine: Engine, name: str, analyst: str, *, viewer: Viewer) -> dict[str, Any]:

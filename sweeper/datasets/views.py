@@ -2,6 +2,11 @@
 
 A dataset's budget is that of its records (its identity, :mod:`sweeper.datasets.identity`):
 every name of the same records shows the same totals and the same caps.
+
+A built-in set is shared by every tenant, so its totals are everyone's: a tenant (not an
+admin, not local use) sees its figures as their own spending only (:func:`own_spending`,
+``scope: "yours"``), never the totals, which would tell them what other tenants did. Admins
+and local use see the records' totals (``scope: "records"``).
 """
 
 from __future__ import annotations
@@ -9,7 +14,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, or_, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, PermissionDenied
@@ -26,9 +31,11 @@ from sweeper.datasets.grants import sees_sweep
 from sweeper.datasets.identity import content_identity, view_key
 from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
 from sweeper.privacy.charges import EXACT, exact_sum
+from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import identity_key
-from sweeper.privacy.ledger.rows import EntryKind
+from sweeper.privacy.ledger.records import BudgetSummary, SweepBalance
+from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals
 from sweeper.store import Dataset, Sweep, iso
 
 
@@ -81,6 +88,65 @@ def describe(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
     raise DatasetNotFound(f"no dataset {dataset_id!r}; GET /api/v1/datasets lists yours")
 
 
+def tenant_of(viewer: Viewer) -> str | None:
+    """The tenant whose own figures the viewer sees of shared records (None: an admin or
+    local use, who see the records' totals)."""
+    return None if viewer.admin or viewer.owner is None else viewer.owner
+
+
+def own_spending(engine: Engine, key: str, tenant: str) -> BudgetSummary:
+    """The records' caps with only ``tenant``'s own figures: what their sweeps were charged
+    on the records of ``key``, and what they still hold reserved (reserved less charged and
+    released), exact. Deleted sweeps count (the ledger keeps their entries and totals).
+
+    The caps are the operator's settings; the figures of everyone else never enter.
+    """
+    theirs = (
+        select(LedgerEntry.sweep_id)
+        .where(
+            LedgerEntry.dataset == key,
+            LedgerEntry.kind == EntryKind.RESERVE,
+            or_(
+                LedgerEntry.principal == tenant,
+                # Entries from before principals were recorded: the sweep's owner says.
+                LedgerEntry.sweep_id.in_(select(Sweep.id).where(Sweep.owner == tenant)),
+            ),
+        )
+        .distinct()
+    )
+    caps = BudgetLedger(engine).summary(key)
+    e_spent, d_spent, e_held, d_held = ZERO, ZERO, ZERO, ZERO
+    with Session(engine) as session:
+        for t in session.scalars(
+            select(SweepTotals).where(SweepTotals.dataset == key, SweepTotals.sweep_id.in_(theirs))
+        ):
+            b = SweepBalance(
+                key,
+                t.sweep_id,
+                epsilon_reserved=t.epsilon_reserved,
+                delta_reserved=t.delta_reserved,
+                epsilon_charged=t.epsilon_charged,
+                delta_charged=t.delta_charged,
+                epsilon_released=t.epsilon_released,
+                delta_released=t.delta_released,
+            )
+            e_spent = add_exact(e_spent, b.epsilon_charged)
+            d_spent = add_exact(d_spent, b.delta_charged)
+            e_held = add_exact(e_held, max(b.epsilon_outstanding, ZERO))
+            d_held = add_exact(d_held, max(b.delta_outstanding, ZERO))
+    return BudgetSummary(key, caps.epsilon_cap, caps.delta_cap, e_spent, d_spent, e_held, d_held)
+
+
+def _budget_summary(engine: Engine, dataset_id: str, viewer: Viewer) -> tuple[BudgetSummary, str]:
+    """The figures a viewer sees of a (visible, non-analyst) dataset's budget, and their
+    scope: ``records`` (the records' totals) or ``yours`` (a tenant on a built-in set)."""
+    key = view_key(engine, dataset_id)
+    tenant = tenant_of(viewer)
+    if dataset_id in BUILTIN and tenant is not None:
+        return own_spending(engine, key, tenant), "yours"
+    return BudgetLedger(engine).summary(key), "records"
+
+
 def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
     """The built-in sets, then the viewer's uploads (everyone's for admins), newest first,
     then the datasets of others the viewer is an analyst of (their public description and
@@ -93,17 +159,18 @@ def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
         rows = list(session.scalars(stmt.order_by(Dataset.created_at.desc())))
         extra = owner_fields(session, rows)
         out.extend(_stored_file(r) | extra[r.name] for r in rows)
-    ledger = BudgetLedger(engine)
     for d in out:
         # One small read per dataset: the dashboard shows every set's budget bar. The bar is
-        # the identity's: names of the same records show the same bar.
-        s = ledger.summary(view_key(engine, d["id"]))
+        # the identity's: names of the same records show the same bar (a built-in's is the
+        # tenant's own spending).
+        s, scope = _budget_summary(engine, d["id"], viewer)
         d["budget"] = {
             "epsilon_cap": _num(s.epsilon_cap),
             "delta_cap": _num(s.delta_cap),
             "epsilon_committed": float(s.epsilon_spent),
             "epsilon_reserved": float(s.epsilon_reserved),
             "epsilon_remaining": _num(s.remaining.epsilon),
+            "scope": scope,
         }
     return out + analyst_datasets(engine, viewer)
 
@@ -180,6 +247,9 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
 
     An analyst of the dataset gets their allowance instead (allowed, used, left, active) and
     their own sweeps: the lifetime totals include the owner's and other analysts' spending.
+    A tenant reading a built-in set gets their own figures (``scope: "yours"``): committed
+    and reserved by their sweeps, and what the cap leaves after them (others' spending may
+    leave less; a reservation past the cap is refused).
 
     Raises:
         DatasetNotFound: no such dataset, or one the viewer may not see.
@@ -193,10 +263,11 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
             **desc["allowance"],
             "sweeps": _sweep_rows(engine, key, viewer, own_only=True),
         }
-    s = BudgetLedger(engine).summary(key)
+    s, scope = _budget_summary(engine, dataset_id, viewer)
     rem = s.remaining
     return {
         "dataset": dataset_id,
+        "scope": scope,
         "epsilon_cap": _num(s.epsilon_cap),
         "delta_cap": _num(s.delta_cap),
         "epsilon_committed": float(s.epsilon_spent),
@@ -205,7 +276,7 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
         "delta_reserved": float(s.delta_reserved),
         "epsilon_remaining": _num(rem.epsilon),
         "delta_remaining": _num(rem.delta),
-        "sweeps": _sweep_rows(engine, key, viewer, own_only=False),
+        "sweeps": _sweep_rows(engine, key, viewer, own_only=scope == "yours"),
     }
 
 

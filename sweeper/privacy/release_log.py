@@ -17,7 +17,9 @@ What counts as a release (each reaches the sweep's owner, and its dataset's owne
   secret).
 * ``model``: a kept model (:mod:`sweeper.artifacts`), covered by its trial's release (ε 0).
 
-The dataset's owner reads every entry on its records; an analyst reads their own.
+The dataset's owner reads every entry on its records; an analyst reads their own. The table's
+ids are global (every tenant's releases share them), so readers are shown each entry's number
+in their own log instead (:func:`sweeper.datasets.analyst_views.audit_page`).
 """
 
 from __future__ import annotations
@@ -166,7 +168,8 @@ def record_hidden_releases(engine: Engine, sweep_id: str, *, metric: str, mode: 
 
 
 def entry_view(r: ReleaseRecord) -> dict[str, Any]:
-    """An entry as the API shows it."""
+    """An entry as the API shows it, but with the table's global id (the API shows the
+    entry's number in its reader's log instead: never this one to a tenant)."""
     return {
         "id": r.id,
         "at": iso(r.created_at),

@@ -80,36 +80,60 @@ def sweep_results(sweep: Sweep) -> SweepResults:
     )
 
 
+TENANT_COVERS = (
+    "what this tenant's sweeps have spent on this shared built-in set (charged) and still hold "
+    "(reserved), under its lifetime cap; what other tenants spent is not shown"
+)
+
+
 def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
     """The dataset-lifetime release shown with a sweep: the records' total for their owner's
-    (and local) sweeps; for an analyst's sweep, only what that analyst spent and holds (the
-    total would tell them what other analysts spent)."""
+    (and local, and admins') sweeps; for an analyst's sweep, only what that analyst spent and
+    holds (the total would tell them what other analysts spent); for a tenant's sweep on a
+    built-in set, which every tenant shares, only what that tenant spent and holds."""
     from sweeper.datasets.grants import dataset_row
+    from sweeper.datasets.names import BUILTIN
     from sweeper.privacy.ledger.reservations import principal_totals
+    from sweeper.store import ApiToken, DatasetGrant
 
+    tenant = sweep.owner
     with Session(engine) as session:
         row = dataset_row(session, sweep.dataset)
-        analyst = (
-            sweep.owner is not None
-            and row is not None
-            and row.owner is not None
-            and row.owner != sweep.owner
-        )
-        if analyst:
-            assert sweep.owner is not None
-            from sweeper.store import DatasetGrant
-
-            spent, reserved = principal_totals(session, key, sweep.owner)
+        if tenant is not None and row is not None and row.owner != tenant:
             allowance = session.scalar(
                 select(DatasetGrant.epsilon_allowance)
-                .where(
-                    DatasetGrant.dataset == sweep.dataset,
-                    DatasetGrant.analyst == sweep.owner,
-                )
+                .where(DatasetGrant.dataset == sweep.dataset, DatasetGrant.analyst == tenant)
                 .order_by(DatasetGrant.created_at.desc())
                 .limit(1)
             )
-            return analyst_lifetime_release(spent=spent, reserved=reserved, allowance=allowance)
+            # An analyst: of someone else's upload, or of a name an admin registered and
+            # granted them.
+            if row.owner is not None or allowance is not None:
+                spent, reserved = principal_totals(session, key, tenant)
+                return analyst_lifetime_release(spent=spent, reserved=reserved, allowance=allowance)
+        shared = (
+            tenant is not None
+            and sweep.dataset in BUILTIN
+            and (row is None or row.owner is None)  # a built-in's row only binds its identity
+            # An admin's sweep shows the totals, as the admin's budget page does.
+            and session.scalar(
+                select(ApiToken.id).where(ApiToken.name == tenant, ApiToken.admin).limit(1)
+            )
+            is None
+        )
+    if shared:
+        from sweeper.datasets.views import own_spending
+
+        assert tenant is not None
+        mine = own_spending(engine, key, tenant)
+        return {
+            "epsilon_spent": float(mine.epsilon_spent),
+            "delta_spent": float(mine.delta_spent),
+            "epsilon_reserved": float(mine.epsilon_reserved),
+            "epsilon_cap": None if mine.epsilon_cap is None else float(mine.epsilon_cap),
+            "covers": TENANT_COVERS,
+            "scope": "tenant",
+        }
     return lifetime_release(BudgetLedger(engine).summary(key))
 
 

@@ -17,6 +17,7 @@ from sweeper.privacy.ledger.amounts import ZERO
 from sweeper.store import Sweep
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
+from sweeper.store.tokens import create_token
 from sweeper.sweeps.create import create_sweep
 
 
@@ -50,7 +51,13 @@ def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 def test_grant_list_policy_audit_and_revoke(setup: Any, capsys: pytest.CaptureFixture[str]) -> None:
     engine, url, ds = setup
     db = ["--db", url]
-    assert main(["datasets", "grant", ds, "ana", "--epsilon", "2", "--note", "study", *db]) == 0
+    grant = ["datasets", "grant", ds, "ana", "--epsilon", "2", "--note", "study", *db]
+    # No token at all (local use): a name is granted only when confirmed, and nothing is kept.
+    assert main(grant) == 1
+    err = capsys.readouterr().err
+    assert "no API token exists yet" in err and "--confirm" in err and "token create" in err
+    assert _json(capsys, "datasets", "grants", ds, "--json", *db) == []
+    assert main([*grant, "--confirm"]) == 0
     assert "granted ana" in capsys.readouterr().out
     (g,) = _json(capsys, "datasets", "grants", ds, "--json", *db)
     assert g["analyst"] == "ana" and g["active"] and g["epsilon_allowance"] == 2.0
@@ -134,3 +141,18 @@ def test_clear_errors_for_unknown_datasets_and_bad_grants(
     assert "owns dataset" in capsys.readouterr().err
     assert main(["datasets", "grant", ds, "ana", "--epsilon", "-1", *db]) == 1
     assert "epsilon_allowance" in capsys.readouterr().err
+
+
+def test_a_grant_names_a_token_or_is_confirmed(
+    setup: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine, url, ds = setup
+    db = ["--db", url]
+    create_token(engine, name="bea")
+    # A token's name is granted as it is; a typo of it is refused, saying how to go on.
+    assert main(["datasets", "grant", ds, "bea", "--epsilon", "1", *db]) == 0
+    assert main(["datasets", "grant", ds, "baa", "--epsilon", "1", *db]) == 1
+    err = capsys.readouterr().err
+    assert "no API token has the name 'baa'" in err and "--confirm" in err
+    assert [g["analyst"] for g in _json(capsys, "datasets", "grants", ds, "--json", *db)] == ["bea"]
+    assert main(["datasets", "grant", ds, "baa", "--epsilon", "1", "--confirm", *db]) == 0

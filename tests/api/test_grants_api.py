@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session
 
 from api.testing.server import Server, start_server
 from dpsweep import Client
-from dpsweep.errors import NotFound, PermissionDenied
+from dpsweep.errors import ConfigError, NotFound, PermissionDenied
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.store import Dataset
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
-from tests.api.test_api import assert_problem, wait_for
+from tests.api.test_api import assert_problem, read_sse, wait_for
 
 pytestmark = pytest.mark.slow  # one server and two tiny sweeps: about a minute on two cores
 
@@ -237,13 +237,19 @@ def test_the_audit_log_lists_each_release_to_whom_it_went(world: dict[str, Any])
     charged = ana.get(f"{V1}/sweeps/{world['sweeps']['ana']}").json()["budget"]
     assert sum(e["epsilon"] for e in trial_entries) == pytest.approx(charged["epsilon_charged"])
     assert {e["principal"] for e in entries} == {"ana", "bea"}
-    # Each analyst reads their own entries only; the owner may filter by analyst.
-    assert ana.get(f"{V1}/datasets/{ds}/audit").json()["items"] == ana_entries
+    # Each analyst reads their own entries only, numbered in their own log; the owner may
+    # filter by analyst (keeping the numbers of hers).
+    assert _unnumbered(ana.get(f"{V1}/datasets/{ds}/audit").json()["items"]) == _unnumbered(
+        ana_entries
+    )
     bea_entries = bea.get(f"{V1}/datasets/{ds}/audit").json()["items"]
     assert bea_entries and {e["principal"] for e in bea_entries} == {"bea"}
     assert ana.get(f"{V1}/datasets/{ds}/audit?analyst=bea").json()["items"] == []
     filtered = olga.get(f"{V1}/datasets/{ds}/audit", params={"analyst": "bea"}).json()
-    assert filtered["items"] == bea_entries
+    assert _unnumbered(filtered["items"]) == _unnumbered(bea_entries)
+    assert [e["id"] for e in filtered["items"]] == [
+        e["id"] for e in entries if e["principal"] == "bea"
+    ]
     # Pages: by cursor, and after an entry id.
     seen, cursor = [], None
     while True:
@@ -261,6 +267,11 @@ def test_the_audit_log_lists_each_release_to_whom_it_went(world: dict[str, Any])
     for method in ("PUT", "PATCH", "DELETE", "POST"):
         assert_problem(olga.request(method, f"{V1}/datasets/{ds}/audit", json={}), 405)
     assert olga.get(f"{V1}/datasets/{ds}/audit").json()["items"] == entries
+
+
+def _unnumbered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Audit entries without their ids (each reader numbers their own log)."""
+    return [{k: v for k, v in e.items() if k != "id"} for e in entries]
 
 
 def _forbidden(world: dict[str, Any]) -> list[tuple[str, re.Pattern[str]]]:
@@ -348,7 +359,11 @@ def test_the_sdk_grants_revokes_reads_the_log_and_sets_the_policy(
     mallory = Client(server.base, token=server.token("mallory"), retries=0)
     try:
         assert {g["analyst"] for g in olga.grants(ds)} == {"ana", "bea"}
-        g = olga.grant(ds, "carl", 1.5, note="pilot")
+        # carl has no token yet: his name is granted only once confirmed.
+        with pytest.raises(ConfigError) as refused:
+            olga.grant(ds, "carl", 1.5, note="pilot")
+        assert refused.value.field == "analyst" and "confirm" in str(refused.value)
+        g = olga.grant(ds, "carl", 1.5, note="pilot", confirm=True)
         assert g["active"] and g["epsilon_allowance"] == 1.5 and g["note"] == "pilot"
         assert olga.revoke(ds, "carl")["active"] is False
         with pytest.raises(NotFound):
@@ -364,7 +379,9 @@ def test_the_sdk_grants_revokes_reads_the_log_and_sets_the_policy(
         # Every page of the log, as the REST list gives it in one.
         log = list(olga.audit_log(ds, page_size=1))
         assert log == world["c"]["olga"].get(f"{V1}/datasets/{ds}/audit").json()["items"]
-        assert list(olga.audit_log(ds, analyst="ana")) == list(ana.audit_log(ds))
+        assert _unnumbered(list(olga.audit_log(ds, analyst="ana"))) == _unnumbered(
+            list(ana.audit_log(ds))
+        )
         assert ana.budget(ds)["role"] == "analyst"
         with pytest.raises(PermissionDenied):
             ana.grant(ds, "mallory", 1.0)
@@ -376,6 +393,139 @@ def test_the_sdk_grants_revokes_reads_the_log_and_sets_the_policy(
     finally:
         for c in (olga, ana, mallory):
             c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 36: what the numbers a tenant is shown say about the other tenants
+
+
+def _digits_spec(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "dataset": {"name": "digits"},
+        "model": {"name": "logreg"},
+        "training": {"steps": 4, "batch_size": 32, "eval_every": 2},
+        "privacy": {"budgets": [0.5], "delta": 1e-5},
+        "arms": [{"strategy": "fixed", "grid": {"lr": [0.1], "clip": [1.0]}}],
+    }
+
+
+def _mallorys_digits_sweep(world: dict[str, Any]) -> dict[str, Any]:
+    """Another tenant's activity on the shared built-in: mallory's sweep on digits (events,
+    ledger entries), run to its end once per module; its summary."""
+    if "mallory_digits" not in world:
+        mallory = world["c"]["mallory"]
+        r = mallory.post(f"{V1}/sweeps", json=_digits_spec("mallory's"))
+        assert r.status_code == 201, r.text
+        ended = ("done", "failed", "cancelled")
+        world["mallory_digits"] = wait_for(mallory, r.json()["id"], lambda s: s["state"] in ended)
+    return dict(world["mallory_digits"])
+
+
+def test_etags_say_nothing_of_what_other_tenants_did(world: dict[str, Any]) -> None:
+    c = world["c"]
+    ana, olga = c["ana"], c["olga"]
+    path = f"{V1}/sweeps/{world['sweeps']['ana']}"
+    first = ana.get(path)
+    tag = first.headers["etag"]
+    # A keyed hash: no sweep id, no event or ledger counter to read or subtract.
+    assert re.fullmatch(r'W/"[0-9a-f]{32}"', tag), tag
+    assert world["sweeps"]["ana"] not in tag
+    # Another tenant's activity (a sweep on the shared built-in: events, ledger entries)...
+    _mallorys_digits_sweep(world)
+    # ... leaves the analyst's ETag as it was, and If-None-Match still answers 304.
+    for sub in ("", "/results", "/pareto"):
+        again = ana.get(f"{path}{sub}")
+        assert again.status_code == 200 and re.fullmatch(r'W/"[0-9a-f]{32}"', again.headers["etag"])
+        r = ana.get(f"{path}{sub}", headers={"If-None-Match": again.headers["etag"]})
+        assert r.status_code == 304 and r.content == b""
+    assert ana.get(path).headers["etag"] == tag
+    # Each viewer has their own: the owner's tag of the same version is not the analyst's.
+    theirs = olga.get(path).headers["etag"]
+    assert theirs != tag and olga.get(path, headers={"If-None-Match": tag}).status_code == 200
+
+
+def test_audit_and_event_ids_count_only_what_the_reader_sees(world: dict[str, Any]) -> None:
+    c, ds = world["c"], world["ds"]
+    everyone = c["olga"].get(f"{V1}/datasets/{ds}/audit").json()["items"]
+    for who in ("ana", "bea"):
+        own = c[who].get(f"{V1}/datasets/{ds}/audit").json()["items"]
+        # 1, 2, ...: the other analyst's releases (before, between) leave no gap.
+        assert [e["id"] for e in own] == list(range(1, len(own) + 1)), who
+        assert len(own) < len(everyone)
+        after = c[who].get(f"{V1}/datasets/{ds}/audit", params={"after": own[0]["id"]}).json()
+        assert after["items"] == own[1:]
+        # A sweep's events are numbered in the sweep, whatever other sweeps emitted.
+        events = read_sse(c[who], f"{V1}/sweeps/{world['sweeps'][who]}/events")
+        assert [e["id"] for e in events] == list(range(1, len(events) + 1)), who
+        middle = events[len(events) // 2]["id"]
+        rest = read_sse(
+            c[who],
+            f"{V1}/sweeps/{world['sweeps'][who]}/events",
+            headers={"Last-Event-ID": str(middle)},
+        )
+        assert rest == events[middle:]
+
+
+def test_a_builtin_shows_a_tenant_only_their_own_spending(
+    server: Server, world: dict[str, Any]
+) -> None:
+    c = world["c"]
+    done = _mallorys_digits_sweep(world)
+    mine = done["id"]
+    admin = server.client(server.token("root", admin=True))
+    try:
+        total = admin.get(f"{V1}/datasets/digits/budget").json()
+    finally:
+        admin.close()
+    # Only mallory spent on digits here: the records' totals are hers.
+    assert total["epsilon_committed"] > 0
+    for who in ("ana", "olga", "mallory"):
+        b = c[who].get(f"{V1}/datasets/digits/budget").json()
+        if who == "mallory":
+            assert [s["sweep"] for s in b["sweeps"]] == [mine]
+            for k in ("epsilon_committed", "epsilon_reserved", "delta_committed"):
+                assert b[k] == pytest.approx(total[k]), k
+        else:
+            # Nothing of mallory's spending reaches another tenant.
+            assert b["sweeps"] == []
+            for k in ("epsilon_committed", "epsilon_reserved", "delta_committed"):
+                assert b[k] == 0, (who, k)
+        assert b["scope"] == "yours", who
+        listed = next(
+            d["budget"] for d in c[who].get(f"{V1}/datasets").json()["items"] if d["id"] == "digits"
+        )
+        assert listed["scope"] == "yours"
+        assert listed["epsilon_committed"] == b["epsilon_committed"]
+        assert listed["epsilon_reserved"] == b["epsilon_reserved"]
+    assert total["scope"] == "records"
+    # Her sweep's dataset-lifetime figure is her own spending too.
+    life = done["privacy"]["dataset_lifetime"]
+    assert life["scope"] == "tenant"
+    assert life["epsilon_spent"] == pytest.approx(total["epsilon_committed"])
+
+
+def test_a_grant_to_a_name_no_token_has_is_refused_unless_confirmed(
+    server: Server, world: dict[str, Any]
+) -> None:
+    c, ds = world["c"], world["ds"]
+    olga = c["olga"]
+    url = f"{V1}/datasets/{ds}/grants"
+    body = assert_problem(
+        olga.post(url, json={"analyst": "carl", "epsilon_allowance": 1}), 422, field="analyst"
+    )
+    assert "token create --name carl" in body["detail"] and "confirm" in body["detail"]
+    assert "carl" not in {g["analyst"] for g in olga.get(url).json()["items"] if g["active"]}
+    # A non-owner learns nothing of which names exist: the dataset is not theirs.
+    assert_problem(c["mallory"].post(url, json={"analyst": "carl", "epsilon_allowance": 1}), 404)
+    r = olga.post(url, json={"analyst": "carl", "epsilon_allowance": 1, "confirm": True})
+    assert r.status_code == 201 and r.json()["analyst"] == "carl", r.text
+    assert olga.delete(f"{url}/carl").status_code == 200
+    # A token's name needs no confirming.
+    server.token("dora")
+    r = olga.post(url, json={"analyst": "dora", "epsilon_allowance": 0.5})
+    assert r.status_code == 201 and r.json()["active"], r.text
+    assert olga.delete(f"{url}/dora").status_code == 200
 
 
 def test_revoking_stops_new_submissions_and_keeps_the_history(world: dict[str, Any]) -> None:
@@ -392,7 +542,7 @@ def test_revoking_stops_new_submissions_and_keeps_the_history(world: dict[str, A
     assert ana.get(f"{V1}/datasets/{ds}/audit").json()["items"]
     assert ana.get(f"{V1}/sweeps/{world['sweeps']['ana']}").status_code == 200
     grants = olga.get(f"{V1}/datasets/{ds}/grants").json()["items"]
-    assert {g["analyst"]: g["active"] for g in grants if g["analyst"] != "carl"} == {
+    assert {g["analyst"]: g["active"] for g in grants if g["analyst"] not in ("carl", "dora")} == {
         "ana": False,
         "bea": True,
     }

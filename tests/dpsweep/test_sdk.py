@@ -298,6 +298,8 @@ def test_the_sdk_walkthrough_runs(server: Server, tmp_path: Path) -> None:
     (tmp_path / "patients.csv").write_text(
         "age,dose,outcome\n" + "".join(f"{i % 50},{i % 7},{i % 2}\n" for i in range(300))
     )
+    # The walkthrough grants ana, a tenant: her token's name (a name without one is refused).
+    server.token("ana")
     env = {
         **{k: v for k, v in __import__("os").environ.items() if not k.startswith("DPSWEEP_")},
         "DPSWEEP_URL": server.base,

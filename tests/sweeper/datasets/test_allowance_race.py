@@ -121,7 +121,7 @@ def _reserved_by(engine: Any, key: str, analyst: str) -> list[Decimal]:
 def test_thirty_sweeps_racing_for_one_allowance(engine: Any, url: str, tmp_path: Path) -> None:
     ds, spec, prepared, r, key = _setup(engine, tmp_path)
     k = 7
-    grants.grant(engine, ds, "ana", epsilon_allowance=_times(k, r), viewer=OWNER)
+    grants.grant(engine, ds, "ana", epsilon_allowance=_times(k, r), viewer=OWNER, confirm=True)
     results = _race(url, N, lambda e, i: create_sweep(e, spec, owner="ana", prepared=prepared))
     ok = [x for x in results if isinstance(x, str)]
     refused = [x for x in results if not isinstance(x, str)]
@@ -158,7 +158,7 @@ def test_two_analysts_racing_are_bound_by_their_allowances_and_the_cap(
     BudgetLedger(engine).set_cap(key, epsilon_cap=_times(1 + room, r))
     allowed = {"ana": allow_ana, "bob": allow_bob}
     for who, k in allowed.items():
-        grants.grant(engine, ds, who, epsilon_allowance=_times(k, r), viewer=OWNER)
+        grants.grant(engine, ds, who, epsilon_allowance=_times(k, r), viewer=OWNER, confirm=True)
     who_of = ["ana" if i % 2 == 0 else "bob" for i in range(N)]  # 15 requests each
     results = _race(url, N, lambda e, i: create_sweep(e, spec, owner=who_of[i], prepared=prepared))
     won = {

@@ -86,8 +86,8 @@ def test_analysts_see_the_public_description_their_allowance_and_their_sweeps(
     ds = _upload(engine, tmp_path, "olga")
     with pytest.raises(DatasetNotFound):
         describe(engine, ds, ANA)
-    grants.grant(engine, ds, "ana", epsilon_allowance=3, viewer=OLGA)
-    grants.grant(engine, ds, "bea", epsilon_allowance=0.1, viewer=OLGA)
+    grants.grant(engine, ds, "ana", epsilon_allowance=3, viewer=OLGA, confirm=True)
+    grants.grant(engine, ds, "bea", epsilon_allowance=0.1, viewer=OLGA, confirm=True)
     seen = describe(engine, ds, ANA)
     assert seen["role"] == "analyst" and seen["n_examples"] == 200
     assert not {"sha256", "size_bytes", "owner", "budget", "grants"} & set(seen)
@@ -115,8 +115,8 @@ def test_analysts_see_the_public_description_their_allowance_and_their_sweeps(
 
 def test_the_audit_log_pages_and_stays_within_the_tenant(engine: Any, tmp_path: Path) -> None:
     ds = _upload(engine, tmp_path, "olga")
-    grants.grant(engine, ds, "ana", epsilon_allowance=5, viewer=OLGA)
-    grants.grant(engine, ds, "bea", epsilon_allowance=5, viewer=OLGA)
+    grants.grant(engine, ds, "ana", epsilon_allowance=5, viewer=OLGA, confirm=True)
+    grants.grant(engine, ds, "bea", epsilon_allowance=5, viewer=OLGA, confirm=True)
     _log(engine, _sweep(engine, ds, "ana"), ["a1", "a2", "a3"])
     _log(engine, _sweep(engine, ds, "bea"), ["b1"])
     # Mallory uploads the same records: one ledger, but her releases are not Olga's to read.
@@ -146,7 +146,7 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
     engine: Any, tmp_path: Path
 ) -> None:
     ds = _upload(engine, tmp_path, "olga")
-    grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OLGA)
+    grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OLGA, confirm=True)
     update_policy(engine, ds, OLGA, public_info={"label_names": ["neg", "pos"]})
     p = update_policy(engine, ds, OLGA, public_info={"description": "points"})
     assert p["public_info"] == {"label_names": ["neg", "pos"], "description": "points"}

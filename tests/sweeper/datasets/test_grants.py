@@ -77,7 +77,7 @@ def test_grants_bind_analysts_to_their_allowance_and_eval_modes(
         check_access(engine, {"name": ds}, ANALYST)
     with pytest.raises(DatasetNotFound):
         grants.grant(engine, ds, "ana", epsilon_allowance=3, viewer=OTHER)
-    g = grants.grant(engine, ds, "ana", epsilon_allowance=3, viewer=OWNER)
+    g = grants.grant(engine, ds, "ana", epsilon_allowance=3, viewer=OWNER, confirm=True)
     assert g["active"] and g["epsilon_allowance"] == 3
     check_access(engine, {"name": ds}, ANALYST)  # now they may use it
     # An analyst may not manage grants (they see the dataset: 403, not 404).
@@ -152,7 +152,7 @@ def test_an_analysts_sweep_is_logged_release_by_release(local_ray: Any, tmp_path
     engine = make_engine(f"sqlite:///{tmp_path / 'a.db'}")
     upgrade(str(engine.url))
     ds = _upload(engine, tmp_path)
-    grants.grant(engine, ds, "ana", epsilon_allowance=5, viewer=OWNER)
+    grants.grant(engine, ds, "ana", epsilon_allowance=5, viewer=OWNER, confirm=True)
     sid = create_sweep(engine, _spec(ds, budgets=[1], n_lr=2), owner="ana")
     assert run_sweep(engine, sid).state == "done"
     key = grants.list_grants(engine, ds, OWNER)[0]
@@ -201,7 +201,7 @@ def test_revocation_mid_sweep_lets_running_trials_finish_and_starts_nothing(
     engine = make_engine(f"sqlite:///{tmp_path / 'r.db'}")
     upgrade(str(engine.url))
     ds = _upload(engine, tmp_path)
-    grants.grant(engine, ds, "ana", epsilon_allowance=10, viewer=OWNER)
+    grants.grant(engine, ds, "ana", epsilon_allowance=10, viewer=OWNER, confirm=True)
     spec = _spec(ds, budgets=[2], n_lr=3)
     spec["seeds"] = 2  # 6 trials, one at a time
     sid = create_sweep(engine, spec, owner="ana")
@@ -242,7 +242,7 @@ def test_an_analyst_refused_by_the_cap_learns_no_totals(engine: Any, tmp_path: P
 
     ds = _upload(engine, tmp_path, cap=3.0)
     create_sweep(engine, _spec(ds, budgets=[2]), owner="olga")  # the owner spends first
-    grants.grant(engine, ds, "ana", epsilon_allowance=10, viewer=OWNER)
+    grants.grant(engine, ds, "ana", epsilon_allowance=10, viewer=OWNER, confirm=True)
     with pytest.raises(BudgetExhausted) as exc:
         create_sweep(engine, _spec(ds, budgets=[2]), owner="ana")
     assert not isinstance(exc.value, AllowanceExhausted)

@@ -121,7 +121,7 @@ def _analyst_setup(tmp_path: Path, db: str) -> tuple[Any, str, str]:
     upgrade(url)
     engine = make_engine(url)
     ds = _upload(engine, tmp_path, cap=100.0)
-    grants.grant(engine, ds, ANALYST, epsilon_allowance=50, viewer=OWNER)
+    grants.grant(engine, ds, ANALYST, epsilon_allowance=50, viewer=OWNER, confirm=True)
     return engine, url, ds
 
 

@@ -70,7 +70,7 @@ def test_old_keys_and_unused_uploads_expire_and_ledgers_stay(engine: Any, tmp_pa
         "arms": [{"strategy": "fixed", "grid": {"lr": [0.1], "clip": [1.0]}}],
     }
     create_sweep(engine, spec, owner="olga")
-    grant(engine, granted["id"], "ana", epsilon_allowance=1, viewer=Viewer("olga"))
+    grant(engine, granted["id"], "ana", epsilon_allowance=1, viewer=Viewer("olga"), confirm=True)
     for d in (unused, used, granted):
         _age(engine, d["id"], 40)
     with Session(engine) as s, s.begin():

@@ -118,7 +118,15 @@ function grantsPanel(parent, id, live) {
     const body = { analyst: String(fd.get("analyst")).trim(), epsilon_allowance: Number(fd.get("epsilon_allowance")) };
     if (fd.get("note")) body.note = String(fd.get("note"));
     try {
-      const g = await api(`/datasets/${enc(id)}/grants`, { method: "POST", body });
+      let g;
+      try {
+        g = await api(`/datasets/${enc(id)}/grants`, { method: "POST", body });
+      } catch (e) {
+        // No API token has that name (a typo?): grant it only if the owner confirms the name.
+        const unknown = e.status === 422 && e.errors.some((x) => x.field === "analyst" && /\bconfirm\b/.test(x.message || ""));
+        if (!unknown || !(await confirmDialog(`No API token is named "${body.analyst}" yet. Grant the name anyway? Whoever later gets a token named "${body.analyst}" holds this grant.`))) throw e;
+        g = await api(`/datasets/${enc(id)}/grants`, { method: "POST", body: { ...body, confirm: true } });
+      }
       msg.replaceChildren(h("div", { class: "info" }, `Granted ${g.analyst} ε ${num(g.epsilon_allowance)}. They can name it in a spec as dataset: {name: ${id}}.`));
       form.reset();
     } catch (e) { msg.replaceChildren(errorBox(e)); }

@@ -57,12 +57,16 @@ export function datasetsView(el) {
       h("thead", {}, h("tr", {}, ["dataset", "kind", "examples", "classes", "ε cap", "spent", "reserved", "remaining", "budget", "added", "access"].map((c) => h("th", {}, c)))),
       h("tbody", {}, ds.items.map((d) => {
         const b = d.budget || {};
+        // A built-in set is shared by every tenant: the API gives a tenant their own figures.
+        const yours = b.scope === "yours"
+          ? h("div", { class: "muted small budget-scope", title: "shared by every tenant: your own spending only" }, "yours") : "";
         return h("tr", { "data-dataset": d.id, class: focus === d.id ? "focus" : null },
           h("td", {}, h("strong", {}, d.name), d.id !== d.name ? h("div", { class: "muted small" }, h("code", {}, d.id)) : ""),
           h("td", {}, d.kind), h("td", {}, d.n_examples ?? "–"), h("td", {}, d.num_classes ?? "–"),
           h("td", {}, b.epsilon_cap === null ? "uncapped" : num(b.epsilon_cap)),
-          h("td", {}, num(b.epsilon_committed)), h("td", {}, num(b.epsilon_reserved)),
-          h("td", {}, b.epsilon_remaining === null ? "∞" : num(b.epsilon_remaining)),
+          h("td", {}, num(b.epsilon_committed), yours), h("td", {}, num(b.epsilon_reserved)),
+          h("td", { title: b.scope === "yours" ? "the cap less your own spending: others' may leave less" : null },
+            b.epsilon_remaining === null ? "∞" : num(b.epsilon_remaining)),
           h("td", {}, d.allowance ? allowanceCell(d.allowance) : bar(b)), h("td", {}, when(d.created_at)),
           h("td", {}, d.kind !== "upload" && d.kind !== "registered" ? "" : h("a", { href: `/datasets?open=${encodeURIComponent(d.id)}`, class: "open-dataset" },
             d.role === "analyst" ? "Open" : "Grants & audit")));
@@ -83,11 +87,12 @@ function allowanceCell(a) {
 
 function bar(b) {
   if (b.epsilon_cap === null || b.epsilon_cap === undefined) {
-    return h("span", { class: "muted small" }, `ε ${num(b.epsilon_committed)} spent, no cap`);
+    return h("span", { class: "muted small" }, `ε ${num(b.epsilon_committed)} ${b.scope === "yours" ? "spent by you" : "spent"}, no cap`);
   }
   const cap = b.epsilon_cap || 1e-12;
   const pct = (v) => Math.min(100, (100 * v) / cap);
-  return h("div", { class: "bar budget", title: `spent ${num(b.epsilon_committed)}, reserved ${num(b.epsilon_reserved)} of ${num(b.epsilon_cap)}` },
+  const whose = b.scope === "yours" ? "you spent" : "spent";
+  return h("div", { class: "bar budget", title: `${whose} ${num(b.epsilon_committed)}, reserved ${num(b.epsilon_reserved)} of ${num(b.epsilon_cap)}` },
     h("span", { class: "p-done", style: `width:${pct(b.epsilon_committed)}%` }),
     h("span", { class: "p-running", style: `width:${pct(b.epsilon_reserved)}%` }));
 }

@@ -64,7 +64,7 @@ export function sweepsView(el) {
       });
     body.replaceChildren(...rows.map((s) => {
       const b = budgets[s.dataset];
-      const left = b ? (b.epsilon_remaining === null ? "uncapped" : `ε ${num(b.epsilon_remaining, 3)} left`) : "";
+      const left = b ? (b.epsilon_remaining === null ? "uncapped" : `${b.scope === "yours" ? "≤ " : ""}ε ${num(b.epsilon_remaining, 3)} left`) : "";
       return h("tr", { "data-sweep": s.id, "data-state": s.state },
         h("td", {}, h("a", { href: `/sweeps/${s.id}` }, s.name), h("div", { class: "muted small" }, s.id.slice(0, 12))),
         h("td", {}, badge(s.state)),
