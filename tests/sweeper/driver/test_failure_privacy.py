@@ -1,13 +1,13 @@
 """End to end: a trial that fails inside its Ray worker shows its owner a category, and the
 operator's log the text (issue 36).
 
-A real plug-in distribution registers a model whose builder raises an out-of-memory-like error
-naming sizes, a path and a marker string (values of the kind that scale with, or name, private
-records). The worker process finds the plug-in through its entry point (the folder is on the
-``PYTHONPATH`` Ray's workers inherit); the driver (this process) knows only its torch-free
-descriptor. After a real sweep on a real local Ray, the marker must be nowhere in the database
-(every row of every table), the API's pages, the summary or the export, and must be in the
-driver's log at ERROR.
+A real plug-in distribution registers a model that builds but whose forward pass raises an
+out-of-memory-like error naming sizes, a path and a marker string (values of the kind that scale
+with, or name, private records). The worker process finds the plug-in through its entry point
+(the folder is on the ``PYTHONPATH`` Ray's workers inherit); this process registers the same
+code, since admission builds the model to check its layers before anything is charged. After a
+real sweep on a real local Ray, the marker must be nowhere in the database (every row of every
+table), the API's pages, the summary or the export, and must be in the driver's log at ERROR.
 """
 
 from __future__ import annotations
@@ -39,26 +39,41 @@ from sweeper.sweeps.summary import summarize
 from sweeper.sweeps.sweep_pages import page_sweeps
 from sweeper.sweeps.trial_pages import page_trials
 from tests.workers.test_plugins import write_distribution
-from workers.models.descriptors import DESCRIPTORS, ModelDescriptor, register_model_descriptor
+from workers.models.descriptors import DESCRIPTORS
+from workers.models.registry import MODELS
 
 MARKER = "zq-private-marker-7731"
 SECRET_PATH = "/srv/owner/private-records.csv"
 MESSAGE = f"CUDA out of memory. Tried to allocate 123.45 MiB for {SECRET_PATH} ({MARKER})"
 
 PLUGIN_CODE = '''
-"""A test plug-in: a model whose builder fails as an out-of-memory error would."""
+"""A test plug-in: a model that builds, and fails as an out-of-memory error would when run."""
+
+import math
+
+from torch import nn
 
 from workers.models.descriptors import ModelDescriptor
 from workers.models.registry import register_model
 
 
+class Failing(nn.Module):
+    def __init__(self, n_in, n_out):
+        super().__init__()
+        self.fc = nn.Linear(n_in, n_out)
+
+    def forward(self, x):
+        raise RuntimeError({message!r})
+
+
 def register():
     @register_model(
-        ModelDescriptor(name="{name}", input_kind="any", description="fails when built")
+        ModelDescriptor(name="{name}", input_kind="any", description="fails when run")
     )
     def build(input_shape, num_classes):
-        raise RuntimeError({message!r})
+        return Failing(math.prod(input_shape), num_classes)
 '''
+
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -66,7 +81,9 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture
 def failing_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The failing model's name: a plug-in for the Ray workers (on the PYTHONPATH they
-    inherit), a descriptor only for this process (the driver never builds a model)."""
+    inherit), and the same code registered in this process, whose admission builds the model
+    (on the meta device, to check its layers) before anything is charged; only running it
+    fails, as an out-of-memory error does in a worker."""
     module = f"dpsweep_failing_model_{uuid.uuid4().hex[:8]}"
     name = module.replace("_", "-")
     site = tmp_path / "site"
@@ -79,11 +96,14 @@ def failing_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[s
     )
     path = [str(site), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path))
-    register_model_descriptor(ModelDescriptor(name=name, input_kind="any"))
+    namespace: dict[str, Any] = {}
+    exec(compile(PLUGIN_CODE.format(name=name, message=MESSAGE), module, "exec"), namespace)
+    namespace["register"]()
     try:
         yield name
     finally:
         DESCRIPTORS.pop(name, None)
+        MODELS.pop(name, None)
 
 
 @pytest.fixture
