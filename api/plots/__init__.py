@@ -26,7 +26,7 @@ from api.plots.drawing import (
     PARETO_STEP_GID,
 )
 from api.plots.figures import calibration_front_figure, epsilon_front_figure
-from api.plots.files import FORMATS, save_figure, write_pareto_plots
+from api.plots.files import FORMATS, pareto_figures, save_figure, write_pareto_plots
 
 __all__ = [
     "DOMINATED_LEGEND",
@@ -37,6 +37,7 @@ __all__ = [
     "PARETO_STEP_GID",
     "calibration_front_figure",
     "epsilon_front_figure",
+    "pareto_figures",
     "save_figure",
     "write_pareto_plots",
 ]

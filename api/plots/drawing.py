@@ -7,10 +7,10 @@ Matplotlib is imported inside the functions: the light client install does not n
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from api.plots.palette import arm_styles, natural_order
 from dpsweep.errors import ConfigError
 from sweeper.sweeps.results import FrontPoint
 
@@ -32,10 +32,8 @@ DOMINATED_LEGEND = "dominated"
 
 _MODES = ("max", "min")
 _FIGSIZE = (7.0, 4.5)
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">")
 _LEGEND_INSIDE_MAX = 6
 _LEGEND_ONE_COLUMN_MAX = 16
-_DIGITS = re.compile(r"(\d+)")
 
 
 def check_mode(mode: str) -> None:
@@ -80,22 +78,14 @@ def new_figure(n_labels: int = 0) -> tuple[Figure, Axes]:
 
 def natural_labels(points: Sequence[FrontPoint]) -> list[str]:
     """Distinct labels in natural order (``arm2`` before ``arm10``)."""
-
-    def key(label: str) -> list[tuple[int, int | str]]:
-        return [(0, int(tok)) if tok.isdigit() else (1, tok) for tok in _DIGITS.split(label) if tok]
-
-    return sorted({str(p.label) for p in points}, key=lambda lab: (key(lab), lab))
+    return natural_order(str(p.label) for p in points)
 
 
-def label_styles(labels: Sequence[str]) -> dict[str, tuple[Any, str]]:
-    """A (colour, marker) per label: tab10, or tab20 beyond ten labels, cycling the marker."""
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    n = int(cmap.N)
-    return {
-        label: (cmap(i % n), _MARKERS[(i // n) % len(_MARKERS)]) for i, label in enumerate(labels)
-    }
+def label_styles(labels: Iterable[str]) -> dict[str, tuple[Any, str]]:
+    """A (colour, marker) per label from the arms' palette (:mod:`api.plots.palette`): tab10,
+    or tab20 beyond ten labels, cycling the marker; keyed by the labels' natural order, as
+    the dashboard keys its colours."""
+    return {label: (s.colour, s.marker) for label, s in arm_styles(labels).items()}
 
 
 def no_data(ax: Axes, text: str = NO_TRIALS_TEXT) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from api.plots.drawing import (
@@ -31,6 +31,7 @@ def epsilon_front_figure(
     metric: str,
     mode: str = "max",
     title: str | None = None,
+    arms: Iterable[str] | None = None,
 ) -> Figure:
     """The privacy/utility Pareto front: ε budget against the best objective, per arm.
 
@@ -45,6 +46,8 @@ def epsilon_front_figure(
         metric: Name of the objective metric, used for the y-axis label.
         mode: ``"max"`` when a higher objective is better, ``"min"`` otherwise.
         title: Figure title; a default naming the metric when None.
+        arms: Every arm of the sweep, which the colours are keyed by (:mod:`api.plots.palette`,
+            as the dashboard keys them); the points' labels when None.
 
     Returns:
         A stand-alone matplotlib figure with an Agg canvas.
@@ -63,7 +66,7 @@ def epsilon_front_figure(
         no_data(ax)
         return fig
 
-    styles = label_styles(labels)
+    styles = label_styles([*labels, *(arms or ())])
     handles: list[Any] = []
     for label in labels:
         colour, marker = styles[label]
@@ -121,6 +124,7 @@ def calibration_front_figure(
     metric: str,
     mode: str = "max",
     title: str | None = None,
+    arms: Iterable[str] | None = None,
 ) -> Figure:
     """The calibration Pareto front: every trial's objective against its ECE.
 
@@ -134,6 +138,8 @@ def calibration_front_figure(
         metric: Name of the objective metric, used for the x-axis label.
         mode: ``"max"`` when a higher objective is better, ``"min"`` otherwise.
         title: Figure title; a default naming the metric when None.
+        arms: Every arm of the sweep, which the colours are keyed by (:mod:`api.plots.palette`,
+            as the dashboard keys them); the points' labels when None.
 
     Returns:
         A stand-alone matplotlib figure with an Agg canvas.
@@ -152,7 +158,7 @@ def calibration_front_figure(
         no_data(ax, f"{NO_TRIALS_TEXT} with {metric} and ECE")
         return fig
 
-    styles = label_styles(labels)
+    styles = label_styles([*labels, *(arms or ())])
     handles: list[Any] = []
     for label in labels:
         colour, marker = styles[label]

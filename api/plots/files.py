@@ -111,25 +111,48 @@ def write_pareto_plots(
     eps_path, cal_path = _output_paths(Path(out), fmt_norm)
     _format_of(eps_path)  # fail before any work when the suffix is wrong
 
-    records = [t for t in trials if _usable(t, metric)]
+    eps_fig, cal_fig = pareto_figures(trials, metric=metric, mode=mode, title=title)
+    return [save_figure(eps_fig, eps_path), save_figure(cal_fig, cal_path)]
+
+
+def pareto_figures(
+    trials: Iterable[dict[str, Any]],
+    *,
+    metric: str = "accuracy",
+    mode: str = "max",
+    title: str | None = None,
+) -> tuple[Figure, Figure]:
+    """Both Pareto figures of trial records, as :func:`write_pareto_plots` writes them: the ε
+    front, then the calibration front (arguments as there).
+
+    Raises:
+        ConfigError: If ``mode`` is not allowed.
+    """
+    check_mode(mode)
+    every = list(trials)
+    # Colours are keyed by every arm the records name (finished or not), as the dashboard keys
+    # them by the sweep's arms: an arm keeps its colour on both figures and in both places.
+    arms = {str(t["arm"]) for t in every if isinstance(t, dict) and t.get("arm") is not None}
+    records = [t for t in every if _usable(t, metric)]
     eps_points = epsilon_front(best_per_arm_level(records, metric=metric, mode=mode), mode=mode)
     cal_points = calibration_front(
         [t for t in records if _finite_number(t["metrics"].get("ece"))], metric=metric, mode=mode
     )
-
     eps_fig = epsilon_front_figure(
         eps_points,
         metric=metric,
         mode=mode,
         title=None if title is None else f"{title}: privacy/utility front",
+        arms=arms,
     )
     cal_fig = calibration_front_figure(
         cal_points,
         metric=metric,
         mode=mode,
         title=None if title is None else f"{title}: calibration front",
+        arms=arms,
     )
-    return [save_figure(eps_fig, eps_path), save_figure(cal_fig, cal_path)]
+    return eps_fig, cal_fig
 
 
 def _finite_number(value: Any) -> bool:
