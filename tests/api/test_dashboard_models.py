@@ -122,11 +122,12 @@ def test_download_model_saves_the_kept_bytes_and_the_card_shows_the_grid_epsilon
         expected = trial["planned"].get("grid_epsilon_budget") or trial["epsilon_budget"]
     eps = panel.locator("#model-grid-epsilon")
     assert float(eps.get_attribute("data-epsilon")) == pytest.approx(float(expected))
-    assert f"ε {float(expected):.4g}" in eps.inner_text()  # shown to 4 significant digits
-    for metric, value in (card.get("metrics") or {}).items():
+    assert f"ε = {float(expected):.4g}" in eps.inner_text()  # shown to 4 significant digits
+    values = card["metrics"]["values"]
+    assert "accuracy" in values
+    for metric, value in values.items():
         if isinstance(value, float) and metric in ("accuracy", "ece"):
-            label = "ECE (calibration error)" if metric == "ece" else metric
-            shown = panel.locator(f"#model-metrics dd[data-key='{label}']").inner_text()
+            shown = panel.locator(f"#model-metrics td[data-key='{metric}']").inner_text()
             assert float(shown) == pytest.approx(value, rel=1e-2)
     # A secret-randomness, basic-accounting sweep: neither warning applies.
     assert trial["randomness"] == "secret"

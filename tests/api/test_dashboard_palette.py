@@ -23,8 +23,9 @@ def test_palette_js_is_generated_from_the_python_palette() -> None:
 def test_palette_is_matplotlibs_tab10_and_tab20() -> None:
     import matplotlib
 
-    assert list(TAB10) == [mcolors.to_hex(c) for c in matplotlib.colormaps["tab10"].colors]
-    assert list(TAB20) == [mcolors.to_hex(c) for c in matplotlib.colormaps["tab20"].colors]
+    for ours, name in ((TAB10, "tab10"), (TAB20, "tab20")):
+        cmap = matplotlib.colormaps[name]
+        assert list(ours) == [mcolors.to_hex(cmap(i)) for i in range(cmap.N)]
 
 
 def test_styles_are_keyed_by_the_natural_order_of_all_arms() -> None:
@@ -41,4 +42,4 @@ def test_styles_are_keyed_by_the_natural_order_of_all_arms() -> None:
         [FrontPoint(1.0, 0.5, "b", False, {})], metric="accuracy", arms=["a", "b"]
     )
     (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_gid() == "series:b"]
-    assert mcolors.to_hex(line.get_color()) == TAB10[1]
+    assert mcolors.to_hex(str(line.get_color())) == TAB10[1]

@@ -123,8 +123,8 @@ export function download(name, text, type = "text/csv") {
 // ---------------------------------------------------------------------------------------------
 // Charts (Plotly.js, vendored)
 
-export const COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
+// The arms' colours are not here: they come from palette.js, generated from the CLI plots'
+// palette (api/plots/palette.py), so that the two cannot drift apart.
 
 export function plot(el, traces, layout = {}, { onClick } = {}) {
   const base = {

@@ -1,9 +1,12 @@
 // A trial's kept model on its page: the download buttons and the model card, rendered.
-// The card is JSON written by the server (sweeper/artifacts/cards.py); it is rendered
-// defensively: what is present is shown, a missing key shows "–" or nothing, never an error.
+// The card is JSON written by the server (sweeper/artifacts/cards.py); it is rendered as the
+// card's README.md reads (render_card_markdown): its title, the warnings, the privacy statement
+// (each ε with the release it covers), the evaluation, the metrics, the model, strategy and
+// hyperparameters, and how to download and load it. Fields no section shows (a newer card's)
+// are listed under "Details". Rendered defensively: a missing key shows "–", never an error.
 
 import { ApiError, api, apiBytes } from "../api.js";
-import { download, h, num } from "../ui.js";
+import { download, h, num, params, when } from "../ui.js";
 
 const PS = "papernot-steinke";
 
@@ -52,18 +55,49 @@ function routes(t) {
   };
 }
 
+// What the rendered card shows in its own sections, per part of the card; every other field
+// (a newer server's, say) is listed under "Details", so nothing on the card goes unshown.
+const SHOWN = {
+  "": ["format", "card_version", "dpsweep_version", "trial", "dataset", "model", "privacy", "evaluation",
+    "metrics", "warnings"],
+  trial: ["id", "sweep", "sweep_name", "arm", "strategy", "epsilon_budget", "hyperparameters", "seed",
+    "seed_seeds", "best_step"],
+  dataset: ["name", "identity", "identity_note", "n_train", "n_eval", "eval_mode", "eval_dataset"],
+  model: ["name", "options", "input_shape", "num_classes", "parameters", "weights"],
+  privacy: ["private", "randomness", "randomness_warning", "epsilon", "delta", "covers", "grid", "sweep",
+    "accounting", "accountant", "verification", "noise_multiplier", "gradient_noise_multiplier", "sample_rate",
+    "steps", "target_delta", "single_run_epsilon", "warning", "selected_trial", "selection"],
+  evaluation: ["mode", "statement", "n_train", "n_eval", "protected", "covered", "dataset", "eval_releases",
+    "eval_noise_multiplier", "epsilon_eval"],
+  metrics: ["metric", "mode", "best_step", "values"],
+};
+// Friendlier names for the details the card is known to carry; others read as their key.
+const LABELS = {
+  created_at: "card written", "trial.number": "trial number", "trial.started_at": "trial started",
+  "trial.finished_at": "trial finished", "trial.train_seconds": "training time (s)", "trial.steps": "steps trained",
+  "dataset.input_scaling": "input scaling",
+};
+const TIMES = new Set(["created_at", "trial.started_at", "trial.finished_at"]);
+
 function renderCard(t, card, paths) {
   const obj = (v) => (v && typeof v === "object" && !Array.isArray(v) ? v : {});
   const trial = obj(card.trial);
+  const data = obj(card.dataset);
   const model = obj(card.model);
   const weights = obj(model.weights);
   const p = obj(card.privacy);
   const grid = obj(p.grid);
   const sweep = obj(p.sweep);
+  const verification = obj(p.verification);
+  const single = obj(p.single_run_epsilon);
   const ev = obj(card.evaluation);
+  const met = obj(card.metrics);
   const sha = weights.sha256 ?? t.model?.sha256;
   const size = weights.size_bytes ?? t.model?.size_bytes;
+  const trialId = trial.id ?? t.id;
+  const code = (v) => h("code", {}, text(v ?? "–"));
 
+  // --- download ---------------------------------------------------------------------------
   const status = h("span", { class: "muted small", id: "model-download-status" });
   const fetchAndSave = (path, fallback, what) => async (e) => {
     const btn = e.currentTarget;
@@ -88,6 +122,15 @@ function renderCard(t, card, paths) {
     size !== undefined ? h("span", { class: "muted small" }, `safetensors · ${bytes(size)}`) : "",
     status);
 
+  // --- title and what it is ---------------------------------------------------------------
+  const title = h("h3", { id: "model-card-title" }, `Model card: ${text(model.name ?? "model")} from trial ${trialId}`);
+  const sweepName = trial.sweep_name !== undefined ? `“${text(trial.sweep_name)}” ` : "";
+  const intro = h("p", { id: "model-card-intro" },
+    `Trained by dpsweep ${text(card.dpsweep_version ?? "–")} in sweep ${sweepName}(${trial.sweep ?? t.sweep}), arm `,
+    code(trial.arm ?? t.arm), " (strategy ", code(trial.strategy ?? t.strategy), ") at the ε level ",
+    num(trial.epsilon_budget ?? t.epsilon_budget), ", on dataset ", code(data.name ?? "–"), ".");
+
+  // --- warnings ---------------------------------------------------------------------------
   const warnings = [];
   const reproducible = p.randomness === "reproducible" || t.model?.reproducible === true
     || t.randomness === "reproducible";
@@ -104,100 +147,159 @@ function renderCard(t, card, paths) {
       "this is the one model its grid released; its ε is the grid's, for the whole private ",
       "search. The grid's other runs, and how many there were, stay private."));
   }
-  if (p.warning) {
-    warnings.push(h("div", { class: "warning", id: "model-card-warning" },
-      h("strong", {}, "Card warning: "), text(p.warning)));
-  }
   if (p.private === false) {
-    warnings.push(h("div", { class: "warning", id: "model-not-private" },
+    warnings.push(h("div", { class: "warning emphasis", id: "model-not-private" },
       h("strong", {}, "Not differentially private: "), "this model carries no ε guarantee."));
   }
+  const cardWarnings = (Array.isArray(card.warnings) ? card.warnings : [])
+    .concat(p.warning && !(card.warnings || []).includes(p.warning) ? [p.warning] : []);
+  const warningSection = cardWarnings.length
+    ? section("Warnings", "model-warnings",
+      h("ul", { id: "model-card-warning" }, cardWarnings.map((w) => h("li", {}, h("strong", {}, text(w))))))
+    : "";
 
-  // The release's ε: the card's grid, else the trial's (the grid's budget: the same release).
-  const gridEps = grid.epsilon ?? t.planned?.grid_epsilon_budget ?? t.epsilon_budget;
-  const gridDelta = grid.delta ?? p.target_delta ?? t.target_delta;
-  const covers = h("dl", { class: "kv", id: "model-covers" },
-    h("dt", {}, "grid (this release)"),
-    h("dd", {}, h("span", { id: "model-grid-epsilon", "data-epsilon": gridEps ?? "" }, `ε ${num(gridEps)}`),
-      gridDelta !== undefined ? `, δ ${num(gridDelta)}` : ""),
-    Object.keys(sweep).length ? [
-      h("dt", {}, "whole sweep"),
-      h("dd", { id: "model-sweep-epsilon", "data-epsilon": sweep.epsilon ?? "" },
-        `ε ${num(sweep.epsilon)}`, sweep.delta !== undefined ? `, δ ${num(sweep.delta)}` : ""),
-    ] : "",
-    sweep.covers !== undefined ? [h("dt", {}, "sweep ε covers"), h("dd", {}, value(sweep.covers))] : "",
-    grid.covers !== undefined ? [h("dt", {}, "grid ε covers"), h("dd", {}, value(grid.covers))] : "");
-  const privacyKnown = ["private", "noise_multiplier", "sample_rate", "steps", "target_delta", "grid",
-    "sweep", "accountant", "verifier", "single_run_epsilon", "randomness", "warning", "accounting"];
-  const privacy = section("Privacy guarantee", "model-privacy",
-    h("h3", {}, "What ε covers"), covers,
-    h("h3", {}, "Mechanism"),
-    kv({
-      "σ (noise multiplier)": p.noise_multiplier, "sample rate q": p.sample_rate, "steps T": p.steps,
-      "target δ": p.target_delta, "single-run ε (this run alone)": p.single_run_epsilon,
-      accountant: p.accountant, verifier: p.verifier, accounting: p.accounting, randomness: p.randomness,
-      ...rest(p, privacyKnown),
-    }));
+  // --- privacy ----------------------------------------------------------------------------
+  const privacyItems = [];
+  if (p.private === false) {
+    privacyItems.push(h("li", {}, text(p.warning ?? "not differentially private: no ε applies to this model")));
+  } else {
+    // The model's release is its grid: that ε is what releasing it spent.
+    const gridEps = p.epsilon ?? grid.epsilon ?? t.planned?.grid_epsilon_budget ?? t.epsilon_budget;
+    const gridDelta = p.delta ?? grid.delta ?? p.target_delta ?? t.target_delta;
+    privacyItems.push(h("li", { id: "model-privacy-statement" },
+      h("strong", { id: "model-grid-epsilon", "data-epsilon": gridEps ?? "" }, `ε = ${num(gridEps)}`),
+      ` at δ = ${num(gridDelta)} (this model's grid): covers ${text(p.covers ?? grid.covers ?? "–")}.`));
+    if (Object.keys(sweep).length) {
+      privacyItems.push(h("li", { id: "model-sweep-epsilon", "data-epsilon": sweep.epsilon ?? "" },
+        h("strong", {}, `ε = ${num(sweep.epsilon)}`),
+        ` at δ = ${num(sweep.delta)} (the whole sweep): covers ${text(sweep.covers ?? "–")}.`));
+    }
+    const gradSigma = p.gradient_noise_multiplier !== undefined && p.gradient_noise_multiplier !== null
+      && p.gradient_noise_multiplier !== p.noise_multiplier ? ` (gradients σ = ${num(p.gradient_noise_multiplier)})` : "";
+    privacyItems.push(h("li", { id: "model-mechanism" },
+      `σ = ${num(p.noise_multiplier)}${gradSigma}, q = ${num(p.sample_rate)}, T = ${num(p.steps)} steps, `,
+      `δ per run = ${num(p.target_delta)}.`));
+    const verifiedBy = grid.verified_by ?? verification.verified_by;
+    const verifiedEps = grid.epsilon_verified ?? verification.epsilon_verified;
+    privacyItems.push(h("li", {}, "Accounting ", code(p.accounting), ", accountant ", code(p.accountant),
+      verifiedBy ? `; verified by ${text(verifiedBy)} (ε ≈ ${num(verifiedEps)}).` : "."));
+    if (Object.keys(single).length) {
+      privacyItems.push(h("li", { id: "model-single-run" },
+        `Single run's ε: ${num(single.epsilon)}`, single.note ? ` (${text(single.note)}).` : "."));
+    }
+    if (p.selection) privacyItems.push(h("li", {}, `${text(p.selection)}.`));
+  }
+  if (p.randomness !== undefined) privacyItems.push(h("li", {}, `Randomness: ${text(p.randomness)}.`));
+  const privacy = section("Privacy", "model-privacy", h("ul", {}, privacyItems));
 
+  // --- evaluation -------------------------------------------------------------------------
+  const evalNoise = ev.eval_releases
+    ? ` ${ev.eval_releases} noisy evaluations per run (σₑ = ${num(ev.eval_noise_multiplier)}, ε of the evaluations ${num(ev.epsilon_eval)}).`
+    : "";
   const evaluation = section("Evaluation", "model-evaluation",
-    ev.statement ? h("p", { id: "model-evaluation-statement" }, text(ev.statement)) : "",
-    kv({
-      mode: ev.mode,
-      "ε covers the evaluation": typeof ev.covered === "boolean" ? (ev.covered ? "yes" : "no") : ev.covered,
-      ...rest(ev, ["statement", "mode", "covered"]),
-    }));
+    h("p", { id: "model-evaluation-statement" }, "Mode ", code(ev.mode ?? data.eval_mode), ": ",
+      text(ev.statement ?? "–"), ".", evalNoise));
 
-  const metrics = obj(card.metrics);
-  const metricsSection = section("Metrics at the kept checkpoint", "model-metrics",
-    Object.keys(metrics).length
-      ? kv(Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k === "ece" ? "ECE (calibration error)" : k, v])))
+  // --- metrics ----------------------------------------------------------------------------
+  const values = met.values && typeof met.values === "object"
+    ? met.values : rest(met, SHOWN.metrics); // cards written before metrics.values: flat
+  const bestStep = met.best_step ?? trial.best_step;
+  const metricsSection = section(`Metrics (best checkpoint, step ${num(bestStep)})`, "model-metrics",
+    met.metric !== undefined ? h("p", {}, `Objective: ${text(met.metric)} (${text(met.mode ?? "max")}).`) : "",
+    Object.keys(values).length
+      ? h("table", { class: "grid compact", id: "model-metrics-table" },
+        h("thead", {}, h("tr", {}, h("th", {}, "metric"), h("th", {}, "value"))),
+        h("tbody", {}, Object.entries(values).sort(([a], [b]) => a.localeCompare(b)).map(([k, v]) =>
+          h("tr", {}, h("td", {}, k === "ece" ? "ECE (calibration error)" : k), h("td", { "data-key": k }, value(v))))))
       : h("p", { class: "muted" }, "No metrics on the card."));
 
-  const arch = section("Architecture", "model-architecture",
-    kv({
-      model: model.name, options: model.options,
-      "input shape": Array.isArray(model.input_shape) ? model.input_shape.join(" × ") : model.input_shape,
-      classes: model.num_classes,
-      parameters: typeof model.parameters === "number" ? model.parameters.toLocaleString("en-US") : model.parameters,
-      ...rest(model, ["name", "options", "input_shape", "num_classes", "parameters", "weights"]),
-      "weights size": size !== undefined ? bytes(size) : undefined,
-    }),
-    h("p", { class: "small" }, "sha256 ", h("code", { id: "model-sha256" }, sha ?? "–")));
+  // --- the model --------------------------------------------------------------------------
+  const shape = Array.isArray(model.input_shape) ? model.input_shape.join(" × ") : model.input_shape;
+  const options = model.options && typeof model.options === "object" ? model.options : {};
+  const hyper = trial.hyperparameters && typeof trial.hyperparameters === "object" ? trial.hyperparameters : {};
+  const arch = section("Model", "model-architecture",
+    h("ul", {},
+      h("li", { id: "model-arch" }, "Architecture ", code(model.name),
+        Object.keys(options).length ? [" with options ", code(params(options))] : "",
+        `, input shape ${text(shape ?? "–")}, ${text(model.num_classes ?? "–")} classes, `,
+        `${typeof model.parameters === "number" ? model.parameters.toLocaleString("en-US") : text(model.parameters ?? "–")} parameters.`),
+      h("li", {}, `Weights: ${text(weights.format ?? "safetensors")}, ${size !== undefined ? bytes(size) : "–"}, sha256 `,
+        h("code", { id: "model-sha256" }, sha ?? "–"), "."),
+      h("li", { id: "model-hyperparameters" }, "Strategy ", code(trial.strategy ?? t.strategy), "; hyperparameters ",
+        Object.keys(hyper).length ? code(params(hyper)) : "none",
+        `; seed ${text(trial.seed ?? t.seed ?? "–")}`, trial.seed_seeds ? ` (${text(trial.seed_seeds)})` : "", ".")));
 
-  const origin = section("Trial and data", "model-trial",
-    kv({
-      trial: trial.id ?? t.id, arm: trial.arm ?? t.arm, strategy: trial.strategy ?? t.strategy,
-      hyperparameters: trial.hyperparameters,
-      ...rest(trial, ["id", "sweep_id", "arm", "strategy", "hyperparameters"]),
-      sweep: trial.sweep_id ?? t.sweep,
-    }),
-    card.dataset !== undefined ? [h("h3", {}, "Dataset"), value(card.dataset)] : "");
+  const dataSection = section("Dataset", "model-dataset",
+    h("p", {}, code(data.name ?? "–"),
+      data.n_train != null ? `: ${data.n_train} training records` : "",
+      data.n_eval != null ? `, ${data.n_eval} evaluation records` : "",
+      data.eval_mode ? ` (evaluation: ${text(data.eval_mode)}${data.eval_dataset ? `, from ${text(data.eval_dataset)}` : ""})` : "",
+      "."),
+    data.identity_note ? h("p", { class: "muted small" }, `${capitalize(text(data.identity_note))}.`) : "");
 
-  const known = ["format", "trial", "dataset", "model", "privacy", "evaluation", "metrics", "dpsweep_version"];
-  const others = rest(card, known);
+  // --- download and load ------------------------------------------------------------------
+  const howTo = section("Download and load", "model-howto",
+    h("p", {}, "“Download model” above saves the weights (safetensors), “Download card” this card as JSON. ",
+      "With the Python client (", h("code", {}, "pip install dpsweep"), "; loading needs the server extra for torch):"),
+    h("pre", { class: "code", id: "model-load-snippet" }, [
+      "from dpsweep import Client",
+      "",
+      "with Client() as client:  # DPSWEEP_URL and DPSWEEP_TOKEN",
+      `    trial = client.trial("${trialId}")`,
+      "    trial.download_model(\"model/\")  # the safetensors file and its card",
+      "    model = trial.load_model()  # a torch.nn.Module in eval mode",
+    ].join("\n")),
+    h("p", {}, "On the server's machine, ", h("code", {}, `dpsweep model ${trialId} -o DIR`),
+      " writes model.safetensors, card.json and README.md (this card); ", h("code", {}, "--onnx"),
+      " also writes model.onnx."));
+
+  // --- anything else on the card ----------------------------------------------------------
+  const extra = details(card);
+  const detailsSection = extra.length
+    ? h("details", { class: "model-section", id: "model-details" },
+      h("summary", {}, `Details (${extra.length})`),
+      h("dl", { class: "kv" }, extra.map(([path, v]) => [
+        h("dt", {}, LABELS[path] ?? humanize(path)),
+        h("dd", { "data-key": path }, TIMES.has(path) && typeof v === "string" ? when(v) : value(v))])))
+    : "";
+
   return [
-    actions,
-    ...warnings,
-    h("div", { class: "model-grid" }, privacy, evaluation, metricsSection, arch, origin,
-      Object.keys(others).length ? section("More on the card", "model-other", kv(others)) : ""),
-    h("p", { class: "muted small", id: "model-card-footer" },
-      `card format ${text(card.format ?? "–")} · written by dpsweep ${text(card.dpsweep_version ?? "–")}`),
+    h("article", { class: "model-card", id: "model-card" },
+      title, intro, actions, ...warnings, warningSection,
+      h("div", { class: "model-grid" }, h("div", {}, privacy, evaluation), h("div", {}, metricsSection, arch, dataSection)),
+      howTo, detailsSection,
+      h("p", { class: "muted small", id: "model-card-footer" },
+        `card format ${text(card.format ?? "–")}${card.card_version !== undefined ? ` v${card.card_version}` : ""} · written by dpsweep ${text(card.dpsweep_version ?? "–")}`)),
   ];
 }
 
-function section(title, id, ...children) {
-  return h("div", { class: "model-section", id }, h("h3", {}, title), ...children);
+/** The card's fields no section shows, as [path, value] (null values left out). */
+function details(card) {
+  const rows = [];
+  const isObj = (v) => v && typeof v === "object" && !Array.isArray(v);
+  for (const [k, v] of Object.entries(card)) {
+    if (!SHOWN[""].includes(k)) rows.push([k, v]);
+    else if (k in SHOWN && k !== "" && isObj(v)) {
+      for (const [kk, vv] of Object.entries(v)) if (!SHOWN[k].includes(kk)) rows.push([`${k}.${kk}`, vv]);
+    }
+  }
+  return rows.filter(([, v]) => v !== null && v !== undefined);
 }
 
-/** The keys of `o` not in `known` (so that nothing on the card goes unshown). */
+/** "dataset.split_seed" reads "split seed (dataset)". */
+function humanize(path) {
+  const [head, ...tail] = path.split(".");
+  const name = (tail.length ? tail.join(".") : head).replace(/_/g, " ");
+  return tail.length ? `${name} (${head})` : name;
+}
+
+function section(title, id, ...children) {
+  return h("section", { class: "model-section", id }, h("h4", {}, title), ...children);
+}
+
+/** The keys of `o` not in `known`. */
 function rest(o, known) {
   return Object.fromEntries(Object.entries(o || {}).filter(([k]) => !known.includes(k)));
-}
-
-function kv(o) {
-  const rows = Object.entries(o).filter(([, v]) => v !== undefined);
-  if (!rows.length) return h("p", { class: "muted" }, "–");
-  return h("dl", { class: "kv" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", { "data-key": k }, value(v))]));
 }
 
 /** Any JSON value as text or nested key/value lists (depth-limited). */
@@ -215,6 +317,10 @@ function value(v, depth = 0) {
   const entries = Object.entries(v);
   if (!entries.length) return "–";
   return h("dl", { class: "kv" }, entries.map(([k, x]) => [h("dt", {}, k), h("dd", {}, value(x, depth + 1))]));
+}
+
+function capitalize(s) {
+  return s ? s[0].toUpperCase() + s.slice(1) : s;
 }
 
 function text(v) {

@@ -1,6 +1,7 @@
 import { api, followEvents } from "../api.js";
+import { armStyles, naturalOrder } from "../palette.js";
 import {
-  badge, COLORS, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
+  badge, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
   setQuery, TERMINAL, when,
 } from "../ui.js";
 import { trialsTable } from "./trials-table.js";
@@ -11,6 +12,13 @@ const CONN = {
   polling: "polling", ended: "finished", static: "finished",
 };
 
+// One seed has no spread: "—", as the CLI shows it, not a standard deviation of 0.
+// (The CLI's "—" for a missing ECE too.)
+const NO_SPREAD = "—";
+const hasSpread = (stdev, seeds) => typeof stdev === "number" && Number.isFinite(stdev) && Number(seeds) >= 2;
+const spread = (p) => hasSpread(p.y_std, p.seeds);
+const std = (r) => (hasSpread(r.objective_std, r.seeds) ? num(r.objective_std) : NO_SPREAD);
+
 /** One sweep: its fronts, plan and budget, and trials; live while it runs. */
 export function sweepView(el, id) {
   let alive = true;
@@ -19,7 +27,9 @@ export function sweepView(el, id) {
   let poll = null;
   let pending = null;
   let lastRefresh = 0;
-  const colors = {};
+  // The arms' colours and symbols: the CLI's plots' palette, keyed by the sweep's arms in
+  // natural order (api/plots/palette.py), so an arm has the same colour in both.
+  let styles = {};
 
   const title = h("h1", { id: "sweep-name" }, "…");
   const stateEl = h("span");
@@ -45,6 +55,12 @@ export function sweepView(el, id) {
   const epsChart = h("div", { id: "eps-chart", class: "chart" });
   const calChart = h("div", { id: "cal-chart", class: "chart" });
   const calNote = h("p", { class: "muted" });
+  // Why there is no calibration front (DP evaluation releases none, no ECE, no trials yet):
+  // said where the chart would be, in its place, rather than under an empty plot.
+  const calReason = h("div", { class: "info cal-reason", id: "cal-reason", role: "status", hidden: true });
+  const calDesc = h("p", { class: "muted small" }, "Every finished trial; ringed points are non-dominated. Click to open.");
+  const calCard = h("div", { class: "card", id: "cal-card" },
+    h("h2", {}, "Calibration"), calReason, calDesc, calChart, calNote);
   const resultsBox = h("div", { id: "results" });
   panes.fronts.append(
     h("div", { class: "charts" },
@@ -54,10 +70,7 @@ export function sweepView(el, id) {
         h("p", { class: "muted small" }, "Best configuration per arm and ε level: mean ± std over seeds. ",
           "★ marks the non-dominated points. Click a point to open its best trial."),
         epsChart),
-      h("div", { class: "card" },
-        h("h2", {}, "Calibration"),
-        h("p", { class: "muted small" }, "Every finished trial; ringed points are non-dominated. Click to open."),
-        calChart, calNote)),
+      calCard),
     h("div", { class: "card" }, h("h2", {}, "Best per arm and level"), resultsBox));
   logBox.addEventListener("change", () => { setQuery({ log: logBox.checked ? "1" : null }); drawFronts(); });
 
@@ -79,10 +92,16 @@ export function sweepView(el, id) {
 
   function tab() { const t = query().get("tab"); return TABS.some(([k]) => k === t) ? t : "fronts"; }
 
-  function color(arm) {
-    if (!(arm in colors)) colors[arm] = COLORS[Object.keys(colors).length % COLORS.length];
-    return colors[arm];
+  function setArms(names) {
+    const known = Object.keys(styles);
+    if (names.length === known.length && names.every((n) => n in styles)) return;
+    styles = armStyles(names);
   }
+  function style(arm) {
+    if (!(arm in styles)) setArms([...Object.keys(styles), arm]);
+    return styles[arm];
+  }
+  function color(arm) { return style(arm).color; }
 
   // --- drawing ----------------------------------------------------------------------------
   function drawHeader() {
@@ -101,7 +120,7 @@ export function sweepView(el, id) {
     notice.replaceChildren(
       s.warning ? h("div", { class: "warning", id: "randomness-warning" }, h("strong", {}, "Reproducible mode: "), s.warning) : "",
       s.error ? h("div", { class: "error" }, h("strong", {}, "Sweep failed: "), s.error) : "");
-    for (const a of s.arms) color(a.name);
+    setArms([...new Set([...Object.keys(styles), ...s.arms.map((a) => a.name)])]);
   }
 
   async function drawFronts() {
@@ -111,17 +130,18 @@ export function sweepView(el, id) {
     if (!alive) return;
     const byArm = {};
     for (const p of eps.points) (byArm[p.arm] ||= []).push(p);
-    const traces = Object.entries(byArm).map(([arm, pts]) => {
+    const traces = naturalOrder(Object.keys(byArm)).map((arm) => {
+      const pts = byArm[arm];
       pts.sort((a, b) => a.x - b.x);
       return {
         type: "scatter", mode: "lines+markers", name: arm, dpRole: "arm",
         x: pts.map((p) => p.x), y: pts.map((p) => p.y),
-        error_y: { type: "data", array: pts.map((p) => p.y_std || 0), visible: true, thickness: 1 },
-        marker: { size: 9, color: color(arm) }, line: { color: color(arm) },
+        error_y: { type: "data", array: pts.map((p) => (spread(p) ? p.y_std : 0)), visible: true, thickness: 1 },
+        marker: { size: 9, color: color(arm), symbol: style(arm).symbol }, line: { color: color(arm) },
         customdata: pts.map((p) => p.trial),
         text: pts.map((p) => [
           `<b>${arm}</b> at ε=${num(p.x)}`,
-          `${metric}: ${num(p.y)} ± ${num(p.y_std || 0)} (${p.seeds} seed${p.seeds === 1 ? "" : "s"})`,
+          `${metric}: ${num(p.y)}${spread(p) ? ` ± ${num(p.y_std)}` : ""} (${p.seeds} seed${p.seeds === 1 ? "" : "s"})`,
           `params: ${params(p.params)}`, `σ = ${num(p.noise_multiplier)}`,
         ].join("<br>")),
         hovertemplate: "%{text}<extra></extra>",
@@ -142,24 +162,49 @@ export function sweepView(el, id) {
     drawCalibration(metric);
   }
 
+  /** No calibration front: the reason in the chart's place, and no empty plot. */
+  function calUnavailable(reason, why) {
+    window.Plotly.purge(calChart);
+    calChart.hidden = true;
+    calDesc.hidden = true;
+    calNote.textContent = "";
+    calReason.replaceChildren(reason);
+    calReason.dataset.reason = why;
+    calReason.hidden = false;
+    calCard.dataset.state = "unavailable";
+  }
+
+  function calAvailable() {
+    calReason.hidden = true;
+    calDesc.hidden = false;
+    calChart.hidden = false;
+    calCard.dataset.state = "shown";
+  }
+
   async function drawCalibration(metric) {
-    if (!summary.results.some((r) => r.ece_mean !== null)) {
-      const dpEval = summary.privacy && summary.privacy.evaluation && summary.privacy.evaluation.mode === "dp";
-      calNote.textContent = dpEval
-        ? "DP evaluation releases noisy accuracy only: no calibration, so no accuracy-vs-ECE front."
-        : summary.results.length ? "This sweep records no ECE." : "No finished trials yet.";
-      window.Plotly.purge(calChart);
+    const dpEval = summary.privacy?.evaluation?.mode === "dp"
+      || summary.plan.some((g) => g.eval_mode === "dp");
+    if (dpEval) {
+      calUnavailable(h("span", {}, h("strong", {}, "No calibration front: "),
+        "this sweep uses DP evaluation: ε covers the evaluation records too, and all that is ",
+        "released from them is a noisy accuracy. No ECE or reliability bins are released, so there is no ",
+        "accuracy-vs-ECE front to draw."), "dp-evaluation");
       return;
     }
-    calNote.textContent = "";
+    if (!summary.results.some((r) => r.ece_mean !== null)) {
+      calUnavailable(summary.results.length ? "No calibration front: this sweep records no ECE."
+        : "No calibration front yet: no finished trials.", summary.results.length ? "no-ece" : "no-trials");
+      return;
+    }
     let cal;
     try {
       cal = await api(`/sweeps/${id}/pareto?x=${encodeURIComponent(metric)}&y=ece`);
     } catch (e) {
-      if (e.status === 422) { calNote.textContent = "This sweep records no ECE."; return; }
+      if (e.status === 422) { calUnavailable("No calibration front: this sweep records no ECE.", "no-ece"); return; }
       throw e;
     }
     if (!alive) return;
+    calAvailable();
     const byArm = {};
     for (const p of cal.points) (byArm[p.arm] ||= []).push(p);
     const hover = (p) => [
@@ -167,11 +212,11 @@ export function sweepView(el, id) {
       `σ = ${num(p.noise_multiplier)} · single-run ε = ${num(p.single_run_epsilon)} (grid ε ${num(p.epsilon_budget)})`,
       `${metric} = ${num(p.x)} · ECE = ${num(p.y)}`,
     ].join("<br>");
-    const traces = Object.entries(byArm).map(([arm, pts]) => ({
+    const traces = naturalOrder(Object.keys(byArm)).map((arm) => [arm, byArm[arm]]).map(([arm, pts]) => ({
       type: "scatter", mode: "markers", name: arm, dpRole: "trials",
       x: pts.map((p) => p.x), y: pts.map((p) => p.y), customdata: pts.map((p) => p.trial),
       text: pts.map(hover), hovertemplate: "%{text}<extra></extra>",
-      marker: { size: 7, color: color(arm), opacity: 0.75 },
+      marker: { size: 7, color: color(arm), symbol: style(arm).symbol, opacity: 0.75 },
     }));
     const front = cal.points.filter((p) => !p.dominated).sort((a, b) => a.x - b.x);
     traces.push({
@@ -193,15 +238,17 @@ export function sweepView(el, id) {
   }
 
   function drawResults() {
-    const rows = [...summary.results].sort((a, b) => a.arm.localeCompare(b.arm) || a.epsilon_budget - b.epsilon_budget);
+    const order = naturalOrder(summary.results.map((r) => r.arm));
+    const rows = [...summary.results].sort((a, b) => order.indexOf(a.arm) - order.indexOf(b.arm)
+      || a.epsilon_budget - b.epsilon_budget);
     resultsBox.replaceChildren(rows.length ? h("table", { class: "grid compact", id: "results-table" },
       h("thead", {}, h("tr", {}, ["arm", "ε", "best params", summary.objective.metric, "± std", "ECE", "seeds",
         "done / failed", ""].map((c) => h("th", {}, c)))),
       h("tbody", {}, rows.map((r) => h("tr", {},
         h("td", {}, h("span", { class: "swatch", style: `background:${color(r.arm)}` }), r.arm),
         h("td", {}, num(r.epsilon_budget)), h("td", {}, params(r.best_params)),
-        h("td", {}, h("strong", {}, num(r.objective_mean))), h("td", {}, num(r.objective_std)),
-        h("td", {}, num(r.ece_mean)), h("td", {}, r.seeds), h("td", {}, `${r.trials_done} / ${r.trials_failed}`),
+        h("td", {}, h("strong", {}, num(r.objective_mean))), h("td", { class: "std" }, std(r)),
+        h("td", {}, r.ece_mean === null || r.ece_mean === undefined ? NO_SPREAD : num(r.ece_mean)), h("td", {}, r.seeds), h("td", {}, `${r.trials_done} / ${r.trials_failed}`),
         h("td", {}, r.best_trial ? h("a", { href: `/trials/${r.best_trial}` }, "best trial") : "")))))
       : h("p", { class: "muted" }, "No finished trials yet."));
   }

@@ -80,16 +80,36 @@ export function trialView(el, id) {
 
     const tr = t.trajectories || {};
     const steps = tr.step || [];
+    // Two stacked panels on one step axis (C_t above, the learning rate below), each with its
+    // own colour, line style and axis title in that colour: never two lines at one height.
     plot(traj, [
-      { type: "scatter", mode: "lines", name: "Cₜ (clip)", x: steps, y: tr.clip || [] },
-      { type: "scatter", mode: "lines", name: "learning rate", x: steps, y: tr.lr || [], yaxis: "y2" },
+      { type: "scatter", mode: "lines", name: "Cₜ (clipping threshold)", dpRole: "clip", x: steps, y: tr.clip || [],
+        yaxis: "y", line: { color: TRAJ.clip, width: 2 },
+        hovertemplate: "step %{x}<br>Cₜ %{y:.4g}<extra></extra>" },
+      { type: "scatter", mode: "lines", name: "learning rate", dpRole: "lr", x: steps, y: tr.lr || [],
+        yaxis: "y2", line: { color: TRAJ.lr, width: 2, dash: "dash" },
+        hovertemplate: "step %{x}<br>lr %{y:.4g}<extra></extra>" },
     ], {
-      xaxis: { title: { text: "step" } }, yaxis: { title: { text: "Cₜ" } },
-      yaxis2: { title: { text: "lr" }, overlaying: "y", side: "right" },
-      margin: { l: 60, r: 60, t: 30, b: 50 },
+      xaxis: { title: { text: "step" }, anchor: "y2" },
+      yaxis: { domain: [0.56, 1], title: { text: "Cₜ (clip)", font: { color: TRAJ.clip } },
+        tickfont: { color: TRAJ.clip }, linecolor: TRAJ.clip, showline: true, rangemode: "tozero" },
+      yaxis2: { domain: [0, 0.44], title: { text: "learning rate", font: { color: TRAJ.lr } },
+        tickfont: { color: TRAJ.lr }, linecolor: TRAJ.lr, showline: true, rangemode: "tozero" },
+      legend: { orientation: "h", x: 0, y: 1.12 },
+      margin: { l: 70, r: 20, t: 40, b: 50 },
+      hovermode: "x",
     });
 
     const bins = (t.reliability || []).filter((b) => b.count > 0);
+    if (!bins.length) {
+      // No empty diagram: the reason, in its place.
+      const why = t.state === "done"
+        ? "No reliability diagram: this trial released no reliability bins (DP evaluation releases a noisy accuracy only)."
+        : "No reliability diagram yet: the trial has not finished.";
+      rel.classList.remove("chart");
+      rel.replaceChildren(h("div", { class: "info", id: "reliability-reason" }, why));
+      return;
+    }
     plot(rel, [
       { type: "bar", name: "accuracy", x: bins.map((b) => (b.lower + b.upper) / 2), y: bins.map((b) => b.accuracy),
         width: bins.map((b) => b.upper - b.lower), marker: { color: "#1f77b4", line: { color: "#fff", width: 1 } },
@@ -103,16 +123,13 @@ export function trialView(el, id) {
       xaxis: { title: { text: "confidence" }, range: [0, 1] }, yaxis: { title: { text: "accuracy" }, range: [0, 1] },
       bargap: 0,
     });
-    if (!bins.length) {
-      const why = t.state === "done"
-        ? "No reliability bins: this trial released none (DP evaluation releases noisy accuracy only)."
-        : "No reliability bins: the trial has not finished.";
-      rel.append(h("p", { class: "muted" }, why));
-    }
   }
 
   return () => { alive = false; };
 }
+
+// The trajectories' colours: distinct from each other (and colour-blind safe: blue, orange).
+const TRAJ = { clip: "#1f77b4", lr: "#ff7f0e" };
 
 function kv(obj) {
   return h("dl", { class: "kv" }, Object.entries(obj).filter(([, v]) => v !== undefined).map(([k, v]) =>
