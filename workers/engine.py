@@ -15,6 +15,10 @@ Per step and per trial k (all trials at once):
 Batches and noise come from each trial's own :class:`~workers.randomness.TrialRandomness`: a
 fresh OS secret per trial, or the public seed in the labelled reproducible mode.
 
+An audit (:mod:`workers.canary_audit`) hands the engine gradient canaries: records of the
+training set (indices ``N`` and up) whose per-sample gradient the auditor chose. They are
+sampled, weighed, checked and noised by exactly the code above; only their gradient differs.
+
 An example whose gradient (or, for strategies without per-example norms, whose loss) is not
 finite gets weight 0: removing one example stays within the sensitivity, and so a poisoned
 record cannot make a run fail, which would reveal whether it was sampled.
@@ -26,7 +30,7 @@ messages: they name the release and the trial, never a norm or a count.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -37,6 +41,9 @@ from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext
+
+if TYPE_CHECKING:
+    from workers.canary_audit.canaries import GradientCanaries
 
 Task = Literal["classification", "reconstruction"]
 
@@ -65,6 +72,7 @@ class DPEngine:
         noise_multiplier: ``[K]`` planned noise multipliers (ignored by non-private strategies).
         sample_streams: one random stream per trial for Poisson sampling.
         noise: per-trial Gaussian noise source (each trial's own noise stream).
+        canaries: an audit's gradient canaries (the included ones are records ``N..``), or None.
     """
 
     def __init__(
@@ -80,6 +88,7 @@ class DPEngine:
         noise_multiplier: Tensor,
         sample_streams: Sequence[RandomStream],
         noise: NoiseSource,
+        canaries: GradientCanaries | None = None,
     ) -> None:
         self.model = model
         self.strategy = strategy
@@ -87,7 +96,10 @@ class DPEngine:
         self.x = x
         self.y = y
         self.task = task
-        self.n = int(x.shape[0])
+        self.canaries = canaries
+        self.n_data = int(x.shape[0])
+        # The included canaries are records too: sampled at the same rate by the same code.
+        self.n = self.n_data + (canaries.n_included if canaries is not None else 0)
         self.sample_rate = float(sample_rate)
         self.expected_batch_size = self.sample_rate * self.n
         self.sample_streams = list(sample_streams)
@@ -183,9 +195,10 @@ class DPEngine:
         out, cap = self.model.forward(xb, capture=True, perturb=perturb)
         assert cap is not None
         loss = per_sample_loss(out, target, self.task)
-        if self.k > 1:
+        if self.k > 1 or self.canaries is not None:
             # Masking the loss makes padded slots' gradients exactly zero, whatever weights
-            # a strategy hands back for them. (A pack of one is never padded.)
+            # a strategy hands back for them. (A pack of one is never padded, but a canary's
+            # slot is: its gradient is added by the canaries, not computed from an input.)
             loss = loss * mask
         infos = self.model.layer_grads(loss.sum(), cap)
         sq = self.model.sq_norms(infos) if self.strategy.needs_norms else None
@@ -194,6 +207,17 @@ class DPEngine:
     def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
         strategy = self.strategy
         infos: list[Any] | None = None
+        can = self.canaries
+        slots: Tensor | None = None
+        canary_ids = idx
+        data_mask = mask
+        if can is not None and can.n_included > 0 and idx.shape[1] > 0:
+            # Canary slots are read as example 0 with a zero mask (so a zero gradient); their
+            # norms and contributions come from the canaries below.
+            slots = (idx >= self.n_data) & (mask > 0)
+            data_mask = mask * slots.logical_not().to(mask.dtype)
+            canary_ids = can.ids_in[(idx - self.n_data).clamp(min=0, max=can.n_included - 1)]
+            idx = torch.where(slots, torch.zeros_like(idx), idx)
         if idx.shape[1] > 0:
             # One flat gather (index_select) is ~5x faster than advanced indexing by [K, B].
             flat_idx = idx.view(-1)
@@ -201,7 +225,7 @@ class DPEngine:
             target = xb
             if self.y is not None:
                 target = self.y.index_select(0, flat_idx).view(*idx.shape, *self.y.shape[1:])
-            infos, sq, ctx = self.per_sample(xb, target, mask)
+            infos, sq, ctx = self.per_sample(xb, target, data_mask)
         else:
             sq = None
             if strategy.needs_norms:
@@ -213,6 +237,25 @@ class DPEngine:
                 noise=self.noise,
             )
         clip = strategy.clip(ctx)
+        if can is not None:
+            raw_norm = can.choose_norm(strategy, StepContext, sensitivity=clip.sensitivity, ctx=ctx)
+            if slots is not None and sq is not None and bool(slots.any()):
+                sq = torch.where(
+                    slots.unsqueeze(-1),
+                    can.slot_norms(raw_norm, (int(slots.shape[0]), int(slots.shape[1]))),
+                    sq,
+                )
+                # Canary slots count as sampled examples again (ctx.mask had them at 0).
+                mask = data_mask + slots.to(mask.dtype)
+                ctx = StepContext(
+                    sq_norms=sq,
+                    mask=mask,
+                    expected_batch_size=self.expected_batch_size,
+                    noise=self.noise,
+                )
+                clip = strategy.clip(ctx)
+            else:
+                slots = None
         grad = self.grad
         if not strategy.private:
             # Non-private baseline: average over the realised batch (no noise, no guarantee).
@@ -242,7 +285,19 @@ class DPEngine:
             )
         else:
             self.model.weighted_sums_into(bufs, infos, weights)
+        if can is not None and slots is not None:
+            for buf, w in zip(bufs, weights, strict=True):
+                can.add_into(buf, w, slots, canary_ids, raw_norm)
         releases = {"grad": self._add_noise(grad, clip.sensitivity, self.grad_noise_multiplier)}
+        if can is not None:
+            # The white-box adversary sees every noised gradient release (and, when it knows
+            # every other record, what they are expected to contribute at these parameters).
+            can.observe(
+                releases["grad"],
+                noise_std=self.grad_noise_multiplier * clip.sensitivity * _ENFORCED / b,
+                expected_batch_size=b,
+                predicted=self.expected_data_release() if can.knows_data else None,
+            )
         for extra, buf in zip(clip.extra, bufs[1:], strict=True):
             releases[extra.name] = self._add_noise(buf, extra.sensitivity, extra.noise_multiplier)
         for sc in clip.scalars:
@@ -251,6 +306,28 @@ class DPEngine:
             add_snapped_noise(total, xi, sc.noise_multiplier * (sc.sensitivity * _ENFORCED))
             releases[sc.name] = (total[:, 0] / self.expected_batch_size).to(sc.values.dtype)
         return releases
+
+    def expected_data_release(self, *, chunk: int = 1024) -> Tensor:
+        """``q sum_i w_i g_i / b`` over every data record at the current parameters, ``[K, P]``.
+
+        What the gradient release is expected to hold besides noise and canaries, for an
+        audit's adversary who knows every other record (DP's threat model): only a public
+        dataset's audit uses it, since it reads every record without noise.
+        """
+        out = torch.zeros_like(self.grad)
+        part = torch.empty_like(self.grad)
+        scale = self.sample_rate / self.expected_batch_size
+        for a in range(0, self.n_data, chunk):
+            x = self.x[a : a + chunk]
+            c = int(x.shape[0])
+            xk = x.unsqueeze(0).expand(self.k, *x.shape)
+            tk = xk if self.y is None else self.y[a : a + c].unsqueeze(0).expand(self.k, c)
+            mask = torch.ones(self.k, c, device=self.device)
+            infos, _, ctx = self.per_sample(xk, tk, mask)
+            weights = self.strategy.clip(ctx).weights
+            self.model.weighted_sum_into(part, infos, weights * scale)
+            out += part
+        return out
 
     def _weighted_sum(self, out: Tensor, infos: list[Any] | None, weights: Tensor) -> None:
         if infos is None:

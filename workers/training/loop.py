@@ -17,6 +17,7 @@ import torch
 
 from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import compute_epsilon
+from workers.canary_audit.canaries import GradientCanaries
 from workers.checkpoints import model_info, weights_bytes
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
@@ -58,8 +59,12 @@ def train_pack(
     *,
     progress: Callable[[Progress], None] | None = None,
     dataset: Dataset | None = None,
+    canaries: Callable[[PackedModel], GradientCanaries] | None = None,
 ) -> list[TrialResult]:
     """Train every trial of ``spec`` as one batched computation.
+
+    ``canaries`` (an audit only, :mod:`workers.canary_audit`): builds the gradient canaries for
+    the pack's model; the engine trains them as records of the training set.
 
     Raises:
         ConfigError: invalid settings (the message names the field and what is allowed).
@@ -169,6 +174,7 @@ def train_pack(
         noise=(NoiseAhead if WorkerSettings().noise_ahead else NoiseSource)(
             [r.noise for r in rands], device
         ),
+        canaries=canaries(model) if canaries is not None else None,
     )
     # DP evaluation draws its count noise from a third stream of the same secret.
     count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None

@@ -1,0 +1,247 @@
+"""Run one audit: train once with canaries, score them, and bound epsilon from below.
+
+:func:`run_audit` trains the pack it is given through :func:`workers.training.loop.train_pack`,
+the code every sweep runs (every strategy, both engine paths, packs of K > 1), with:
+
+* ``white-box``: m gradient canaries (:mod:`workers.canary_audit.canaries`) inside the DP step,
+  scored from every noised gradient release of every trial;
+* ``black-box``: m input canaries (random inputs inside the data's public clip range, random
+  labels), each appended to the training split with probability ½, scored by their loss under
+  each trial's final model.
+
+The claim beside the bound is the epsilon of everything the adversary saw: the K trials'
+T steps each (the pack's K T compositions of the same Poisson-subsampled Gaussian), at the
+trials' delta. Nothing here is a user-facing fault switch: tests inject faults by patching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from dpsweep.errors import ConfigError
+from workers.accounting import compute_epsilon
+from workers.canary_audit.bounds import gaussian_bound, one_run_bound
+from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
+from workers.canary_audit.scores import black_box_scores, white_box_scores
+from workers.datasets.loading import load_dataset
+from workers.datasets.records import Dataset
+from workers.strategies import get_strategy
+from workers.training.specs import PackSpec, TrialResult
+
+Setting = Literal["white-box", "black-box"]
+SETTINGS: tuple[Setting, ...] = ("white-box", "black-box")
+
+#: The most trials an audited pack may have (the white-box scorer sums over 2^K patterns).
+MAX_AUDIT_TRIALS = 8
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """What one audit found (plain values; ``to_dict`` is the ``--json`` output)."""
+
+    epsilon_claimed: float
+    epsilon_lower_bound: float
+    confidence: float
+    canaries: int
+    setting: Setting
+    strategy: str
+    engine_path: str
+    seconds: float
+    delta: float
+    trials: int
+    steps: int
+    sample_rate: float
+    noise_multiplier: float
+    guesses: int
+    correct: int
+    # Which bound is reported ("one-run" or "gaussian"), and both, each at confidence
+    # 1 - (1 - confidence) / 2 so that their maximum holds at ``confidence`` (a union bound).
+    method: str
+    epsilon_lower_bound_one_run: float
+    epsilon_lower_bound_gaussian: float
+    direction: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def check_audit_pack(spec: PackSpec, *, setting: str, canaries: int) -> None:
+    """Refuse what an audit cannot run, before anything is trained (field named).
+
+    Raises:
+        ConfigError: a non-private strategy, mixed noise multipliers or deltas, too many
+            trials, DP evaluation, or a bad setting or canary count.
+    """
+    if setting not in SETTINGS:
+        raise ConfigError(
+            f"setting must be one of {', '.join(SETTINGS)}; got {setting!r}", field="setting"
+        )
+    if not 2 <= canaries <= 100_000:
+        raise ConfigError("canaries must be between 2 and 100000", field="canaries")
+    if not get_strategy(spec.strategy).private:
+        raise ConfigError(
+            f"strategy {spec.strategy!r} is not private: there is no epsilon to audit",
+            field="strategy",
+        )
+    if not 1 <= len(spec.trials) <= MAX_AUDIT_TRIALS:
+        raise ConfigError(f"an audit trains 1 to {MAX_AUDIT_TRIALS} trials at once", field="trials")
+    sigmas = {t.noise_multiplier for t in spec.trials}
+    deltas = {t.target_delta for t in spec.trials}
+    if len(sigmas) != 1 or None in sigmas or len(deltas) != 1:
+        raise ConfigError(
+            "every trial of an audit needs the same noise multiplier and delta",
+            field="noise_multiplier",
+        )
+    if spec.eval_noise_multiplier is not None:
+        raise ConfigError(
+            "an audit evaluates nothing privately: use public or carve-out evaluation",
+            field="eval.mode",
+        )
+
+
+def run_audit(
+    spec: PackSpec,
+    *,
+    setting: Setting = "white-box",
+    canaries: int = 1000,
+    direction: Direction = "random",
+    confidence: float = 0.95,
+    dataset: Dataset | None = None,
+    public_data: bool = False,
+) -> AuditResult:
+    """Train ``spec`` once with ``canaries`` canaries and bound its epsilon from below.
+
+    Args:
+        spec: the pack to audit (every trial with the same planned noise multiplier).
+        setting: ``white-box`` (every iterate) or ``black-box`` (final model).
+        canaries: m.
+        direction: the white-box canaries' directions (``random`` or ``dirac``).
+        confidence: of the lower bound.
+        dataset: the loaded data (else loaded from ``spec.dataset``).
+        public_data: the records are public (a built-in set, ``synthetic``, or one its owner
+            declared public): the white-box adversary then knows every other record, as DP's
+            threat model allows, and removes their expected gradient. Never set it for
+            private records: the scores would read them without noise.
+
+    Raises:
+        ConfigError: what :func:`check_audit_pack` refuses.
+    """
+    from workers.training.loop import train_pack
+
+    check_audit_pack(spec, setting=setting, canaries=canaries)
+    start = time.perf_counter()
+    data = dataset if dataset is not None else load_dataset(spec.dataset)
+    sigma = float(spec.trials[0].noise_multiplier)  # type: ignore[arg-type]
+    delta = float(spec.trials[0].target_delta)
+    if setting == "white-box":
+        holder: list[GradientCanaries] = []
+
+        def make(model: Any) -> GradientCanaries:
+            can = GradientCanaries(
+                canaries,
+                ranges=layer_ranges(model),
+                numel=int(model.numel),
+                device=model.device,
+                direction=direction,
+                knows_data=public_data,
+            )
+            holder.append(can)
+            return can
+
+        # One evaluation at the end only: the adversary sees the releases, not the metrics.
+        run = dataclasses.replace(spec, eval_every=10**9, keep_weights=False)
+        results = train_pack(run, dataset=data, canaries=make)
+        z, mu, included = holder[0].scored_inputs()
+        scores = white_box_scores(
+            z, mu, sample_rate=results[0].sample_rate, data_removed=public_data
+        )
+    else:
+        bb_data, included, x_can, y_can = _with_input_canaries(data, canaries)
+        run = dataclasses.replace(spec, eval_every=10**9, keep_weights=True)
+        results = train_pack(run, dataset=bb_data)
+        losses = np.mean([_canary_losses(r, x_can, y_can) for r in results], axis=0)
+        scores = black_box_scores(losses)
+    first = results[0]
+    claimed = compute_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=first.sample_rate,
+        steps=first.steps * len(results),
+        target_delta=delta,
+        accountant=spec.accountant,
+    )
+    each = 1.0 - (1.0 - confidence) / 2.0
+    one_run = one_run_bound(scores, included, delta=delta, confidence=each)
+    gauss = gaussian_bound(scores, included, delta=delta, confidence=each)
+    use_gauss = gauss.epsilon_lower_bound > one_run.epsilon_lower_bound
+    return AuditResult(
+        epsilon_claimed=float(claimed),
+        epsilon_lower_bound=float(max(one_run.epsilon_lower_bound, gauss.epsilon_lower_bound)),
+        confidence=confidence,
+        canaries=canaries,
+        setting=setting,
+        strategy=spec.strategy,
+        engine_path=first.engine_path,
+        seconds=time.perf_counter() - start,
+        delta=delta,
+        trials=len(results),
+        steps=first.steps,
+        sample_rate=first.sample_rate,
+        noise_multiplier=sigma,
+        guesses=one_run.guesses,
+        correct=one_run.correct,
+        method="gaussian" if use_gauss else "one-run",
+        epsilon_lower_bound_one_run=float(one_run.epsilon_lower_bound),
+        epsilon_lower_bound_gaussian=float(gauss.epsilon_lower_bound),
+        direction=direction if setting == "white-box" else None,
+    )
+
+
+def _with_input_canaries(
+    data: Dataset, m: int
+) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
+    """The data with each of m input canaries appended with probability ½ (secret bits)."""
+    if data.kind == "tokens" or data.num_classes < 2:
+        raise ConfigError(
+            "black-box canaries are random inputs with random labels: they need a classifier "
+            "on numeric inputs",
+            field="setting",
+        )
+    rng = np.random.default_rng(secrets.randbits(128))
+    lo, hi = (data.input_scaling or {}).get("clip") or (-1.0, 1.0)
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        lo, hi = -1.0, 1.0
+    shape = (m, *data.x_train.shape[1:])
+    x_can = rng.uniform(lo, hi, size=shape).astype(data.x_train.dtype)
+    y_can = rng.integers(0, data.num_classes, size=m).astype(data.y_train.dtype)
+    included = rng.random(m) < 0.5
+    x_train = np.concatenate([data.x_train, x_can[included]])
+    y_train = np.concatenate([data.y_train, y_can[included]])
+    # Shuffle so that the canaries' positions say nothing (sampling ignores order anyway).
+    perm = rng.permutation(len(x_train))
+    fields = {f.name for f in dataclasses.fields(data)}
+    update: dict[str, Any] = {"x_train": x_train[perm], "y_train": y_train[perm]}
+    if "declared_size" in fields:
+        update["declared_size"] = None
+    return dataclasses.replace(data, **update), included, x_can, y_can
+
+
+def _canary_losses(result: TrialResult, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each canary's cross-entropy under the trial's final model."""
+    from workers.checkpoints import build_trained
+
+    if result.weights is None:
+        raise ConfigError("the audited trial diverged: lower the learning rate", field="lr")
+    module = build_trained(result.model_info, result.weights)
+    with torch.no_grad():
+        out = module(torch.from_numpy(x))
+        loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y).long(), reduction="none")
+    return loss.numpy()
