@@ -196,7 +196,17 @@ class GradientCanaries:
         if self._contribution is None:
             raise RuntimeError("GradientCanaries.observe before choose_norm")
         std = noise_std.reshape(-1).float()
-        seen = grad_release.float() if predicted is None else grad_release.float() - predicted
+        seen = grad_release.float()
+        if predicted is not None:
+            # The data's part is removed at the scale the release shows it at (a least-squares
+            # fit of one number per trial), not at the claimed rate: the adversary sees both,
+            # and a mechanism that samples more than it claims must not hide behind the claim.
+            pred = predicted.float()
+            energy = pred.pow(2).sum(dim=1, keepdim=True)
+            scale = torch.where(
+                energy > 0, (seen * pred).sum(dim=1, keepdim=True) / energy, torch.ones_like(energy)
+            )
+            seen = seen - scale * pred
         proj = seen @ self.directions.T  # [K, m]
         self.z.append((proj / std.view(-1, 1)).cpu())
         # A sampled canary's contribution, divided by b like the release, in noise units.

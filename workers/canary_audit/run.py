@@ -160,15 +160,14 @@ def run_audit(
         run = dataclasses.replace(spec, eval_every=10**9, keep_weights=False)
         results = train_pack(run, dataset=data, canaries=make)
         z, mu, included = holder[0].scored_inputs()
-        scores = white_box_scores(
-            z, mu, sample_rate=results[0].sample_rate, data_removed=public_data
-        )
+        wb = white_box_scores(z, mu, sample_rate=results[0].sample_rate, data_removed=public_data)
+        scores, gauss_scores = wb.llr, wb.linear
     else:
         bb_data, included, x_can, y_can = _with_input_canaries(data, canaries)
         run = dataclasses.replace(spec, eval_every=10**9, keep_weights=True)
         results = train_pack(run, dataset=bb_data)
         losses = np.mean([_canary_losses(r, x_can, y_can) for r in results], axis=0)
-        scores = black_box_scores(losses)
+        scores = gauss_scores = black_box_scores(losses)
     first = results[0]
     claimed = compute_epsilon(
         noise_multiplier=sigma,
@@ -179,7 +178,7 @@ def run_audit(
     )
     each = 1.0 - (1.0 - confidence) / 2.0
     one_run = one_run_bound(scores, included, delta=delta, confidence=each)
-    gauss = gaussian_bound(scores, included, delta=delta, confidence=each)
+    gauss = gaussian_bound(gauss_scores, included, delta=delta, confidence=each)
     use_gauss = gauss.epsilon_lower_bound > one_run.epsilon_lower_bound
     return AuditResult(
         epsilon_claimed=float(claimed),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,10 +46,24 @@ DETREND_WINDOW = 8
 COVARIANCE_RIDGE = 1e-3
 
 
+@dataclass(frozen=True)
+class WhiteBoxScores:
+    """Two scores per canary ``[m]``: the likelihood ratio, and its linear part.
+
+    ``llr`` is the most powerful test per step and finds the few canaries that stand out (what
+    the one-run bound counts); ``linear`` (``sum_t mu_t' P z_t``, P the noise precision) is a
+    sum of many small independent terms, Gaussian by the central limit theorem, as the
+    Gaussian bound assumes (at q = 1 the two are the same test).
+    """
+
+    llr: np.ndarray
+    linear: np.ndarray
+
+
 def white_box_scores(
     z: Tensor, mu: Tensor, *, sample_rate: float, data_removed: bool
-) -> np.ndarray:
-    """One score per canary ``[m]`` from projections ``z [T, K, m]`` and shifts ``mu [T, K]``.
+) -> WhiteBoxScores:
+    """Scores per canary from projections ``z [T, K, m]`` and shifts ``mu [T, K]``.
 
     ``data_removed``: the projections already exclude the data's expected part (an adversary
     who knows every other record); else they are detrended.
@@ -60,14 +75,20 @@ def white_box_scores(
     prec = torch.linalg.inv(cov)
     patterns = torch.tensor(list(itertools.product((0.0, 1.0), repeat=k)), dtype=torch.float64)
     n_in = patterns.sum(dim=1)
-    q = float(sample_rate)
-    log_p = n_in * math.log(q) + (k - n_in) * math.log1p(-q)  # [S]
+    q = min(max(float(sample_rate), 0.0), 1.0)
+    # log P(pattern); at q = 1 every included canary is in every batch (log 0 = -inf).
+    log_q = math.log(q) if q > 0 else -math.inf
+    log_1q = math.log1p(-q) if q < 1 else -math.inf
+    log_p = torch.where(n_in > 0, n_in * log_q, 0.0) + torch.where(
+        n_in < k, (k - n_in) * log_1q, 0.0
+    )  # [S]
     means = patterns.unsqueeze(0) * mu.double().unsqueeze(1)  # [T, S, K]
     mp = means @ prec  # [T, S, K]
     lin = mp @ zd  # [T, S, m]
     quad = 0.5 * (mp * means).sum(dim=-1)  # [T, S]
     llr = torch.logsumexp(log_p.view(1, -1, 1) + lin - quad.unsqueeze(-1), dim=1)  # [T, m]
-    return llr.sum(dim=0).numpy()
+    linear = (mu.double() @ prec).unsqueeze(1) @ zd  # [T, 1, m]
+    return WhiteBoxScores(llr=llr.sum(dim=0).numpy(), linear=linear.sum(dim=(0, 1)).numpy())
 
 
 def robust_covariance(x: Tensor, *, cut: float = 5.0) -> Tensor:
