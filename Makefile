@@ -60,6 +60,7 @@ bench: install
 	$(BIN)/python bench/dashboard_open.py
 	$(BIN)/python bench/ledger.py
 	$(BIN)/python bench/planning.py
+	$(BIN)/python bench/audit.py
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install

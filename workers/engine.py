@@ -242,7 +242,7 @@ class DPEngine:
             if slots is not None and sq is not None and bool(slots.any()):
                 sq = torch.where(
                     slots.unsqueeze(-1),
-                    can.slot_norms(raw_norm, (int(slots.shape[0]), int(slots.shape[1]))),
+                    can.slot_norms(raw_norm, canary_ids),
                     sq,
                 )
                 # Canary slots count as sampled examples again (ctx.mask had them at 0).

@@ -221,3 +221,17 @@ def test_planning_benchmark_smoke() -> None:
     assert p.returncode == 0, p.stderr[-2000:]
     row = json.loads(p.stdout)["four_grids"]
     assert row["grids"] == 4 and row["seconds"] > 0 and row["library_seconds"] > 0
+
+
+def test_audit_benchmark_smoke() -> None:
+    """bench/audit.py --quick: a target row, a strategy row, black-box and one fault."""
+    p = _script("bench/audit.py", "--json", "--quick")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["case"] for r in rows][:2] == ["target eps=8", "fixed layerwise K=1"]
+    for r in rows:
+        assert r["epsilon_lower_bound"] >= 0.0
+        if "detected" in r:
+            assert r["detected"] and r["epsilon_lower_bound"] > r["epsilon_claimed"]
+        else:
+            assert r["epsilon_lower_bound"] <= r["epsilon_claimed"]

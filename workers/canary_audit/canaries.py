@@ -7,8 +7,10 @@ like any other example, the engine's sensitivity check covers it, and it is adde
 vector release before the noise. Nothing of the step is re-implemented; the canary only
 replaces the example's per-sample gradient by a vector the auditor chose:
 
-* its direction ``u_j`` has the same norm ``1/sqrt(L)`` in each of the L clipping groups (one
-  unit vector per layer, scaled), so flat and layerwise clipping see a worst-case record;
+* its direction ``u_j`` is a unit vector: uniformly random over all P parameters (or one
+  coordinate, ``dirac``) for flat clipping, where it is as far from the other canaries as P
+  allows; for layerwise clipping, the same norm ``1/sqrt(L)`` in each of the L clipping
+  groups (one unit vector per layer, scaled), which is the worst-case record there;
 * its raw norm ``G = f S`` is chosen per step from the strategy's own weights: the largest
   factor ``f`` in :data:`NORM_FACTORS` whose clipped contribution is the largest the strategy
   allows (``S`` for clipping strategies, whose weights bring ``1000 S`` down to ``S``; exactly
@@ -62,6 +64,7 @@ class GradientCanaries:
             coordinate per layer, distinct between canaries).
         knows_data: the adversary knows every other record (a public dataset): each step, the
             engine hands :meth:`observe` the data's expected contribution to subtract.
+        per_layer: the strategy clips layerwise: equal norm in every clipping group.
     """
 
     def __init__(
@@ -73,14 +76,17 @@ class GradientCanaries:
         device: torch.device,
         direction: Direction = "random",
         knows_data: bool = False,
+        per_layer: bool = False,
     ) -> None:
         if m < 2:
             raise ConfigError("an audit needs at least 2 canaries", field="canaries")
-        smallest = min(b - a for a, b in ranges)
-        if direction == "dirac" and m > smallest:
+        sizes = [b - a for a, b in ranges]
+        room = min(sizes) if per_layer else numel
+        if direction == "dirac" and m > room:
             raise ConfigError(
-                f"{m} Dirac canaries need {m} distinct coordinates in every layer, and the "
-                f"smallest layer has {smallest}: lower canaries or use direction 'random'",
+                f"{m} Dirac canaries need {m} distinct coordinates"
+                + (" in every layer" if per_layer else "")
+                + f", and there are {room}: lower canaries or use direction 'random'",
                 field="canaries",
             )
         self.m = int(m)
@@ -92,14 +98,23 @@ class GradientCanaries:
         self.included = rng.random(self.m) < 0.5
         self.ids_in = torch.from_numpy(np.flatnonzero(self.included)).to(device)
         u = torch.zeros(self.m, numel, dtype=torch.float32)
-        scale = 1.0 / math.sqrt(self.n_layers)
-        for a, b in ranges:
-            if direction == "dirac":
-                cols = torch.from_numpy(rng.permutation(b - a)[: self.m] + a)
-                u[torch.arange(self.m), cols] = scale
-            else:
-                g = torch.from_numpy(rng.standard_normal((self.m, b - a)).astype(np.float32))
-                u[:, a:b] = g / g.norm(dim=1, keepdim=True) * scale
+        rows = torch.arange(self.m)
+        if per_layer:
+            scale = 1.0 / math.sqrt(self.n_layers)
+            for a, b in ranges:
+                if direction == "dirac":
+                    u[rows, torch.from_numpy(rng.permutation(b - a)[: self.m] + a)] = scale
+                else:
+                    g = torch.from_numpy(rng.standard_normal((self.m, b - a)).astype(np.float32))
+                    u[:, a:b] = g / g.norm(dim=1, keepdim=True) * scale
+        elif direction == "dirac":
+            u[rows, torch.from_numpy(rng.permutation(numel)[: self.m])] = 1.0
+        else:
+            g = torch.from_numpy(rng.standard_normal((self.m, numel)).astype(np.float32))
+            u = g / g.norm(dim=1, keepdim=True)
+        # Each canary's squared norm in each clipping group (its per-layer "gradient norms").
+        self.layer_sq = torch.stack([u[:, a:b].pow(2).sum(dim=1) for a, b in ranges], dim=1)
+        self.layer_sq = (self.layer_sq / self.layer_sq.sum(dim=1, keepdim=True)).to(device)
         self.directions = u.to(device)
         # Which layer each coordinate belongs to (layerwise weights apply per layer).
         self.layer_of = torch.empty(numel, dtype=torch.long)
@@ -126,7 +141,10 @@ class GradientCanaries:
         n_f = len(NORM_FACTORS)
         f = torch.tensor(NORM_FACTORS, device=self.device, dtype=torch.float32)
         g = f.view(1, n_f) * sensitivity.view(k, 1).float()  # [K, F]
-        sq = (g.pow(2) / self.n_layers).unsqueeze(-1).expand(k, n_f, self.n_layers).contiguous()
+        # The canaries' mean per-layer profile (equal for layerwise and Dirac directions; the
+        # random ones differ from it by a fraction of a percent).
+        profile = self.layer_sq.mean(dim=0)
+        sq = g.pow(2).unsqueeze(-1) * profile.view(1, 1, -1)
         probe = ctx_cls(
             sq_norms=sq,
             mask=torch.ones(k, n_f, device=self.device),
@@ -149,10 +167,10 @@ class GradientCanaries:
         self._contribution = contrib[rows, first]
         return g[rows, first]
 
-    def slot_norms(self, raw_norm: Tensor, shape: tuple[int, int]) -> Tensor:
-        """Per-layer squared norms ``[K, B, L]`` of canaries of raw norm ``raw_norm`` ``[K]``."""
-        per_layer = raw_norm.pow(2) / self.n_layers
-        return per_layer.view(-1, 1, 1).expand(*shape, self.n_layers)
+    def slot_norms(self, raw_norm: Tensor, canary_ids: Tensor) -> Tensor:
+        """Per-layer squared norms ``[K, B, L]`` of the canaries ``canary_ids [K, B]`` at raw
+        norm ``raw_norm [K]``."""
+        return raw_norm.pow(2).view(-1, 1, 1) * self.layer_sq[canary_ids]
 
     def add_into(
         self, buf: Tensor, weights: Tensor, slots: Tensor, canary_ids: Tensor, raw_norm: Tensor

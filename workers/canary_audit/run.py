@@ -143,6 +143,7 @@ def run_audit(
     delta = float(spec.trials[0].target_delta)
     if setting == "white-box":
         holder: list[GradientCanaries] = []
+        layerwise = any(t.params.get("clip_style") == "layerwise" for t in spec.trials)
 
         def make(model: Any) -> GradientCanaries:
             can = GradientCanaries(
@@ -152,6 +153,7 @@ def run_audit(
                 device=model.device,
                 direction=direction,
                 knows_data=public_data,
+                per_layer=layerwise,
             )
             holder.append(can)
             return can

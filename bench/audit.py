@@ -1,0 +1,222 @@
+"""How much of a claimed epsilon a canary audit finds, and what it costs (issue 38).
+
+Every row trains digits once with m canaries through the sweeps' own code
+(:func:`workers.canary_audit.run.run_audit`) and reports the claimed epsilon (delta = 1e-5),
+the 95 % lower bound (the larger of the one-run and the Gaussian bound, each at 97.5 %), which
+of the two it was, and the wall time:
+
+* ``targets``: white-box, every iterate, fixed clipping, the ``mlp``, full batches for 10
+  steps (where white-box audits are nearly tight), at claimed epsilons of 8 and 2 (the issue's
+  targets: at least 4 and at least 1);
+* ``strategies``: every strategy at a claimed epsilon of 8 (the same regime; ``lipschitz`` on
+  ``lip_mlp``), plus a pack of 2 trials and the generic engine path (``res_cnn``);
+* ``black-box``: input canaries scored by their loss under the final model (expect little: it
+  is the weakest adversary);
+* ``faults``: the four injected faults of the test suite, each where the default m resolves it
+  (``detected``: the bound exceeds the claim).
+
+Usage: ``python bench/audit.py [--canaries M] [--quick] [--json]`` (``--quick``: fewer rows,
+smaller m, for the smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DELTA = 1e-5
+
+
+def _audit(data: Any, **kw: Any) -> dict[str, Any]:
+    from workers.accounting.compute import calibrate_noise_multiplier
+    from workers.canary_audit.run import run_audit
+    from workers.datasets.records import DatasetSpec
+    from workers.models.descriptors import ModelSpec
+    from workers.training.specs import PackSpec, TrialSpec
+
+    n = int(data.x_train.shape[0])
+    batch = min(int(kw.get("batch_size", n)), n)
+    steps = int(kw.get("steps", 10))
+    trials = int(kw.get("trials", 1))
+    sigma = calibrate_noise_multiplier(
+        target_epsilon=float(kw["epsilon"]),
+        target_delta=DELTA,
+        sample_rate=batch / n,
+        steps=steps * trials,
+        accountant="rdp",
+    )
+    spec = PackSpec(
+        dataset=DatasetSpec(name="digits"),
+        model=ModelSpec(kw.get("model", "mlp"), dict(kw.get("model_options", {}))),
+        strategy=kw.get("strategy", "fixed"),
+        trials=[
+            TrialSpec(
+                lr=0.3 + 0.1 * i,
+                seed=i,
+                noise_multiplier=sigma,
+                target_delta=DELTA,
+                params=dict(kw.get("params", {})),
+            )
+            for i in range(trials)
+        ],
+        batch_size=batch,
+        steps=steps,
+        accountant="rdp",
+    )
+    r = run_audit(
+        spec,
+        setting=kw.get("setting", "white-box"),
+        canaries=int(kw["canaries"]),
+        dataset=data,
+        public_data=True,
+    )
+    return {
+        "case": kw["case"],
+        "strategy": r.strategy,
+        "engine_path": r.engine_path,
+        "trials": r.trials,
+        "setting": r.setting,
+        "canaries": r.canaries,
+        "epsilon_claimed": round(r.epsilon_claimed, 3),
+        "epsilon_lower_bound": round(r.epsilon_lower_bound, 3),
+        "method": r.method,
+        "seconds": round(r.seconds, 2),
+    }
+
+
+@contextlib.contextmanager
+def _fault(name: str) -> Iterator[None]:
+    """The test suite's faults (tests/workers/canary_audit/test_audit_runs.py), as patches."""
+    import numpy as np
+    import pytest
+
+    import workers.engine as engine_module
+    from workers.randomness import NoiseSource, add_snapped_noise
+    from workers.strategies import get_strategy
+
+    mp = pytest.MonkeyPatch()
+    try:
+        if name == "halved_noise":
+            original = engine_module.DPEngine._add_noise
+            mp.setattr(
+                engine_module.DPEngine,
+                "_add_noise",
+                lambda self, buf, s, m: original(self, buf, s, m * 0.5),
+            )
+        elif name == "shared_noise":
+
+            def add_noise(self: Any, buf: Any, std: Any) -> Any:
+                z = self.standard_normal(buf.shape[1]).clone()
+                z[1:] = z[0]
+                return add_snapped_noise(buf, z, std)
+
+            mp.setattr(NoiseSource, "add_noise", add_noise)
+        elif name == "unclipped_example":
+            mp.setattr(engine_module, "_check_sensitivity", lambda *a, **k: None)
+            cls = get_strategy("fixed")
+            clip0 = cls.clip
+            rng = np.random.default_rng()
+
+            def clip(self: Any, ctx: Any) -> Any:
+                result = clip0(self, ctx)
+                for k in range(ctx.mask.shape[0]):
+                    sampled = (ctx.mask[k] > 0).nonzero().flatten()
+                    if sampled.numel():
+                        result.weights[k, sampled[int(rng.integers(sampled.numel()))]] = 1.0
+                return result
+
+            mp.setattr(cls, "clip", clip)
+        elif name == "doubled_rate":
+            one, pack = engine_module.poisson_sample, engine_module.poisson_sample_pack
+            mp.setattr(engine_module, "poisson_sample", lambda n, q, s: one(n, min(1.0, 2 * q), s))
+            mp.setattr(
+                engine_module, "poisson_sample_pack", lambda n, q, s: pack(n, min(1.0, 2 * q), s)
+            )
+        yield
+    finally:
+        mp.undo()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--canaries", type=int, default=1000)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from workers.datasets.loading import load_dataset
+    from workers.datasets.records import DatasetSpec
+
+    data = load_dataset(DatasetSpec(name="digits"))
+    m = 200 if args.quick else args.canaries
+    rows: list[dict[str, Any]] = []
+    targets = [("target eps=8", 8.0), ("target eps=2", 2.0)]
+    for case, eps in targets[:1] if args.quick else targets:
+        rows.append(_audit(data, case=case, epsilon=eps, canaries=m))
+    strategies: list[dict[str, Any]] = [
+        {"strategy": "fixed", "params": {"clip": 1.0, "clip_style": "layerwise"}},
+        {"strategy": "automatic", "params": {"clip": 1.0}},
+        {"strategy": "global", "params": {"clip": 1.0, "global_threshold": 4.0}},
+        {"strategy": "quantile"},
+        {"strategy": "online"},
+        {"strategy": "bam", "params": {"clip": 1.0}},
+        {"strategy": "lipschitz", "model": "lip_mlp"},
+        {"strategy": "fixed", "params": {"clip": 1.0}, "trials": 2},
+        {
+            "strategy": "fixed",
+            "params": {"clip": 1.0},
+            "model": "res_cnn",
+            "model_options": {"width": 8, "blocks": 1},
+            "trials": 2,
+        },
+    ]
+    for kw in strategies[:1] if args.quick else strategies:
+        style = kw.get("params", {}).get("clip_style", "")
+        case = f"{kw['strategy']} {style} K={kw.get('trials', 1)}".replace("  ", " ")
+        rows.append(_audit(data, case=case, epsilon=8.0, canaries=m, **kw))
+    rows.append(
+        _audit(
+            data,
+            case="black-box",
+            epsilon=8.0,
+            canaries=m,
+            setting="black-box",
+            batch_size=256,
+            steps=100,
+        )
+    )
+    faults: dict[str, dict[str, Any]] = {
+        "halved_noise": {"epsilon": 4.0},
+        "shared_noise": {"epsilon": 1.0, "trials": 2, "batch_size": 700, "steps": 20},
+        "unclipped_example": {"epsilon": 1.0, "batch_size": 128, "steps": 300},
+        "doubled_rate": {"epsilon": 4.0, "batch_size": 256, "steps": 100},
+    }
+    for name, kw in list(faults.items())[:1] if args.quick else faults.items():
+        with _fault(name):
+            row = _audit(data, case=f"fault: {name}", canaries=args.canaries, **kw)
+        row["detected"] = row["epsilon_lower_bound"] > row["epsilon_claimed"]
+        rows.append(row)
+
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'case':<26} {'path':<8} {'m':>5} {'claimed':>8} {'bound':>7} {'method':<9} {'s':>6}")
+    for r in rows:
+        flag = "" if "detected" not in r else ("  detected" if r["detected"] else "  MISSED")
+        print(
+            f"{r['case']:<26} {r['engine_path']:<8} {r['canaries']:>5} "
+            f"{r['epsilon_claimed']:>8.2f} {r['epsilon_lower_bound']:>7.2f} {r['method']:<9} "
+            f"{r['seconds']:>6.1f}{flag}"
+        )
+
+
+if __name__ == "__main__":
+    main()
