@@ -228,10 +228,11 @@ def _with_input_canaries(
     y_train = np.concatenate([data.y_train, y_can[included]])
     # Shuffle so that the canaries' positions say nothing (sampling ignores order anyway).
     perm = rng.permutation(len(x_train))
-    fields = {f.name for f in dataclasses.fields(data)}
     update: dict[str, Any] = {"x_train": x_train[perm], "y_train": y_train[perm]}
-    if "declared_size" in fields:
-        update["declared_size"] = None
+    if data.declared_size is not None:
+        # q comes from the declared size (the records' own count is private): add the
+        # canaries' expected number, so that q reveals neither the count nor the bits.
+        update["declared_size"] = data.declared_size + m // 2
     return dataclasses.replace(data, **update), included, x_can, y_can
 
 
