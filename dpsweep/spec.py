@@ -236,6 +236,17 @@ class PrivacyConfig(_Strict):
         for e in v:
             if not (e > 0 and math.isfinite(e)):
                 raise ValueError(f"every epsilon level must be a finite number > 0; got {e}")
+        # A grid is keyed by its arm and its level written to six significant digits
+        # (sweeper.sweeps.stored.grid_key): two levels that write alike would be one grid.
+        seen: dict[str, float] = {}
+        for e in v:
+            key = f"{e:g}"
+            if key in seen:
+                raise ValueError(
+                    f"epsilon levels must differ: {seen[key]!r} and {e!r} are the same level "
+                    f"({key}) to six significant digits; remove one"
+                )
+            seen[key] = e
         return v
 
     @model_validator(mode="after")

@@ -83,6 +83,13 @@ def test_grid_expansion_and_trials_per_grid() -> None:
             "grid axis 'lr': k: Field required",
         ),
         ({"arms": [{"strategy": "fixed"}, {"strategy": "fixed"}]}, "", "arm names must be unique"),
+        # Issue 39: levels that write alike would share one grid key (arm@level).
+        ({"privacy": {"budgets": [1, 1], "delta": 1e-5}}, "privacy.budgets", "must differ"),
+        (
+            {"privacy": {"budgets": [2, 2.0000001], "delta": 1e-5}},
+            "privacy.budgets",
+            "same level (2) to six significant digits",
+        ),
     ],
 )
 def test_errors_name_the_field(patch: dict, field: str, message: str) -> None:
