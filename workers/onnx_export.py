@@ -146,6 +146,18 @@ def export_trained(
 
     resolve_exporter(exporter)  # a missing package is reported before any model is built
     name = str(info["name"])
+    from workers.factories import is_factory_name
+    from workers.models.descriptors import DESCRIPTORS
+
+    if is_factory_name(name) and name not in DESCRIPTORS:
+        # Never imported from here: a card is data, and its name must not run code. The local
+        # command line registers its own factories (workers.factories.load_factory) first.
+        raise ConfigError(
+            f"model {name!r} is a local module:function factory that is not loaded in this "
+            "process; `dpsweep model TRIAL --onnx` loads it (its module must be importable: "
+            "installed, or on PYTHONPATH)",
+            field="model",
+        )
     kind = get_model_descriptor(name).input_kind
     return export_onnx(
         build_trained(info, data),
@@ -155,6 +167,21 @@ def export_trained(
         exporter=exporter,
         name=name,
     )
+
+
+def onnx_model_bytes(info: dict[str, Any], data: bytes, *, exporter: Exporter = "auto") -> bytes:
+    """:func:`export_trained` into a temporary folder, returning the file's bytes: a caller
+    that writes several files exports first and writes nothing when the export fails.
+
+    Raises:
+        ConfigError: as :func:`export_trained` (a missing package, an architecture that does
+            not export: each says so in one line).
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dpsweep-onnx-") as tmp:
+        path = export_trained(info, data, Path(tmp) / "model.onnx", exporter=exporter)
+        return path.read_bytes()
 
 
 def _export(module: nn.Module, example: torch.Tensor, out: Path, which: str) -> None:
@@ -225,5 +252,6 @@ __all__ = [
     "export_onnx",
     "export_trained",
     "onnx_available",
+    "onnx_model_bytes",
     "resolve_exporter",
 ]

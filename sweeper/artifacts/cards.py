@@ -5,14 +5,19 @@ rendering (:func:`render_card_markdown`, the README.md beside a downloaded model
 which trial trained the model (strategy, hyperparameters, seed), on which dataset, with which
 architecture and weights, the epsilon and delta of the releases it belongs to (its grid and
 the whole sweep) with the accountant and verifier, sigma, q and T, what the evaluation data
-was and whether epsilon covers it, and the best checkpoint's metrics.
+was and whether epsilon covers it, and the best checkpoint's metrics. Its
+``dataset.split`` (card version 2) holds every setting the workers loaded the data with (the
+loader, split seed, test fraction, bounds, declared classes...), so the evaluation split can
+be rebuilt and the metrics checked (``dpsweep model TRIAL --check``).
 
 Everything on a card is already public elsewhere: every figure is read from the stored plan,
 the trial row and its result through the functions that build the sweep's summary
 (:mod:`sweeper.privacy.releases`, :mod:`sweeper.sweeps.released`), never computed anew from
 the records. In particular:
 
-* the dataset is named as users see it; the identity of its records (a hash of every record,
+* the dataset is named as users see it, with its owner's view (split seed, test fraction,
+  input bounds, feature clip, declared classes: :mod:`sweeper.datasets.fixed_view`; its
+  analysts read the same view); the identity of its records (a hash of every record,
   :mod:`sweeper.datasets.identity`) is operator-only and never on a card;
 * a trial's own epsilon appears only as ``single_run_epsilon``, labelled as what one run alone
   would cost; the grid's epsilon is what its release spent;
@@ -39,7 +44,8 @@ from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps.released import selected_trial, trial_record
 from sweeper.sweeps.stored import grid_key, hidden_grids, randomness_fields, typed_spec
 
-CARD_VERSION = 1
+#: 2: ``dataset.split`` (the settings that rebuild the evaluation split) was added.
+CARD_VERSION = 2
 CARD_FORMAT = "dpsweep-model-card"
 
 #: What trial_record(selected_only=True) blanks: a papernot-steinke card leaves them out.
@@ -124,7 +130,7 @@ def model_card(
         "card_version": CARD_VERSION,
         "dpsweep_version": dpsweep_version(),
         "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only),
-        "dataset": _dataset_section(sweep, grid),
+        "dataset": _dataset_section(session, sweep, grid),
         "model": dict(model)
         | {
             "weights": {
@@ -241,8 +247,9 @@ def _trial_section(
     return out
 
 
-def _dataset_section(sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
-    """The dataset by its name, with the sizes and input scaling the summary's plan shows."""
+def _dataset_section(session: Session, sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
+    """The dataset by its name, with the sizes and input scaling the summary's plan shows, and
+    the settings that rebuild its evaluation split (:func:`split_section`)."""
     return {
         "name": sweep.dataset,
         "identity": None,
@@ -253,6 +260,67 @@ def _dataset_section(sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
         "eval_dataset": grid.get("eval_dataset"),
         # How the model's inputs were scaled and bounded: a user of the model needs it.
         "input_scaling": grid.get("input_scaling"),
+        "split": split_section(session, sweep),
+    }
+
+
+SPLIT_METHODS = {
+    "carve-out": (
+        "a shuffle seeded by split_seed (sklearn's train_test_split, stratified by class when "
+        "every class can appear on both sides) holds out round(n * test_fraction) records as "
+        "the evaluation split (treated as public)"
+    ),
+    "dp": (
+        "each record's content is hashed with split_seed as the key; the records whose hash "
+        "falls below test_fraction are the evaluation split (kept private: its metrics are "
+        "noisy)"
+    ),
+    "public": (
+        "every record of the dataset trains; the evaluation records are all those of "
+        "eval_dataset, declared public by its owner (split_seed and test_fraction are unused)"
+    ),
+}
+CLASSES_NOTE = (
+    "null: labels are encoded as the records' sorted distinct labels (a built-in or a local "
+    "file); a list: the class list the dataset's owner declared, in encoding order"
+)
+SPLIT_CHECK = (
+    "`dpsweep model TRIAL --check` rebuilds this split with the workers' loading code and "
+    "re-evaluates the model on it"
+)
+
+
+def split_section(session: Session, sweep: Sweep) -> dict[str, Any]:
+    """What rebuilds a sweep's evaluation split: the dataset section of its stored spec (which
+    carries its owner's view, :func:`sweeper.datasets.fixed_view.apply_view`: the values the
+    workers loaded it with), its evaluation mode and dataset, and the declared class list.
+
+    All of it is what the sweep's viewer already sees: the spec they submitted (with the
+    owner's view filled in) and the dataset's view, which its analysts read too.
+    """
+    from sweeper.datasets.grants import dataset_row
+
+    spec = typed_spec(sweep)
+    d, ev = spec.dataset, spec.eval
+    mode = str(ev.mode or "carve-out")
+    row = dataset_row(session, d.name)
+    classes = None if row is None else (row.config or {}).get("classes")
+    return {
+        "loader": d.name,
+        "path": d.path,
+        "labels_path": d.labels_path,
+        "label_column": d.label_column,
+        "options": dict(d.options or {}),
+        "eval_mode": mode,
+        "eval_dataset": ev.dataset,
+        "split_seed": d.split_seed,
+        "test_fraction": d.test_fraction,
+        "method": SPLIT_METHODS.get(mode, mode),
+        "input_bounds": None if d.input_bounds is None else list(d.input_bounds),
+        "feature_clip": d.feature_clip,
+        "classes": None if classes is None else [str(c) for c in classes],
+        "classes_note": CLASSES_NOTE,
+        "check": SPLIT_CHECK,
     }
 
 
@@ -407,8 +475,40 @@ def render_card_markdown(card: dict[str, Any]) -> str:
         f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
         f"{t['seed']} ({t['seed_seeds']}).",
         "",
+        *_split_markdown(d),
     ]
     return "\n".join(lines)
+
+
+def _split_markdown(d: dict[str, Any]) -> list[str]:
+    """The dataset's evaluation split, as it can be rebuilt (cards of version 2 and later)."""
+    sp = d.get("split")
+    if not isinstance(sp, dict):
+        return []
+    bounds = sp.get("input_bounds")
+    lines = [
+        "## Dataset and evaluation split",
+        "",
+        f"- Dataset `{d.get('name')}` (loader `{sp.get('loader')}`"
+        + (f", options `{json.dumps(sp['options'], sort_keys=True)}`" if sp.get("options") else "")
+        + f"): {_num(d.get('n_train'))} training and {_num(d.get('n_eval'))} evaluation records.",
+        f"- Evaluation mode `{sp.get('eval_mode')}`"
+        + (f" on `{sp['eval_dataset']}`" if sp.get("eval_dataset") else "")
+        + f": {sp.get('method')}.",
+        f"- Split seed {sp.get('split_seed')}, test fraction {_num(sp.get('test_fraction'))}.",
+        f"- Input bounds {'none' if bounds is None else bounds}, feature clip "
+        f"{_num(sp.get('feature_clip'))}.",
+        "- Classes: "
+        + (
+            "the records' sorted distinct labels"
+            if sp.get("classes") is None
+            else ", ".join(f"`{c}`" for c in sp["classes"])
+        )
+        + ".",
+        f"- {SPLIT_CHECK}.",
+        "",
+    ]
+    return lines
 
 
 __all__ = [
@@ -419,4 +519,5 @@ __all__ = [
     "dpsweep_version",
     "model_card",
     "render_card_markdown",
+    "split_section",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,8 @@ from sweeper.store.schema import upgrade
 
 SPEC = {
     "name": "keep",
-    "dataset": {"name": "digits"},
+    # Not the defaults: the card must carry the split the workers actually used.
+    "dataset": {"name": "digits", "split_seed": 3, "test_fraction": 0.25},
     "model": {"name": "logreg"},
     "training": {"steps": 10, "batch_size": 64, "eval_every": 5},
     "privacy": {"budgets": [2], "delta": 1e-5},
@@ -177,9 +179,91 @@ def test_onnx_without_the_package_says_what_to_install(
     out = tmp_path / "no-onnx"
     assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--onnx"]) == 1
     err = _text(capsys.readouterr().err)
-    assert "onnx" in err and "pip install" in err
-    # The model, card and README were written all the same.
-    assert {p.name for p in out.iterdir()} == {"model.safetensors", "card.json", "README.md"}
+    assert "onnx" in err and "pip install" in err and "nothing was written" in err
+    assert not out.exists()  # said before anything is written
+
+
+@pytest.mark.slow
+def test_onnx_export_missing_its_package_writes_nothing(
+    ran: Ran, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Python's own mark of a module that cannot be imported: the exporter's dependency is
+    # missing whatever is installed here.
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    monkeypatch.setitem(sys.modules, "onnxscript", None)
+    out = tmp_path / "missing"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--onnx"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1  # one line
+    assert "pip install 'dpsweep[onnx]'" in _text(err) and "nothing was written" in err
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_the_card_carries_the_split_the_workers_used(ran: Ran) -> None:
+    """The card's split settings are the sweep's (not the defaults), and rebuilding the split
+    from them gives exactly the evaluation records the plan counted."""
+    from sweeper.artifacts.recheck import rebuild_split
+
+    split = _row(ran.url, ran.kept).card["dataset"]["split"]
+    assert split["loader"] == "digits" and split["eval_mode"] == "carve-out"
+    assert split["split_seed"] == 3 and split["test_fraction"] == 0.25
+    assert split["classes"] is None and split["input_bounds"] is None
+    assert split["feature_clip"] == 5.0 and split["options"] == {}
+    card = _row(ran.url, ran.kept).card
+    engine = make_engine(ran.url)
+    try:
+        data = rebuild_split(engine, split)
+        other = rebuild_split(engine, split | {"split_seed": 0})
+    finally:
+        engine.dispose()
+    assert data.x_test.shape[0] == card["dataset"]["n_eval"] == round(1797 * 0.25)
+    # The seed matters: another one holds out other records.
+    assert not (data.x_test == other.x_test).all()
+
+
+@pytest.mark.slow
+def test_check_re_evaluates_the_kept_model_and_matches_its_card(
+    ran: Ran, tmp_path: Path, capsys: Any
+) -> None:
+    assert main(["model", ran.kept, "--check", "--db", ran.url]) == 0
+    printed = _text(capsys.readouterr().out)
+    card = _row(ran.url, ran.kept).card
+    acc = card["metrics"]["values"]["accuracy"]
+    assert f"accuracy: card {acc:.4g}, re-computed {acc:.4g}: match" in printed
+    assert "loss: card" in printed and "check: matches its card" in printed
+    assert f"eval mode carve-out, {card['dataset']['n_eval']} records" in printed
+    assert "wrote" not in printed  # no -o: nothing written
+
+    # A downloaded copy checks the same; with -o the files are written, then checked.
+    out = tmp_path / "m"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--check"]) == 0
+    assert "check: matches its card" in _text(capsys.readouterr().out)
+    assert main(["model", ran.kept, "--db", ran.url, "--check", str(out)]) == 0
+    assert "check: matches its card" in _text(capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_check_reports_a_tampered_model_as_differing(ran: Ran, tmp_path: Path, capsys: Any) -> None:
+    from safetensors.torch import load, save
+
+    out = tmp_path / "m"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url]) == 0
+    capsys.readouterr()
+    path = out / "model.safetensors"
+    path.write_bytes(save({k: v.zero_() for k, v in load(path.read_bytes()).items()}))
+    assert main(["model", ran.kept, "--db", ran.url, "--check", str(path)]) == 1
+    printed = _text(capsys.readouterr().out)
+    assert "accuracy: card" in printed and "DIFFERS by" in printed
+    assert "not those the card describes" in printed  # its sha256 is not the card's
+    assert "check: differs from its card" in printed
+
+
+def test_check_or_output_is_required(capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["model", "t1"])
+    assert exc.value.code == 2
+    assert "give -o DIR" in capsys.readouterr().err
 
 
 def test_a_reproducible_model_always_carries_a_warning() -> None:

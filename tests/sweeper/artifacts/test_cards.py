@@ -135,7 +135,7 @@ def test_compose_card_states_the_releases_as_the_summary_does(
     assert len(trials) == 2
     for t in trials:
         card = _card(sweeps.engine, t.id, model)
-        assert card["format"] == "dpsweep-model-card" and card["card_version"] == 1
+        assert card["format"] == "dpsweep-model-card" and card["card_version"] == 2
         p = card["privacy"]
         assert p["private"] is True and p["warning"] is None
         # The grid's release: its budget is the trial's level, its epsilon the plan's.
@@ -220,6 +220,27 @@ def test_dp_evaluation_card_holds_only_the_noisy_metrics(
     values = card["metrics"]["values"]
     assert values == record["metrics"] and 0.0 <= values["accuracy"] <= 1.0
     assert values.get("ece") is None and values.get("loss") is None
+    # The split the workers used: the content-keyed split of mode dp, with the spec's seed.
+    split = card["dataset"]["split"]
+    assert split["eval_mode"] == "dp" and "hashed with split_seed" in split["method"]
+    assert (split["split_seed"], split["test_fraction"]) == (0, 0.2)
+
+
+def test_the_split_section_is_the_sweeps_dataset_view(
+    sweeps: Sweeps, model: dict[str, Any]
+) -> None:
+    t = _trials(sweeps.engine, sweeps.compose)[0]
+    card = _card(sweeps.engine, t.id, model)
+    split = card["dataset"]["split"]
+    spec = load_sweep(sweeps.engine, sweeps.compose).spec["dataset"]
+    assert split["loader"] == spec["name"] == "digits"
+    for key in ("split_seed", "test_fraction", "input_bounds", "feature_clip", "options"):
+        assert split[key] == spec[key], key
+    assert split["eval_mode"] == "carve-out" and split["eval_dataset"] is None
+    assert split["classes"] is None  # a built-in: its records' sorted labels
+    text = render_card_markdown(card)
+    assert "## Dataset and evaluation split" in text
+    assert "Split seed 0, test fraction 0.2." in text and "--check" in text
 
 
 def test_papernot_steinke_card_is_the_selected_trials_and_untimed(
@@ -267,7 +288,7 @@ def test_card_bytes_are_canonical_json(sweeps: Sweeps, model: dict[str, Any]) ->
     # Key order and a JSON round trip change nothing.
     shuffled = dict(reversed(list(json.loads(data).items())))
     assert card_bytes(shuffled) == card_bytes(json.loads(data)) == data
-    assert data.decode("utf-8").startswith('{\n  "card_version": 1,')
+    assert data.decode("utf-8").startswith('{\n  "card_version": 2,')
     with pytest.raises(ValueError):
         card_bytes(card | {"x": float("nan")})
 
