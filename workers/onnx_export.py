@@ -19,10 +19,13 @@ rounding).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import re
+import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -199,7 +202,7 @@ def _export(module: nn.Module, example: torch.Tensor, out: Path, which: str) -> 
             **names,
         )
         return
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_stdout():
         # Chosen on purpose (it needs no onnxscript); torch's deprecation notice is noise here.
         warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export.*")
         warnings.filterwarnings("ignore", message=".*feature will be removed.*")
@@ -211,6 +214,31 @@ def _export(module: nn.Module, example: torch.Tensor, out: Path, which: str) -> 
             dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
             **names,
         )
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1 for the legacy exporter: on an operator it cannot export it
+    dumps the whole TorchScript graph to the process's stdout from C++ (whatever Python's
+    ``sys.stdout`` is), burying the one-line error the caller reports."""
+    try:
+        fd = sys.stdout.fileno() if sys.stdout is not None else 1
+    except (AttributeError, OSError, ValueError):
+        fd = 1  # a captured sys.stdout (a test's): the C++ output still goes to fd 1
+    if sys.stdout is not None:
+        sys.stdout.flush()
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no stdout at all: nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def _first_line(exc: Exception, limit: int = 300) -> str:
