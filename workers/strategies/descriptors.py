@@ -69,6 +69,11 @@ class StrategyDescriptor:
             one; the packer's memory estimate scales with it).
         split: the noise split, for strategies with a second release; ``None``: the gradient
             gets the whole planned multiplier.
+        second_release: the hyperparameter that sizes the second release (quantile's
+            ``count_noise``, sigma_b; online's ``direction_noise_ratio``); ``None``: no second
+            release. An *optional* one that a trial leaves out is chosen by
+            :func:`workers.count_noise.auto_count_noise` (the split must follow that rule),
+            and the plan shows the value chosen (:attr:`derives_second_release`).
     """
 
     name: str
@@ -78,9 +83,29 @@ class StrategyDescriptor:
     packable: bool = True
     gradient_passes: int = 1
     split: NoiseSplitFn | None = None
+    second_release: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hyperparameters", MappingProxyType(dict(self.hyperparameters)))
+        if self.second_release is not None:
+            if self.second_release not in self.hyperparameters:
+                raise ValueError(
+                    f"strategy {self.name!r}: second_release names {self.second_release!r}, "
+                    f"which is not one of its hyperparameters ({', '.join(self.hyperparameters)})"
+                )
+            if self.split is None:
+                raise ValueError(
+                    f"strategy {self.name!r}: a second release needs a noise split (split=)"
+                )
+
+    @property
+    def derives_second_release(self) -> bool:
+        """Whether a trial may leave the second release's size out (an optional
+        hyperparameter, ``None``): it is then chosen by
+        :func:`workers.count_noise.auto_count_noise`, and the planner shows the value."""
+        if self.second_release is None:
+            return False
+        return self.hyperparameters[self.second_release].optional
 
     def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Fill defaults and check every value: type, finiteness, range and choices.
@@ -262,6 +287,7 @@ QUANTILE = register_descriptor(
             ),
         },
         split=_quantile_split,
+        second_release="count_noise",
     )
 )
 
@@ -282,6 +308,7 @@ ONLINE = register_descriptor(
             ),
         },
         split=_online_split,
+        second_release="direction_noise_ratio",
     )
 )
 
