@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dpsweep.accountants import DEFAULT_ACCOUNTANT, canonical_accountant
 from dpsweep.errors import ConfigError
 
 ACCOUNTING_METHODS = ("compose", "basic", "papernot-steinke")
@@ -200,11 +201,12 @@ class PrivacyConfig(_Strict):
     budgets: list[float] = Field(min_length=1, description="per-grid epsilon levels")
     delta: float = Field(gt=0, lt=1)
     accounting: Literal["compose", "basic", "papernot-steinke"] = "compose"
-    accountant: Literal["pld", "prv", "rdp"] = Field(
-        default="prv",
-        description="calibration accountant for compose/basic: pld (dp_accounting's privacy "
-        "loss distribution, tight) or rdp (dp_accounting's RDP, a looser upper bound); prv is "
-        "a legacy alias of pld (it always meant dp_accounting PLD)",
+    accountant: str = Field(
+        default=DEFAULT_ACCOUNTANT,
+        description="calibration accountant for compose/basic: a registered accountant's name "
+        "(pld: dp_accounting's privacy loss distribution, tight; dp-rdp: dp_accounting's RDP, "
+        "a looser upper bound; or a plug-in's, `dpsweep plugins accountants`). Legacy names "
+        "are normalised: prv means pld (it always meant dp_accounting PLD), rdp means dp-rdp",
     )
     charge_repeats: bool = Field(default=True, description="every seed touches the data")
     distribution: SearchDistribution | None = Field(
@@ -247,6 +249,17 @@ class PrivacyConfig(_Strict):
                     f"({key}) to six significant digits; remove one"
                 )
             seen[key] = e
+        return v
+
+    @field_validator("accountant")
+    @classmethod
+    def _accountant(cls, v: str) -> str:
+        # One table of legacy names (dpsweep.accountants); the name itself is checked against
+        # the accountant registry (plug-ins included) when the sweep is planned, as strategy
+        # names are (torch-free; dpsweep imports no registry).
+        v = canonical_accountant(v.strip())
+        if not v:
+            raise ValueError("privacy.accountant must name an accountant (e.g. pld)")
         return v
 
     @model_validator(mode="after")

@@ -128,46 +128,22 @@ def _compose_epsilons(plan: Any) -> list[float]:
         )
     from workers.accounting.registry import plan_accountant
 
+    # The accountant the plan was calibrated with gives each prefix of j runs its epsilon
+    # (its descriptor's run_epsilons: PLD by self-composition, others prefix by prefix).
     accountant = plan_accountant(plan.accountant)
-    if not accountant.tight:
-        # RDP: each prefix of j runs by the accountant the plan was calibrated with.
-        return [
-            accountant.epsilon(
-                noise_multiplier=plan.noise_multiplier,
-                sample_rate=plan.sample_rate,
-                steps=j * steps,
-                target_delta=plan.delta,
-                eval_noise_multiplier=sigma_e,
-                eval_releases=j * releases,
-            )
-            for j in range(1, runs + 1)
-        ]
-    if accountant.name != "pld":
+    if not accountant.plannable:
         raise PrivacyError(
             f"arm {plan.arm!r}: no per-run charges for the plan's accountant {accountant.name!r}"
         )
-    from workers.accounting import PLD_DISCRETIZATION
-    from workers.accounting.gaussian_pld import gaussian_pld
-
-    # One run's PLD, composed with itself run by run: each prefix is a pessimistic upper
-    # bound on the composed privacy loss, the same accountant the plan was calibrated with.
-    one = gaussian_pld(
-        plan.noise_multiplier,
-        sampling_prob=plan.sample_rate,
-        value_discretization_interval=PLD_DISCRETIZATION,
-    ).self_compose(steps)
-    if releases and sigma_e is not None:
-        one = one.compose(
-            gaussian_pld(
-                float(sigma_e) / releases**0.5, value_discretization_interval=PLD_DISCRETIZATION
-            )
-        )
-    out, cur = [], one
-    for j in range(1, runs + 1):
-        if j > 1:
-            cur = cur.compose(one)
-        out.append(float(cur.get_epsilon_for_delta(plan.delta)))
-    return out
+    return accountant.run_epsilons(
+        noise_multiplier=plan.noise_multiplier,
+        sample_rate=plan.sample_rate,
+        steps=steps,
+        runs=runs,
+        target_delta=plan.delta,
+        eval_noise_multiplier=sigma_e,
+        eval_releases=releases,
+    )
 
 
 def charge_schedule(plan: Any) -> ChargeSchedule:

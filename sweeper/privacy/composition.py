@@ -50,13 +50,13 @@ def _refuse_infeasible(
     while lo <= hi:
         mid = (lo + hi) // 2
         s = calibrate(
-            req.epsilon_budget,
-            req.delta,
-            req.sample_rate,
-            per_trial_steps(mid),
-            req.accountant,
-            req.max_noise_multiplier,
-            composed_multiplier(eval_noise, mid * req.eval_releases),
+            target_epsilon=req.epsilon_budget,
+            target_delta=req.delta,
+            sample_rate=req.sample_rate,
+            steps=per_trial_steps(mid),
+            accountant=req.accountant,
+            max_noise_multiplier=req.max_noise_multiplier,
+            eval_noise_multiplier=composed_multiplier(eval_noise, mid * req.eval_releases),
         )
         if s <= req.max_noise_multiplier:
             best, lo = mid, mid + 1
@@ -87,13 +87,13 @@ def plan_compose(req: GridRequest) -> GridPlan:
     eps_eval = check_eval_fits(req, eval_noise)
     grid_eval = composed_multiplier(eval_noise, req.trials * req.eval_releases)
     sigma = calibrate(
-        req.epsilon_budget,
-        req.delta,
-        req.sample_rate,
-        total_steps,
-        req.accountant,
-        req.max_noise_multiplier,
-        grid_eval,
+        target_epsilon=req.epsilon_budget,
+        target_delta=req.delta,
+        sample_rate=req.sample_rate,
+        steps=total_steps,
+        accountant=req.accountant,
+        max_noise_multiplier=req.max_noise_multiplier,
+        eval_noise_multiplier=grid_eval,
     )
     if sigma > req.max_noise_multiplier:
         _refuse_infeasible(req, sigma, lambda k: k * req.steps_per_trial, eval_noise, eps_eval)
@@ -132,13 +132,13 @@ def plan_basic(req: GridRequest) -> GridPlan:
     eps_eval = check_eval_fits(req, eval_noise)
     trial_eval = composed_multiplier(eval_noise, req.eval_releases)
     sigma = calibrate(
-        eps_t,
-        delta_t,
-        req.sample_rate,
-        req.steps_per_trial,
-        req.accountant,
-        req.max_noise_multiplier,
-        trial_eval,
+        target_epsilon=eps_t,
+        target_delta=delta_t,
+        sample_rate=req.sample_rate,
+        steps=req.steps_per_trial,
+        accountant=req.accountant,
+        max_noise_multiplier=req.max_noise_multiplier,
+        eval_noise_multiplier=trial_eval,
     )
     if sigma > req.max_noise_multiplier:
         raise InfeasiblePlan(

@@ -45,7 +45,7 @@ from sweeper.privacy.limits import (
 from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
 from sweeper.privacy.papernot_steinke import plan_papernot_steinke
 from sweeper.privacy.verification import verify_plan
-from workers.accounting.registry import spec_accountant
+from workers.accounting.registry import accountant_names, get_accountant, spec_accountant
 from workers.count_noise import auto_count_noise
 
 # The accounting methods by their stable names, in the order messages list them.
@@ -108,20 +108,25 @@ class SweepPlan:
         return sum(g.delta for g in self.grids)
 
 
-# What a new plan stores for each planning accountant: the planner's historical values ("rdp"
-# is dp_accounting's RDP in plans; workers.accounting.registry.PLAN_ALIASES reads it back).
-_PLAN_STORED_NAME = {"pld": "pld", "dp-rdp": "rdp"}
-
-
 def _plan_accountant_name(spec_name: str) -> str:
-    """The grid plan's accountant for a spec's ``privacy.accountant`` (``prv`` = ``pld``)."""
+    """The grid plan's accountant for a spec's ``privacy.accountant``: its canonical name.
+
+    A legacy name (``prv`` = ``pld``, ``rdp`` = ``dp-rdp``) is read through
+    :data:`dpsweep.accountants.LEGACY_ACCOUNTANTS`; any registered accountant that the planner
+    may calibrate with (``pld``, ``dp-rdp``, plug-ins) is accepted.
+
+    Raises:
+        ConfigError: unknown (the message lists the names) or not for planning (Opacus's).
+    """
     desc = spec_accountant(spec_name)
-    if desc.name not in _PLAN_STORED_NAME:
+    if not desc.plannable:
+        choices = [n for n in accountant_names() if get_accountant(n).plannable]
         raise ConfigError(
-            f"accountant {spec_name!r} ({desc.library}) cannot calibrate a plan; use pld or rdp",
+            f"accountant {spec_name!r} ({desc.library}) cannot calibrate a plan; use one of: "
+            f"{', '.join(choices)}",
             field="privacy.accountant",
         )
-    return _PLAN_STORED_NAME[desc.name]
+    return desc.name
 
 
 def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridRequest]:
@@ -190,6 +195,8 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     # The one check before any reservation or charge, shared by every path that plans (the
     # CLI's plan and run, the API's plan and submit): the spec's values first (torch-free) ...
     check_spec(spec)
+    # The accountant is a registered one the planner can calibrate with (422 naming them).
+    _plan_accountant_name(spec.privacy.accountant)
     evaluation = getattr(spec, "eval", None)
     # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
     data = load_dataset(dataset or resolve(None, spec.dataset, evaluation))
@@ -210,15 +217,20 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
         # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
         # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
         points = split_points(arm)
-        values = [p.get("count_noise") for p in points]
         sigma_g = min(
             arm_gradient_noise_multiplier(
                 arm, p, noise_multiplier=g.noise_multiplier, expected_batch_size=b
             )
             for p in points
         )
+        # The size of a second release a trial leaves out (quantile's count_noise) is chosen
+        # by workers.count_noise's rule; the plan shows it. The descriptor says which.
+        from workers.strategies import get_descriptor
+
+        strategy = get_descriptor(arm.strategy)
+        second = strategy.second_release if strategy.derives_second_release else None
         count_noise = None
-        if arm.strategy == "quantile" and any(v is None for v in values):
+        if second is not None and any(p.get(second) is None for p in points):
             count_noise = auto_count_noise(
                 noise_multiplier=g.noise_multiplier, expected_batch_size=b
             )

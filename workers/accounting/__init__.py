@@ -6,6 +6,8 @@ The package, by concept (no module imports this face, so there is no cycle):
   ``opacus-rdp``, ``opacus-prv`` and plug-ins of the group ``dpsweep.accountants``), and the
   legacy names' tables;
 * :mod:`~workers.accounting.epsilon`: each built-in accountant's epsilon;
+* :mod:`~workers.accounting.calibrator`: the one calibrator every accountant's ``calibrate``
+  uses unless it brings its own;
 * :mod:`~workers.accounting.compute`: the checked entry points :func:`compute_epsilon` and
   :func:`calibrate_noise_multiplier`;
 * :mod:`~workers.accounting.audit`: the independent verifier of the planner's figures (PRV
@@ -31,9 +33,7 @@ from workers.accounting.epsilon import (
 )
 from workers.accounting.registry import (
     BUILTIN_ACCOUNTANTS,
-    PLAN_ALIASES,
     PLAN_TO_WORKER,
-    SPEC_ALIASES,
     WORKER_ALIASES,
     AccountantDescriptor,
     EpsilonFn,
@@ -50,10 +50,8 @@ __all__ = [
     "ACCOUNTANTS",
     "BUILTIN_ACCOUNTANTS",
     "DEFAULT_ACCOUNTANT",
-    "PLAN_ALIASES",
     "PLAN_TO_WORKER",
     "PLD_DISCRETIZATION",
-    "SPEC_ALIASES",
     "WORKER_ALIASES",
     "AccountantDescriptor",
     "EpsilonFn",

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting.epsilon import _eval_sigma
-from workers.accounting.registry import BUILTIN_ACCOUNTANTS, WORKER_ALIASES, worker_accountant
+from workers.accounting.registry import (
+    BUILTIN_ACCOUNTANTS,
+    DEFAULT_MAX_NOISE_MULTIPLIER,
+    WORKER_ALIASES,
+    worker_accountant,
+)
 
 # Every built-in name compute_epsilon accepts: the registry's, then the legacy worker aliases
 # (taken at import, so without plug-ins: registry.accountant_names() lists theirs too).
@@ -121,8 +125,16 @@ def calibrate_noise_multiplier(
 ) -> float:
     """The noise multiplier whose epsilon is at most ``target_epsilon`` (within tolerance below).
 
-    The result is re-checked with :func:`compute_epsilon`; a multiplier that overshoots the
-    target is never returned (fail closed).
+    Every accountant calibrates through its descriptor's ``calibrate`` (the one shared
+    calibrator, :mod:`workers.accounting.calibrator`, unless a plug-in brings its own), which
+    re-checks the result with the accountant's epsilon; it is checked once more with
+    :func:`compute_epsilon`: a multiplier that overshoots the target is never returned (fail
+    closed).
+
+    Raises:
+        ConfigError: invalid arguments or an unknown accountant.
+        PrivacyError: no multiplier up to ~10^4 reaches ``target_epsilon``, or the result
+            overshoots.
     """
     _check(sample_rate=sample_rate, target_delta=target_delta, accountant=accountant, steps=steps)
     if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
@@ -130,25 +142,18 @@ def calibrate_noise_multiplier(
     if steps < 1:
         raise ConfigError("calibration needs at least one step", field="steps")
     desc = worker_accountant(accountant)
-    opacus_kind = {"opacus-rdp": "rdp", "opacus-prv": "prv"}.get(desc.name)
-    if opacus_kind is not None:
-        from opacus.accountants.utils import get_noise_multiplier
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            sigma = float(
-                get_noise_multiplier(
-                    target_epsilon=target_epsilon,
-                    target_delta=target_delta,
-                    sample_rate=sample_rate,
-                    steps=steps,
-                    accountant=opacus_kind,
-                    epsilon_tolerance=epsilon_tolerance,
-                )
-            )
-    else:
-        sigma = _bisect_sigma(
-            target_epsilon, target_delta, sample_rate, steps, desc.name, epsilon_tolerance
+    sigma = desc.calibrate(
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        # epsilon_tolerance is absolute; the calibrator's slack a fraction of the target.
+        slack=min(max(epsilon_tolerance / target_epsilon, 0.0), 0.5),
+    )
+    if math.isinf(sigma):
+        raise PrivacyError(
+            f"no noise multiplier up to {8 * DEFAULT_MAX_NOISE_MULTIPLIER:g} reaches epsilon "
+            f"{target_epsilon} ({desc.name})"
         )
     eps = compute_epsilon(
         noise_multiplier=sigma,
@@ -163,33 +168,3 @@ def calibrate_noise_multiplier(
             f"{target_epsilon}; refusing to run"
         )
     return sigma
-
-
-def _bisect_sigma(
-    target_epsilon: float,
-    target_delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: str,
-    epsilon_tolerance: float,
-) -> float:
-    """The smallest sigma (bisection) whose epsilon is within ``epsilon_tolerance`` below."""
-
-    def eps(sigma: float) -> float:
-        return _epsilon(sigma, sample_rate, steps, target_delta, accountant)
-
-    lo, hi = 0.0, 10.0
-    while eps(hi) > target_epsilon:
-        lo, hi = hi, 2 * hi
-        if hi > 1e4:
-            raise PrivacyError(f"no noise multiplier up to {hi:g} reaches epsilon {target_epsilon}")
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        e = eps(mid)
-        if e > target_epsilon:
-            lo = mid
-        else:
-            hi = mid
-            if e >= target_epsilon - epsilon_tolerance:
-                break
-    return hi

@@ -17,26 +17,43 @@ Registered here (numbers identical to what each call site computed before the re
 * ``opacus-rdp``: Opacus's RDP accountant; a training run's default single-run epsilon.
 * ``opacus-prv``: Opacus's PRV accountant (Gopi et al. 2021). Tight.
 
-**Legacy names.** Before the registry, ``rdp`` and ``prv`` meant different accountants in
-different places, and stored specs, plans and trial results carry them. They are read through
-one explicit table per place, never guessed:
+**The contract.** A descriptor is everything the planner and the runner need from an
+accountant: ``epsilon`` (from the noise used), ``calibrate`` (the smallest noise multiplier
+that fits a target, keyword-only; by default the one shared calibrator,
+:func:`workers.accounting.calibrator.calibrate_sigma`, over the descriptor's own epsilon) and
+``run_epsilons`` (a grid's charge schedule: the cumulative epsilon of its first j runs; by
+default each prefix by ``epsilon`` itself, the PLD's by self-composition). Whatever a
+descriptor brings, its calibrated multiplier is re-checked with its own ``epsilon`` (fail
+closed). The schedule's verifier is accountant-agnostic and has one implementation
+(:func:`sweeper.privacy.charges.charge_schedule`: cumulative, agreeing with the plan's
+figure, within the budget), and every plan is verified by an independent second accountant
+(:func:`sweeper.privacy.verification.verify_plan`) whichever accountant planned it.
 
-* spec ``privacy.accountant`` (:data:`SPEC_ALIASES`): ``prv`` meant dp_accounting PLD,
-  ``rdp`` dp_accounting RDP;
-* a stored grid plan's ``accountant`` (:data:`PLAN_ALIASES`): ``rdp`` is dp_accounting RDP,
-  and papernot-steinke plans say ``rdp (RepeatAndSelect)`` (dp_accounting RDP);
-* a worker's / trial result's accountant (:data:`WORKER_ALIASES`): ``rdp`` is Opacus RDP and
-  ``prv`` Opacus PRV (``workers.accounting.compute.compute_epsilon``'s historical names).
+**Legacy names.** Specs and stored plans said ``prv`` (dp_accounting PLD), ``rdp`` and
+``rdp (RepeatAndSelect)`` (dp_accounting RDP): one table,
+:data:`dpsweep.accountants.LEGACY_ACCOUNTANTS`, reads them (:func:`spec_accountant`,
+:func:`plan_accountant`). A worker's names are older and mean other accountants: ``rdp``
+is Opacus RDP and ``prv`` Opacus PRV (:data:`WORKER_ALIASES`, ``compute_epsilon``'s and
+``dpsweep train --accountant``'s historical names); they cannot share the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dpsweep.errors import ConfigError
-from workers.accounting.epsilon import dp_rdp_epsilon, opacus_epsilon, pld_epsilon
+from dpsweep.accountants import LEGACY_ACCOUNTANTS
+from dpsweep.errors import ConfigError, PrivacyError
+from workers.accounting.calibrator import CALIBRATION_SLACK, calibrate_sigma
+from workers.accounting.epsilon import (
+    PLD_DISCRETIZATION,
+    dp_rdp_epsilon,
+    opacus_epsilon,
+    pld_epsilon,
+)
 from workers.plugins import load_plugins
 
 
@@ -53,14 +70,50 @@ class EpsilonFn(Protocol):
     ) -> float: ...
 
 
+class CalibrateFn(Protocol):
+    def __call__(
+        self,
+        *,
+        target_epsilon: float,
+        target_delta: float,
+        sample_rate: float,
+        steps: int,
+        max_noise_multiplier: float,
+        eval_noise_multiplier: float | None = None,
+        eval_releases: int = 0,
+    ) -> float: ...
+
+
+class RunEpsilonsFn(Protocol):
+    def __call__(
+        self,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        runs: int,
+        target_delta: float,
+        eval_noise_multiplier: float | None = None,
+        eval_releases: int = 0,
+    ) -> Sequence[float]: ...
+
+
+#: ``calibrate``'s default search limit: up to 8 times this multiplier (then ``inf``).
+DEFAULT_MAX_NOISE_MULTIPLIER = 1280.0
+
+
 @dataclass(frozen=True)
 class AccountantDescriptor:
-    """One accountant: its stable name, what it is, and its epsilon.
+    """One accountant: its stable name, what it is, its epsilon, calibration and charges.
 
     ``epsilon`` answers for ``steps`` Poisson-subsampled Gaussian steps of multiplier
     ``noise_multiplier`` at rate ``sample_rate``, plus ``eval_releases`` plain Gaussians of
     multiplier ``eval_noise_multiplier`` (DP evaluation), at ``target_delta``. It does no
     argument checking: :func:`workers.accounting.compute.compute_epsilon` does that.
+
+    ``calibrator`` and ``schedule``: optional replacements of the shared calibrator and of the
+    prefix-by-prefix charge schedule (see :meth:`calibrate` and :meth:`run_epsilons`).
+    ``plannable``: whether the (torch-free) planner may calibrate grids with it.
     """
 
     name: str
@@ -68,6 +121,127 @@ class AccountantDescriptor:
     library: str
     tight: bool
     epsilon: EpsilonFn
+    calibrator: CalibrateFn | None = None
+    schedule: RunEpsilonsFn | None = None
+    plannable: bool = True
+
+    def calibrate(
+        self,
+        *,
+        target_epsilon: float,
+        target_delta: float,
+        sample_rate: float,
+        steps: int,
+        max_noise_multiplier: float = DEFAULT_MAX_NOISE_MULTIPLIER,
+        eval_noise_multiplier: float | None = None,
+        eval_releases: int = 0,
+        slack: float = CALIBRATION_SLACK,
+    ) -> float:
+        """The noise multiplier whose epsilon (with the evaluation releases) fits the target.
+
+        ``slack``: how far below the target (a fraction of it) the shared calibrator may land;
+        a descriptor's own ``calibrator`` decides its own precision. Returns ``inf`` when no
+        multiplier up to ``8 * max_noise_multiplier`` fits. The result is re-checked with this
+        accountant's ``epsilon``: one above ``target_epsilon`` is never returned (fail closed).
+
+        Raises:
+            PrivacyError: the calibrator returned an invalid multiplier or one that overshoots.
+        """
+
+        def epsilon_of(sigma: float) -> float:
+            return _cached_epsilon(
+                self.name,
+                sigma,
+                sample_rate,
+                steps,
+                target_delta,
+                eval_noise_multiplier,
+                eval_releases,
+            )
+
+        if self.calibrator is None:
+            eval_sigma = (
+                None
+                if eval_noise_multiplier is None or not eval_releases
+                else eval_noise_multiplier / math.sqrt(eval_releases)
+            )
+            sigma = calibrate_sigma(
+                epsilon_of,
+                target_epsilon=target_epsilon,
+                target_delta=target_delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                max_noise_multiplier=max_noise_multiplier,
+                eval_sigma=eval_sigma,
+                slack=slack,
+            )
+        else:
+            sigma = float(
+                self.calibrator(
+                    target_epsilon=target_epsilon,
+                    target_delta=target_delta,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    max_noise_multiplier=max_noise_multiplier,
+                    eval_noise_multiplier=eval_noise_multiplier,
+                    eval_releases=eval_releases,
+                )
+            )
+        if sigma == math.inf:
+            return sigma
+        if not (sigma > 0 and math.isfinite(sigma)):
+            raise PrivacyError(
+                f"the {self.name} accountant calibrated an invalid multiplier {sigma}"
+            )
+        eps = epsilon_of(sigma)
+        if not eps <= target_epsilon:
+            raise PrivacyError(
+                f"calibrated noise multiplier {sigma:.4f} gives epsilon {eps:.4f} > target "
+                f"{target_epsilon} ({self.name}); refusing to run"
+            )
+        return sigma
+
+    def run_epsilons(
+        self,
+        *,
+        noise_multiplier: float,
+        sample_rate: float,
+        steps: int,
+        runs: int,
+        target_delta: float,
+        eval_noise_multiplier: float | None = None,
+        eval_releases: int = 0,
+    ) -> list[float]:
+        """The charge schedule's figures: the epsilon of the first j runs, j = 1..``runs``.
+
+        Each run is ``steps`` steps and ``eval_releases`` evaluation releases. By default each
+        prefix is this accountant's ``epsilon`` of ``j * steps`` steps and ``j *
+        eval_releases`` releases.
+        """
+        if self.schedule is not None:
+            return [
+                float(e)
+                for e in self.schedule(
+                    noise_multiplier=noise_multiplier,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    runs=runs,
+                    target_delta=target_delta,
+                    eval_noise_multiplier=eval_noise_multiplier,
+                    eval_releases=eval_releases,
+                )
+            ]
+        return [
+            self.epsilon(
+                noise_multiplier=noise_multiplier,
+                sample_rate=sample_rate,
+                steps=j * steps,
+                target_delta=target_delta,
+                eval_noise_multiplier=eval_noise_multiplier,
+                eval_releases=j * eval_releases,
+            )
+            for j in range(1, runs + 1)
+        ]
 
 
 _REGISTRY: dict[str, AccountantDescriptor] = {}
@@ -81,6 +255,50 @@ def register_accountant(descriptor: AccountantDescriptor) -> AccountantDescripto
         raise ValueError(f"accountant {descriptor.name!r} is already registered")
     _REGISTRY[descriptor.name] = descriptor
     return descriptor
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_epsilon(
+    name: str,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None,
+    eval_releases: int,
+) -> float:
+    # Calibration and the planner ask the same figures many times (planned_epsilon).
+    return _REGISTRY[name].epsilon(
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        target_delta=target_delta,
+        eval_noise_multiplier=eval_noise_multiplier,
+        eval_releases=eval_releases,
+    )
+
+
+def cached_epsilon(
+    name: str,
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
+) -> float:
+    """The registered accountant ``name``'s epsilon, cached (what calibration asked)."""
+    get_accountant(name)
+    return _cached_epsilon(
+        name,
+        noise_multiplier,
+        sample_rate,
+        steps,
+        target_delta,
+        eval_noise_multiplier,
+        eval_releases,
+    )
 
 
 def accountant_names() -> tuple[str, ...]:
@@ -122,22 +340,20 @@ def _resolve(name: str, aliases: Mapping[str, str], where: str) -> AccountantDes
     )
 
 
-# Spec privacy.accountant: "prv" has always meant dp_accounting's PLD (stored specs say it).
-SPEC_ALIASES: Mapping[str, str] = {"prv": "pld", "rdp": "dp-rdp"}
-# A stored grid plan's accountant, as the planner wrote it.
-PLAN_ALIASES: Mapping[str, str] = {"rdp": "dp-rdp", "rdp (RepeatAndSelect)": "dp-rdp"}
-# A worker's (PackSpec, TrialResult, compute_epsilon) historical names.
+# A worker's (PackSpec, TrialResult, compute_epsilon, dpsweep train) historical names: "rdp"
+# and "prv" mean Opacus's accountants here, not what they meant in specs and plans
+# (dpsweep.accountants.LEGACY_ACCOUNTANTS), so the two cannot be one table.
 WORKER_ALIASES: Mapping[str, str] = {"rdp": "opacus-rdp", "prv": "opacus-prv"}
 
 
 def spec_accountant(name: str) -> AccountantDescriptor:
     """The accountant a spec's ``privacy.accountant`` names (legacy ``prv`` = ``pld``)."""
-    return _resolve(name, SPEC_ALIASES, "spec privacy.accountant")
+    return _resolve(name, LEGACY_ACCOUNTANTS, "spec privacy.accountant")
 
 
 def plan_accountant(name: str) -> AccountantDescriptor:
     """The accountant a (stored) grid plan's ``accountant`` field names."""
-    return _resolve(name, PLAN_ALIASES, "grid plan")
+    return _resolve(name, LEGACY_ACCOUNTANTS, "grid plan")
 
 
 def worker_accountant(name: str) -> AccountantDescriptor:
@@ -146,15 +362,11 @@ def worker_accountant(name: str) -> AccountantDescriptor:
 
 
 # Which per-trial accountant a grid's trials report their single-run epsilon with, by the
-# grid plan's stored accountant. Before the registry every non-PLD plan (dp_accounting RDP
+# grid plan's (canonical) accountant. Before the registry every non-PLD plan (dp_accounting RDP
 # compose/basic, papernot-steinke's RepeatAndSelect) ran its trials with Opacus's RDP; the
-# mapping keeps those numbers. Anything else is refused (it used to become Opacus RDP).
-PLAN_TO_WORKER: Mapping[str, str] = {
-    "pld": "pld",
-    "dp-rdp": "opacus-rdp",
-    "rdp": "opacus-rdp",
-    "rdp (RepeatAndSelect)": "opacus-rdp",
-}
+# mapping keeps those numbers. A plug-in accountant's plan runs its trials with the plug-in
+# itself; anything else is refused (it used to become Opacus RDP).
+PLAN_TO_WORKER: Mapping[str, str] = {"pld": "pld", "dp-rdp": "opacus-rdp"}
 
 
 def trial_accountant_for_plan(plan_name: str) -> str:
@@ -163,13 +375,21 @@ def trial_accountant_for_plan(plan_name: str) -> str:
     Raises:
         ConfigError: the stored plan's accountant is not one dpsweep knows.
     """
-    if not isinstance(plan_name, str) or plan_name not in PLAN_TO_WORKER:
-        raise ConfigError(
-            f"the grid's stored accountant {plan_name!r} has no per-trial accountant; known: "
-            f"{', '.join(PLAN_TO_WORKER)}",
-            field=FIELD,
-        )
-    return get_accountant(PLAN_TO_WORKER[plan_name]).name
+    name = LEGACY_ACCOUNTANTS.get(plan_name, plan_name) if isinstance(plan_name, str) else None
+    if name in PLAN_TO_WORKER:
+        return get_accountant(PLAN_TO_WORKER[name]).name
+    if (
+        name is not None
+        and name not in BUILTIN_ACCOUNTANTS
+        and _known(name)
+        and _REGISTRY[name].plannable
+    ):
+        return name  # a plug-in: its plans' trials are accounted by the plug-in itself
+    raise ConfigError(
+        f"the grid's stored accountant {plan_name!r} has no per-trial accountant; known: "
+        f"{', '.join([*PLAN_TO_WORKER, *LEGACY_ACCOUNTANTS])} and plug-in accountants",
+        field=FIELD,
+    )
 
 
 # -------------------------------------------------------------------------------------------
@@ -183,6 +403,44 @@ def _opacus(kind: str) -> Callable[..., float]:
     return fn
 
 
+def _pld_run_epsilons(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    runs: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
+) -> list[float]:
+    """PLD's charge schedule: one run's PLD composed with itself run by run.
+
+    Each prefix is a pessimistic upper bound on the composed privacy loss, the same accountant
+    the plan was calibrated with. DP evaluation: each run's E releases (Gaussian, sensitivity
+    1) compose exactly as one Gaussian of multiplier sigma_e / sqrt(E).
+    """
+    from workers.accounting.gaussian_pld import gaussian_pld
+
+    one = gaussian_pld(
+        noise_multiplier,
+        sampling_prob=sample_rate,
+        value_discretization_interval=PLD_DISCRETIZATION,
+    ).self_compose(steps)
+    if eval_releases and eval_noise_multiplier is not None:
+        one = one.compose(
+            gaussian_pld(
+                float(eval_noise_multiplier) / eval_releases**0.5,
+                value_discretization_interval=PLD_DISCRETIZATION,
+            )
+        )
+    out, cur = [], one
+    for j in range(1, runs + 1):
+        if j > 1:
+            cur = cur.compose(one)
+        out.append(float(cur.get_epsilon_for_delta(target_delta)))
+    return out
+
+
 register_accountant(
     AccountantDescriptor(
         name="pld",
@@ -191,6 +449,7 @@ register_accountant(
         library="dp_accounting PLD",
         tight=True,
         epsilon=pld_epsilon,
+        schedule=_pld_run_epsilons,
     )
 )
 register_accountant(
@@ -209,6 +468,7 @@ register_accountant(
         library="Opacus RDP",
         tight=False,
         epsilon=_opacus("rdp"),
+        plannable=False,
     )
 )
 register_accountant(
@@ -218,6 +478,7 @@ register_accountant(
         library="Opacus PRV",
         tight=True,
         epsilon=_opacus("prv"),
+        plannable=False,
     )
 )
 

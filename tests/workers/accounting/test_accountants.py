@@ -99,7 +99,10 @@ def test_the_runner_maps_stored_plan_accountants_explicitly() -> None:
     # Single-run epsilons of RDP plans keep their historical accountant (Opacus RDP).
     assert trial_accountant_for_plan("rdp") == "opacus-rdp"
     assert trial_accountant_for_plan("rdp (RepeatAndSelect)") == "opacus-rdp"
-    for bad in ("gdp", "prv", None):
+    assert trial_accountant_for_plan("dp-rdp") == "opacus-rdp"
+    # One table of legacy spec/plan names: "prv" is dp_accounting's PLD there too.
+    assert trial_accountant_for_plan("prv") == "pld"
+    for bad in ("gdp", "opacus-prv", "opacus-rdp", None):
         with pytest.raises(ConfigError) as exc:
             trial_accountant_for_plan(bad)  # type: ignore[arg-type]
         assert exc.value.field == "privacy.accountant"
@@ -111,9 +114,12 @@ def test_spec_pld_and_legacy_prv_plan_identically() -> None:
     from sweeper.privacy.planner import _plan_accountant_name, plan_grid
 
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="pld").accountant == "pld"
-    assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="prv").accountant == "prv"
+    # A legacy name is normalised to the canonical one when the spec is parsed.
+    assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="prv").accountant == "pld"
+    assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="rdp").accountant == "dp-rdp"
+    assert PrivacyConfig(budgets=[1.0], delta=1e-5).accountant == "pld"
     assert _plan_accountant_name("pld") == _plan_accountant_name("prv") == "pld"
-    assert _plan_accountant_name("rdp") == "rdp"
+    assert _plan_accountant_name("rdp") == _plan_accountant_name("dp-rdp") == "dp-rdp"
     req = GridRequest(
         arm="a",
         strategy="fixed",

@@ -1,0 +1,118 @@
+"""The one calibrator: the smallest noise multiplier whose epsilon fits a target.
+
+Generic over an accountant's epsilon function (:class:`workers.accounting.registry.EpsilonFn`):
+every accountant, built-in or plug-in, calibrates with :func:`calibrate_sigma` unless its
+descriptor brings its own ``calibrate``. Torch-free (the planner calibrates with it), and it
+imports no accountant library: the epsilon function does.
+
+The method (what the planner has always used): secant steps on ``log eps`` against
+``log sigma`` from the mu-GDP guess, then a bracketed bisection; a handful of accountant calls
+instead of a blind binary search. The result's epsilon is at most the target and at least
+``target * (1 - slack)``; ``inf`` when even ``8 * max_noise_multiplier`` is not enough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from scipy.stats import norm
+
+# Calibrated multipliers land within this fraction below their target epsilon (never above).
+CALIBRATION_SLACK = 0.01
+
+
+def gdp_guess(
+    epsilon: float, delta: float, q: float, steps: int, eval_sigma: float | None = None
+) -> float:
+    """Initial sigma from the CLT limit of subsampled Gaussian composition (mu-GDP).
+
+    With ``eval_sigma`` (the evaluations' one Gaussian, mu_e = 1 / eval_sigma), the steps get
+    what is left of the budget's mu: mu_steps^2 = mu^2 - mu_e^2 (mu-GDP composes so).
+    """
+
+    def gdp_delta(mu: float) -> float:
+        return float(
+            norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+        )
+
+    lo, hi = 1e-6, 50.0
+    for _ in range(100):  # delta(mu) grows with mu: bisect for delta(mu) = delta
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if gdp_delta(mid) < delta else (lo, mid)
+    mu = lo
+    if eval_sigma is not None:
+        # Little or nothing left for the steps: start from much noise (the secant corrects).
+        mu = math.sqrt(max(mu * mu - eval_sigma**-2, (0.05 * mu) ** 2))
+    ratio = mu / (q * math.sqrt(steps))
+    return 1.0 / math.sqrt(math.log1p(ratio * ratio)) if ratio > 0 else 1e3
+
+
+def calibrate_sigma(
+    epsilon_of: Callable[[float], float],
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    max_noise_multiplier: float,
+    eval_sigma: float | None = None,
+    slack: float = CALIBRATION_SLACK,
+) -> float:
+    """The smallest sigma (to ~0.3 %) with ``epsilon_of(sigma) <= target_epsilon``, landing
+    within ``slack`` (a fraction) below it; ``inf`` if even ``max_noise_multiplier * 8`` is not
+    enough.
+
+    ``epsilon_of``: the accountant's epsilon as a function of the noise multiplier alone (the
+    sample rate, steps, delta and any evaluation releases fixed). ``eval_sigma``: the
+    evaluation releases composed to one Gaussian of this multiplier, used for the initial
+    guess only (``epsilon_of`` charges them).
+    """
+    epsilon, delta, q = target_epsilon, target_delta, sample_rate
+    max_sigma = max_noise_multiplier
+
+    def f(log_sigma: float) -> float:
+        return math.log(epsilon_of(math.exp(log_sigma))) - math.log(epsilon)
+
+    target_hi, target_lo = 0.0, math.log1p(-slack)
+    guess = gdp_guess(epsilon, delta, q, steps, eval_sigma)
+    x0 = math.log(min(max(guess, 0.05), max_sigma * 4))
+    f0 = f(x0)
+    x1 = x0 + (0.05 if f0 > 0 else -0.05)
+    f1 = f(x1)
+    lo = hi = None  # lo: a log-sigma whose eps is too high; hi: one that fits
+    for _ in range(8):
+        for x, fx in ((x0, f0), (x1, f1)):
+            if fx > target_hi:
+                lo = x if lo is None or x > lo else lo
+            else:
+                hi = x if hi is None or x < hi else hi
+                if fx >= target_lo:
+                    return math.exp(x)
+        if f1 == f0:
+            break
+        x2 = x1 - (f1 - (target_lo + target_hi) / 2) * (x1 - x0) / (f1 - f0)
+        if lo is not None and hi is not None and not lo < x2 < hi:
+            x2 = (lo + hi) / 2
+        x2 = max(min(x2, math.log(max_sigma * 8)), math.log(1e-3))
+        x0, f0, x1, f1 = x1, f1, x2, f(x2)
+        if x1 == math.log(max_sigma * 8) and f1 > target_hi:
+            return math.inf
+    # Bisection fallback inside the bracket (rarely needed).
+    if hi is None:
+        x = math.log(max_sigma * 8)
+        if f(x) > target_hi:
+            return math.inf
+        hi = x
+    if lo is None:
+        lo = math.log(1e-3)
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        fm = f(mid)
+        if fm > target_hi:
+            lo = mid
+        else:
+            hi = mid
+            if fm >= target_lo:
+                break
+    return math.exp(hi)
