@@ -29,7 +29,7 @@ from api.schemas import AnalystBudgetOut, BudgetOut, CapsIn, DatasetList, Datase
 from dpsweep.errors import ConfigError
 from sweeper.datasets import grants
 from sweeper.datasets.analyst_views import audit_page, dataset_policy, update_policy
-from sweeper.datasets.names import UPLOAD_FORMATS
+from sweeper.datasets.names import upload_format_of
 from sweeper.datasets.uploads import store_upload
 from sweeper.datasets.views import budget, describe, set_caps
 from sweeper.datasets.views import list_datasets as visible_datasets
@@ -48,7 +48,13 @@ UPLOAD_BODY = {
                     "required": ["file"],
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
-                        "format": {"type": "string", "enum": list(UPLOAD_FORMATS)},
+                        # The uploadable formats are the dataset registry's (plug-ins
+                        # included, loaded when first used), so no enum is fixed here.
+                        "format": {
+                            "type": "string",
+                            "description": "the file's format (csv, npz or a plug-in's "
+                            "uploadable format); default: told from the file's suffix",
+                        },
                         "label_column": {"type": "string"},
                         "name": {"type": "string"},
                         "epsilon_cap": {"type": "number", "minimum": 0},
@@ -141,7 +147,7 @@ async def upload(
         if len(content) > limit:
             raise too_big
         filename = (file.filename or "upload").rsplit("/", 1)[-1][:200]
-        fmt = str(form.get("format") or filename.rsplit(".", 1)[-1].lower())
+        fmt = str(form.get("format") or upload_format_of(filename))
         label_column = form.get("label_column")
         name = form.get("name")
         eps_cap, delta_cap = _float(form, "epsilon_cap"), _float(form, "delta_cap")

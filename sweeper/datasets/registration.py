@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
 from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import Binding, bind_name
-from sweeper.datasets.names import check_registered_name, format_of
+from sweeper.datasets.names import article, check_registered_name, file_noun, format_of
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import identity_key
 from sweeper.store import Dataset, Sweep, SweepState
@@ -69,14 +69,20 @@ def register_file(
     check_registered_name(name)
     file = Path(path).expanduser().resolve()
     fmt = format_of(file, fmt)
-    if fmt in ("csv", "text_csv") and not label_column:
-        raise ConfigError("a CSV file needs --label-column (its label column's header)")
-    if fmt == "idx" and not labels_path:
-        raise ConfigError("an IDX images file needs --labels-path (the IDX labels file)")
     from workers.datasets.descriptors import get_dataset_descriptor
 
+    descriptor = get_dataset_descriptor(fmt)
+    noun = file_noun(fmt)
+    if "label_column" in descriptor.needs and not label_column:
+        raise ConfigError(
+            f"{article(noun)} {noun} file needs --label-column (its label column's header)"
+        )
+    if "labels_path" in descriptor.needs and not labels_path:
+        raise ConfigError(
+            f"{article(noun)} {noun} images file needs --labels-path (the {noun} labels file)"
+        )
     given = dict(options or {})
-    get_dataset_descriptor(fmt).validate(given)
+    descriptor.validate(given)
     labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
     with Session(engine) as session:
         existing = session.scalars(select(Dataset).where(Dataset.name == name)).first()

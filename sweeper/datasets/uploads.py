@@ -1,4 +1,5 @@
-"""Uploads: a user's CSV or NPZ file, checked as a sweep will load it and stored as ``ds_...``.
+"""Uploads: a user's file (CSV, NPZ, a plug-in's uploadable format), checked as a sweep will
+load it and stored as ``ds_...``.
 
 An upload is its owner's (and admins'); what may be shown of it is what
 :func:`sweeper.datasets.files.load_file` returns.
@@ -21,7 +22,13 @@ from dpsweep.errors import ConfigError, DpsweepError
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import bind_name
-from sweeper.datasets.names import UPLOAD_FORMATS, UPLOAD_PREFIX
+from sweeper.datasets.names import (
+    UPLOAD_FORMATS,
+    UPLOAD_PREFIX,
+    article,
+    file_noun,
+    upload_suffix,
+)
 from sweeper.datasets.views import describe
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Dataset
@@ -43,7 +50,8 @@ def store_upload(
     epsilon_cap: float | None = None,
     delta_cap: float | None = None,
 ) -> dict[str, Any]:
-    """Validate and store an uploaded CSV or NPZ file, optionally with lifetime caps.
+    """Validate and store an uploaded file of an uploadable format (CSV, NPZ, a plug-in's:
+    :data:`~sweeper.datasets.names.UPLOAD_FORMATS`), optionally with lifetime caps.
 
     The file is parsed exactly as a sweep will load it, so a malformed file is refused now,
     not when trials start. Nothing is kept of a refused upload.
@@ -68,9 +76,12 @@ def store_upload(
             f"unknown upload format {fmt!r}; choose one of {', '.join(UPLOAD_FORMATS)}",
             field="format",
         )
-    if fmt == "csv" and not label_column:
+    from workers.datasets.descriptors import get_dataset_descriptor
+
+    if "label_column" in get_dataset_descriptor(fmt).needs and not label_column:
         raise ConfigError(
-            "a CSV upload needs label_column (the header of the label column)",
+            f"{article(file_noun(fmt))} {file_noun(fmt)} upload needs label_column (the header "
+            "of the label column)",
             field="label_column",
         )
     if label is not None and not _LABEL.match(label):
@@ -84,8 +95,9 @@ def store_upload(
     uid = UPLOAD_PREFIX + secrets.token_hex(12)
     folder = data_dir / "uploads"
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{uid}.{fmt}"
-    tmp = folder / f".{uid}.{fmt}.part"
+    suffix = upload_suffix(fmt)
+    path = folder / f"{uid}{suffix}"
+    tmp = folder / f".{uid}{suffix}.part"
     tmp.write_bytes(content)
     os.replace(tmp, path)
     try:

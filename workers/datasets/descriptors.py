@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from types import MappingProxyType
 from typing import Any
 
@@ -107,6 +108,19 @@ class DatasetDescriptor:
         options: the loader's declared options (``dataset.options``), with defaults and
             ranges; a dataset without options refuses any.
         needs: the spec fields the loader requires (see :data:`SPEC_FIELDS`), e.g. ``path``.
+        registerable: a file format an operator may register (``dpsweep datasets register
+            FILE --name NAME``); needs ``path``.
+        uploadable: a file format a user may upload (``POST /api/v1/datasets``): one file,
+            so it needs ``path`` and not ``labels_path``, and is not a directory.
+        suffixes: the lower-case suffixes (``.csv``) of the files it takes. A file's last
+            suffix tells its format (the first registered format that takes it: the built-ins
+            come first), and an upload is stored under the first.
+        name_marks: what else in a file's name tells the format when its last suffix does not:
+            a suffix among the name's suffixes (``.idx`` of ``images.idx.gz``) or, without a
+            leading dot, a part of the name (``ubyte`` of ``train-images-idx3-ubyte``).
+        directory: the source is a directory (``image_folder``), told from a directory's path.
+        shared: records bundled with dpsweep or a plug-in, no file (``digits``): every user
+            may run sweeps on them (:data:`sweeper.datasets.names.BUILTIN`).
     """
 
     name: str
@@ -114,6 +128,12 @@ class DatasetDescriptor:
     description: str = ""
     options: Mapping[str, HParam] = field(default_factory=dict)
     needs: tuple[str, ...] = ()
+    registerable: bool = False
+    uploadable: bool = False
+    suffixes: tuple[str, ...] = ()
+    name_marks: tuple[str, ...] = ()
+    directory: bool = False
+    shared: bool = False
 
     def __post_init__(self) -> None:
         if self.input_kind not in INPUT_KINDS:
@@ -129,6 +149,39 @@ class DatasetDescriptor:
             )
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
         object.__setattr__(self, "needs", tuple(self.needs))
+        object.__setattr__(self, "suffixes", tuple(self.suffixes))
+        object.__setattr__(self, "name_marks", tuple(self.name_marks))
+        bad = [x for x in self.suffixes if not x.startswith(".") or x != x.lower() or x == "."]
+        if bad:
+            raise ValueError(
+                f"dataset {self.name!r}: suffixes must be lower-case and start with '.'; got {bad}"
+            )
+        if (self.registerable or self.uploadable) and "path" not in self.needs:
+            raise ValueError(
+                f"dataset {self.name!r}: a format that is registered or uploaded reads a file: "
+                "it needs 'path'"
+            )
+        if self.uploadable and (self.directory or "labels_path" in self.needs):
+            raise ValueError(
+                f"dataset {self.name!r}: an upload is one file: an uploadable format can be "
+                "neither a directory nor need labels_path"
+            )
+        if self.shared and (self.needs or self.registerable or self.uploadable):
+            raise ValueError(
+                f"dataset {self.name!r}: a shared set reads no file: it needs no spec field "
+                "and is neither registered nor uploaded"
+            )
+
+    def takes(self, file_name: str, *, last_only: bool) -> bool:
+        """Whether a file's name says it is of this format: its last suffix is one of
+        :attr:`suffixes` (``last_only``), else one of :attr:`name_marks` is in it."""
+        suffixes = [x.lower() for x in PurePath(file_name).suffixes]
+        if last_only:
+            return bool(suffixes) and suffixes[-1] in self.suffixes
+        lower = file_name.lower()
+        return any(
+            mark in suffixes if mark.startswith(".") else mark in lower for mark in self.name_marks
+        )
 
     def admits(self, kind: str) -> bool:
         """Whether loaded records of ``kind`` (``image``, ``tabular``, ``tokens``) are what it
@@ -194,6 +247,12 @@ def dataset_descriptor_names() -> list[str]:
     return sorted(DATASET_DESCRIPTORS)
 
 
+def dataset_descriptors() -> list[DatasetDescriptor]:
+    """Every descriptor in registration order (the built-ins first), plug-ins' included."""
+    load_plugins("datasets")
+    return list(DATASET_DESCRIPTORS.values())
+
+
 def get_dataset_descriptor(name: str) -> DatasetDescriptor:
     """The descriptor of a dataset (plug-ins are loaded on a miss).
 
@@ -218,6 +277,7 @@ DIGITS = register_dataset_descriptor(
         name="digits",
         input_kind="image",
         description="8x8 grey-scale images of handwritten digits, 10 classes (scikit-learn)",
+        shared=True,
     )
 )
 
@@ -226,6 +286,7 @@ BREAST_CANCER = register_dataset_descriptor(
         name="breast_cancer",
         input_kind="flat",
         description="30 features of breast tumours, 2 classes (scikit-learn)",
+        shared=True,
     )
 )
 
@@ -234,6 +295,7 @@ WINE = register_dataset_descriptor(
         name="wine",
         input_kind="flat",
         description="13 chemical features of wines, 3 classes (scikit-learn)",
+        shared=True,
     )
 )
 
@@ -250,15 +312,19 @@ SYNTHETIC = register_dataset_descriptor(
             # make_classification's random_state: a 32-bit unsigned seed.
             "seed": HParam(default=0, kind="int", low=0.0, high=2.0**32 - 1, help="seed"),
         },
+        shared=True,
     )
 )
 
-IDX = register_dataset_descriptor(
+CSV = register_dataset_descriptor(
     DatasetDescriptor(
-        name="idx",
-        input_kind="any",
-        description="MNIST-format IDX files (images [N, H, W] or features [N, D], and labels)",
-        needs=("path", "labels_path"),
+        name="csv",
+        input_kind="flat",
+        description="a CSV file with a header row: numeric feature columns and a label column",
+        needs=("path", "label_column"),
+        registerable=True,
+        uploadable=True,
+        suffixes=(".csv",),
     )
 )
 
@@ -278,6 +344,21 @@ NPZ = register_dataset_descriptor(
             ),
         },
         needs=("path",),
+        registerable=True,
+        uploadable=True,
+        suffixes=(".npz",),
+    )
+)
+
+IDX = register_dataset_descriptor(
+    DatasetDescriptor(
+        name="idx",
+        input_kind="any",
+        description="MNIST-format IDX files (images [N, H, W] or features [N, D], and labels)",
+        needs=("path", "labels_path"),
+        registerable=True,
+        suffixes=(".idx",),
+        name_marks=(".idx", "ubyte"),
     )
 )
 
@@ -312,6 +393,8 @@ IMAGE_FOLDER = register_dataset_descriptor(
             ),
         },
         needs=("path",),
+        registerable=True,
+        directory=True,
     )
 )
 
@@ -347,15 +430,8 @@ TEXT_CSV = register_dataset_descriptor(
             ),
         },
         needs=("path", "label_column"),
-    )
-)
-
-CSV = register_dataset_descriptor(
-    DatasetDescriptor(
-        name="csv",
-        input_kind="flat",
-        description="a CSV file with a header row: numeric feature columns and a label column",
-        needs=("path", "label_column"),
+        registerable=True,
+        suffixes=(".csv",),
     )
 )
 
@@ -379,6 +455,7 @@ __all__ = [
     "DatasetOption",
     "check_option",
     "dataset_descriptor_names",
+    "dataset_descriptors",
     "get_dataset_descriptor",
     "register_dataset_descriptor",
 ]
