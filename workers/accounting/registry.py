@@ -149,6 +149,15 @@ class AccountantDescriptor:
         """
 
         def epsilon_of(sigma: float) -> float:
+            if _REGISTRY.get(self.name) is not self:  # not registered (yet): no shared cache
+                return self.epsilon(
+                    noise_multiplier=sigma,
+                    sample_rate=sample_rate,
+                    steps=steps,
+                    target_delta=target_delta,
+                    eval_noise_multiplier=eval_noise_multiplier,
+                    eval_releases=eval_releases,
+                )
             return _cached_epsilon(
                 self.name,
                 sigma,
