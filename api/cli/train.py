@@ -50,8 +50,10 @@ def add_parsers(sub: Any) -> None:
     d.add_argument(
         "--dataset",
         default="digits",
-        help="registry name (default: digits; `dpsweep plugins` lists them), or a local "
-        "module:function factory returning workers.datasets.RawData",
+        help="loader name (default: digits; `dpsweep plugins` lists them), a name registered "
+        "with `dpsweep datasets register` or an upload id (ds_...; read as its owner declared, "
+        "charged to its ledger, as a spec's dataset.name), or a local module:function factory "
+        "returning workers.datasets.RawData",
     )
     d.add_argument("--data-path", help="data file for idx (images), npz or csv datasets")
     d.add_argument("--labels-path", help="labels file for the idx dataset")
@@ -59,10 +61,16 @@ def add_parsers(sub: Any) -> None:
     d.add_argument(
         "--test-fraction",
         type=float,
-        default=0.2,
-        help="share held out as the public evaluation split (default 0.2)",
+        default=None,
+        help="share held out as the public evaluation split (default 0.2; for a registered "
+        "dataset, the one its owner set)",
     )
-    d.add_argument("--split-seed", type=int, default=0, help="seed of the train/test split")
+    d.add_argument(
+        "--split-seed",
+        type=int,
+        default=None,
+        help="seed of the train/test split (default 0; for a registered dataset, its owner's)",
+    )
     d.add_argument(
         "--model",
         default="mlp",
@@ -160,7 +168,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
     from workers.datasets.loading import load_dataset
     from workers.datasets.records import DatasetSpec
-    from workers.datasets.registry import dataset_names, has_loader
+    from workers.datasets.registry import has_loader
     from workers.devices import DEVICES
     from workers.factories import is_factory_name, load_factory
     from workers.model_check import check_model
@@ -182,8 +190,15 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 load_factory(name, kind)
     except ConfigError as exc:
         usage(str(exc))
-    if not has_loader(args.dataset):  # (plug-ins included)
-        usage(f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}")
+    # A loader name (plug-ins and factories included) is read with the flags; any other name
+    # is looked up in the catalog of --db (a registered name or an upload), as a spec's.
+    stored = not has_loader(args.dataset)
+    if stored and (args.data_path or args.labels_path or args.label_column):
+        usage(
+            f"--dataset {args.dataset!r} is not a loader, so it names a registered dataset: it "
+            "reads the file it was registered with; leave out --data-path, --labels-path and "
+            "--label-column"
+        )
     if args.model not in model_names():  # (model_names() includes plug-ins)
         usage(f"unknown model {args.model!r}; choose one of: {', '.join(model_names())}")
     if args.strategy not in STRATEGIES:
@@ -243,14 +258,17 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         strategy_cls.validate(params)
-        dataset_spec = DatasetSpec(
-            name=args.dataset,
-            path=args.data_path,
-            labels_path=args.labels_path,
-            label_column=args.label_column,
-            test_fraction=args.test_fraction,
-            split_seed=args.split_seed,
-        )
+        if stored:
+            dataset_spec = _stored_dataset(parser, args, model=model, training=training)
+        else:
+            dataset_spec = DatasetSpec(
+                name=args.dataset,
+                path=args.data_path,
+                labels_path=args.labels_path,
+                label_column=args.label_column,
+                test_fraction=0.2 if args.test_fraction is None else args.test_fraction,
+                split_seed=0 if args.split_seed is None else args.split_seed,
+            )
         data = load_dataset(dataset_spec)
         # The model on this data, as the run would build it (the generic path's layer check
         # included: BatchNorm, Dropout), before anything is charged: a refused model costs
@@ -262,10 +280,15 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             vocab_size=data.vocab_size,
             strategies=[args.strategy],
         )
+        # N and q as a sweep's plan takes them: a stored dataset's size is its owner's
+        # declaration (the records' own count is private), a loader's is counted.
         q, steps = plan_steps(
-            n_train=data.n_train, batch_size=args.batch_size, epochs=args.epochs, steps=args.steps
+            n_train=data.planning_n_train,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            steps=args.steps,
         )
-        n_records = data.n_train + int(data.x_test.shape[0])
+        n_records = data.planning_n_private
         if args.delta >= 1.0 / n_records:
             usage(
                 f"--delta {args.delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
@@ -281,7 +304,9 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 steps=steps,
                 accountant=args.accountant,
             )
-        charge = _charge_training_run(args, dataset_spec, data, q=q, steps=steps, sigma=sigma)
+        charge = _charge_training_run(
+            args, dataset_spec, data, stored=stored, q=q, steps=steps, sigma=sigma
+        )
         spec = training_pack(
             model=model,
             training=training,
@@ -333,8 +358,76 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def _stored_dataset(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, model: Any, training: Any
+) -> Any:
+    """The worker spec of a registered name or an upload, resolved as a spec's ``dataset.name``.
+
+    The run is admitted as the one-trial sweep it is (:func:`sweeper.sweeps.admission.admit`,
+    local use: the owner's), so the owner's view of the records applies: loader options, label
+    column, class list and declared size from the registration, and the split and scaling
+    settings the owner set wherever the flags leave them out (``--test-fraction``,
+    ``--split-seed``). Then :func:`sweeper.datasets.resolution.resolve` gives the stored file's
+    worker spec, its declared size included, exactly as for a sweep.
+
+    Raises:
+        ConfigError: a setting out of range (the usage error names the field).
+    """
+    from pydantic import ValidationError
+
+    from dpsweep.spec import ArmConfig, DatasetConfig, PrivacyConfig, SweepSpec
+    from sweeper.datasets.access import Viewer
+    from sweeper.datasets.fixed_view import stored_row
+    from sweeper.datasets.resolution import resolve
+    from sweeper.sweeps.admission import admit
+    from workers.datasets.registry import dataset_names
+
+    given = {
+        field: value
+        for field in ("test_fraction", "split_seed")
+        if (value := getattr(args, field)) is not None
+    }
+    engine = open_engine(args.db, migrate=True)
+    try:
+        if stored_row(engine, args.dataset) is None:
+            parser.error(
+                f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}, "
+                "or a name registered with `dpsweep datasets register` in --db (`dpsweep "
+                "datasets list` lists them)"
+            )
+        # Admission reads the dataset section (and reproducible mode) only; the other sections
+        # are this run's own, so that the spec is a valid one.
+        try:
+            spec = SweepSpec(
+                name="dpsweep-train",
+                dataset=DatasetConfig(name=args.dataset, **given),
+                model=model,
+                training=training,
+                privacy=PrivacyConfig(
+                    budgets=[args.epsilon or 1.0],
+                    delta=args.delta,
+                    reproducible=args.reproducible,
+                ),
+                arms=[ArmConfig(strategy=args.strategy)],
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            parser.error(f"--{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}")
+        admitted = admit(engine, spec, Viewer(None))
+        return resolve(engine, admitted.spec.dataset)
+    finally:
+        engine.dispose()
+
+
 def _charge_training_run(
-    args: argparse.Namespace, dataset_spec: Any, data: Any, *, q: float, steps: int, sigma: Any
+    args: argparse.Namespace,
+    dataset_spec: Any,
+    data: Any,
+    *,
+    stored: bool,
+    q: float,
+    steps: int,
+    sigma: Any,
 ) -> dict[str, Any] | None:
     """Charge a `dpsweep train` run to its dataset's ledger, like a one-trial grid.
 
@@ -343,30 +436,38 @@ def _charge_training_run(
     non-private run has no finite epsilon to record, so it is refused on a dataset with an
     epsilon cap and, elsewhere, runs uncharged (the summary says so).
 
+    A stored dataset (``stored``: a registered name or an upload) is charged on the ledger its
+    name was bound to when it was registered, as a sweep is
+    (:func:`sweeper.datasets.identity.ledger_key_of`); a loader name or a file path is bound
+    here to the records the run read.
+
     Returns:
         What was charged (``None`` for a non-private run).
     """
     from dpsweep.errors import PrivacyError
-    from sweeper.datasets.identity import bind_name
+    from sweeper.datasets.identity import bind_name, ledger_key_of
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger
     from sweeper.store import new_id
     from workers.accounting import compute_epsilon
 
-    name = (
-        dataset_spec.name
-        if dataset_spec.path is None
-        else f"{dataset_spec.name}:{dataset_spec.path}"
-    )
+    if stored:
+        name = args.dataset
+    elif dataset_spec.path is None:
+        name = dataset_spec.name
+    else:
+        name = f"{dataset_spec.name}:{dataset_spec.path}"
     engine = open_engine(args.db, migrate=True)
     try:
-        binding = bind_name(
-            engine,
-            name,
-            data.content_sha256,
-            new_row={"config": {"name": dataset_spec.name, "path": dataset_spec.path}},
-        )
+        if stored:
+            key = ledger_key_of(engine, name)
+        else:
+            key = bind_name(
+                engine,
+                name,
+                data.content_sha256,
+                new_row={"config": {"name": dataset_spec.name, "path": dataset_spec.path}},
+            ).ledger_key
         ledger = BudgetLedger(engine)
-        key = binding.ledger_key
         if sigma is None:
             if ledger.summary(key).epsilon_cap is not None:
                 raise PrivacyError(
