@@ -1,6 +1,6 @@
 # dpsweep: `make demo` runs the main job, `make test` runs the test suite.
 # Both create .venv if missing and install the project with its extras first. Every pip call
-# goes through constraints.txt, which pins torch to the CPU build (see shared/ENV.md).
+# goes through constraints.txt, which pins torch to the CPU build (see docs/environment.md).
 
 PYTHON ?= python3
 VENV ?= .venv

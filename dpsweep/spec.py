@@ -1,9 +1,9 @@
 """The sweep spec: pydantic models, loaded from YAML or JSON, and grid expansion.
 
-Follows the example in DESIGN.md. A spec names a dataset and model, training settings,
-per-grid epsilon levels with one delta and an accounting method, and arms: one strategy each,
-with a grid of hyperparameters and fixed params. Every arm at every level is one *grid*; the
-planner gives each grid its noise multiplier.
+A spec names a dataset and model, training settings, per-grid epsilon levels with one delta
+and an accounting method, and arms: one strategy each, with a grid of hyperparameters and fixed
+params. Every arm at every level is one *grid*; the planner gives each grid its noise
+multiplier. docs/spec.md documents every field, with its meaning, default and an example.
 
 It lives in the light ``dpsweep`` package (pydantic and PyYAML only) so the SDK validates a spec
 with the server's own models before sending it, and the server carries these typed models end

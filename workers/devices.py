@@ -1,7 +1,7 @@
 """Device choice and CPU threading.
 
 On CPU each trial (pack) gets one thread by default: trials run side by side, one per core, and
-several threads per trial would only fight over the cores (see shared/ENV.md).
+several threads per trial would only fight over the cores (see docs/environment.md).
 """
 
 from __future__ import annotations

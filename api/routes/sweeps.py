@@ -53,7 +53,7 @@ router = APIRouter(prefix="/sweeps", tags=["sweeps"])
 SPEC_BODY = {
     "requestBody": {
         "required": True,
-        "description": "a sweep spec (see DESIGN.md), as JSON or YAML",
+        "description": "a sweep spec, as JSON or YAML (its fields: docs/spec.md)",
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},
             "application/yaml": {"schema": {"$ref": "#/components/schemas/SweepSpec"}},

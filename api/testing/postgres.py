@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server (initdb + pg_ctl, shared/ENV.md), for tests and benchmarks."""
+"""A throwaway PostgreSQL server for tests and benchmarks (initdb + pg_ctl, docs/environment.md)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 # Our own version table, so an Optuna storage (or anything else using Alembic) can share the
-# database without clashing (shared/ENV.md).
+# database without clashing (docs/environment.md).
 VERSION_TABLE = "dpsweep_alembic_version"
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 

@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 RAY = str(Path(sys.executable).with_name("ray"))
 DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
-# Multi-node on one host: Ray needs this (ENV.md); auth off on both sides of a loopback
+# Multi-node on one host: Ray needs this (docs/environment.md); auth off on both sides of a loopback
 # cluster; node deaths detected within seconds instead of the default ~30 s.
 RAY_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",

@@ -58,7 +58,7 @@ def test_target_epsilon_run_ends_at_or_below_target() -> None:
 
 
 def test_prv_is_tighter_than_rdp() -> None:
-    # The reference run of shared/ENV.md: q = 256/60000, sigma = 1.1, 60 epochs, delta = 1e-5.
+    # The reference run of docs/environment.md: q = 256/60000, sigma = 1.1, 60 epochs, delta = 1e-5.
     q = 256 / 60000
     steps = int(60 / q)
     rdp = compute_epsilon(noise_multiplier=1.1, sample_rate=q, steps=steps, target_delta=1e-5)

@@ -23,7 +23,7 @@ export function submitView(el) {
   let planned = null; // the text that was planned: submit is offered for exactly that text
   el.append(
     h("h1", {}, "New sweep"),
-    h("p", { class: "muted" }, "A sweep spec in YAML or JSON (see DESIGN.md). Planning shows the noise each grid uses and the budget it would reserve; nothing is stored until you submit."),
+    h("p", { class: "muted" }, "A sweep spec in YAML or JSON (every field is described in docs/spec.md of the dpsweep repository). Planning shows the noise each grid uses and the budget it would reserve; nothing is stored until you submit."),
     h("div", { class: "card" }, h("div", { class: "toolbar" }, h("label", {}, "Load a file ", file)), text,
       h("div", { class: "toolbar" }, planBtn, submitBtn)),
     out);
