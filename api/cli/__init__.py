@@ -4,6 +4,7 @@ It lives here, in the top layer (presentation), so that the domain (``sweeper``)
 it. One module per command group:
 
 * :mod:`api.cli.train`: ``train`` (one DP model, charged to its dataset's ledger);
+* :mod:`api.cli.audit`: ``audit`` (a canary audit: an epsilon lower bound beside the claim);
 * :mod:`api.cli.run`: ``plan`` and ``run`` (a sweep spec, planned; and run on Ray);
 * :mod:`api.cli.sweeps`: ``sweeps``, ``show``, ``export``, ``cancel``;
 * :mod:`api.cli.models`: ``model`` (a trial's kept model, its model card, ONNX);
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpsweep`` parser, with every command (in the order ``--help`` lists them)."""
-    from api.cli import database, datasets, models, plugins, run, sweeps, tokens, train
+    from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
     from api.cli.common import Parser
     from api.serve import add_parsers as add_serve_parsers
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for add_parsers in (
         train.add_parsers,
+        audit.add_parsers,
         run.add_parsers,
         sweeps.add_parsers,
         models.add_parsers,

@@ -20,6 +20,8 @@ from __future__ import annotations
 from sweeper.store.base import Base, LedgerBase, metadata
 from sweeper.store.rows import (
     ApiToken,
+    Audit,
+    AuditState,
     Dataset,
     DatasetGrant,
     IdempotencyRecord,
@@ -41,6 +43,8 @@ from sweeper.store.rows import (
 
 __all__ = [
     "ApiToken",
+    "Audit",
+    "AuditState",
     "Base",
     "Dataset",
     "DatasetGrant",

@@ -67,6 +67,12 @@ class SweepState(enum.StrEnum):
     cancelled = "cancelled"
 
 
+class AuditState(enum.StrEnum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+
+
 class TrialState(enum.StrEnum):
     pending = "pending"
     running = "running"
@@ -407,3 +413,30 @@ class ServiceHeartbeat(Base):
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
     beat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+
+
+class Audit(Base):
+    """One canary audit (``dpsweep audit``, ``POST /api/v1/audits``): who asked, on which data
+    (and which trial, for an audit of a trial's configuration), the request, and the result.
+
+    ``error`` is a fixed public reason (:mod:`sweeper.driver.failures`), never an exception's
+    text. ``charge`` is what the audit was charged (NULL: public data, nothing charged).
+    """
+
+    __tablename__ = "audits"
+    __table_args__ = (Index("ix_audits_owner_created", "owner", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True, default=new_id)
+    owner: Mapped[str | None] = mapped_column(String(200))
+    dataset: Mapped[str] = mapped_column(String(200))
+    sweep_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    trial_id: Mapped[str | None] = mapped_column(String(32), index=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[AuditState] = mapped_column(
+        SAEnum(AuditState, native_enum=False, length=16), default=AuditState.running
+    )
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    charge: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,205 @@
+"""``dpsweep audit``: train once with canaries and bound the run's epsilon from below.
+
+The run is described by flags (as ``dpsweep train``'s) or is a finished trial's (``--trial``).
+Public data (a built-in set such as ``digits`` or ``synthetic``, or a registered name its
+owner declared public) spends no budget; a private dataset of ``--db`` is charged the claimed
+epsilon (the K trials' T steps, composed) before anything trains. The audit is stored in
+``--db`` (``GET /api/v1/audits`` lists it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from api.cli.arguments import delta, key_value, positive_float, positive_int, strategy_flags
+from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``dpsweep audit`` on the top-level subparsers."""
+    a = sub.add_parser(
+        "audit",
+        help="train once with canaries and report an epsilon lower bound beside the claim",
+        description="Audit a DP run empirically: train once with m canaries and report a "
+        "lower bound on epsilon (at --confidence) beside the epsilon the run claims. Give "
+        "--epsilon or --noise-multiplier, or --trial TRIAL_ID to audit a finished trial's "
+        "configuration.",
+    )
+    d = a.add_argument_group("what to audit")
+    d.add_argument(
+        "--trial",
+        help="a finished trial: re-use its model, strategy, params, sigma, q, T and dataset",
+    )
+    d.add_argument(
+        "--dataset",
+        help="a built-in set (default synthetic; public: nothing is charged), a registered name "
+        "or an upload id of --db (private: charged the claimed epsilon), or a module:function",
+    )
+    d.add_argument("--model", help="registry name (default mlp), or a module:function factory")
+    d.add_argument(
+        "--model-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="model builder option (repeatable)",
+    )
+    p = a.add_argument_group("privacy")
+    p.add_argument("--strategy", help="clipping strategy (default fixed)")
+    p.add_argument("--epsilon", type=positive_float("epsilon"), help="each trial's epsilon")
+    p.add_argument("--noise-multiplier", type=positive_float("noise multiplier"), help="sigma")
+    p.add_argument("--delta", type=delta, default=None, help="target delta (default 1e-5)")
+    p.add_argument("--accountant", help="accountant of the claim (default opacus-rdp)")
+    for flag, dest, kind, text in strategy_flags():
+        p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
+    p.add_argument(
+        "--param",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other strategy hyperparameter (repeatable)",
+    )
+    o = a.add_argument_group("training")
+    o.add_argument("--steps", type=positive_int("steps"), help="T (default 100)")
+    o.add_argument("--batch-size", type=positive_int("batch size"), help="b (default 64)")
+    o.add_argument("--sample-rate", type=positive_float("sample rate"), help="q (instead of b)")
+    o.add_argument(
+        "--lr",
+        type=positive_float("lr"),
+        action="append",
+        dest="lrs",
+        help="learning rate (default 0.5); repeat it for K trials trained as one pack",
+    )
+    o.add_argument("--seed", type=int, default=None)
+    o.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
+    o.add_argument("--threads", type=positive_int("threads"), default=1)
+    c = a.add_argument_group("audit")
+    c.add_argument("--setting", choices=("white-box", "black-box"), default="white-box")
+    c.add_argument("--canaries", type=positive_int("canaries"), default=1000, help="m")
+    c.add_argument("--direction", choices=("random", "dirac"), default="random")
+    c.add_argument("--confidence", type=float, default=0.95)
+    a.add_argument("--db", help="database of the datasets, ledger and stored audits")
+    a.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    a.set_defaults(func=cmd_audit, subparser=a)
+
+
+def _flag(field: str | None) -> str:
+    return "--" + str(field or "request").split(".")[0].replace("_", "-")
+
+
+def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run one audit as the flags say; print its result."""
+    from pydantic import ValidationError
+    from rich.console import Console
+
+    from dpsweep.audit import AuditRequest
+    from dpsweep.errors import ConfigError, DpsweepError
+    from sweeper.audits import start_audit
+    from sweeper.datasets.access import Viewer
+    from workers.devices import DEVICES
+    from workers.factories import is_factory_name, load_factory
+
+    if args.device not in DEVICES:
+        parser.error(f"unknown device {args.device!r}; choose one of: {', '.join(DEVICES)}")
+    try:
+        for name, kind in ((args.dataset, "datasets"), (args.model, "models")):
+            if name and is_factory_name(name):
+                load_factory(name, kind)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    params: dict[str, Any] = dict(args.param)
+    for _, dest, _, _ in strategy_flags():
+        if getattr(args, dest) is not None:
+            params[dest] = getattr(args, dest)
+    fields = {
+        "trial": args.trial,
+        "dataset": args.dataset,
+        "model": args.model,
+        "model_options": dict(args.model_option) or None,
+        "strategy": args.strategy,
+        "params": params or None,
+        "epsilon": args.epsilon,
+        "noise_multiplier": args.noise_multiplier,
+        "delta": args.delta,
+        "accountant": args.accountant,
+        "batch_size": args.batch_size,
+        "sample_rate": args.sample_rate,
+        "steps": args.steps,
+        "lrs": args.lrs,
+        "seed": args.seed,
+        "setting": args.setting,
+        "canaries": args.canaries,
+        "direction": args.direction,
+        "confidence": args.confidence,
+    }
+    try:
+        request = AuditRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        parser.error(f"{_flag('.'.join(str(p) for p in first['loc']))}: {first['msg']}")
+    err = Console(stderr=True)
+    engine = open_engine(args.db, migrate=True)
+    try:
+        audit = start_audit(
+            engine,
+            request,
+            Viewer(None),
+            background=False,
+            device=args.device,
+            threads=args.threads,
+        )
+    except ConfigError as exc:
+        parser.error(f"{_flag(exc.field)}: {exc}" if exc.field else str(exc))
+        return EXIT_USAGE  # unreachable: parser.error exits
+    except DpsweepError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return EXIT_FAILURE
+    finally:
+        engine.dispose()
+    if audit["state"] != "succeeded":
+        err.print(f"[red]error:[/red] audit {audit['id']} failed: {audit['error']}")
+        return EXIT_FAILURE
+    result = audit["result"]
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    _print_result(Console(), audit)
+    return 0
+
+
+def _print_result(console: Any, audit: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    r = audit["result"]
+    table = Table(title=f"audit {audit['id']} · {r['setting']} · {audit['dataset']}")
+    table.add_column("", style="bold")
+    table.add_column("value")
+    low = r["epsilon_lower_bound"]
+    rows = [
+        ("epsilon claimed", f"{r['epsilon_claimed']:.4g}"),
+        (
+            f"epsilon lower bound ({r['confidence']:.0%})",
+            "-" if low is None else f"{low:.4g} ({r['method']})",
+        ),
+        ("delta", f"{r['delta']:g}"),
+        ("canaries", str(r["canaries"])),
+        ("trials x steps", f"{r['trials']} x {r['steps']}"),
+        ("sample rate", f"{r['sample_rate']:.4g}"),
+        ("noise multiplier", f"{r['noise_multiplier']:.4g}"),
+        ("strategy", f"{r['strategy']} ({r['engine_path']})"),
+        ("seconds", f"{r['seconds']:.1f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    charge = audit.get("charge")
+    if charge:
+        console.print(
+            f"charged ε {charge['epsilon_charged']:.4g}, δ {charge['delta_charged']:g} to the "
+            f"lifetime budget of {charge['dataset']}"
+        )
+    else:
+        console.print("public data: nothing was charged")

@@ -1,0 +1,117 @@
+"""The request of a canary audit (``dpsweep audit``, ``POST /api/v1/audits``, ``Client.audit``).
+
+An audit trains once with m canaries and bounds the run's epsilon from below (at a
+confidence, 95% by default), beside the epsilon it claims. It either describes its own run
+(dataset, model, strategy and params, epsilon or sigma, q through a batch size or a sample
+rate, T steps, K learning rates) or names a finished ``trial``, whose model, strategy,
+params, sigma, q, T and dataset it re-uses.
+
+Light: pydantic only (the client install has no torch). :meth:`AuditRequest.check` is the
+check that spans fields; the server runs it at the edge, before any budget is reserved.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dpsweep.errors import ConfigError
+
+__all__ = ["DEFAULT_DATASET", "MAX_TRIALS", "TRIAL_FIELDS", "AuditRequest"]
+
+#: The dataset of an audit that names none: public records, so it spends no one's budget.
+DEFAULT_DATASET = "synthetic"
+#: The most learning rates (trials of one pack) one audit trains.
+MAX_TRIALS = 8
+#: What an audit of a trial takes from the trial (and so may not be given beside it).
+TRIAL_FIELDS = (
+    "dataset",
+    "model",
+    "model_options",
+    "strategy",
+    "params",
+    "epsilon",
+    "noise_multiplier",
+    "delta",
+    "accountant",
+    "batch_size",
+    "sample_rate",
+    "steps",
+    "lrs",
+)
+
+
+class AuditRequest(BaseModel):
+    """One audit. Leave out ``trial`` to describe the run; give it to audit that trial."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: str | None = Field(
+        default=None,
+        max_length=64,
+        description="a finished trial whose configuration is audited (model, strategy, params, "
+        "sigma, q, T and dataset); the run's other fields are then left out",
+    )
+    dataset: str | None = Field(
+        default=None,
+        max_length=200,
+        description=f"dataset (default {DEFAULT_DATASET}); a built-in set or one declared public "
+        "spends no budget, a private one (its owner's) is charged the claimed epsilon",
+    )
+    model: str | None = Field(default=None, max_length=200, description="model (default mlp)")
+    model_options: dict[str, Any] = Field(default_factory=dict)
+    strategy: str | None = Field(
+        default=None, max_length=64, description="clipping strategy (default fixed)"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the strategy's hyperparameters, e.g. {clip: 1.0}"
+    )
+    epsilon: float | None = Field(
+        default=None, gt=0, description="each trial's epsilon (sigma is calibrated to it)"
+    )
+    noise_multiplier: float | None = Field(default=None, gt=0, description="sigma")
+    delta: float | None = Field(default=None, gt=0, lt=1, description="delta (default 1e-5)")
+    accountant: str | None = Field(default=None, max_length=64)
+    batch_size: int | None = Field(default=None, ge=1, description="expected batch b = qN")
+    sample_rate: float | None = Field(default=None, gt=0, le=1, description="q (b = qN)")
+    steps: int | None = Field(default=None, ge=1, le=1_000_000, description="T (default 100)")
+    lrs: list[float] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_TRIALS,
+        description="one learning rate per trial: K trials trained as one pack (default [0.5])",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    setting: Literal["white-box", "black-box"] = "white-box"
+    canaries: int = Field(default=1000, ge=2, le=100_000)
+    direction: Literal["random", "dirac"] = "random"
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+    def check(self) -> AuditRequest:
+        """Refuse combinations no single field shows (the error names the field).
+
+        Raises:
+            ConfigError: a trial's field given beside ``trial``; not exactly one of
+                ``epsilon`` and ``noise_multiplier``; both ``batch_size`` and
+                ``sample_rate``; a non-positive learning rate.
+        """
+        given = self.model_fields_set
+        if self.trial is not None:
+            extra = [f for f in TRIAL_FIELDS if f in given and getattr(self, f) not in (None, {})]
+            if extra:
+                raise ConfigError(
+                    f"{extra[0]} comes from the audited trial: leave it out when giving trial",
+                    field=extra[0],
+                )
+            return self
+        if (self.epsilon is None) == (self.noise_multiplier is None):
+            raise ConfigError(
+                "give exactly one of epsilon or noise_multiplier", field="noise_multiplier"
+            )
+        if self.batch_size is not None and self.sample_rate is not None:
+            raise ConfigError("give batch_size or sample_rate, not both", field="sample_rate")
+        for lr in self.lrs or ():
+            if not lr > 0 or lr != lr or lr == float("inf"):
+                raise ConfigError("every learning rate must be a finite number > 0", field="lrs")
+        return self

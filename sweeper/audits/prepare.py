@@ -1,0 +1,474 @@
+"""Everything an audit settles before anything trains: who may run it, the pack, sigma, q, T,
+the claimed epsilon, and whether (and on which ledger) it is charged.
+
+The building blocks are those of ``dpsweep train`` and of a sweep's packs: the spec's typed
+sections (:mod:`dpsweep.spec`), admission and resolution of the dataset
+(:func:`sweeper.sweeps.admission.admit`, :func:`sweeper.datasets.resolution.resolve`), the
+model check, :func:`workers.schedule.plan_steps` for q and T, the one calibrator
+(:func:`workers.accounting.calibrate_noise_multiplier`) and
+:func:`sweeper.driver.packs.training_pack` / :func:`~sweeper.driver.packs.pack_spec`.
+
+**Who.** An audit reads its dataset's records more closely than any release does (its canary
+scores), so only the dataset's owner (or an admin, or local use) may audit a private dataset;
+an analyst holding a grant is refused (PermissionDenied, 403). A built-in set (``digits``,
+``synthetic``, ...) or a registered name declared public is anyone's to audit, and spends no
+budget; only then may the white-box adversary know the other records (``public_data``).
+
+**What it costs.** On a private dataset the claimed epsilon (the K trials' T steps each,
+composed) is charged like a ``dpsweep train`` run, computed here from sigma, q, T and K: the
+reservation is made before training starts (:func:`sweeper.audits.service.charge_audit`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
+
+from dpsweep.audit import DEFAULT_DATASET, AuditRequest
+from dpsweep.errors import ConfigError, NotFound, PermissionDenied, TrialNotFound
+from sweeper.datasets.access import Viewer
+from sweeper.store import Dataset, Sweep, Trial, TrialState
+
+#: ``dpsweep train``'s defaults, for an audit that leaves them out.
+DEFAULT_MODEL = "mlp"
+DEFAULT_STRATEGY = "fixed"
+DEFAULT_DELTA = 1e-5
+DEFAULT_STEPS = 100
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_LR = 0.5
+DEFAULT_ACCOUNTANT = "opacus-rdp"
+
+
+@dataclass(frozen=True)
+class PreparedAudit:
+    """An audit ready to charge and run (nothing trained, nothing charged yet)."""
+
+    request: AuditRequest
+    dataset: str
+    sweep_id: str | None
+    trial_id: str | None
+    pack: Any  # workers.training.specs.PackSpec
+    data: Any  # workers.datasets.records.Dataset, as run_audit receives it
+    public: bool
+    # The ledger the charge goes to (None: public data, or a name bound when charged).
+    ledger_key: str | None
+    content_sha256: str
+    sample_rate: float
+    steps: int
+    noise_multiplier: float
+    delta: float
+    accountant: str
+    epsilon_claimed: float
+
+    @property
+    def trials(self) -> int:
+        return len(self.pack.trials)
+
+
+def _typed(make: Any, prefix: str = "") -> Any:
+    """Build a pydantic section; its first error as a ConfigError naming the request field."""
+    try:
+        return make()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        field = f"{prefix}{loc}" if prefix else loc
+        raise ConfigError(f"{field}: {first['msg']}", field=field or None) from None
+
+
+def check_owner(engine: Engine, name: str, viewer: Viewer, *, field: str = "dataset") -> None:
+    """Refuse an audit of ``name`` by anyone but its owner (an admin, or local use).
+
+    Raises:
+        PermissionDenied: an analyst with an active grant on the dataset.
+        ConfigError: a dataset the viewer does not see at all (as for a sweep: unknown).
+    """
+    from sweeper.datasets.access import check_access
+    from sweeper.datasets.grants import has_active_grant
+    from sweeper.datasets.names import in_catalog, unknown_dataset
+
+    if not in_catalog(name):
+        try:
+            check_access(engine, {"name": name}, viewer)
+        except ConfigError as exc:
+            raise ConfigError(str(exc), field=field) from None
+        return
+    with Session(engine) as session:
+        row = session.execute(select(Dataset.id, Dataset.owner).where(Dataset.name == name)).first()
+    if row is None:
+        raise ConfigError(unknown_dataset(name), field=field)
+    if viewer.sees(row.owner):
+        return
+    if viewer.owner is not None and has_active_grant(engine, name, viewer.owner):
+        raise PermissionDenied(
+            f"audits of dataset {name!r} are for its owner only: an audit scores canaries "
+            "beside the records, which no analyst's grant covers"
+        )
+    raise ConfigError(unknown_dataset(name), field=field)
+
+
+def is_public_dataset(engine: Engine, name: str) -> bool:
+    """Whether ``name`` reads public records: a shared set bundled with dpsweep or a plug-in
+    (``digits``, ``synthetic``, ...), or a registered name its owner declared public."""
+    from sweeper.datasets.names import BUILTIN
+    from sweeper.datasets.resolution import is_public
+
+    return name in BUILTIN or is_public(engine, name)
+
+
+def _audit_data(data: Any, request: AuditRequest) -> Any:
+    """The data as the audit receives it. Black-box: with a declared size (the count, where
+    none is declared), so that q stays the planned one whichever canaries are appended
+    (:func:`workers.canary_audit.run._with_input_canaries` adds their expected number)."""
+    if request.setting != "black-box" or data.declared_size is not None:
+        return data
+    return dataclasses.replace(data, declared_size=int(data.planning_n_private))
+
+
+def _planning_view(data: Any, request: AuditRequest) -> Any:
+    """The data as the worker will count it for q (black-box: with the canaries' expected
+    number added to the declared size, as the worker does)."""
+    if request.setting != "black-box":
+        return data
+    return dataclasses.replace(data, declared_size=data.declared_size + request.canaries // 2)
+
+
+def prepare_audit(
+    engine: Engine,
+    request: AuditRequest,
+    viewer: Viewer,
+    *,
+    device: str = "cpu",
+    threads: int = 1,
+) -> PreparedAudit:
+    """Check ``request`` and settle the audit's run, before anything is charged or trained.
+
+    Raises:
+        ConfigError: a bad setting (naming the request's field).
+        PermissionDenied: an analyst asks to audit a dataset they were granted.
+        TrialNotFound: ``trial`` is not one the viewer sees.
+    """
+    request.check()
+    if request.trial is not None:
+        return _prepare_trial(engine, request, viewer, device=device, threads=threads)
+    return _prepare_run(engine, request, viewer, device=device, threads=threads)
+
+
+def _prepare_run(
+    engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
+) -> PreparedAudit:
+    from dpsweep.spec import (
+        ArmConfig,
+        DatasetConfig,
+        ModelConfig,
+        PrivacyConfig,
+        SweepSpec,
+        TrainingConfig,
+    )
+    from sweeper.datasets.resolution import resolve
+    from sweeper.driver.packs import training_pack
+    from sweeper.sweeps.admission import admit
+    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
+    from workers.datasets.loading import load_dataset
+    from workers.model_check import check_model
+    from workers.models import ModelSpec, get_model_descriptor, model_names
+    from workers.schedule import plan_steps
+    from workers.strategies import STRATEGIES, strategy_names
+    from workers.training.specs import TrialSpec
+
+    name = request.dataset or DEFAULT_DATASET
+    model_name = request.model or DEFAULT_MODEL
+    strategy = request.strategy or DEFAULT_STRATEGY
+    accountant = request.accountant or DEFAULT_ACCOUNTANT
+    delta = DEFAULT_DELTA if request.delta is None else request.delta
+    steps = request.steps or DEFAULT_STEPS
+    check_owner(engine, name, viewer)
+    if model_name not in model_names():
+        raise ConfigError(
+            f"unknown model {model_name!r}; choose one of: {', '.join(model_names())}",
+            field="model",
+        )
+    if strategy not in STRATEGIES:
+        raise ConfigError(
+            f"unknown strategy {strategy!r}; choose one of: {', '.join(strategy_names())}",
+            field="strategy",
+        )
+    if not STRATEGIES[strategy].private:
+        raise ConfigError(
+            f"strategy {strategy!r} is not private: there is no epsilon to audit", field="strategy"
+        )
+    if accountant not in ACCOUNTANTS:
+        raise ConfigError(
+            f"unknown accountant {accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}",
+            field="accountant",
+        )
+    try:
+        params = STRATEGIES[strategy].validate(dict(request.params))
+    except ConfigError as exc:
+        sub = exc.field.rsplit(".", 1)[-1] if exc.field else None
+        raise ConfigError(str(exc), field=f"params.{sub}" if sub else "params") from None
+    model = _typed(lambda: ModelConfig(name=model_name, options=dict(request.model_options)))
+    try:
+        get_model_descriptor(model_name).validate(dict(request.model_options))
+    except ConfigError as exc:
+        raise ConfigError(str(exc), field="model_options") from None
+
+    def sections(batch_size: int) -> tuple[Any, Any]:
+        training = _typed(lambda: TrainingConfig(steps=steps, batch_size=batch_size))
+        spec = _typed(
+            lambda: SweepSpec(
+                name="dpsweep-audit",
+                dataset=DatasetConfig(name=name),
+                model=model,
+                training=training,
+                privacy=PrivacyConfig(budgets=[request.epsilon or 1.0], delta=delta),
+                arms=[ArmConfig(strategy=strategy)],
+            )
+        )
+        return training, spec
+
+    training, spec = sections(request.batch_size or DEFAULT_BATCH_SIZE)
+    # The owner's view of a stored dataset (loader options, declared size, split), as for a
+    # sweep; loader names pass through.
+    admitted = admit(engine, spec, viewer)
+    dataset_spec = resolve(engine, admitted.spec.dataset)
+    data = _audit_data(load_dataset(dataset_spec), request)
+    check_model(
+        ModelSpec(model_name, dict(request.model_options)),
+        input_shape=tuple(data.input_shape),
+        num_classes=int(data.num_classes),
+        vocab_size=data.vocab_size,
+        strategies=[strategy],
+    )
+    view = _planning_view(data, request)
+    if request.sample_rate is not None:
+        batch_size = max(1, round(request.sample_rate * view.planning_n_train))
+        training, spec = sections(batch_size)
+    q, steps = _field_errors(
+        lambda: plan_steps(
+            n_train=view.planning_n_train,
+            batch_size=training.batch_size,
+            epochs=None,
+            steps=steps,
+        )
+    )
+    n_records = data.planning_n_private
+    if delta >= 1.0 / n_records:
+        raise ConfigError(
+            f"delta {delta:g} is >= 1/N for this dataset: such a guarantee allows releasing a "
+            f"record outright; use delta {10 ** math.floor(math.log10(0.1 / n_records)):g} or "
+            "smaller",
+            field="delta",
+        )
+    sigma = request.noise_multiplier
+    if sigma is None:
+        assert request.epsilon is not None  # request.check()
+        sigma = _field_errors(
+            lambda: calibrate_noise_multiplier(
+                target_epsilon=float(request.epsilon),
+                target_delta=delta,
+                sample_rate=q,
+                steps=steps,
+                accountant=accountant,
+            ),
+            field="epsilon",
+        )
+    lrs = request.lrs or [DEFAULT_LR]
+    trials = [
+        TrialSpec(
+            lr=float(lr),
+            seed=request.seed + i,
+            noise_multiplier=float(sigma),
+            target_delta=delta,
+            params=dict(params),
+        )
+        for i, lr in enumerate(lrs)
+    ]
+    pack = training_pack(
+        model=model,
+        training=training,
+        strategy=strategy,
+        trials=trials,
+        dataset=dataset_spec,
+        accountant=accountant,
+        reproducible=False,
+        planned=_planned(strategy, q, steps, float(sigma), data),
+        device=device,
+        threads=threads,
+    )
+    return _finish(
+        engine,
+        request,
+        name=name,
+        sweep_id=None,
+        trial_id=None,
+        pack=pack,
+        data=data,
+        q=q,
+        steps=steps,
+        sigma=float(sigma),
+        delta=delta,
+        accountant=accountant,
+    )
+
+
+def _prepare_trial(
+    engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
+) -> PreparedAudit:
+    from sweeper.datasets.resolution import resolve
+    from sweeper.driver.packs import pack_spec
+    from sweeper.sweeps.stored import grid_key, typed_spec
+    from sweeper.sweeps.sweep_pages import sweep_head
+    from workers.accounting.registry import trial_accountant_for_plan
+    from workers.datasets.loading import load_dataset
+    from workers.schedule import plan_steps
+
+    trial_id = str(request.trial)
+    with Session(engine) as session:
+        trial = session.get(Trial, trial_id)
+        sweep = session.get(Sweep, trial.sweep_id) if trial is not None else None
+        if trial is not None:
+            session.expunge(trial)
+        if sweep is not None:
+            session.expunge(sweep)
+    if trial is None or sweep is None:
+        raise TrialNotFound(f"no trial {trial_id!r}")
+    try:
+        sweep_head(engine, sweep.id, viewer)
+    except NotFound:
+        raise TrialNotFound(f"no trial {trial_id!r}") from None
+    check_owner(engine, sweep.dataset, viewer, field="trial")
+    if trial.state != TrialState.done:
+        raise ConfigError(
+            f"trial {trial_id!r} is {trial.state.value}: only a finished trial's configuration "
+            "is audited",
+            field="trial",
+        )
+    if trial.noise_multiplier is None:
+        raise ConfigError(
+            f"trial {trial_id!r} is not private: there is no epsilon to audit", field="trial"
+        )
+    spec = typed_spec(sweep)
+    key = grid_key(trial.arm, trial.epsilon_budget)
+    grid = next((g for g in sweep.plan or [] if g.get("grid") == key), None)
+    if grid is None:
+        raise ConfigError(f"trial {trial_id!r} has no stored plan", field="trial")
+    accountant = trial_accountant_for_plan(str(grid["accountant"]))
+    steps = int(grid["steps_per_trial"])
+    training = spec.training.model_copy(update={"steps": steps})
+    spec = spec.model_copy(update={"training": training})
+    dataset_spec = resolve(engine, spec.dataset)
+    data = _audit_data(load_dataset(dataset_spec), request)
+    view = _planning_view(data, request)
+    q, steps = _field_errors(
+        lambda: plan_steps(
+            n_train=view.planning_n_train,
+            batch_size=training.batch_size,
+            epochs=None,
+            steps=steps,
+        ),
+        field="trial",
+    )
+    sigma = float(trial.noise_multiplier)
+    delta = float(trial.target_delta or spec.privacy.delta)
+    pack = pack_spec(
+        spec,
+        [trial],
+        dataset=dataset_spec,
+        accountant=accountant,
+        planned=_planned(trial.strategy, q, steps, sigma, data),
+        device=device,
+        threads=threads,
+    )
+    return _finish(
+        engine,
+        request,
+        name=sweep.dataset,
+        sweep_id=sweep.id,
+        trial_id=trial.id,
+        pack=pack,
+        data=data,
+        q=q,
+        steps=steps,
+        sigma=sigma,
+        delta=delta,
+        accountant=accountant,
+    )
+
+
+def _planned(strategy: str, q: float, steps: int, sigma: float, data: Any) -> Any:
+    """The run the charge covers: the worker refuses to train anything else."""
+    from workers.plan_check import PlannedRun
+
+    return PlannedRun(
+        strategy=strategy,
+        sample_rate=q,
+        steps=steps,
+        noise_multiplier=sigma,
+        dataset_sha256=data.content_sha256,
+    )
+
+
+def _field_errors(call: Any, *, field: str | None = None) -> Any:
+    """``call()``, its ConfigError re-raised with the request's field (``training.steps`` is
+    ``steps`` here)."""
+    try:
+        return call()
+    except ConfigError as exc:
+        name = field or (exc.field.rsplit(".", 1)[-1] if exc.field else None)
+        raise ConfigError(str(exc), field=name) from None
+
+
+def _finish(
+    engine: Engine,
+    request: AuditRequest,
+    *,
+    name: str,
+    sweep_id: str | None,
+    trial_id: str | None,
+    pack: Any,
+    data: Any,
+    q: float,
+    steps: int,
+    sigma: float,
+    delta: float,
+    accountant: str,
+) -> PreparedAudit:
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.datasets.names import in_catalog
+    from workers.accounting import compute_epsilon
+    from workers.canary_audit.run import check_audit_pack
+
+    check_audit_pack(pack, setting=request.setting, canaries=request.canaries)
+    # What the K trials' T steps each release, composed: the audit's claim and its charge.
+    claimed = compute_epsilon(
+        noise_multiplier=sigma,
+        sample_rate=q,
+        steps=steps * len(pack.trials),
+        target_delta=delta,
+        accountant=accountant,
+    )
+    public = is_public_dataset(engine, name)
+    return PreparedAudit(
+        request=request,
+        dataset=name,
+        sweep_id=sweep_id,
+        trial_id=trial_id,
+        pack=pack,
+        data=data,
+        public=public,
+        ledger_key=None if public or not in_catalog(name) else ledger_key_of(engine, name),
+        content_sha256=str(data.content_sha256),
+        sample_rate=q,
+        steps=steps,
+        noise_multiplier=sigma,
+        delta=delta,
+        accountant=accountant,
+        epsilon_claimed=float(claimed),
+    )

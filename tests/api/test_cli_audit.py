@@ -1,0 +1,157 @@
+"""``dpsweep audit``: a canary audit from the command line, on a real SQLite database.
+
+Public data (digits) spends nothing; a registered (private) dataset is charged the claimed
+epsilon, computed before training; refused input charges and stores nothing. Every run is
+tiny (digits or 300 records, 10 steps, a few hundred canaries).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.cli import main
+from sweeper.store import Audit
+from sweeper.store.engine import make_engine
+from sweeper.store.schema import upgrade
+
+DPSWEEP = shutil.which("dpsweep", path=str(Path(sys.executable).parent)) or "dpsweep"
+KEYS = {
+    "epsilon_claimed",
+    "epsilon_lower_bound",
+    "confidence",
+    "canaries",
+    "setting",
+    "strategy",
+    "engine_path",
+    "seconds",
+}
+
+
+def _csv(path: Path, n: int = 300) -> None:
+    rng = np.random.default_rng(38)
+    x = rng.normal(size=(n, 4))
+    y = (x[:, 0] + x[:, 1] > 0).astype(int)
+    rows = (",".join(f"{v:.5f}" for v in r) + f",{t}" for r, t in zip(x, y, strict=True))
+    path.write_text("a,b,c,d,label\n" + "\n".join(rows) + "\n")
+
+
+def _audits(db: str) -> int:
+    engine = make_engine(db)
+    try:
+        with Session(engine) as s:
+            return int(s.scalar(select(func.count()).select_from(Audit)) or 0)
+    finally:
+        engine.dispose()
+
+
+def _spent(db: str, name: str) -> Decimal:
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.store.engine import create_ledger_engine
+
+    engine = create_ledger_engine(db)
+    try:
+        s = BudgetLedger(engine).summary(ledger_key_of(engine, name))
+        return s.epsilon_spent + s.epsilon_reserved
+    finally:
+        engine.dispose()
+
+
+def test_audit_json_on_digits_is_free_and_stored(tmp_path: Path) -> None:
+    """The issue's command, as the installed console script: the JSON keys, bound <= claim."""
+    db = f"sqlite:///{tmp_path / 'a.db'}"
+    args = ["audit", "--dataset", "digits", "--model", "mlp", "--strategy", "fixed",
+            "--epsilon", "8", "--batch-size", "1437", "--steps", "10", "--canaries", "500",
+            "--json", "--db", db]  # fmt: skip
+    p = subprocess.run(
+        [DPSWEEP, *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "120"},
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert set(out) >= KEYS
+    assert {"delta", "trials", "steps", "sample_rate", "noise_multiplier", "method"} <= set(out)
+    assert out["setting"] == "white-box" and out["canaries"] == 500 and out["trials"] == 1
+    assert out["strategy"] == "fixed" and out["steps"] == 10 and out["confidence"] == 0.95
+    # Calibrated to epsilon 8 for one trial of T steps.
+    assert out["epsilon_claimed"] == pytest.approx(8.0, rel=0.02)
+    assert 0.0 <= out["epsilon_lower_bound"] <= out["epsilon_claimed"]
+    assert _audits(db) == 1
+    # digits is public: no ledger entry at all.
+    engine = make_engine(db)
+    try:
+        from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+
+        assert BudgetLedger(engine).datasets() == []
+    finally:
+        engine.dispose()
+
+
+def test_audit_of_a_registered_dataset_charges_the_claim(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sweeper.datasets.registration import register_file
+
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade(db)
+    data = tmp_path / "clinic.csv"
+    _csv(data)
+    engine = make_engine(db)
+    try:
+        register_file(engine, data, name="clinic", label_column="label")
+    finally:
+        engine.dispose()
+    before = _spent(db, "clinic")
+    rc = main(["audit", "--dataset", "clinic", "--model", "logreg", "--noise-multiplier", "1.5",
+               "--batch-size", "64", "--steps", "10", "--lr", "0.1", "--lr", "0.3",
+               "--canaries", "200", "--json", "--db", db])  # fmt: skip
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trials"] == 2 and out["noise_multiplier"] == 1.5
+    # Charged exactly the claim: the two trials' 10 steps each, composed.
+    assert float(_spent(db, "clinic") - before) == pytest.approx(out["epsilon_claimed"], rel=1e-9)
+    assert 0.0 <= out["epsilon_lower_bound"] <= out["epsilon_claimed"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--epsilon", "2", "--noise-multiplier", "1"], "--noise-multiplier"),
+        (["--noise-multiplier", "1", "--batch-size", "100000"], "--batch-size"),
+        (["--noise-multiplier", "1", "--strategy", "nonprivate"], "--strategy"),
+        (["--noise-multiplier", "1", "--canaries", "1"], "--canaries"),
+        (["--noise-multiplier", "1", "--delta", "0.1"], "--delta"),
+    ],
+)
+def test_refused_audits_charge_and_store_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    from sweeper.datasets.registration import register_file
+
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    upgrade(db)
+    data = tmp_path / "clinic.csv"
+    _csv(data)
+    engine = make_engine(db)
+    try:
+        register_file(engine, data, name="clinic", label_column="label")
+    finally:
+        engine.dispose()
+    before = _spent(db, "clinic")
+    with pytest.raises(SystemExit) as exc:
+        main(["audit", "--dataset", "clinic", "--model", "logreg", *flags, "--db", db])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+    assert _spent(db, "clinic") == before
+    assert _audits(db) == 0
