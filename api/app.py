@@ -24,7 +24,7 @@ from api.auth import current_viewer
 from api.live import EventHub
 from api.page_cache import PageCache
 from api.planning import Planner
-from api.routes import datasets, health, me, registry, sweeps, trials
+from api.routes import audits, datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 
@@ -99,6 +99,7 @@ def create_app(
         datasets.router,
         me.router,
         registry.router,
+        audits.router,
     )
     for r in routers:
         app.include_router(r, prefix=API_PREFIX, dependencies=secured)

@@ -129,6 +129,73 @@ class Client(HttpTransport):
         (:meth:`Trial.model_card`, :meth:`Trial.download_model`, :meth:`Trial.load_model`)."""
         return Trial(self, self._json("GET", f"/trials/{trial_id}"))
 
+    # -- audits ---------------------------------------------------------------------------------
+
+    def audit(
+        self,
+        *,
+        wait: bool = True,
+        timeout: float | None = None,
+        poll_seconds: float = 1.0,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Start a canary audit (``POST /audits``) and, with ``wait``, poll it until it ends.
+
+        ``fields`` are :class:`dpsweep.audit.AuditRequest`'s, checked locally first: a run
+        (``dataset``, ``model``, ``strategy``, ``params``, ``epsilon`` or
+        ``noise_multiplier``, ``batch_size`` or ``sample_rate``, ``steps``, ``lrs``) or a
+        finished ``trial``; ``setting`` (``white-box`` or ``black-box``), ``canaries``,
+        ``confidence``. Public data spends nothing; your private dataset is charged the
+        claimed epsilon.
+
+        Returns:
+            The audit: ``id``, ``state`` (``running``, ``succeeded``, ``failed``),
+            ``result`` (``epsilon_lower_bound`` beside ``epsilon_claimed``, ...), ``charge``,
+            ``error``.
+
+        Raises:
+            ValidationError: a bad field (locally or from the server), naming it.
+            PermissionDenied: an analyst's audit of a dataset granted to them.
+            TimeoutError: ``timeout`` seconds passed while it was still running.
+
+        Example::
+
+            a = client.audit(dataset="digits", epsilon=8, batch_size=1437, steps=10,
+                             canaries=500)
+            a["result"]["epsilon_lower_bound"] <= a["result"]["epsilon_claimed"]
+        """
+        import time
+
+        from pydantic import ValidationError
+
+        from dpsweep.audit import AuditRequest
+
+        try:
+            request = AuditRequest(**fields).check()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or None
+            raise ConfigError(f"{field}: {first['msg']}", field=field) from None
+        body = request.model_dump(mode="json", exclude_unset=True)
+        audit = dict(self._json("POST", "/audits", json=body))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while wait and audit["state"] == "running":
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"audit {audit['id']} still running after {timeout} s")
+            time.sleep(poll_seconds)
+            audit = self.get_audit(audit["id"])
+        return audit
+
+    def get_audit(self, audit_id: str) -> dict[str, Any]:
+        """One of your audits by id (raises NotFound)."""
+        return dict(self._json("GET", f"/audits/{audit_id}"))
+
+    def audits(
+        self, *, trial: str | None = None, sweep: str | None = None, page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """Your audits, newest first (of one trial or sweep), fetched page by page."""
+        yield from self._pages("/audits", {"trial": trial, "sweep": sweep}, page_size=page_size)
+
     # -- datasets -------------------------------------------------------------------------------
 
     def datasets(self) -> list[dict[str, Any]]:
