@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
-from api.cli.sweeps import describe_scaling, print_results
+from api.cli.sweeps import describe_scaling, print_models, print_results
 
 
 def add_parsers(sub: Any) -> None:
@@ -357,7 +357,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from sweeper.driver.loop import run_sweep
     from sweeper.sweeps.create import create_sweep
     from sweeper.sweeps.lifecycle import find_finished, find_resumable
-    from sweeper.sweeps.summary import summarize
+    from sweeper.sweeps.summary import show_summary
 
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1; got {args.workers}")
@@ -410,7 +410,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 # Off a terminal the live view's last frame ends without a newline; the
                 # results (on stdout, often the same file) must start on a line of their own.
                 console.line()
-    summary = summarize(engine, sweep_id)
+    summary = show_summary(engine, sweep_id)
     out = stdout_console()
     if args.json:
         print(json.dumps(summary))
@@ -419,7 +419,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     paths = _write_plots(engine, sweep_id, args.plots)
     for p in paths:
         console.print(f"wrote {p}")
-    _print_kept_models(console, engine, sweep_id)
+    _print_kept_models(console, engine, summary)
     if outcome.state != "done":
         console.print(f"[red]sweep {sweep_id} ended {outcome.state}[/red]")
         return EXIT_FAILURE
@@ -442,14 +442,14 @@ def _show_finished(
         0 for a done sweep; the failure exit code for a failed or cancelled one (as at the end
         of the run that ended it).
     """
-    from sweeper.sweeps.summary import summarize
+    from sweeper.sweeps.summary import show_summary
 
-    summary = summarize(engine, sweep_id)
+    summary = show_summary(engine, sweep_id)
     if args.json:
         print(json.dumps(summary))
     else:
         print_results(stdout_console(), summary)
-    _print_kept_models(console, engine, sweep_id)
+    _print_kept_models(console, engine, summary)
     how = "`dpsweep run SPEC --new` starts another sweep, which spends its budget again"
     if state == "done":
         console.print(f"sweep {sweep_id} of this spec is done; nothing was run or spent. {how}")
@@ -460,30 +460,13 @@ def _show_finished(
     return EXIT_FAILURE
 
 
-def _print_kept_models(console: Console, engine: Any, sweep_id: str) -> None:
+def _print_kept_models(console: Console, engine: Any, summary: dict[str, Any]) -> None:
     """One line per kept model (the spec's ``artifacts.keep``), and how to get one out."""
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
     from sweeper.artifacts.keeper import store_for
     from sweeper.settings import SweeperSettings
-    from sweeper.store import ModelArtifact
 
-    with Session(engine) as session:
-        rows = list(
-            session.scalars(
-                select(ModelArtifact)
-                .where(ModelArtifact.sweep_id == sweep_id)
-                .order_by(ModelArtifact.grid)
-            )
-        )
-    if not rows:
-        return
-    where = store_for(engine, SweeperSettings()).url
-    console.print(f"kept {len(rows)} model(s) in {where}:")
-    for r in rows:
-        console.print(f"  {r.grid}: trial {r.trial_id} ({r.size_bytes:,} bytes)")
-    console.print("  `dpsweep model TRIAL_ID -o DIR` writes one out with its model card")
+    if summary["models"]:
+        print_models(console, summary["models"], where=store_for(engine, SweeperSettings()).url)
 
 
 def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:

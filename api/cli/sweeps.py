@@ -132,6 +132,38 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
     console.print(table)
 
 
+def print_models(
+    console: Console, models: list[dict[str, Any]], *, where: str | None = None
+) -> None:
+    """One line per kept model (``dpsweep show --json``'s ``models``), and how to get one out.
+
+    Args:
+        console: Where to print.
+        models: :func:`sweeper.sweeps.summary.kept_models`; nothing is printed when empty.
+        where: The artifact store holding them, if it is to be named.
+    """
+    from rich.text import Text
+
+    from sweeper.sweeps.stored import grid_key
+
+    if not models:
+        return
+    console.print(f"kept {len(models)} model(s)" + (f" in {where}:" if where else ":"))
+    for m in models:
+        value = "" if m["objective"] is None else f"objective {m['objective']:.4f}; "
+        # Plain text, never wrapped: the trial id is to be copied.
+        line = (
+            f"  {grid_key(m['arm'], m['epsilon_budget'])}: trial {m['trial']} "
+            f"({value}{m['size_bytes']:,} bytes)"
+        )
+        console.print(Text(line), soft_wrap=True)
+    console.print(
+        "  `dpsweep model TRIAL -o DIR` writes one out with its model card; `dpsweep serve` "
+        "serves it at /api/v1/trials/TRIAL/model",
+        soft_wrap=True,
+    )
+
+
 def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """List the stored sweeps."""
     from dpsweep.errors import DpsweepError
@@ -162,18 +194,20 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Print a sweep's summary: budget, privacy and results."""
+    """Print a sweep's summary: budget, privacy, results and kept models."""
     from dpsweep.errors import DpsweepError
-    from sweeper.sweeps.summary import summarize
+    from sweeper.sweeps.summary import show_summary
 
     try:
-        summary = summarize(open_engine(args.db), args.sweep_id)
+        summary = show_summary(open_engine(args.db), args.sweep_id)
     except DpsweepError as exc:
         return fail(exc)
     if args.json:
         print(json.dumps(summary))
     else:
-        print_results(stdout_console(), summary)
+        out = stdout_console()
+        print_results(out, summary)
+        print_models(out, summary["models"])
     return 0
 
 

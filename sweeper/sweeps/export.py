@@ -1,4 +1,10 @@
-"""A sweep's released trials exported as CSV (one row per trial) or JSON (summary + trials)."""
+"""A sweep's released trials exported as CSV (one row per trial) or JSON (summary + trials).
+
+Each trial carries its kept model, if any: in JSON its ``model`` (the trial listing's
+reference with the trial and the command that writes it out,
+:func:`sweeper.sweeps.summary.local_model_ref`; null when none is kept) and the summary's
+``models``; in CSV the ``model_*`` columns (empty when none is kept).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +18,16 @@ from dpsweep.errors import ConfigError
 from dpsweep.spec import randomness_label
 from sweeper.privacy.releases import evaluation_statement
 from sweeper.sweeps.stored import load_sweep
-from sweeper.sweeps.summary import summarize, sweep_results
+from sweeper.sweeps.summary import kept_models, summarize, sweep_results, trial_models
+
+# The CSV's columns of a trial's kept model, and the reference's fields they hold.
+MODEL_COLUMNS = {
+    "model_url": "url",
+    "model_card_url": "card_url",
+    "model_sha256": "sha256",
+    "model_size_bytes": "size_bytes",
+    "model_cli": "cli",
+}
 
 
 def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
@@ -25,10 +40,14 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
         raise ConfigError(f"unknown export format {fmt!r}; choose csv or json", field="format")
     sweep = load_sweep(engine, sweep_id)
     res = sweep_results(sweep)
+    models = trial_models(engine, res.records)
     if fmt == "json":
         label = randomness_label(sweep.spec)
-        trials = [r | {"randomness": label} for r in res.records]
-        return json.dumps({"sweep": summarize(engine, sweep_id), "trials": trials}, indent=2)
+        trials = [r | {"randomness": label, "model": models.get(r["id"])} for r in res.records]
+        summary = summarize(engine, sweep_id, sweep=sweep) | {
+            "models": kept_models(engine, res, models)
+        }
+        return json.dumps({"sweep": summary, "trials": trials}, indent=2)
     metric_names = sorted({k for r in res.records for k in (r["metrics"] or {})})
     param_names = sorted({k for r in res.records for k in (r["params"] or {})})
     base = [
@@ -53,13 +72,15 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     ]
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(base + [f"param.{p}" for p in param_names] + metric_names)
+    writer.writerow(base + list(MODEL_COLUMNS) + [f"param.{p}" for p in param_names] + metric_names)
     label = randomness_label(sweep.spec)
     evaluation = evaluation_statement(list(sweep.plan or []))["mode"]
     for r in res.records:
         r = r | {"randomness": label, "evaluation": evaluation}
+        ref = models.get(r["id"]) or {}
         writer.writerow(
             [r.get(k) for k in base]
+            + [ref.get(field) for field in MODEL_COLUMNS.values()]
             + [r["params"].get(p) for p in param_names]
             + [(r["metrics"] or {}).get(m) for m in metric_names]
         )

@@ -8,6 +8,7 @@ counted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,6 +252,74 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             ],
         },
     }
+
+
+# How the command line writes a kept model out (api/cli/models.py); DIR is the user's folder.
+MODEL_COMMAND = "dpsweep model {trial} -o DIR"
+
+
+def local_model_ref(trial_id: str, ref: dict[str, Any]) -> dict[str, Any]:
+    """A trial listing's ``model`` field (:func:`sweeper.artifacts.refs.model_ref`: its hash,
+    size, reproducible flag and the API's download URLs) with the trial it belongs to and the
+    command that writes it out locally, for the command line's outputs."""
+    return {"trial": trial_id, **ref, "cli": MODEL_COMMAND.format(trial=trial_id)}
+
+
+def trial_models(engine: Engine, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The kept model of each released record that has one (:func:`local_model_ref`), by
+    trial id; one query.
+
+    Only ``records``' trials are looked up: the released records of a sweep
+    (:func:`sweeper.sweeps.released.released_records`), so a papernot-steinke grid shows the
+    model of its selected trial only, exactly the trials whose model its download route serves
+    (:func:`sweeper.artifacts.reads.kept_model`).
+    """
+    from sweeper.artifacts.refs import model_refs
+
+    with Session(engine) as session:
+        refs = model_refs(session, [r["id"] for r in records])
+    return {tid: local_model_ref(tid, ref) for tid, ref in refs.items()}
+
+
+def kept_models(
+    engine: Engine, res: SweepResults, refs: dict[str, dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The released trials' kept models, one dict per model in grid order: the trial's arm,
+    strategy, epsilon level and objective (all shown in its released record), and the model's
+    reference (:func:`local_model_ref`; ``refs``: :func:`trial_models` of ``res.records``,
+    read when not given), less the file's hash: a sweep's summary names no hash (the trial
+    listings and the downloads' ETag carry it)."""
+    refs = trial_models(engine, res.records) if refs is None else refs
+    out = []
+    for r in res.records:
+        ref = refs.get(r["id"])
+        if ref is None:
+            continue
+        value = (r.get("metrics") or {}).get(res.metric)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            value = None
+        out.append(
+            {
+                "arm": r["arm"],
+                "strategy": r["strategy"],
+                "epsilon_budget": r["epsilon_budget"],
+                "objective": value,
+            }
+            | {k: v for k, v in ref.items() if k != "sha256"}
+        )
+    return out
+
+
+def show_summary(engine: Engine, sweep_id: str) -> dict[str, Any]:
+    """What `dpsweep show --json` prints: :func:`summarize` plus ``models``, the released
+    trials' kept models (:func:`kept_models`; an empty list when none is kept).
+
+    The API's sweep summary leaves ``models`` out (its cache follows the sweep's events, and
+    models are written without one); its trial list carries each trial's ``model``.
+    """
+    sweep = load_sweep(engine, sweep_id)
+    summary = summarize(engine, sweep_id, sweep=sweep)
+    return summary | {"models": kept_models(engine, sweep_results(sweep))}
 
 
 def _grid_and_params(arm: ArmConfig) -> dict[str, Any]:
