@@ -93,8 +93,8 @@ def test_the_long_arm_name_is_cut_not_wrapped_at_80_and_whole_where_it_fits() ->
     assert not any(LONG_ARM in row for row in rows)
     assert rows[-1].split() == [LONG_ARM[:67] + "…", "0.9312"], rows[-1]
     short = busy_snapshot(best={k: v for k, v in ARMS.items() if len(k) < 40})
-    at_80 = [line.split() for line in render(short, 80)]
-    assert ["online_adaptive_clipping_with_momentum", "0.7000"] in at_80
+    cells = [line.split() for line in render(short, 80)]
+    assert ["online_adaptive_clipping_with_momentum", "0.7000"] in cells
     # Name and counts share a line when both fit; else the counts get a line of their own.
     quick = busy_snapshot(elapsed=75, eta=30)
     first = render(quick, 80, name="digits")[0]
