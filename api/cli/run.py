@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.constrain import Constrain
 from rich.live import Live
@@ -228,10 +229,11 @@ LIVE_EVENT_LINES = 3
 
 
 def _cell(text: str, width: int, *, right: bool = False) -> str:
-    """``text`` in exactly ``width`` columns: padded, or cut with an ellipsis."""
-    if len(text) > width:
-        return text[: max(0, width - 1)] + "…" if width else ""
-    return text.rjust(width) if right else text.ljust(width)
+    """``text`` in exactly ``width`` terminal columns: padded, or cut with an ellipsis."""
+    if cell_len(text) > width:
+        return set_cell_size(text, max(0, width - 1)) + "…" if width else ""
+    pad = " " * (width - cell_len(text))
+    return pad + text if right else text + pad
 
 
 def _line(*parts: str | tuple[str, str]) -> Text:
@@ -284,9 +286,9 @@ class ProgressView:
         status: list[str | tuple[str, str]] = []
         for i, f in enumerate(fields):
             status += ["  "] * bool(i) + f
-        status_len = len(Text.assemble(*status))
+        status_len = Text.assemble(*status).cell_len
         out: list[Any] = []
-        if len(self.name) + 2 + status_len <= width:
+        if cell_len(self.name) + 2 + status_len <= width:
             out.append(_line((self.name, "bold"), "  ", *status))
         else:
             out.append(_line((self.name, "bold")))
@@ -308,9 +310,9 @@ class ProgressView:
         """The best objective so far per arm: a header line, column heads, one row per arm."""
         metric = self.snap.metric
         values = {arm: f"{v:.4f}" for arm, v in sorted(self.snap.best.items())}
-        value_w = max(len(metric), *(len(v) for v in values.values()))
+        value_w = max(cell_len(metric), *(len(v) for v in values.values()))
         # Two columns of indent, two between the columns; the arm names take what is left.
-        arm_w = max(3, min(max(len("arm"), *(len(a) for a in values)), width - value_w - 4))
+        arm_w = max(3, min(max(3, *(cell_len(a) for a in values)), width - value_w - 4))
         out = [_line((f"best {metric} so far", "bold"))]
         out.append(
             _line(

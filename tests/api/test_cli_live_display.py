@@ -155,3 +155,16 @@ def test_the_live_display_redraws_within_the_terminal() -> None:
     lines = [line for line in plain.replace("\r", "\n").splitlines() if line]
     assert max(len(line) for line in lines) <= LIVE_WIDTH
     assert "best accuracy so far" in [line.rstrip() for line in lines]
+
+
+@pytest.mark.parametrize("width", [80, 30])
+def test_wide_characters_are_measured_in_terminal_columns(width: int) -> None:
+    from rich.cells import cell_len
+
+    wide = "精度の高い腕の名前がとても長い場合のテストです精度の高い腕の名前"
+    lines = render(busy_snapshot(best={wide: 0.5, "x": 0.25}), width, name="名前")
+    assert max(cell_len(line) for line in lines) <= width, "\n".join(lines)
+    text = [line.rstrip() for line in lines]
+    rows = text[text.index("best accuracy so far") + 1 :][:3]
+    # The value column stays aligned: every row's value ends in the same column.
+    assert len({cell_len(row) for row in rows}) == 1, rows
