@@ -31,7 +31,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
-from dpsweep.errors import ConfigError, NotFound, PermissionDenied, TrialNotFound
+from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
 from sweeper.datasets.access import Viewer
 from sweeper.store import Dataset, Sweep, Trial, TrialState
 
@@ -423,6 +423,14 @@ def _field_errors(call: Any, *, field: str | None = None) -> Any:
     except ConfigError as exc:
         name = field or (exc.field.rsplit(".", 1)[-1] if exc.field else None)
         raise ConfigError(str(exc), field=name) from None
+    except (PrivacyError, ArithmeticError, ValueError):
+        # The accountant cannot reach or compute an epsilon for these values (no number of
+        # the exception is shown: the fields are the request's own).
+        raise ConfigError(
+            f"{field or 'request'}: no finite epsilon can be calibrated or computed for these "
+            "settings; choose a noise multiplier or epsilon of a usual size",
+            field=field,
+        ) from None
 
 
 def _finish(
@@ -447,13 +455,21 @@ def _finish(
 
     check_audit_pack(pack, setting=request.setting, canaries=request.canaries)
     # What the K trials' T steps each release, composed: the audit's claim and its charge.
-    claimed = compute_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=q,
-        steps=steps * len(pack.trials),
-        target_delta=delta,
-        accountant=accountant,
+    claimed = _field_errors(
+        lambda: compute_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps * len(pack.trials),
+            target_delta=delta,
+            accountant=accountant,
+        ),
+        field="trial" if trial_id is not None else "noise_multiplier",
     )
+    if not math.isfinite(claimed):
+        raise ConfigError(
+            "the claimed epsilon of these settings is not finite: there is nothing to audit",
+            field="trial" if trial_id is not None else "noise_multiplier",
+        )
     public = is_public_dataset(engine, name)
     return PreparedAudit(
         request=request,
