@@ -187,7 +187,12 @@ def _requests(doc: dict[str, Any], own: dict[str, str], ds: str) -> list[tuple[s
     malformed query parameters; mutating ones get an empty body and, for the spec routes, every
     probe spec. Deletions come last (they remove what the rest reads).
     """
-    unknown = {"sweep_id": "0" * 32, "trial_id": "f" * 32, "dataset_id": "ds_" + "0" * 24}
+    unknown = {
+        "sweep_id": "0" * 32,
+        "trial_id": "f" * 32,
+        "dataset_id": "ds_" + "0" * 24,
+        "audit_id": "a" * 32,
+    }
     unknown["analyst"] = "bea"
     mine = {**own, "analyst": "ana"}
     reads: list[tuple[str, str, Any]] = []
@@ -212,6 +217,14 @@ def _requests(doc: dict[str, Any], own: dict[str, str], ds: str) -> list[tuple[s
                     writes.append((method.upper(), url, {}))
                     if path.endswith(("/sweeps", "/sweeps:plan")):
                         writes += [(method.upper(), url, spec) for _, spec in _probes(ds)]
+                    if path.endswith("/audits"):
+                        # An audit is the owner's: the analyst asks for one on the dataset, on
+                        # their own trial, and with values out of range.
+                        writes += [
+                            (method.upper(), url, {"dataset": ds, "epsilon": 1, "steps": 2}),
+                            (method.upper(), url, {"trial": own["trial_id"], "canaries": 100}),
+                            (method.upper(), url, {"dataset": ds, "canaries": 1}),
+                        ]
     return reads + writes + deletes
 
 
@@ -271,7 +284,8 @@ def _world(tmp: Path, records: list[str]) -> list[tuple[str, int, Any]]:
         # first appear in.
         for t in sorted(trials, key=lambda t: t["number"]):
             masker.text(t["id"])
-        own = {"sweep_id": sid, "trial_id": trials[0]["id"], "dataset_id": ds}
+        # No audit of the analyst's exists (only the owner may audit private data).
+        own = {"sweep_id": sid, "trial_id": trials[0]["id"], "dataset_id": ds, "audit_id": "b" * 32}
         doc = ana.get("/openapi.json").json()
         for method, path, body in _requests(doc, own, ds):
             ask(method, path, body)

@@ -42,6 +42,7 @@ TABLES = {
     "dataset_grants",
     "release_records",
     "ledger_sweep_totals",
+    "audits",
     VERSION_TABLE,
 }
 # What migrations 0003 and later add (downgrading to 0002 removes them).
@@ -55,6 +56,7 @@ SINCE_0003 = {
     "dataset_grants",
     "release_records",
     "ledger_sweep_totals",
+    "audits",
 }
 
 
