@@ -4,6 +4,7 @@ import {
   badge, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
   setQuery, TERMINAL, when,
 } from "../ui.js";
+import { auditsPanel } from "./audits.js";
 import { trialsTable } from "./trials-table.js";
 
 const TABS = [["fronts", "Fronts"], ["plan", "Plan & budget"], ["trials", "Trials"]];
@@ -71,7 +72,8 @@ export function sweepView(el, id) {
           "★ marks the non-dominated points. Click a point to open its best trial."),
         epsChart),
       calCard),
-    h("div", { class: "card" }, h("h2", {}, "Best per arm and level"), resultsBox));
+    h("div", { class: "card" }, h("h2", {}, "Best per arm and level"), resultsBox),
+    auditsPanel({ sweep: id }));
   logBox.addEventListener("change", () => { setQuery({ log: logBox.checked ? "1" : null }); drawFronts(); });
 
   // --- trials pane ------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 import { api } from "../api.js";
 import { badge, h, num, plot, when } from "../ui.js";
+import { auditsPanel } from "./audits.js";
 import { modelPanel } from "./model.js";
 
 /** One trial: learning curves, C_t and learning-rate trajectories, reliability, ledger, and
@@ -67,7 +68,8 @@ export function trialView(el, id) {
               h("td", {}, when(c.at)), h("td", {}, c.note || "")))))
             : h("p", { class: "muted" }, "No charges: this trial never started."),
           ps ? h("p", { class: "muted small" }, "Papernot–Steinke: the grid is charged once, at its first run, for its whole search; the number of runs is private.") : "")),
-      modelPanel(t));
+      modelPanel(t),
+      auditsPanel({ trial: t.id || id, canStart: t.state === "done" }));
 
     const objective = Object.keys(metrics).find((k) => k === "accuracy") || Object.keys(metrics).find((k) => k !== "loss");
     const series = (name) => ({ x: (metrics[name] || []).map((m) => m.step), y: (metrics[name] || []).map((m) => m.value) });

@@ -1,0 +1,139 @@
+import { api, pages } from "../api.js";
+import { badge, h, num, when } from "../ui.js";
+
+// Canary audits (issue 38): an empirical lower bound on a run's ε beside the ε it claims.
+// The trial page lists that trial's audits and can start one; the sweep page lists its
+// sweep's audits. A running audit is polled (GET /audits/{id}) until it ends.
+
+const POLL_MS = 1500;
+
+const EXPLAIN = "A canary audit trains the configuration once with m canaries and bounds ε from below. "
+  + "A lower bound above the claimed ε means a bug (in the accounting or the training); "
+  + "a bound below it is expected and proves nothing about the claim: it is not an upper bound.";
+
+/**
+ * The "Audits" panel: `{trial}` (with an "Audit this trial" form when `canStart`) or `{sweep}`.
+ * Polling stops once the panel leaves the page.
+ */
+export function auditsPanel({ trial = null, sweep = null, canStart = false } = {}) {
+  const list = h("ul", { class: "audits", id: "audits-list" });
+  const status = h("p", { class: "muted small", id: "audits-status" }, "Loading audits…");
+  const flash = h("div", { id: "audit-flash" });
+  const panel = h("div", { class: "card", id: "audits-panel" },
+    h("h2", {}, "Audits"),
+    h("p", { class: "muted small", id: "audits-explain" }, EXPLAIN),
+    canStart && trial ? form() : "", flash, status, list);
+  const rows = new Map(); // audit id -> its <li>
+  const polling = new Set();
+
+  const path = trial ? `/audits?trial=${encodeURIComponent(trial)}` : `/audits?sweep=${encodeURIComponent(sweep)}`;
+  pages(path, { limit: 100 }).then((items) => {
+    for (const a of items) show(a, false);
+    updateStatus();
+  }, (e) => {
+    status.replaceChildren(`Could not load the audits: ${e.message}`);
+  });
+
+  function updateStatus() {
+    status.textContent = rows.size ? "" : (trial ? "No audits of this trial yet." : "No audits of this sweep's trials yet.");
+    status.hidden = rows.size > 0;
+  }
+
+  function show(a, first) {
+    const li = row(a);
+    const old = rows.get(a.id);
+    if (old) old.replaceWith(li);
+    else if (first) list.prepend(li);
+    else list.append(li);
+    rows.set(a.id, li);
+    if (a.state === "running" || a.state === "pending" || a.state === "queued") follow(a.id);
+  }
+
+  function follow(id) {
+    if (polling.has(id)) return;
+    polling.add(id);
+    (async () => {
+      try {
+        for (;;) {
+          await new Promise((r) => setTimeout(r, POLL_MS));
+          if (!panel.isConnected) return;
+          const a = await api(`/audits/${encodeURIComponent(id)}`);
+          if (!panel.isConnected) return;
+          if (a.state !== "running" && a.state !== "pending" && a.state !== "queued") {
+            polling.delete(id);
+            show(a, false);
+            return;
+          }
+        }
+      } catch (e) {
+        polling.delete(id);
+        if (panel.isConnected) flash.replaceChildren(problem(e));
+      }
+    })();
+  }
+
+  function form() {
+    const setting = h("select", { id: "audit-setting", name: "setting" },
+      h("option", { value: "white-box", selected: true }, "white-box"),
+      h("option", { value: "black-box" }, "black-box"));
+    const canaries = h("input", { type: "number", id: "audit-canaries", name: "canaries", min: "2", max: "100000", step: "1", value: "1000" });
+    const button = h("button", { type: "submit", id: "audit-start" }, "Audit this trial");
+    const f = h("form", { class: "row audit-form", id: "audit-form", novalidate: true },
+      h("label", { for: "audit-setting" }, "Setting"), setting,
+      h("label", { for: "audit-canaries" }, "Canaries"), canaries, button);
+    f.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      flash.replaceChildren();
+      button.disabled = true;
+      try {
+        const a = await api("/audits", {
+          method: "POST",
+          body: { trial, setting: setting.value, canaries: Number(canaries.value) },
+        });
+        show(a, true);
+        updateStatus();
+      } catch (e) {
+        flash.replaceChildren(problem(e));
+      } finally {
+        button.disabled = false;
+      }
+    });
+    return f;
+  }
+
+  return panel;
+}
+
+/** A refusal as the server worded it (problem+json detail; an analyst's 403 included). */
+function problem(e) {
+  return h("div", { class: "error", role: "alert", id: "audit-error" },
+    h("strong", {}, e.problem?.title || "Error"), " ", e.message);
+}
+
+function row(a) {
+  const r = a.result || {};
+  const req = a.request || {};
+  let body;
+  if (a.state === "succeeded" && a.result) {
+    const conf = typeof r.confidence === "number" ? `${num(100 * r.confidence, 3)} %` : "95 %";
+    const low = r.epsilon_lower_bound;
+    body = h("span", { class: "audit-result" },
+      h("strong", { class: "audit-bound" }, low === null || low === undefined ? "ε ≥ – (no bound)" : `ε ≥ ${num(low)}`),
+      ` (${conf} lower bound) · claimed ε = ${num(r.epsilon_claimed)} · ${r.setting} · ${r.canaries} canaries`,
+      r.method ? ` · ${r.method}` : "", typeof r.seconds === "number" ? ` · ${num(r.seconds, 3)} s` : "",
+      r.strategy ? h("span", { class: "muted" }, ` · ${r.strategy}${r.engine_path ? ` (${r.engine_path})` : ""}`) : "");
+  } else if (a.state === "failed") {
+    body = h("span", { class: "audit-failed" }, a.error || "the audit failed");
+  } else {
+    body = h("span", { class: "muted" },
+      `${req.setting || "white-box"} · ${req.canaries ?? 1000} canaries · training…`);
+  }
+  const above = a.state === "succeeded" && typeof r.epsilon_lower_bound === "number"
+    && typeof r.epsilon_claimed === "number" && r.epsilon_lower_bound > r.epsilon_claimed;
+  return h("li", { class: `audit${above ? " audit-above" : ""}`, "data-audit": a.id, "data-state": a.state },
+    badge(a.state), " ", body,
+    above ? h("strong", { class: "audit-warning" }, " — the bound exceeds the claim: a bug") : "",
+    h("span", { class: "muted small" }, ` · ${when(a.created_at)}`,
+      a.trial_id ? " · trial " : "",
+      a.trial_id ? h("a", { href: `/trials/${a.trial_id}` }, a.trial_id.slice(0, 12)) : ""));
+}
