@@ -88,15 +88,24 @@ PLAN_KEYS = (
 )
 
 
-def _resolved_dataset(spec: Any, url: str | None) -> Any:
-    """The spec's worker dataset; the database is opened only for catalog names."""
+def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
+    """The spec as ``dpsweep run`` would plan it, and its worker dataset.
+
+    A stored dataset's owner fixes how its records are read and split (the owner's view):
+    the plan uses the admitted spec, as ``run`` and ``train`` do, so plan equals run. The
+    database is opened only for catalog names.
+    """
+    from sweeper.datasets.access import Viewer
     from sweeper.datasets.names import in_catalog
     from sweeper.datasets.resolution import resolve
+    from sweeper.sweeps.admission import admit
 
     needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
     if not needs_db:
-        return resolve(None, spec.dataset, spec.eval)
-    return resolve(open_engine(url, migrate=True), spec.dataset, spec.eval)
+        return spec, resolve(None, spec.dataset, spec.eval)
+    engine = open_engine(url, migrate=True)
+    spec = admit(engine, spec, Viewer(None)).spec  # local use: the owner
+    return spec, resolve(engine, spec.dataset, spec.eval)
 
 
 def use_local_factories(spec: Any) -> None:
@@ -124,7 +133,8 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
         use_local_factories(spec)
-        plan = plan_sweep(spec, dataset=_resolved_dataset(spec, getattr(args, "db", None)))
+        spec, dataset = _admitted(spec, getattr(args, "db", None))
+        plan = plan_sweep(spec, dataset=dataset)
     except ConfigError as exc:
         parser.error(str(exc))
         return EXIT_USAGE  # unreachable

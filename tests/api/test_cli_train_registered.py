@@ -108,6 +108,24 @@ def test_train_by_registered_name_uses_the_owners_view_and_its_ledger(tmp_path: 
             assert sweep is not None and sweep.ledger_key == key
             assert sweep.plan[0]["sample_rate"] == pytest.approx(out["sample_rate"])
 
+        # And `dpsweep plan` on that spec shows the same q (the owner's view applies there too).
+        spec_file = tmp_path / "clinic.yaml"
+        spec_file.write_text(
+            json.dumps(
+                {
+                    "name": "clinic-plan",
+                    "dataset": {"name": "clinic"},
+                    "model": {"name": "logreg"},
+                    "training": {"epochs": 1, "batch_size": 32, "eval_every": 10},
+                    "privacy": {"budgets": [1], "delta": 1e-5},
+                    "arms": [{"strategy": "fixed", "grid": {"lr": [0.5]}}],
+                }
+            )
+        )
+        p = dpsweep("plan", str(spec_file), "--json", "--db", db, db=db)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)[0]["sample_rate"] == pytest.approx(out["sample_rate"])
+
         # Refused input charges nothing: a file flag with a registered name, a setting out of
         # range, an unknown name, and a run the records' cap cannot cover.
         entries = len(ledger.entries(key))
