@@ -6,26 +6,18 @@ the server, for admins and local use, like a path given in a spec.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
+from sweeper.datasets.grants import has_active_grant
 from sweeper.datasets.names import in_catalog, unknown_dataset
+from sweeper.datasets.viewer import Viewer
 from sweeper.store import Dataset
 
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who asks: an owner name (None: local use, sees everything) and whether an admin."""
-
-    owner: str | None
-    admin: bool = False
-
-    def sees(self, owner: str | None) -> bool:
-        return self.admin or self.owner is None or owner == self.owner
+__all__ = ["Viewer", "check_access"]
 
 
 def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
@@ -60,12 +52,11 @@ def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
             exists = session.scalars(select(Dataset.id).where(Dataset.name == name)).first()
         if exists is None:
             raise ConfigError(unknown_dataset(name), field="dataset.name")
-        if not viewer.sees(owner):
-            # An analyst of the dataset (an active grant from its owner) may use it.
-            from sweeper.datasets.grants import has_active_grant
-
-            if viewer.owner is None or not has_active_grant(engine, name, viewer.owner):
-                raise ConfigError(unknown_dataset(name), field="dataset.name")
+        # An analyst of the dataset (an active grant from its owner) may use it.
+        if not viewer.sees(owner) and (
+            viewer.owner is None or not has_active_grant(engine, name, viewer.owner)
+        ):
+            raise ConfigError(unknown_dataset(name), field="dataset.name")
 
 
 def _path_options() -> set[str]:

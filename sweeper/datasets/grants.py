@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, NotFound, PermissionDenied
 from dpsweep.spec import EVAL_MODES
-from sweeper.datasets.access import Viewer
+from sweeper.datasets.viewer import Viewer
 from sweeper.privacy.ledger.amounts import epsilon_amount
 from sweeper.store import ApiToken, Dataset, DatasetGrant, iso
 
