@@ -9,13 +9,16 @@ The server is ``test_dashboard``'s (its fixtures are reused); the sweep is a tin
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 import tests.api.test_dashboard as _dash
 from api.testing.browser import screenshot
+from api.testing.server import Server
 
 pytestmark = pytest.mark.slow
 
@@ -102,3 +105,72 @@ def test_audit_a_trial_then_see_it_on_the_sweep(
     listed = page.inner_text(f"#audits-panel li[data-audit='{audit_id}']")
     assert "white-box" in listed and "claimed ε" in listed
     screenshot(page, "sweep-audits")
+
+
+@pytest.fixture(scope="module")
+def analyst_trial(server: Server, api: httpx.Client) -> Iterator[tuple[str, str]]:
+    """An analyst's (ana's) finished trial on alice's private upload: (ana's token, trial id)."""
+    rng = np.random.default_rng(0)
+    x = np.round(rng.normal(size=(200, 4)), 3)
+    y = (x[:, 0] > 0).astype(int)
+    lines = ["a,b,c,d,label"] + [
+        ",".join(repr(float(v)) for v in row) + f",{t}" for row, t in zip(x, y, strict=True)
+    ]
+    r = api.post(
+        "/api/v1/datasets",
+        files={"file": ("owned.csv", "\n".join(lines) + "\n", "text/csv")},
+        data={"label_column": "label", "epsilon_cap": "20", "name": "audit-owned"},
+    )
+    assert r.status_code == 201, r.text
+    ds = r.json()["id"]
+    tok = server.token("ana")
+    r = api.post(f"/api/v1/datasets/{ds}/grants", json={"analyst": "ana", "epsilon_allowance": 3})
+    assert r.status_code == 201, r.text
+    r = api.put(f"/api/v1/datasets/{ds}/policy", json={"view": {"input_bounds": [-5.0, 5.0]}})
+    assert r.status_code == 200, r.text
+    spec = {
+        "name": "analyst-audit",
+        "dataset": {"name": ds, "input_bounds": [-5.0, 5.0]},
+        "model": {"name": "logreg"},
+        "training": {"steps": 4, "batch_size": 32, "eval_every": 2},
+        "privacy": {"budgets": [1], "delta": 1e-5},
+        "eval": {"mode": "dp"},
+        "arms": [{"strategy": "fixed", "grid": {"lr": [0.1], "clip": [1.0]}}],
+    }
+    with server.client(tok) as ana:
+        r = ana.post("/api/v1/sweeps", json=spec)
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        _dash._wait_state(ana, sid, {"done"}, timeout=240)
+        items = ana.get(f"/api/v1/sweeps/{sid}/trials", params={"limit": 500}).json()["items"]
+        done = [t for t in items if t["state"] == "done"]
+        assert done, items
+        yield tok, str(done[0]["id"])
+
+
+def test_an_analysts_audit_is_refused_with_the_servers_message(
+    browser: Any, server: Server, analyst_trial: tuple[str, str]
+) -> None:
+    tok, trial = analyst_trial
+    with server.client(tok) as ana:
+        refused = ana.post("/api/v1/audits", json={"trial": trial, "canaries": 200})
+    assert refused.status_code == 403, refused.text
+    detail = refused.json()["detail"]
+
+    ctx = browser.new_context(base_url=server.base, viewport={"width": 1280, "height": 900})
+    ctx.add_init_script(f"sessionStorage.setItem('dpsweep.token', {tok!r})")
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        pg.goto(f"/trials/{trial}")
+        pg.wait_for_selector("#audits-panel #audit-form")
+        pg.fill("#audit-canaries", "200")
+        pg.click("#audit-start")
+        pg.wait_for_selector("#audit-error")
+        assert detail in pg.inner_text("#audit-error")
+        assert pg.locator("#audits-list li").count() == 0
+        screenshot(pg, "trial-audit-refused")
+    finally:
+        ctx.close()
+    assert not errors, errors
