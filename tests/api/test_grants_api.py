@@ -305,15 +305,25 @@ def test_walking_the_openapi_document_as_an_analyst_reveals_nothing_of_the_recor
     forbidden = _forbidden(world)
     ds, mine, theirs = world["ds"], world["sweeps"]["ana"], world["sweeps"]["bea"]
     # Every id the analyst can know (and, to check isolation, the other analyst's).
-    own = [{"sweep_id": mine, "trial_id": t, "dataset_id": ds} for t in world["trials"]["ana"]]
-    builtin = {"sweep_id": mine, "trial_id": world["trials"]["ana"][0], "dataset_id": "digits"}
+    # Audits are the owner's (an analyst holds none): an audit id reads as unknown.
+    no_audit = {"audit_id": "b" * 32}
+    own = [
+        {"sweep_id": mine, "trial_id": t, "dataset_id": ds, **no_audit}
+        for t in world["trials"]["ana"]
+    ]
+    builtin = {
+        "sweep_id": mine,
+        "trial_id": world["trials"]["ana"][0],
+        "dataset_id": "digits",
+        **no_audit,
+    }
     others = {"sweep_id": theirs, "trial_id": world["trials"]["bea"][0], "dataset_id": ds}
     checked = 0
     for path, ops in doc["paths"].items():
         if "get" not in ops:
             continue
         names = set(re.findall(r"\{(\w+)\}", path))
-        assert names <= {"sweep_id", "trial_id", "dataset_id"}, path
+        assert names <= {"sweep_id", "trial_id", "dataset_id", "audit_id"}, path
         cases = [(p, "own") for p in own] if names else [({}, "own")]
         if "dataset_id" in names:
             cases.append((builtin, "builtin"))  # everyone's: its grants and log are no one's
@@ -326,7 +336,7 @@ def test_walking_the_openapi_document_as_an_analyst_reveals_nothing_of_the_recor
                 streaming = ctype.startswith("text/event-stream")
                 body = b"" if streaming else r.read()
             assert r.status_code in (200, 403, 404), (url, r.status_code, body[:300])
-            if whose == "others":
+            if whose == "others" or "audit_id" in names:
                 assert r.status_code == 404, (url, body[:300])
             elif whose == "builtin" or path.endswith(("/model", "/model-card")):
                 # A trial's model may not be kept; a built-in has no grants or log.
