@@ -94,52 +94,14 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _fault(name: str) -> Iterator[None]:
-    """The test suite's faults (tests/workers/canary_audit/test_audit_runs.py), as patches."""
-    import numpy as np
+    """The test suite's faults (tests/workers/canary_audit/faults.py), patched in and undone."""
     import pytest
 
-    import workers.engine as engine_module
-    from workers.randomness import NoiseSource, add_snapped_noise
-    from workers.strategies import get_strategy
+    from tests.workers.canary_audit.faults import inject
 
     mp = pytest.MonkeyPatch()
     try:
-        if name == "halved_noise":
-            original = engine_module.DPEngine._add_noise
-            mp.setattr(
-                engine_module.DPEngine,
-                "_add_noise",
-                lambda self, buf, s, m: original(self, buf, s, m * 0.5),
-            )
-        elif name == "shared_noise":
-
-            def add_noise(self: Any, buf: Any, std: Any) -> Any:
-                z = self.standard_normal(buf.shape[1]).clone()
-                z[1:] = z[0]
-                return add_snapped_noise(buf, z, std)
-
-            mp.setattr(NoiseSource, "add_noise", add_noise)
-        elif name == "unclipped_example":
-            mp.setattr(engine_module, "_check_sensitivity", lambda *a, **k: None)
-            cls = get_strategy("fixed")
-            clip0 = cls.clip
-            rng = np.random.default_rng()
-
-            def clip(self: Any, ctx: Any) -> Any:
-                result = clip0(self, ctx)
-                for k in range(ctx.mask.shape[0]):
-                    sampled = (ctx.mask[k] > 0).nonzero().flatten()
-                    if sampled.numel():
-                        result.weights[k, sampled[int(rng.integers(sampled.numel()))]] = 1.0
-                return result
-
-            mp.setattr(cls, "clip", clip)
-        elif name == "doubled_rate":
-            one, pack = engine_module.poisson_sample, engine_module.poisson_sample_pack
-            mp.setattr(engine_module, "poisson_sample", lambda n, q, s: one(n, min(1.0, 2 * q), s))
-            mp.setattr(
-                engine_module, "poisson_sample_pack", lambda n, q, s: pack(n, min(1.0, 2 * q), s)
-            )
+        inject(name, mp)
         yield
     finally:
         mp.undo()

@@ -3,13 +3,7 @@ injected fault does (issue 38).
 
 Every audit trains through the sweeps' own code (:func:`workers.training.loop.train_pack`):
 every strategy, both engine paths, packs of one and of two. The faults are test fixtures that
-patch the engine, never options a user could set:
-
-* ``halved_noise``: every release gets half its noise;
-* ``shared_noise``: every trial of a pack draws trial 0's noise;
-* ``unclipped_example``: each step one sampled example (at random) keeps its raw gradient (the
-  engine's sensitivity check is disabled, as a bug that slipped past it would be);
-* ``doubled_rate``: Poisson sampling at 2q.
+patch the engine (:mod:`tests.workers.canary_audit.faults`), never options a user could set.
 
 Sizes are chosen so that each audit takes a few seconds on a CPU and the honest bounds sit
 well below their claims (a 95 % lower bound is above the truth 5 % of the time at most, and the
@@ -21,18 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
 
-import workers.engine as engine_module
+from tests.workers.canary_audit.faults import inject
 from workers.accounting.compute import calibrate_noise_multiplier
 from workers.canary_audit.run import AuditResult, run_audit
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset, DatasetSpec
 from workers.models.descriptors import ModelSpec
-from workers.randomness import NoiseSource, add_snapped_noise
-from workers.strategies import get_strategy
 from workers.training.specs import PackSpec, TrialSpec
 
 DELTA = 1e-5
@@ -157,52 +147,25 @@ def test_black_box_runs_and_stays_below_the_claim(digits: Dataset) -> None:
 
 @pytest.fixture
 def halved_noise(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    original = engine_module.DPEngine._add_noise
-
-    def add_noise(self: Any, buf: torch.Tensor, sensitivity: torch.Tensor, multiplier: Any) -> Any:
-        return original(self, buf, sensitivity, multiplier * 0.5)
-
-    monkeypatch.setattr(engine_module.DPEngine, "_add_noise", add_noise)
+    inject("halved_noise", monkeypatch)
     yield
 
 
 @pytest.fixture
 def shared_noise(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def add_noise(self: NoiseSource, buf: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-        z = self.standard_normal(buf.shape[1]).clone()
-        z[1:] = z[0]
-        return add_snapped_noise(buf, z, std)
-
-    monkeypatch.setattr(NoiseSource, "add_noise", add_noise)
+    inject("shared_noise", monkeypatch)
     yield
 
 
 @pytest.fixture
 def unclipped_example(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(engine_module, "_check_sensitivity", lambda *a, **k: None)
-    cls = get_strategy("fixed")
-    original = cls.clip
-    rng = np.random.default_rng()
-
-    def clip(self: Any, ctx: Any) -> Any:
-        result = original(self, ctx)
-        for k in range(ctx.mask.shape[0]):
-            sampled = (ctx.mask[k] > 0).nonzero().flatten()
-            if sampled.numel():
-                result.weights[k, sampled[int(rng.integers(sampled.numel()))]] = 1.0
-        return result
-
-    monkeypatch.setattr(cls, "clip", clip)
+    inject("unclipped_example", monkeypatch)
     yield
 
 
 @pytest.fixture
 def doubled_rate(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    one, pack = engine_module.poisson_sample, engine_module.poisson_sample_pack
-    monkeypatch.setattr(engine_module, "poisson_sample", lambda n, q, s: one(n, min(1.0, 2 * q), s))
-    monkeypatch.setattr(
-        engine_module, "poisson_sample_pack", lambda n, q, s: pack(n, min(1.0, 2 * q), s)
-    )
+    inject("doubled_rate", monkeypatch)
     yield
 
 
