@@ -2,7 +2,8 @@
 
 These tests run only where ``torch.cuda.is_available()`` (marker ``cuda``); CI has no GPU and
 skips them. They are run by hand on a GPU machine:
-``pytest -m cuda tests/workers/test_cuda.py``.
+``pytest --noconftest -m cuda tests/workers/test_cuda.py`` (``--noconftest``: the suite's
+conftest prepares Ray, which these tests do not use and a bare GPU image may lack).
 
 What they pin: the device changes where the arithmetic runs, never what is sampled or added.
 Poisson batches and Gaussian noise come from the same per-trial streams on the host in both
