@@ -43,7 +43,7 @@ def opacus_step(
         crit = nn.CrossEntropyLoss()
 
     def step() -> None:
-        idx = torch.randint(x.shape[0], (b,))
+        idx = torch.randint(x.shape[0], (b,), device=x.device)
         popt.zero_grad(set_to_none=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

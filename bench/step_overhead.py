@@ -35,11 +35,17 @@ non-private step, dpsweep's fixed (flat) DP step, Opacus hooks and Opacus ghost,
 ``fixed_vs_nonprivate`` and ``fixed_vs_opacus_ghost`` (an Opacus mode that refuses the model
 is reported as unsupported). They are in the default set of models.
 
-Usage: ``python bench/step_overhead.py [--json] [--repeats N]
+Usage: ``python bench/step_overhead.py [--json] [--quick] [--repeats N]
 [--models mlp,cnn,wrn16_4,text_classifier] [--batches 64,256] [--strategies all|none|a,b]
-[--sequential-too]``;
+[--sequential-too] [--device cpu|cuda]``;
 without ``--batches`` each model gets its default batch sizes (64 and 256 for mlp/cnn, 16 for
 wrn16_4, 32 for text_classifier).
+
+``--quick`` is the first look, in under a minute: mlp and cnn at batch 64, fixed, online and
+BAM against the non-private step and Opacus, 10 rounds (flags given beside it win).
+``--device cuda`` runs the packed-path rows on a GPU, each step timed up to
+``torch.cuda.synchronize``; the secret keystreams and the float64 sampler stay on the host, as
+they do in training. The generic-path rows are CPU-only and skipped there.
 """
 
 from __future__ import annotations
@@ -111,10 +117,10 @@ def lipschitz_nonprivate_step(
     """
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     linears = [m for m in model if isinstance(m, nn.Linear)]
-    us = [torch.randn(m.out_features) for m in linears]
+    us = [torch.randn(m.out_features, device=x.device) for m in linears]
 
     def step() -> None:
-        idx = torch.randint(x.shape[0], (b,))
+        idx = torch.randint(x.shape[0], (b,), device=x.device)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         opt.step()
@@ -130,11 +136,11 @@ def lipschitz_nonprivate_step(
 def nonprivate_step(
     name: str, x: torch.Tensor, y: torch.Tensor, b: int, model: nn.Sequential | None = None
 ) -> Callable[[], None]:
-    m = model if model is not None else _model(name)
+    m = (model if model is not None else _model(name)).to(x.device)
     opt = torch.optim.SGD(m.parameters(), lr=LR)
 
     def step() -> None:
-        idx = torch.randint(x.shape[0], (b,))
+        idx = torch.randint(x.shape[0], (b,), device=x.device)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(m(x[idx]), y[idx]).backward()
         opt.step()
@@ -168,7 +174,7 @@ def dpsweep_step(
     if noise_ahead is None:
         noise_ahead = WorkerSettings().noise_ahead
     params = STRATEGY_PARAMS.get(strategy_name, {})
-    packed = PackedModel([model if model is not None else _model(name)])
+    packed = PackedModel([(model if model is not None else _model(name)).to(x.device)])
     strategy = get_strategy(strategy_name)(
         [params], n_layers=packed.n_param_layers, device=packed.device
     )
@@ -192,7 +198,7 @@ def dpsweep_step(
 
         def unsafe_noise(buf: torch.Tensor, sensitivity: torch.Tensor, mult: torch.Tensor) -> Any:
             # The baseline only: float32 randn, truncated near 5.8 sigma, seeded, not snapped.
-            xi = torch.randn(1, buf.shape[1], generator=gen)
+            xi = torch.randn(1, buf.shape[1], generator=gen).to(buf.device)
             return buf.add_(xi, alpha=float(mult * sensitivity / engine.expected_batch_size))
 
         engine._add_noise = unsafe_noise  # type: ignore[method-assign]
@@ -202,7 +208,18 @@ def dpsweep_step(
 def opacus_step(
     name: str, x: torch.Tensor, y: torch.Tensor, b: int, mode: str
 ) -> Callable[[], None]:
-    return shared_opacus_step(_model(name), x, y, b, mode, lr=LR)
+    return shared_opacus_step(_model(name).to(x.device), x, y, b, mode, lr=LR)
+
+
+def _synced(fn: Callable[[], Any], device: torch.device) -> Callable[[], None]:
+    """``fn`` followed by a wait for the device: CUDA kernels run asynchronously, so a step is
+    over when the GPU is done, not when Python returns."""
+
+    def step() -> None:
+        fn()
+        torch.cuda.synchronize(device)
+
+    return step
 
 
 def run(
@@ -211,20 +228,27 @@ def run(
     repeats: int,
     strategies: list[str],
     sequential_too: bool = False,
+    device: str = "cpu",
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Rows ``{model: {batch: row}}``; ``batches`` None gives each model its default sizes.
 
     ``sequential_too`` adds ``<strategy>_sequential`` keys: the same steps with every noise
     draw on the training thread (``DPSWEEP_NOISE_AHEAD=0``), timed in the same rounds.
+    ``device`` ``cuda``: every step runs on the GPU and is timed up to a synchronize; the
+    generic-path rows run on the CPU only and are skipped there.
     """
     from workers.models import MODELS
 
     torch.set_num_threads(1)
+    dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    x = torch.rand(N_TRAIN, *SHAPE, generator=gen)
-    y = torch.randint(CLASSES, (N_TRAIN,), generator=gen)
+    x = torch.rand(N_TRAIN, *SHAPE, generator=gen).to(dev)
+    y = torch.randint(CLASSES, (N_TRAIN,), generator=gen).to(dev)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for name in models:
+        if name in generic.MODELS and dev.type != "cpu":
+            print(f"{name}: the generic-path rows run on the CPU only; skipped", file=sys.stderr)
+            continue
         if name in generic.MODELS:
             sizes = batches or [generic.MODELS[name].batch]
             out[name] = generic.run_generic(name, sizes, repeats, _interleaved_medians)
@@ -261,6 +285,8 @@ def run(
                 steps["lipschitz"] = dpsweep_step(
                     name, x, y, b, "lipschitz", model=copy.deepcopy(lip_model)
                 )
+            if dev.type == "cuda":
+                steps = {k: _synced(fn, dev) for k, fn in steps.items()}
             ms = _interleaved_medians(steps, repeats)
             base = ms.pop("nonprivate")
             row: dict[str, float] = {"nonprivate_ms": round(base, 3)}
@@ -279,6 +305,14 @@ def run(
 
 ALL_STRATEGIES = ["automatic", "global", "quantile", "online", "bam", "lipschitz"]
 DEFAULT_BATCHES = [64, 256]
+# --quick: the packed models at one batch size, the strategies users compare most, and fewer
+# rounds (medians of 10 interleaved rounds are already within a few per cent of 20).
+QUICK: dict[str, Any] = {
+    "models": "mlp,cnn",
+    "batches": "64",
+    "strategies": "online,bam",
+    "repeats": 10,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +329,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time each DP step with its noise drawn on the training thread",
     )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="where the steps run (cuda: timed up to torch.cuda.synchronize)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a first look in under a minute: {QUICK}, unless given",
+    )
     a = p.parse_args(argv)
+    if a.quick:
+        given = set(argv if argv is not None else sys.argv[1:])
+        for flag, value in QUICK.items():
+            if f"--{flag}" not in given:
+                setattr(a, flag, value)
     strategies = (
         ALL_STRATEGIES
         if a.strategies == "all"
@@ -304,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         else a.strategies.split(",")
     )
     batches = [int(b) for b in a.batches.split(",")] if a.batches else None
-    res = run(a.models.split(","), batches, a.repeats, strategies, a.sequential_too)
+    res = run(a.models.split(","), batches, a.repeats, strategies, a.sequential_too, a.device)
     if a.json:
         print(json.dumps(res))
         return 0

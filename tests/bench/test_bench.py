@@ -52,6 +52,16 @@ def test_step_overhead_benchmark_smoke() -> None:
     assert all(v > 0 for v in row.values())
 
 
+def test_step_overhead_quick_is_the_first_look_and_flags_beside_it_win() -> None:
+    p = _script("bench/step_overhead.py", "--quick", "--json", "--repeats", "1")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert set(res) == {"mlp", "cnn"}
+    for rows in res.values():
+        assert set(rows) == {"64"}
+        assert {"fixed", "online", "bam", "opacus_ghost"} <= set(rows["64"])
+
+
 def test_step_overhead_benchmark_smoke_on_a_generic_model() -> None:
     args = ["--json", "--repeats", "1", "--models", "text_classifier"]
     p = _script("bench/step_overhead.py", *args)
