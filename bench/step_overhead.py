@@ -115,6 +115,7 @@ def lipschitz_nonprivate_step(
     Without privacy at stake an estimate suffices: one warm-started power iteration per layer
     (standard spectral normalisation), then ``W /= max(1, sigma_estimate)``.
     """
+    model = model.to(x.device)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     linears = [m for m in model if isinstance(m, nn.Linear)]
     us = [torch.randn(m.out_features, device=x.device) for m in linears]
@@ -174,7 +175,7 @@ def dpsweep_step(
     if noise_ahead is None:
         noise_ahead = WorkerSettings().noise_ahead
     params = STRATEGY_PARAMS.get(strategy_name, {})
-    packed = PackedModel([(model if model is not None else _model(name)).to(x.device)])
+    packed = PackedModel([model if model is not None else _model(name)], device=x.device)
     strategy = get_strategy(strategy_name)(
         [params], n_layers=packed.n_param_layers, device=packed.device
     )
@@ -182,12 +183,12 @@ def dpsweep_step(
     engine = DPEngine(
         model=packed,
         strategy=strategy,
-        optimizer=PackedOptimizer("sgd", torch.tensor([LR])),
+        optimizer=PackedOptimizer("sgd", torch.tensor([LR], device=x.device)),
         x=x,
         y=y,
         task="classification",
         sample_rate=b / x.shape[0],
-        noise_multiplier=torch.tensor([1.0]),
+        noise_multiplier=torch.tensor([1.0], device=x.device),
         sample_streams=[rand.sample],
         noise=(NoiseAhead if noise_ahead and not plain_noise else NoiseSource)(
             [rand.noise], packed.device
