@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -161,14 +162,95 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+LR_SCHEDULES = ("constant", "cosine", "linear")
+# The field a refusal of EMA with DP evaluation names (a check across two sections).
+EMA_DP_FIELD = "training.ema"
+
+
+class EmaConfig(_Strict):
+    """An exponential moving average of the weights, kept beside the raw weights.
+
+    After every step ``ema = decay * ema + (1 - decay) * weights`` (starting from the initial
+    weights). At every evaluation point both are measured, and the better one is selected
+    exactly as any checkpoint is. It is post-processing of the noisy releases: no epsilon.
+    """
+
+    decay: float = Field(
+        default=0.99,
+        gt=0,
+        lt=1,
+        description="the weight of the running average at each step (0 < decay < 1)",
+    )
+
+    @field_validator("decay")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("decay must be a finite number with 0 < decay < 1")
+        return v
+
+
 class TrainingConfig(_Strict):
     epochs: float | None = Field(default=5.0, gt=0)
     steps: int | None = Field(default=None, ge=1, description="overrides epochs")
     batch_size: int = Field(default=64, ge=1, description="expected batch size b = qN")
     optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(default=0.0, ge=0, lt=1)
+    momentum: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="heavy-ball momentum of sgd, as torch.optim.SGD (0 <= m < 1; 0: none)",
+    )
     weight_decay: float = Field(default=0.0, ge=0)
     eval_every: int = Field(default=50, ge=1)
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant",
+        description="how each trial's learning rate decays over the run after the warmup: "
+        "constant, cosine (to 0, as CosineAnnealingLR) or linear (to 0, as LinearLR)",
+    )
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="steps whose learning rate rises linearly from lr/warmup to lr",
+    )
+    warmup_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="the warmup as a fraction of the run's steps (instead of warmup_steps)",
+    )
+    ema: EmaConfig | None = Field(
+        default=None,
+        description="keep an exponential moving average of the weights and select the better "
+        "of raw and averaged weights at every evaluation (e.g. ema: {decay: 0.99})",
+    )
+    average: Literal["none", "ema"] | None = Field(
+        default=None,
+        description="shorthand: ema is ema: {decay: 0.99}; none is no average",
+    )
+
+    @field_validator("momentum", "weight_decay")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @model_validator(mode="after")
+    def _warmup_and_average(self) -> TrainingConfig:
+        if self.warmup_steps and self.warmup_fraction is not None:
+            raise ValueError("give training.warmup_steps or training.warmup_fraction, not both")
+        if self.average == "none" and self.ema is not None:
+            raise ValueError("training.average is none but training.ema is given; keep one")
+        if self.average == "ema" and self.ema is None:
+            self.ema = EmaConfig()
+        return self
+
+    def warmup_for(self, total_steps: int) -> int:
+        """The warmup in steps for a run of ``total_steps`` (a fraction is rounded)."""
+        if self.warmup_fraction is not None:
+            return round(self.warmup_fraction * total_steps)
+        return int(self.warmup_steps)
 
 
 class SearchDistribution(_Strict):
@@ -415,6 +497,25 @@ class SweepSpec(_Strict):
     )
 
     @model_validator(mode="after")
+    def _default_grids(self) -> SweepSpec:
+        """An arm that names a built-in strategy and gives neither a grid nor an ``lr`` gets
+        the strategy's default grid for the model (:data:`DEFAULT_GRIDS`, its descriptor's).
+
+        Such an arm was refused before (no learning rate), so a spec that gives a grid or an
+        ``lr`` is untouched and behaves as it always did. The proposed grid is written into
+        the spec, so the stored spec, the plan's trial counts and every trial show it.
+        """
+        for arm in self.arms:
+            if arm.grid or "lr" in arm.params:
+                continue
+            default = DEFAULT_GRIDS.get(arm.strategy)
+            # A plug-in strategy gets no default: the submission check asks for its lr.
+            proposed = propose_grid(default, self.model.name, arm.params) if default else {}
+            if proposed:
+                arm.grid = dict(proposed)
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> SweepSpec:
         labels = [a.label for a in self.arms]
         if len(set(labels)) != len(labels):
@@ -425,6 +526,16 @@ class SweepSpec(_Strict):
             raise ValueError(
                 "eval.dataset names the training dataset: evaluation records are never trained "
                 "on; register the public evaluation records under their own name"
+            )
+        if self.training.ema is not None and self.eval.mode == "dp":
+            # With DP evaluation every measurement is a noisy release that the plan charges
+            # (workers.schedule.eval_releases counts one per evaluation point); measuring the
+            # averaged weights too would double them. Refused rather than under-charged.
+            raise ValueError(
+                f"{EMA_DP_FIELD}: an average of the weights is measured beside the raw "
+                "weights at every evaluation, and with eval mode dp each measurement is a "
+                "noisy release the plan does not charge; use eval mode carve-out or public, "
+                "or leave training.ema out"
             )
         if self.privacy.accounting == "papernot-steinke" and self.search.method == "tpe":
             raise ValueError(
@@ -458,6 +569,57 @@ def randomness_label(spec: dict[str, Any]) -> str:
     """
     reproducible = (spec.get("privacy") or {}).get("reproducible", True)
     return "reproducible" if reproducible else "secret"
+
+
+#: Registered models whose default grids get smaller learning rates: deep networks with many
+#: layers (the noise grows with the parameter count; a large step diverges there). Every other
+#: model, plug-ins' included, is treated as small (an MLP, a small CNN, a linear model).
+LARGE_MODELS = frozenset({"wrn16_4", "res_cnn", "text_classifier"})
+#: How much smaller a large model's default learning rates are.
+LARGE_MODEL_LR_SCALE = 0.2
+#: The default learning rates of a small model (DP-SGD steps along the mean of clipped
+#: gradients, so a step is at most lr * C: these bracket what trains digits and tabular data).
+DEFAULT_LRS = (0.1, 0.5, 2.0)
+_CLIPS = (0.5, 2.0)
+#: The default grid of each built-in strategy, for a small model: what an arm that names the
+#: strategy and gives neither a grid nor an lr sweeps. The strategies' torch-free descriptors
+#: (``workers.strategies.descriptors``) declare these same tables as their ``default_grid``;
+#: they live here because the spec, torch-free and without the server, fills them in.
+DEFAULT_GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
+    "fixed": {"lr": DEFAULT_LRS, "clip": _CLIPS},
+    "automatic": {"lr": DEFAULT_LRS, "clip": _CLIPS},
+    "global": {"lr": DEFAULT_LRS, "clip": _CLIPS},
+    "bam": {"lr": DEFAULT_LRS, "clip": _CLIPS},
+    "quantile": {"lr": DEFAULT_LRS, "target_quantile": (0.5, 0.9)},
+    # The clip and the learning rate adapt online: only the starting lr is swept.
+    "online": {"lr": DEFAULT_LRS},
+    "lipschitz": {"lr": DEFAULT_LRS},
+    "nonprivate": {"lr": (0.01, 0.1, 0.5)},
+}
+
+
+def model_size_class(model: str) -> str:
+    """``large`` for the deep registered models (:data:`LARGE_MODELS`), else ``small``."""
+    return "large" if model in LARGE_MODELS else "small"
+
+
+def propose_grid(
+    default_grid: Mapping[str, tuple[Any, ...]], model: str, params: Mapping[str, Any]
+) -> dict[str, list[Any]]:
+    """A strategy's default grid for ``model``: its axes the arm's ``params`` leave out.
+
+    Args:
+        default_grid: the strategy's axes for a small model (:data:`DEFAULT_GRIDS`).
+        model: the registered model name; a large one's learning rates are scaled down.
+        params: the arm's fixed params (an axis they set is not proposed).
+    """
+    scale = LARGE_MODEL_LR_SCALE if model_size_class(model) == "large" else 1.0
+    out: dict[str, list[Any]] = {}
+    for name, values in default_grid.items():
+        if name in params:
+            continue
+        out[name] = [float(f"{v * scale:.6g}") for v in values] if name == "lr" else list(values)
+    return out
 
 
 def _first_error(exc: Exception) -> str:
@@ -497,18 +659,30 @@ def load_spec(source: str | Path | dict[str, Any]) -> SweepSpec:
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
+        if not loc and EMA_DP_FIELD in str(first["msg"]):
+            # A check across sections is raised at the root; it names its field itself.
+            raise ConfigError(
+                str(first["msg"]).removeprefix("Value error, "), field=EMA_DP_FIELD
+            ) from exc
         raise ConfigError(f"{loc}: {first['msg']}", field=loc) from exc
 
 
 __all__ = [
     "ACCOUNTING_METHODS",
     "DEFAULT_EVAL_EPSILON_SHARE",
+    "DEFAULT_GRIDS",
+    "DEFAULT_LRS",
     "DISTRIBUTIONS",
+    "EMA_DP_FIELD",
     "EVAL_MODES",
+    "LARGE_MODELS",
+    "LARGE_MODEL_LR_SCALE",
+    "LR_SCHEDULES",
     "ArmConfig",
     "ArtifactsConfig",
     "Axis",
     "DatasetConfig",
+    "EmaConfig",
     "EvalConfig",
     "ModelConfig",
     "ObjectiveConfig",
@@ -519,5 +693,7 @@ __all__ = [
     "SweepSpec",
     "TrainingConfig",
     "load_spec",
+    "model_size_class",
+    "propose_grid",
     "randomness_label",
 ]

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from dpsweep.errors import ConfigError
+from dpsweep.spec import DEFAULT_GRIDS, propose_grid
 from workers.count_noise import auto_count_noise
 from workers.options import HParam, check_settings
 from workers.plugins import load_plugins
@@ -74,6 +75,10 @@ class StrategyDescriptor:
             release. An *optional* one that a trial leaves out is chosen by
             :func:`workers.count_noise.auto_count_noise` (the split must follow that rule),
             and the plan shows the value chosen (:attr:`derives_second_release`).
+        default_grid: the small grid an arm gets when it names this strategy and gives no
+            grid and no ``lr`` (:meth:`propose_grid`), for a small model; ``lr`` is scaled down
+            for a large one (:func:`dpsweep.spec.model_size_class`). The built-ins' are
+            :data:`dpsweep.spec.DEFAULT_GRIDS` (the spec fills them in, torch-free).
     """
 
     name: str
@@ -84,6 +89,7 @@ class StrategyDescriptor:
     gradient_passes: int = 1
     split: NoiseSplitFn | None = None
     second_release: str | None = None
+    default_grid: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hyperparameters", MappingProxyType(dict(self.hyperparameters)))
@@ -144,6 +150,19 @@ class StrategyDescriptor:
         return self.noise_split(
             noise_multiplier, params, expected_batch_size=expected_batch_size
         ).gradient
+
+    def propose_grid(self, model: str, params: Mapping[str, Any]) -> dict[str, list[Any]]:
+        """The default grid of an arm of this strategy that gives none, for ``model``.
+
+        Args:
+            model: the registered model name (its size class scales the learning rates).
+            params: the arm's fixed params: an axis they set is not proposed.
+
+        Returns:
+            Axis name to values (``lr`` always, unless params set it); ``{}`` when the
+            strategy proposes nothing.
+        """
+        return propose_grid(self.default_grid, model, params)
 
     def shared_hyperparameters(self) -> list[str]:
         """Names of the hyperparameters every trial of a pack must share."""
@@ -227,6 +246,7 @@ FIXED = register_descriptor(
             "clip": HParam(default=1.0, help="clipping threshold C"),
             "clip_style": CLIP_STYLE,
         },
+        default_grid=DEFAULT_GRIDS["fixed"],
     )
 )
 
@@ -235,6 +255,7 @@ NONPRIVATE = register_descriptor(
         name="nonprivate",
         description="no clipping, no noise (non-private baseline; epsilon is infinite)",
         private=False,
+        default_grid=DEFAULT_GRIDS["nonprivate"],
     )
 )
 
@@ -248,6 +269,7 @@ AUTOMATIC = register_descriptor(
             "stability": HParam(default=0.01, help="gamma in C / (n + gamma)"),
             "clip_style": CLIP_STYLE,
         },
+        default_grid=DEFAULT_GRIDS["automatic"],
     )
 )
 
@@ -259,6 +281,7 @@ GLOBAL = register_descriptor(
             "clip": HParam(default=1.0, help="scale C"),
             "global_threshold": HParam(default=1.0, help="threshold Z"),
         },
+        default_grid=DEFAULT_GRIDS["global"],
     )
 )
 
@@ -288,6 +311,7 @@ QUANTILE = register_descriptor(
         },
         split=_quantile_split,
         second_release="count_noise",
+        default_grid=DEFAULT_GRIDS["quantile"],
     )
 )
 
@@ -309,6 +333,7 @@ ONLINE = register_descriptor(
         },
         split=_online_split,
         second_release="direction_noise_ratio",
+        default_grid=DEFAULT_GRIDS["online"],
     )
 )
 
@@ -324,6 +349,7 @@ BAM = register_descriptor(
             "clip_style": CLIP_STYLE,
         },
         gradient_passes=2,
+        default_grid=DEFAULT_GRIDS["bam"],
     )
 )
 
@@ -331,6 +357,7 @@ LIPSCHITZ = register_descriptor(
     StrategyDescriptor(
         name="lipschitz",
         description="clipless DP-SGD on a Lipschitz network (002): no clipping, analytic bound",
+        default_grid=DEFAULT_GRIDS["lipschitz"],
     )
 )
 

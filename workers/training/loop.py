@@ -28,7 +28,7 @@ from workers.generic.dispatch import build_pack_model
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import build_model, model_task
 from workers.noise_ahead import NoiseAhead
-from workers.optim import PackedOptimizer
+from workers.optim import PackedOptimizer, WeightAverage
 from workers.packed.model import PackedModel
 from workers.plan_check import check_pack
 from workers.randomness import NoiseSource, TrialRandomness
@@ -94,6 +94,24 @@ def train_pack(
     # Plan equals run, checked on the data actually loaded, before any step.
     q, total_steps = check_pack(spec, data)
     dp_eval = _dp_evaluation(spec, data, task)
+    if dp_eval and spec.ema_decay is not None:
+        # Fail closed: each measurement of the averaged weights would be one more noisy
+        # release than the plan charged (workers.schedule.eval_releases counts the raw ones).
+        raise ConfigError(
+            "an average of the weights (training.ema) cannot be used with eval mode dp: its "
+            "measurements would be noisy releases the plan does not charge",
+            field="training.ema",
+        )
+    if spec.warmup_fraction is not None and not 0 <= spec.warmup_fraction < 1:
+        raise ConfigError(
+            f"warmup_fraction must be in [0, 1); got {spec.warmup_fraction}",
+            field="training.warmup_fraction",
+        )
+    warmup = (
+        round(spec.warmup_fraction * total_steps)
+        if spec.warmup_fraction is not None
+        else spec.warmup_steps
+    )
     n_releases = eval_releases(steps=total_steps, eval_every=spec.eval_every) if dp_eval else 0
 
     private = strategy_cls.private
@@ -151,8 +169,16 @@ def train_pack(
     )
     lr = torch.tensor([t.lr for t in spec.trials], device=device)
     optimizer = PackedOptimizer(
-        spec.optimizer, lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        spec.optimizer,
+        lr,
+        momentum=spec.momentum,
+        weight_decay=spec.weight_decay,
+        schedule=spec.lr_schedule,
+        total_steps=total_steps,
+        warmup=warmup,
     )
+    # Beside the raw weights, their moving average (post-processing: no epsilon).
+    average = WeightAverage(model.flat, spec.ema_decay) if spec.ema_decay is not None else None
     x_train = torch.from_numpy(data.x_train).to(device)
     y_train = torch.from_numpy(data.y_train).to(device) if task == "classification" else None
     x_test = torch.from_numpy(data.x_test).to(device)
@@ -212,6 +238,7 @@ def train_pack(
     best_step: list[int | None] = [None] * k
     best_flat = model.flat.clone()
     best_metrics: list[dict[str, Any]] = [{} for _ in range(k)]
+    best_kept: list[str | None] = [None] * k
     last_metrics: list[dict[str, Any]] = [{} for _ in range(k)]
     diverged_at: list[int | None] = [None] * k
     history: list[list[dict[str, Any]]] = [[] for _ in range(k)]
@@ -219,11 +246,44 @@ def train_pack(
     step_times: list[float] = []
     sync = device.type == "cuda"
 
+    def consider(i: int, step: int, m: dict[str, Any], flat: torch.Tensor, kept: str) -> None:
+        """Select ``flat`` (trial ``i``'s raw or averaged weights) if it beats the best so far:
+        one selection rule for every checkpoint, raw or averaged."""
+        v = m[objective]
+        if (v > best_value[i]) if maximise else (v < best_value[i]):
+            best_value[i] = v
+            best_step[i] = step
+            best_metrics[i] = m
+            best_flat[i] = flat
+            best_kept[i] = kept
+
+    def evaluate_average(step: int) -> list[dict[str, Any] | None]:
+        """Measure the averaged weights exactly as the raw ones (same split, same metrics)."""
+        assert average is not None
+        raw = model.flat.clone()
+        with torch.no_grad():
+            model.flat.copy_(average.flat)
+        try:
+            finite = torch.isfinite(model.flat).all(dim=1).tolist()
+            results = measure()
+        finally:
+            with torch.no_grad():
+                model.flat.copy_(raw)
+        out: list[dict[str, Any] | None] = []
+        for i in range(k):
+            m = results[i]
+            if finite[i] and math.isfinite(m[objective]):
+                consider(i, step, m, average.flat[i], "ema")
+                out.append(m)
+            else:
+                out.append(None)
+        return out
+
     def evaluate(step: int) -> list[dict[str, Any]]:
         finite = torch.isfinite(model.flat).all(dim=1).tolist()
         results = measure()
         scale = strategy.lr_scale()
-        eff_lr = (lr if scale is None else lr * scale).tolist()
+        eff_lr = (lr if scale is None else lr * scale).mul(optimizer.last_factor).tolist()
         state = {name: v.tolist() for name, v in strategy.state().items()}
         if n_diag:
             # Trials are computed independently, so a diverged trial's NaNs stay in its own row.
@@ -244,13 +304,19 @@ def train_pack(
                 continue
             last_metrics[i] = m
             history[i].append({"step": step, **{a: b for a, b in m.items() if a != "reliability"}})
-            v = m[objective]
-            if (v > best_value[i]) if maximise else (v < best_value[i]):
-                best_value[i] = v
-                best_step[i] = step
-                best_metrics[i] = m
-                best_flat[i] = model.flat[i]
-        return results
+            consider(i, step, m, model.flat[i], "raw")
+        if average is None:
+            return results
+        # The averaged weights at the same point, after the raw ones (a tie keeps the raw).
+        averaged = evaluate_average(step)
+        out = []
+        for i in range(k):
+            ema = averaged[i]
+            extra = {} if ema is None else _prefixed(ema, "ema_")
+            if history[i] and history[i][-1].get("step") == step and extra:
+                history[i][-1].update(extra)
+            out.append({**results[i], **extra})
+        return out
 
     try:
         for step in range(1, total_steps + 1):
@@ -258,6 +324,8 @@ def train_pack(
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
             engine.step()
+            if average is not None:
+                average.update(model.flat)
             if sync:
                 torch.cuda.synchronize(device)
             step_times.append((time.perf_counter() - t0) * 1000.0)
@@ -282,6 +350,11 @@ def train_pack(
                     **fresh[i],
                     "accuracy_at_selection": best_metrics[i].get("accuracy"),
                 }
+    if average is not None:
+        # Which weights were kept is part of the trial's record and of its model card.
+        for i in range(k):
+            if best_kept[i] is not None:
+                best_metrics[i] = {**best_metrics[i], "weights_kept": best_kept[i]}
     median_ms = statistics.median(step_times)
     results: list[TrialResult] = []
     for i, t in enumerate(spec.trials):
@@ -294,6 +367,9 @@ def train_pack(
             num_classes=data.num_classes,
             engine_path=engine_path,
         )
+        if average is not None:
+            info["weights_kept"] = best_kept[i]
+            info["ema_decay"] = average.decay
         # Only a checkpoint that was selected (a finite evaluation) is worth keeping.
         weights = (
             weights_bytes(best_module) if spec.keep_weights and best_step[i] is not None else None
@@ -337,12 +413,22 @@ def train_pack(
                 randomness=spec.randomness,
                 engine_path=engine_path,
                 evaluation=getattr(data, "evaluation", "carve-out"),
+                weights_kept=best_kept[i] if average is not None else None,
                 model_info=info,
                 checkpoint=best_flat[i].detach().cpu(),
                 weights=weights,
             )
         )
     return results
+
+
+def _prefixed(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The numeric metrics of ``metrics`` under prefixed names (the averaged weights')."""
+    return {
+        f"{prefix}{name}": v
+        for name, v in metrics.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _with_data_vocab(model: ModelSpec, vocab_size: int | None) -> ModelSpec:

@@ -52,6 +52,14 @@ class PackSpec:
     momentum: float = 0.0
     weight_decay: float = 0.0
     eval_every: int = 50
+    # The learning-rate schedule (workers.optim.lr_factor) and its warmup: warmup_steps, or a
+    # fraction of the run's steps (resolved once the steps are known).
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    warmup_fraction: float | None = None
+    # An exponential moving average of each trial's weights, measured beside the raw weights
+    # at every evaluation; the better of the two is selected (None: no average).
+    ema_decay: float | None = None
     accountant: str = "rdp"
     device: str = "auto"
     threads: int = 1
@@ -111,6 +119,9 @@ class TrialResult:
     # How the evaluation records were protected: "carve-out" and "public" give exact metrics;
     # "dp" gives noisy accuracy only (the metrics' values are noisy releases).
     evaluation: str = "carve-out"
+    # With an average of the weights (PackSpec.ema_decay): which weights the best checkpoint
+    # holds, "raw" or "ema"; None without an average.
+    weights_kept: str | None = None
     # What rebuilds the architecture (workers.checkpoints.model_info): public facts only.
     model_info: dict[str, Any] = field(default_factory=dict)
     # Flat weights of the best checkpoint (CPU); not part of the serialised result.
