@@ -170,8 +170,10 @@ EMA_DP_FIELD = "training.ema"
 class EmaConfig(_Strict):
     """An exponential moving average of the weights, kept beside the raw weights.
 
-    After every step ``ema = decay * ema + (1 - decay) * weights`` (starting from the initial
-    weights). At every evaluation point both are measured, and the better one is selected
+    After step t, ``ema = d_t * ema + (1 - d_t) * weights`` from the initial weights, with
+    ``d_t = decay``, or with ``warmup`` ``d_t = min(decay, (1 + t) / (10 + t))`` (TensorFlow's
+    ExponentialMovingAverage with num_updates: the initial weights are forgotten quickly in a
+    short run). At every evaluation point both are measured, and the better one is selected
     exactly as any checkpoint is. It is post-processing of the noisy releases: no epsilon.
     """
 
@@ -180,6 +182,11 @@ class EmaConfig(_Strict):
         gt=0,
         lt=1,
         description="the weight of the running average at each step (0 < decay < 1)",
+    )
+    warmup: bool = Field(
+        default=True,
+        description="use min(decay, (1 + t) / (10 + t)) at step t, so a short run's average "
+        "forgets the initial weights",
     )
 
     @field_validator("decay")

@@ -53,23 +53,31 @@ def lr_factor(schedule: str, step: int, *, total_steps: int, warmup: int = 0) ->
 class WeightAverage:
     """An exponential moving average of a pack's flat weights ``[K, P]``, one row per trial.
 
-    ``ema <- decay * ema + (1 - decay) * weights`` after every step, from the initial
-    weights. The weights are already a DP release (post-processing of noisy gradients), so
-    their average is too; it costs no epsilon.
+    ``ema <- d_t * ema + (1 - d_t) * weights`` after step t, from the initial weights, with
+    ``d_t = decay``, or ``min(decay, (1 + t) / (10 + t))`` with ``warmup`` (TensorFlow's
+    num_updates rule). The weights are already a DP release (post-processing of noisy
+    gradients), so their average is too; it costs no epsilon.
     """
 
-    def __init__(self, params: Tensor, decay: float) -> None:
+    def __init__(self, params: Tensor, decay: float, *, warmup: bool = False) -> None:
         if not (0.0 < decay < 1.0 and math.isfinite(decay)):
             raise ConfigError(
                 f"ema decay must be in (0, 1); got {decay}", field="training.ema.decay"
             )
         self.decay = float(decay)
+        self.warmup = warmup
+        self.t = 0
         self.flat = params.detach().clone()
+
+    def decay_at(self, t: int) -> float:
+        """The decay used by the ``t``-th update (1-based)."""
+        return min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
 
     @torch.no_grad()
     def update(self, params: Tensor) -> None:
         """Fold the weights after a step into the average."""
-        self.flat.lerp_(params, 1.0 - self.decay)
+        self.t += 1
+        self.flat.lerp_(params, 1.0 - self.decay_at(self.t))
 
 
 class PackedOptimizer:

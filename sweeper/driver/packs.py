@@ -177,6 +177,7 @@ def training_pack(
         warmup_steps=training.warmup_steps,
         warmup_fraction=training.warmup_fraction,
         ema_decay=training.ema.decay if training.ema is not None else None,
+        ema_warmup=training.ema.warmup if training.ema is not None else False,
         accountant=accountant,
         device=device,
         threads=threads,

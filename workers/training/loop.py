@@ -178,7 +178,11 @@ def train_pack(
         warmup=warmup,
     )
     # Beside the raw weights, their moving average (post-processing: no epsilon).
-    average = WeightAverage(model.flat, spec.ema_decay) if spec.ema_decay is not None else None
+    average = (
+        WeightAverage(model.flat, spec.ema_decay, warmup=spec.ema_warmup)
+        if spec.ema_decay is not None
+        else None
+    )
     x_train = torch.from_numpy(data.x_train).to(device)
     y_train = torch.from_numpy(data.y_train).to(device) if task == "classification" else None
     x_test = torch.from_numpy(data.x_test).to(device)
@@ -370,6 +374,7 @@ def train_pack(
         if average is not None:
             info["weights_kept"] = best_kept[i]
             info["ema_decay"] = average.decay
+            info["ema_warmup"] = average.warmup
         # Only a checkpoint that was selected (a finite evaluation) is worth keeping.
         weights = (
             weights_bytes(best_module) if spec.keep_weights and best_step[i] is not None else None

@@ -60,6 +60,7 @@ class PackSpec:
     # An exponential moving average of each trial's weights, measured beside the raw weights
     # at every evaluation; the better of the two is selected (None: no average).
     ema_decay: float | None = None
+    ema_warmup: bool = False
     accountant: str = "rdp"
     device: str = "auto"
     threads: int = 1

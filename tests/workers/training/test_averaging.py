@@ -65,7 +65,7 @@ def test_training_options_parse_and_default_to_the_old_behaviour() -> None:
     t = load_spec(_spec()).training
     assert (t.momentum, t.lr_schedule, t.warmup_steps, t.ema) == (0.0, "constant", 0, None)
     t = load_spec(_spec(training={"average": "ema"})).training
-    assert t.ema is not None and t.ema.decay == 0.99
+    assert t.ema is not None and (t.ema.decay, t.ema.warmup) == (0.99, True)
     t = load_spec(
         _spec(training={"momentum": 0.9, "lr_schedule": "cosine", "warmup_fraction": 0.1})
     ).training
@@ -166,7 +166,7 @@ def test_a_sweep_of_strategy_online_only_plans_and_runs(tmp_path: Any) -> None:
         for lr in spec.arms[0].grid["lr"]  # type: ignore[union-attr]
     ]
     ps = pack_spec(spec, trials, dataset=DatasetSpec("digits"), accountant="rdp")
-    assert ps.ema_decay == 0.99 and ps.momentum == 0.5
+    assert (ps.ema_decay, ps.ema_warmup, ps.momentum) == (0.99, True, 0.5)
     results = train_pack(ps)
     assert [r.lr for r in results] == [0.1, 0.5, 2.0]
     assert all(r.weights_kept in ("raw", "ema") for r in results)
@@ -266,8 +266,8 @@ class _Recorder:
         rec = self
 
         class Spy(WeightAverage):
-            def __init__(self, params: torch.Tensor, decay: float) -> None:
-                super().__init__(params, decay)
+            def __init__(self, params: torch.Tensor, decay: float, *, warmup: bool) -> None:
+                super().__init__(params, decay, warmup=warmup)
                 rec.initial = params.detach().clone()
 
             def update(self, params: torch.Tensor) -> None:
@@ -297,11 +297,14 @@ def _pack(model: str, **kw: Any) -> PackSpec:
     return PackSpec(**base)
 
 
-def _check_average_and_selection(rec: _Recorder, results: list[Any], decay: float) -> None:
+def _check_average_and_selection(
+    rec: _Recorder, results: list[Any], decay: float, *, warmup: bool = False
+) -> None:
     assert rec.initial is not None
     hand = rec.initial.clone()
-    for w in rec.after:  # a hand-computed EMA of the trained weights
-        hand = decay * hand + (1 - decay) * w
+    for t, w in enumerate(rec.after, start=1):  # a hand-computed EMA of the trained weights
+        d = min(decay, (1 + t) / (10 + t)) if warmup else decay
+        hand = d * hand + (1 - d) * w
     torch.testing.assert_close(rec.ema[-1], hand, rtol=1e-5, atol=1e-6)
     for i, r in enumerate(results):
         evals = [h for h in r.history if not h.get("diverged")]
@@ -328,6 +331,13 @@ def test_ema_is_exact_and_the_better_of_raw_and_ema_is_kept(
     results = train_pack(_pack("mlp"))
     assert {r.engine_path for r in results} == {"packed"}
     _check_average_and_selection(rec, results, 0.8)
+
+
+def test_ema_warmup_is_the_num_updates_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = _Recorder(monkeypatch)
+    results = train_pack(_pack("mlp", ema_decay=0.95, ema_warmup=True))
+    _check_average_and_selection(rec, results, 0.95, warmup=True)
+    assert all(r.model_info["ema_warmup"] is True for r in results)
 
 
 def test_ema_on_the_generic_path(monkeypatch: pytest.MonkeyPatch, mixer_model: str) -> None:  # noqa: F811
