@@ -61,6 +61,8 @@ bench: install
 	$(BIN)/python bench/ledger.py
 	$(BIN)/python bench/planning.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/first_result.py
+	$(BIN)/python bench/vs_opacus.py
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install

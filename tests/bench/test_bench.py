@@ -245,3 +245,40 @@ def test_audit_benchmark_smoke() -> None:
             assert r["detected"] and r["epsilon_lower_bound"] > r["epsilon_claimed"]
         else:
             assert r["epsilon_lower_bound"] <= r["epsilon_claimed"]
+
+
+def test_first_result_benchmark_smoke() -> None:
+    p = _script("bench/first_result.py", "--json", "--smoke")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {"cli_s", "serve_warm_s", "opacus_script_s", "cli_ratio", "serve_warm_ratio"} <= set(out)
+    assert out["targets"] == {"serve_warm_ratio": 1.0, "cli_ratio": 2.0}
+    assert all(out[k] > 0 for k in ("cli_s", "serve_warm_s", "opacus_script_s"))
+    assert out["steps"] == 4
+
+
+def test_vs_opacus_benchmark_smoke() -> None:
+    p = _script("bench/vs_opacus.py", "--json", "--smoke", "--workers", "2")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert {"dpsweep_s", "opacus_s", "workers", "speedup"} <= set(out)
+    assert out["workers"] == 2 and out["trials"] == 2 and out["target"] == 3.0
+    assert out["dpsweep_s"] > 0 and out["opacus_s"] > 0
+
+
+def test_opacus_trial_script_learns() -> None:
+    trial = {
+        "model": "mlp",
+        "lr": 0.5,
+        "clip": 1.0,
+        "sigma": 0.5,
+        "steps": 30,
+        "sample_rate": 0.05,
+        "batch_size": 64,
+        "eval_every": 10,
+        "seed": 0,
+        "test_fraction": 0.2,
+    }
+    p = _script("bench/opacus_trial.py", json.dumps(trial))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["accuracy"] > 0.3

@@ -1,0 +1,187 @@
+"""The demo's sweep through dpsweep against the same trials as Opacus scripts in a process pool.
+
+``examples/demo.yaml`` (45 trials: fixed, quantile and online clipping on digits with ``cnn``,
+three per-grid epsilon levels; ``--smoke`` cuts it to 2 trials of one epoch) runs two
+ways in the same run:
+
+* ``dpsweep_s``: ``dpsweep run SPEC --quiet --workers N`` in a fresh directory with a fresh SQLite
+  database, as a subprocess, until it exits (planning, Ray, every trial, results, plots);
+* ``opacus_s``: every trial of that sweep as ``bench/opacus_trial.py``'s :func:`run_trial` in a
+  ``multiprocessing`` pool of N processes (spawned, so their start-up and imports count), from
+  pool start to the last result. Each trial takes its grid point's lr and clip (``clip`` or, for
+  the adaptive arms, ``clip_init``), its planned noise multiplier, and the plan's steps, sample
+  rate and evaluation schedule from the trials dpsweep stored. Opacus has no online or quantile
+  clipping of this kind, so its trials clip at a flat norm: the same amount of training, not the
+  same algorithm.
+
+N (``workers``) is the number of workers dpsweep uses (``--workers``, default the CPU count, as
+``dpsweep run``). It prints ``{"dpsweep_s", "opacus_s", "workers"}``, ``speedup`` (opacus_s /
+dpsweep_s) and ``target`` (>= 3x; printed, not asserted).
+
+Usage: ``python bench/vs_opacus.py [--json] [--workers N] [--smoke]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from opacus_trial import run_trial  # noqa: E402
+
+TARGET = 3.0
+DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
+
+
+def demo_spec(*, smoke: bool) -> dict[str, Any]:
+    """``examples/demo.yaml``; ``smoke``: its fixed arm at one lr, one epoch and one epsilon
+    level (2 trials)."""
+    spec = dict(yaml.safe_load((ROOT / "examples" / "demo.yaml").read_text()))
+    if smoke:
+        spec["training"] = {**spec["training"], "epochs": 1}
+        spec["privacy"] = {**spec["privacy"], "budgets": [8]}
+        fixed = next(a for a in spec["arms"] if a["strategy"] == "fixed")
+        spec["arms"] = [{**fixed, "grid": {**fixed["grid"], "lr": [0.3]}}]
+    return spec
+
+
+def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` that raises with the command's stderr when it fails."""
+    p = subprocess.run(cmd, **kwargs)
+    if p.returncode:
+        err = p.stderr if isinstance(p.stderr, str) else (p.stderr or b"").decode(errors="replace")
+        raise RuntimeError(f"{cmd[:2]} exited with {p.returncode}:\n{err[-4000:]}")
+    return p
+
+
+def _env() -> dict[str, str]:
+    """This environment without a Ray address: dpsweep starts its own local Ray."""
+    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
+
+
+def run_dpsweep(spec_path: Path, work: Path, workers: int) -> float:
+    """Wall time of ``dpsweep run`` into ``work/demo.db``."""
+    t0 = time.perf_counter()
+    _run(
+        [
+            DPSWEEP,
+            "run",
+            str(spec_path),
+            "--quiet",
+            "--workers",
+            str(workers),
+            "--db",
+            f"sqlite:///{work / 'demo.db'}",
+        ],
+        cwd=work,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t0
+
+
+def opacus_trials(spec: dict[str, Any], spec_path: Path, work: Path) -> list[dict[str, Any]]:
+    """The sweep's trials as Opacus trials: dpsweep's stored grid points and sigmas, its plan's
+    steps and sample rates."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from sweeper.store import Trial
+    from sweeper.store.engine import make_engine
+
+    out = _run(
+        [DPSWEEP, "plan", "--json", str(spec_path), "--db", f"sqlite:///{work / 'demo.db'}"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=work,
+    )
+    grids = {(g["arm"], float(g["epsilon_budget"])): g for g in json.loads(out.stdout)}
+    engine = make_engine(f"sqlite:///{work / 'demo.db'}")
+    try:
+        with Session(engine) as s:
+            rows = s.scalars(select(Trial)).all()
+            trials = []
+            for t in rows:
+                g = grids[(t.arm, float(t.epsilon_budget))]
+                params = dict(t.params)
+                arm = next(a for a in spec["arms"] if a["strategy"] == t.strategy)
+                clip = params.get(
+                    "clip", params.get("clip_init", arm.get("params", {}).get("clip_init", 1.0))
+                )
+                trials.append(
+                    {
+                        "model": spec["model"]["name"],
+                        "lr": float(params["lr"]),
+                        "clip": float(clip),
+                        "sigma": float(t.noise_multiplier or g["gradient_noise_multiplier"]),
+                        "steps": int(g["steps_per_trial"]),
+                        "sample_rate": float(g["sample_rate"]),
+                        "batch_size": int(spec["training"]["batch_size"]),
+                        "eval_every": int(spec["training"].get("eval_every", 50)),
+                        "seed": int(t.seed),
+                        "test_fraction": float(spec["dataset"].get("test_fraction", 0.2)),
+                    }
+                )
+    finally:
+        engine.dispose()
+    return trials
+
+
+def run_opacus(trials: list[dict[str, Any]], workers: int) -> float:
+    """Wall time of every trial in a pool of ``workers`` spawned processes."""
+    t0 = time.perf_counter()
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(run_trial, trials, chunksize=1)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    """Run the bench; print the figures (``--json``: one JSON object)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--smoke", action="store_true", help="one epoch, one epsilon level")
+    a = ap.parse_args()
+
+    spec = demo_spec(smoke=a.smoke)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        spec_path = work / "demo.yaml"
+        spec_path.write_text(yaml.safe_dump(spec))
+        dpsweep_s = run_dpsweep(spec_path, work, a.workers)
+        trials = opacus_trials(spec, spec_path, work)
+        opacus_s = run_opacus(trials, a.workers)
+
+    out: dict[str, Any] = {
+        "dpsweep_s": dpsweep_s,
+        "opacus_s": opacus_s,
+        "workers": a.workers,
+        "trials": len(trials),
+        "speedup": opacus_s / dpsweep_s,
+        "target": TARGET,
+    }
+    if a.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:>10}: {v:.3f}" if isinstance(v, float) else f"{k:>10}: {v}")
+
+
+if __name__ == "__main__":
+    main()
