@@ -7,6 +7,9 @@ times (median ms per step, round-robin after warm-up):
 * ``fixed``: dpsweep's full fixed-clipping (flat) DP step for a pack of one, on the path
   :func:`workers.generic.build_pack_model` picks for the model (the one ``train_pack`` uses:
   ``generic`` for both models), with secret sampling and floating-point-safe noise;
+* ``fixed_materialised``: the same step on :class:`workers.generic.GenericModel`, the path that
+  materialises every per-example gradient by ``torch.func`` (the default before issue 41, whose
+  book-keeping path ``fixed`` now takes);
 * ``opacus_hooks`` / ``opacus_ghost``: Opacus ``make_private`` with that ``grad_sample_mode``,
   fed fixed-size batches (which only favours Opacus). A mode Opacus refuses for the model is
   reported as unsupported (``null`` in the JSON, the reason under ``unsupported``), not a crash.
@@ -35,7 +38,7 @@ from torch import Tensor, nn
 
 from bench.opacus_step import opacus_step as shared_opacus_step
 from workers.engine import DPEngine
-from workers.generic import build_pack_model
+from workers.generic import GenericModel, build_pack_model
 from workers.models import ModelSpec, build_model
 from workers.optim import PackedOptimizer
 from workers.packed import PackedModel
@@ -45,7 +48,8 @@ from workers.strategies import get_strategy
 LR = 0.05
 #: The training set each method samples from (small: WRN images are 12 KB each).
 N_TRAIN = 4096
-METHODS = ("nonprivate", "fixed", "opacus_hooks", "opacus_ghost")
+#: ``fixed_materialised``: the same step on the materialised torch.func path (before issue 41).
+METHODS = ("nonprivate", "fixed", "fixed_materialised", "opacus_hooks", "opacus_ghost")
 
 
 @dataclass(frozen=True)
@@ -110,10 +114,15 @@ def nonprivate_step(bench: GenericBench, x: Tensor, y: Tensor, b: int) -> Callab
 
 
 def dpsweep_step(
-    bench: GenericBench, x: Tensor, y: Tensor, b: int
+    bench: GenericBench, x: Tensor, y: Tensor, b: int, *, materialised: bool = False
 ) -> tuple[Callable[[], None], str]:
-    """dpsweep's fixed-clipping DP step on the path ``train_pack`` picks, and that path."""
-    built, path = build_pack_model([build(bench)])
+    """dpsweep's fixed-clipping DP step on the path ``train_pack`` picks, and that path; with
+    ``materialised``, on the torch.func path that materialises every per-example gradient."""
+    built: PackedModel | GenericModel
+    if materialised:
+        built, path = GenericModel([build(bench)]), "generic-materialised"
+    else:
+        built, path = build_pack_model([build(bench)])
     # GenericModel implements structurally what the engine uses of a PackedModel.
     model: PackedModel = built  # type: ignore[assignment]
     strategy = get_strategy("fixed")([{"clip": 1.0}], n_layers=model.n_param_layers, device="cpu")
@@ -170,12 +179,16 @@ def run_generic(
         step, path_of[b] = dpsweep_step(bench, x, y, b)
         return step
 
+    def dp_materialised(b: int) -> Callable[[], None]:
+        return dpsweep_step(bench, x, y, b, materialised=True)[0]
+
     for b in batches:
         t0 = time.perf_counter()
 
         builders: dict[str, Callable[[], Callable[[], None]]] = {
             "nonprivate": partial(nonprivate_step, bench, x, y, b),
             "fixed": partial(dp, b),
+            "fixed_materialised": partial(dp_materialised, b),
             "opacus_hooks": partial(opacus_step, bench, x, y, b, "hooks"),
             "opacus_ghost": partial(opacus_step, bench, x, y, b, "ghost"),
         }
@@ -192,7 +205,7 @@ def run_generic(
         row: dict[str, Any] = {"engine_path": path_of.get(b), "batch": b}
         for method in METHODS:
             row[f"{method}_ms"] = round(ms[method], 3) if method in ms else None
-        for other in ("nonprivate", "opacus_ghost", "opacus_hooks"):
+        for other in ("nonprivate", "fixed_materialised", "opacus_ghost", "opacus_hooks"):
             ok = "fixed" in ms and other in ms
             row[f"fixed_vs_{other}"] = round(ms["fixed"] / ms[other], 3) if ok else None
         row["unsupported"] = unsupported

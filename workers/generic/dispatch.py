@@ -3,7 +3,9 @@
 The packed path (:mod:`workers.packed`) covers ``nn.Sequential`` models whose every layer has a
 registered packed implementation (:mod:`workers.packed.registry`); it computes per-example
 gradients analytically and is much faster. Every other ``nn.Module`` takes the generic path
-(:class:`~workers.generic.model.GenericModel`), after the up-front check of its layers.
+(:class:`~workers.generic.bookkeeping.BookkeepingModel`: book-keeping per-example norms where a
+layer has a rule, materialised ``torch.func`` gradients where not), after the up-front check
+of its layers.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from workers.generic.bookkeeping import BookkeepingModel
 from workers.generic.model import GenericModel
 from workers.packed.model import PackedModel
 from workers.packed.registry import convert_layer
@@ -58,4 +61,6 @@ def build_pack_model(
             # Parameters outside the converted layers (e.g. a bare nn.Parameter on the
             # Sequential itself): the generic path trains those too.
             pass
-    return GenericModel(modules, device=device, batched_trials=batched_trials), "generic"
+    # Book-keeping (ghost norms, one backward) for the layers with a rule; the others keep the
+    # materialised torch.func per-example gradients (workers.generic.bookkeeping).
+    return BookkeepingModel(modules, device=device, batched_trials=batched_trials), "generic"

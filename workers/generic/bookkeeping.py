@@ -1,0 +1,505 @@
+"""Book-keeping / ghost clipping on the generic path: per-example norms without a vmap per example.
+
+:class:`BookkeepingModel` is a :class:`~workers.generic.model.GenericModel` (same interface,
+same flat ``[K, P]`` parameters, same layers) whose capturing forward runs the module on the
+real batch, one trial after another, with hooks that record each layer's input ``a`` and
+output ``z``. One ``autograd.grad`` of the loss gives every ``g = dL/dz`` (and ``v = dL/dout``)
+at once, and per layer (Li et al. 2022, ghost norm; Bu et al. 2023, book-keeping):
+
+* ``nn.Linear`` (any ``[B, ..., d]`` input): the norm of ``a_i^T g_i`` from the Gram matrices
+  ``(a_i a_i^T) . (g_i g_i^T)`` when ``T^2 < d_in d_out``, else the per-example gradient is
+  materialised for that layer alone; the weighted sum ``sum_i w_i a_i^T g_i`` is one matmul;
+* ``nn.Embedding``: the same Gram trick with ``[id_t == id_s]`` as the input Gram, and the
+  weighted sum an ``index_add``;
+* ``nn.Conv1d`` / ``nn.Conv2d``: ``unfold`` to the linear case (materialised per example: for
+  images ``L^2`` is far above ``d_in d_out``);
+* ``nn.LayerNorm`` / ``nn.GroupNorm``: their per-example gradients are cheap, computed directly;
+* attention built from ``nn.Linear`` layers is covered by the Linear rule.
+
+Every other parametrised layer (``nn.MultiheadAttention``, custom parameters, a rule layer used
+in a way its rule does not cover) falls back to the materialised ``torch.func`` per-example
+gradients, for its parameters only. Fail closed:
+
+* a ``TorchFunctionMode`` watches every op that touches a rule layer's parameter: each must be
+  used exactly once, by its own module's own op (``F.linear`` for a Linear, ...), and the module
+  called once per forward; tied weights, a parameter read by a parent, or a module called twice
+  send that layer to the fallback;
+* a layer whose recorded input or output was modified in place afterwards falls back too;
+* the first capturing forward checks that the batched output equals the per-example one (a
+  module that mixes examples, which the per-example ``vmap`` would hide, turns book-keeping off
+  for the model).
+
+BAM's perturbed pass (per-example parameters) runs on the materialised path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
+
+from workers.generic.model import GenericCaptured, GenericModel, LayerInfo, _stack, _take
+
+_NDQ = getattr(nn.modules.linear, "NonDynamicallyQuantizableLinear", None)
+
+
+def _rule(module: nn.Module, names: list[str]) -> str | None:
+    """The rule for a layer (the module owning ``names``, its parameters' local names), if any.
+
+    Exact types only: a subclass may use its parameters differently in its own ``forward``.
+    """
+    local = [n.rpartition(".")[2] for n in names]
+    t = type(module)
+    if t is nn.Linear or (_NDQ is not None and t is _NDQ):
+        return "linear" if local in (["weight"], ["weight", "bias"]) else None
+    if t in (nn.Conv1d, nn.Conv2d):
+        c: Any = module
+        ok = c.padding_mode == "zeros" and not isinstance(c.padding, str)
+        return "conv" if ok and local in (["weight"], ["weight", "bias"]) else None
+    if t is nn.Embedding:
+        e: Any = module
+        ok = e.max_norm is None and not e.sparse and not e.scale_grad_by_freq
+        return "embedding" if ok and local == ["weight"] else None
+    if t is nn.LayerNorm:
+        return "layernorm" if local in (["weight"], ["weight", "bias"]) else None
+    if t is nn.GroupNorm:
+        return "groupnorm" if local == ["weight", "bias"] else None
+    return None
+
+
+# The one op each rule's module applies its parameters with.
+_OPS: dict[str, Any] = {
+    "linear": F.linear,
+    "conv": (F.conv1d, F.conv2d),
+    "embedding": F.embedding,
+    "layernorm": F.layer_norm,
+    "groupnorm": F.group_norm,
+}
+
+
+@dataclass
+class _Call:
+    """One trial's call of a rule layer: its input, its output (a graph node), versions."""
+
+    a: Tensor
+    z: Tensor
+    a_version: int
+    z_version: int
+
+
+@dataclass
+class BookkeepingCaptured(GenericCaptured):
+    """A capturing forward's record: the layers' calls per trial, and which layers are covered."""
+
+    calls: list[list[_Call]] = field(default_factory=list)  # [layer][trial]
+    covered: list[bool] = field(default_factory=list)  # per layer: the rule applies this step
+
+
+@dataclass
+class _GhostLinear:
+    """A Linear (or Embedding) layer's book-keeping info: inputs and output gradients."""
+
+    kind: str  # "linear" or "embedding"
+    a: Tensor  # [K, B, T, d_in] (linear) or [K, B, T] ids (embedding)
+    g: Tensor  # [K, B, T, d_out]
+    bias: bool
+    padding_idx: int | None = None
+    rows: int = 0  # embedding: the vocabulary size
+
+    def sq_norm(self) -> Tensor:
+        """``[K, B]`` per-example squared norms (ghost norm: Gram matrices over positions)."""
+        g = self.g
+        if self.kind == "embedding":
+            ids = self.a
+            same = ids.unsqueeze(-1) == ids.unsqueeze(-2)  # [K, B, T, T]
+            if self.padding_idx is not None:
+                # F.embedding never writes the padding row: those positions contribute nothing.
+                real = ids != self.padding_idx
+                same = same & real.unsqueeze(-1) & real.unsqueeze(-2)
+            gg = g @ g.transpose(-1, -2)
+            return (gg * same.to(g.dtype)).sum(dim=(-1, -2))
+        a = self.a
+        if a.shape[2] == 1:
+            sq = a.pow(2).sum(dim=(2, 3)) * g.pow(2).sum(dim=(2, 3))
+        else:
+            aa = a @ a.transpose(-1, -2)
+            gg = g @ g.transpose(-1, -2)
+            sq = (aa * gg).sum(dim=(-1, -2))
+        if self.bias:
+            sq = sq + g.sum(dim=2).pow(2).sum(dim=-1)
+        return sq
+
+    def weighted_into(self, outs: list[Tensor], w: Tensor) -> None:
+        """``sum_i w_i grad_i`` into ``outs`` (``[K, numel]`` per parameter); ``w`` ``[K, B]``."""
+        k, b, t, d_out = self.g.shape
+        wg = (self.g * w.view(k, b, 1, 1)).reshape(k, b * t, d_out)
+        if self.kind == "embedding":
+            out = outs[0].view(k, self.rows, d_out)
+            ids = self.a.reshape(k, b * t)
+            if self.padding_idx is not None:
+                wg = wg * (ids != self.padding_idx).unsqueeze(-1).to(wg.dtype)
+            out.zero_()
+            for j in range(k):
+                out[j].index_add_(0, ids[j], wg[j])
+            return
+        a = self.a.reshape(k, b * t, -1)
+        torch.bmm(wg.transpose(1, 2), a, out=outs[0].view(k, d_out, a.shape[-1]))
+        if self.bias:
+            outs[1].copy_(wg.sum(dim=1))
+
+    def materialise(self) -> LayerInfo:
+        """Per-example gradients ``[K, B, *shape]`` of the layer's parameters."""
+        if self.kind == "embedding":
+            k, b, t, d = self.g.shape
+            ids = self.a
+            g = self.g
+            if self.padding_idx is not None:
+                g = g * (ids != self.padding_idx).unsqueeze(-1).to(g.dtype)
+            out = g.new_zeros(k * b, self.rows, d)
+            out.scatter_add_(
+                1, ids.reshape(k * b, t, 1).expand(k * b, t, d), g.reshape(k * b, t, d)
+            )
+            return [out.view(k, b, self.rows, d)]
+        w = torch.einsum("kbto,kbti->kboi", self.g, self.a)
+        return [w, self.g.sum(dim=2)] if self.bias else [w]
+
+
+def _info_sq(info: Any) -> Tensor:
+    if isinstance(info, _GhostLinear):
+        return info.sq_norm()
+    return sum(t.pow(2).flatten(2).sum(dim=2) for t in info)
+
+
+def _as_materialised(info: Any) -> LayerInfo:
+    return info.materialise() if isinstance(info, _GhostLinear) else info
+
+
+class _UsageMode(TorchFunctionMode):
+    """Records, for every op touching a watched tensor, the op and the innermost module."""
+
+    def __init__(self, watched: dict[int, str], stack: list[nn.Module]) -> None:
+        super().__init__()
+        self.watched = watched
+        self.stack = stack
+        self.uses: list[tuple[str, Any, nn.Module | None]] = []
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if self.watched:
+            for leaf in tree_flatten((args, kwargs))[0]:
+                name = self.watched.get(id(leaf)) if isinstance(leaf, Tensor) else None
+                if name is not None:
+                    self.uses.append((name, func, self.stack[-1] if self.stack else None))
+        return func(*args, **kwargs)
+
+
+class BookkeepingModel(GenericModel):
+    """:class:`GenericModel` with book-keeping per-example norms and sums (module docstring).
+
+    Args: as :class:`GenericModel`. ``batched_trials`` applies to the materialised parts (the
+    fallback layers, BAM's perturbed pass, evaluation); the book-keeping forward runs the
+    trials one after another (a hooked forward cannot run under ``vmap``).
+    """
+
+    def __init__(
+        self,
+        modules: Sequence[nn.Module],
+        device: torch.device | str = "cpu",
+        *,
+        batched_trials: bool = True,
+    ) -> None:
+        super().__init__(modules, device, batched_trials=batched_trials)
+        mods = dict(self.template.named_modules())
+        self.layer_modules = [mods[n] for n in self.layer_names]
+        self.rules = [
+            _rule(m, names) for m, names in zip(self.layer_modules, self.layer_params, strict=True)
+        ]
+        # Off for good when the first check finds the module mixing examples.
+        self.bookkeeping = any(r is not None for r in self.rules)
+        self._checked = False
+        self._verified = False
+        self._stack: list[nn.Module] = []
+        self._record: list[list[_Call]] | None = None
+        self._index = {id(m): i for i, m in enumerate(self.layer_modules) if self.rules[i]}
+        for m in self.template.modules():
+            m.register_forward_pre_hook(self._push)
+            m.register_forward_hook(self._pop)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _push(self, module: nn.Module, args: Any) -> None:
+        if self._record is not None:
+            self._stack.append(module)
+
+    def _pop(self, module: nn.Module, args: Any, out: Any) -> Any:
+        if self._record is None:
+            return None
+        self._stack.pop()
+        li = self._index.get(id(module))
+        if li is None or not args or not isinstance(args[0], Tensor) or not isinstance(out, Tensor):
+            return None
+        a = args[0]
+        z = out
+        ret = None
+        if not z.requires_grad:
+            # Nothing upstream needs a gradient (parameters don't, by design: their gradients
+            # come from the records). A leaf stands in for the output; the clone keeps an
+            # in-place op downstream off the leaf.
+            z = z.detach().requires_grad_(True)
+            ret = z.clone()
+        self._record[li].append(_Call(a, z, a._version, z._version))
+        return ret
+
+    # -- forward ------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        capture: bool = False,
+        perturb: tuple[list[Any], Tensor] | None = None,
+    ) -> tuple[Tensor, GenericCaptured | None]:
+        """As :meth:`GenericModel.forward`; a plain capture records for book-keeping."""
+        if perturb is not None:
+            infos, scale = perturb
+            return super().forward(
+                x, capture=capture, perturb=([_as_materialised(i) for i in infos], scale)
+            )
+        if not capture or not self.bookkeeping:
+            return super().forward(x, capture=capture)
+        params = self.params()
+        record: list[list[_Call]] = [[] for _ in self.layer_names]
+        covered = [r is not None for r in self.rules]
+        outs = []
+        self._record = record
+        try:
+            for k in range(self.k):
+                pk = {n: t[k] for n, t in params.items()}
+                bk = {n: t[k] for n, t in self.buffers.items()}
+                watched = {id(t): n for n, t in pk.items()}
+                mode = _UsageMode(watched, self._stack)
+                n_before = [len(r) for r in record]
+                with mode:
+                    out_k = functional_call(self.template, (pk, bk), (x[k],))
+                if not isinstance(out_k, Tensor):
+                    raise TypeError("the generic DP path needs a module that returns one tensor")
+                outs.append(out_k)
+                self._check_uses(mode.uses, record, n_before, covered)
+        finally:
+            self._record = None
+            self._stack.clear()
+        for li, calls in enumerate(record):
+            if covered[li] and any(
+                c.a._version != c.a_version or c.z._version != c.z_version for c in calls
+            ):
+                covered[li] = False  # modified in place after the layer: its records are stale
+        out = torch.stack(outs)
+        if not self._checked:
+            self._checked = True
+            with torch.no_grad():
+                ref = super().forward(x)[0]
+            scale = ref.abs().max().clamp_min(1.0)
+            if not torch.allclose(out.detach(), ref, rtol=1e-3, atol=1e-4 * float(scale)):
+                # The module mixes examples in the batch: only the per-example path is exact.
+                self.bookkeeping = False
+                return super().forward(x, capture=True)
+        if not out.requires_grad:
+            out.requires_grad_(True)
+        cap = BookkeepingCaptured(x, params, False, out, calls=record, covered=covered)
+        return out, cap
+
+    def _check_uses(
+        self,
+        uses: list[tuple[str, Any, nn.Module | None]],
+        record: list[list[_Call]],
+        n_before: list[int],
+        covered: list[bool],
+    ) -> None:
+        """Fail closed: a layer keeps its rule only if used exactly as the rule assumes."""
+        by_name: dict[str, list[tuple[Any, nn.Module | None]]] = {}
+        for name, func, mod in uses:
+            by_name.setdefault(name, []).append((func, mod))
+        for li, rule in enumerate(self.rules):
+            if rule is None or not covered[li]:
+                continue
+            ops = _OPS[rule]
+            ops = ops if isinstance(ops, tuple) else (ops,)
+            mod = self.layer_modules[li]
+            ok = len(record[li]) - n_before[li] == 1
+            for n in self.layer_params[li]:
+                u = by_name.get(n, [])
+                ok = ok and len(u) == 1 and u[0][1] is mod and any(u[0][0] is op for op in ops)
+            if not ok:
+                covered[li] = False
+
+    # -- per-example quantities ---------------------------------------------------------------
+
+    def layer_grads(self, loss_sum: Tensor, cap: GenericCaptured) -> list[Any]:
+        """Per-layer infos: book-keeping records for covered layers, else materialised."""
+        if not isinstance(cap, BookkeepingCaptured):
+            return super().layer_grads(loss_sum, cap)
+        zs: list[Tensor] = [cap.out]
+        for li, calls in enumerate(cap.calls):
+            if cap.covered[li]:
+                zs.extend(c.z for c in calls)
+        grads = torch.autograd.grad(loss_sum, zs, allow_unused=True)
+        v = grads[0]
+        assert v is not None
+        pos = 1
+        infos: list[Any] = [None] * len(self.layer_names)
+        for li, calls in enumerate(cap.calls):
+            if not cap.covered[li]:
+                continue
+            gs = [
+                g if g is not None else torch.zeros_like(c.z)
+                for c, g in zip(calls, grads[pos : pos + self.k], strict=True)
+            ]
+            pos += self.k
+            b = cap.x.shape[1]
+            if any(c.a.shape[:1] != (b,) or c.z.shape[:1] != (b,) for c in calls):
+                continue  # not batch-first: the materialised fallback below
+            infos[li] = self._info(li, [c.a.detach() for c in calls], [g.detach() for g in gs])
+        fallback = [li for li in range(len(infos)) if infos[li] is None]
+        if not self._verified:
+            # Once per model: each rule's norms against the materialised path's. A layer whose
+            # batch dimension is not its input's first (sequence-first attention, say) or that
+            # the usage checks missed reads examples wrongly; it keeps the fallback for good.
+            self._verified = True
+            full = self._fallback_grads(self.names, cap, v.detach())
+            ref = [[full[n] for n in names] for names in self.layer_params]
+            for li, info in enumerate(infos):
+                if info is None:
+                    infos[li] = ref[li]
+                    continue
+                mine, theirs = _info_sq(info), _info_sq(ref[li])
+                tol = 1e-3 * float(theirs.abs().max()) + 1e-12
+                if not torch.allclose(mine, theirs, rtol=1e-3, atol=tol):
+                    self.rules[li] = None
+                    infos[li] = ref[li]
+            return infos
+        if fallback:
+            names = [n for li in fallback for n in self.layer_params[li]]
+            g = self._fallback_grads(names, cap, v.detach())
+            for li in fallback:
+                infos[li] = [g[n] for n in self.layer_params[li]]
+        return infos
+
+    def _fallback_grads(
+        self, names: list[str], cap: GenericCaptured, v: Tensor
+    ) -> dict[str, Tensor]:
+        """Materialised per-example gradients of ``names`` only (``torch.func``, as the base)."""
+        sub = {n: cap.params[n] for n in names}
+        rest = {n: t for n, t in cap.params.items() if n not in sub}
+
+        def dot(
+            s: dict[str, Tensor], r: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, vv: Tensor
+        ) -> Tensor:
+            return self._dot({**r, **s}, b, x, vv)
+
+        per_b = vmap(grad(dot), in_dims=(None, None, None, 0, 0))
+        if self.batched_trials:
+            return vmap(per_b, in_dims=(0, 0, 0, 0, 0))(sub, rest, self.buffers, cap.x, v)
+        outs = [
+            per_b(_take(sub, k), _take(rest, k), _take(self.buffers, k), cap.x[k], v[k])
+            for k in range(self.k)
+        ]
+        return _stack(outs)
+
+    def _info(self, li: int, a_list: list[Tensor], g_list: list[Tensor]) -> Any:
+        rule = self.rules[li]
+        mod: Any = self.layer_modules[li]
+        has_bias = len(self.layer_params[li]) == 2
+        a = torch.stack(a_list)
+        g = torch.stack(g_list)
+        k, b = g.shape[:2]
+        if rule == "linear":
+            a3 = a.reshape(k, b, -1, a.shape[-1])
+            g3 = g.reshape(k, b, -1, g.shape[-1])
+            info = _GhostLinear("linear", a3, g3, has_bias)
+            t = a3.shape[2]
+            if t > 1 and t * t >= a3.shape[-1] * g3.shape[-1]:
+                return info.materialise()  # the Gram matrices would cost more than the gradient
+            return info
+        if rule == "embedding":
+            ids = a.reshape(k, b, -1)
+            g3 = g.reshape(k, b, ids.shape[2], -1)
+            return _GhostLinear(
+                "embedding", ids, g3, False, padding_idx=mod.padding_idx, rows=mod.num_embeddings
+            )
+        if rule == "conv":
+            return self._conv_grads(mod, a, g, has_bias)
+        if rule == "layernorm":
+            ns = tuple(mod.normalized_shape)
+            xhat = F.layer_norm(a, ns, None, None, mod.eps)
+            dims = tuple(range(2, a.dim() - len(ns)))
+            gw = (g * xhat).sum(dim=dims) if dims else g * xhat
+            return [gw, g.sum(dim=dims) if dims else g] if has_bias else [gw]
+        assert rule == "groupnorm"
+        flat = a.reshape(k * b, *a.shape[2:])
+        xhat = F.group_norm(flat, mod.num_groups, None, None, mod.eps).view_as(a)
+        dims = tuple(range(3, a.dim()))
+        return [(g * xhat).sum(dim=dims), g.sum(dim=dims)]
+
+    def _conv_grads(self, mod: Any, a: Tensor, g: Tensor, has_bias: bool) -> LayerInfo:
+        """Per-example conv gradients through ``unfold`` (a conv is a linear map of patches)."""
+        k, b = g.shape[:2]
+        one_d = isinstance(mod, nn.Conv1d)
+        x = a.reshape(k * b, *a.shape[2:])
+        gy = g.reshape(k * b, *g.shape[2:])
+        if one_d:
+            x, gy = x.unsqueeze(-2), gy.unsqueeze(-2)
+            ks, st, pd, dl = (
+                (1, *mod.kernel_size),
+                (1, *mod.stride),
+                (0, *mod.padding),
+                (1, *mod.dilation),
+            )
+        else:
+            ks, st, pd, dl = mod.kernel_size, mod.stride, mod.padding, mod.dilation
+        cols = F.unfold(x, ks, dilation=dl, padding=pd, stride=st)  # [KB, C*kh*kw, L]
+        groups = mod.groups
+        n = k * b
+        cols = cols.view(n, groups, -1, cols.shape[-1])
+        gy = gy.reshape(n, groups, -1, cols.shape[-1])
+        w = torch.einsum("ngol,ngil->ngoi", gy, cols).reshape(k, b, *mod.weight.shape)
+        return [w, gy.sum(dim=-1).reshape(k, b, -1)] if has_bias else [w]
+
+    def sq_norms(self, infos: list[Any]) -> Tensor:
+        """Per-sample, per-layer squared gradient norms ``[K, B, L]``."""
+        return torch.stack([_info_sq(i) for i in infos], dim=-1)
+
+    def weighted_sum_into(self, out: Tensor, infos: list[Any], weights: Tensor) -> None:
+        """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``; ``weights`` is ``[K, B, R]``."""
+        r = weights.shape[-1]
+        for li, (names, info) in enumerate(zip(self.layer_params, infos, strict=True)):
+            w = weights[..., 0 if r == 1 else li]
+            if isinstance(info, _GhostLinear):
+                slices = [self.slices[n] for n in names]
+                bufs = [
+                    torch.empty(self.k, hi - lo, device=out.device, dtype=out.dtype)
+                    for lo, hi in slices
+                ]
+                info.weighted_into(bufs, w.to(info.g.dtype))
+                for (lo, hi), buf in zip(slices, bufs, strict=True):
+                    out[:, lo:hi].copy_(buf)
+                continue
+            for n, g in zip(names, info, strict=True):
+                lo, hi = self.slices[n]
+                out[:, lo:hi].copy_(
+                    torch.bmm(
+                        w.unsqueeze(1).to(g.dtype), g.reshape(self.k, g.shape[1], -1)
+                    ).squeeze(1)
+                )
+
+    def per_sample_grads(self, infos: list[Any]) -> Tensor:
+        """Flat per-sample gradients ``[K, B, P]`` (tests and small diagnostics)."""
+        return super().per_sample_grads([_as_materialised(i) for i in infos])
