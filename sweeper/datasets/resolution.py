@@ -8,8 +8,9 @@ format and label column); loader names (``digits``, ``csv`` with a path) are pas
 ``config``): such a name may then be a spec's public evaluation dataset (``eval: {mode:
 public, dataset: NAME}``, :func:`resolve`), whose records no epsilon covers. Registering a
 name again sets the flag to what is given then (without ``--public``: not public), so a
-declaration never outlives the file it was made for. Loader names (``digits``...) and uploads
-are never declared public.
+declaration never outlives the file it was made for. Uploads are never declared public, nor
+are loader names, except the shared sets whose descriptor declares them public
+(``mnist1d-test``, :attr:`workers.datasets.descriptors.DatasetDescriptor.public`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,10 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             f"{_HOW_TO_PUBLISH}",
             field=field,
         )
+    if has_loader(name) and _public_builtin(name):
+        # Records dpsweep generates or bundles and declares public (mnist1d-test): no file,
+        # no owner; the same kind, shape and label checks apply when they are loaded.
+        return worker_spec({}, path=None, name=name, label_column=None)
     if has_loader(name):
         raise ConfigError(
             f"eval.dataset {name!r} is a loader of dpsweep, not a dataset declared public by its "
@@ -169,10 +174,21 @@ def _public_flag(row: Dataset) -> bool:
     return bool(dict(row.config or {}).get("public", False))
 
 
+def _public_builtin(name: str) -> bool:
+    """Whether ``name`` is a shared set whose descriptor declares its records public."""
+    from workers.datasets.descriptors import DATASET_DESCRIPTORS
+
+    d = DATASET_DESCRIPTORS.get(name)
+    return d is not None and d.shared and d.public
+
+
 def is_public(engine: Engine, name: str) -> bool:
-    """Whether ``name`` is a registered file whose owner declared its records public."""
-    if is_upload(name) or not in_catalog(name):
+    """Whether ``name`` is a registered file whose owner declared its records public, or a
+    shared set declared public (``mnist1d-test``)."""
+    if is_upload(name):
         return False
+    if not in_catalog(name):
+        return _public_builtin(name)
     with Session(engine) as session:
         row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
     return row is not None and bool(row.storage_path) and _public_flag(row)

@@ -93,6 +93,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
             f"an evaluation dataset applies to eval mode public only, not {mode}",
             field="eval.dataset",
         )
+    spec = with_declarations(spec)
     raw = DATASETS[spec.name](spec)
     _check_finite(raw, spec)
     # The identity is taken from the records as parsed, before the split and the scaling:
@@ -155,6 +156,26 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         declared_classes=declared,
         declared_size=spec.declared_size,
         test_fraction=spec.test_fraction,
+    )
+
+
+def with_declarations(spec: DatasetSpec) -> DatasetSpec:
+    """``spec`` with what a shared set's descriptor declares (its size, class list and input
+    bounds: :class:`workers.datasets.descriptors.DatasetDescriptor`) filled in where the spec
+    sets none, so that plans and the label encoding come from the set's public description,
+    never from counting its records (a spec's own ``input_bounds`` take precedence)."""
+    from dataclasses import replace
+
+    from workers.datasets.descriptors import DATASET_DESCRIPTORS
+
+    d = DATASET_DESCRIPTORS.get(spec.name)
+    if d is None or not d.shared:
+        return spec
+    return replace(
+        spec,
+        declared_size=spec.declared_size if spec.declared_size is not None else d.size,
+        classes=spec.classes if spec.classes is not None else d.classes,
+        input_bounds=spec.input_bounds if spec.input_bounds is not None else d.input_bounds,
     )
 
 

@@ -404,12 +404,46 @@ LIP_CNN = register_model_descriptor(
     )
 )
 
+CNN1D = register_model_descriptor(
+    ModelDescriptor(
+        name="cnn1d",
+        # Conv1d and GroupNorm have no packed layer (workers/packed): torch.func's per-example
+        # gradients train it.
+        engine_path="generic",
+        input_kind="flat",
+        description=(
+            "1-D CNN for flat inputs read as one-channel signals (MNIST-1D): per stage a "
+            "Conv1d, GroupNorm, ReLU and max-pool of 2, a linear head"
+        ),
+        options={
+            "channels": ModelOption(
+                default=(32, 32),
+                kind="int",
+                low=1,
+                high=256,
+                sequence=True,
+                help="channels per stage (each stage halves the length)",
+            ),
+            "kernel": ModelOption(
+                default=5, kind="int", low=1, high=15, help="odd kernel size of each Conv1d"
+            ),
+            "norm": ModelOption(
+                default="group",
+                kind="choice",
+                choices=("group", "none"),
+                help="GroupNorm after each convolution (never BatchNorm: it mixes records)",
+            ),
+        },
+    )
+)
+
 
 __all__ = [
     "ACTIVATION_NAMES",
     "AUTOENCODER",
     "BOW_FC",
     "CNN",
+    "CNN1D",
     "DESCRIPTORS",
     "INPUT_KINDS",
     "LIP_CNN",

@@ -40,6 +40,7 @@ BUILTIN_MODULES = (
     "logreg",
     "mlp",
     "cnn",
+    "cnn1d",
     "autoencoder",
     "bow_fc",
     "lip_mlp",
