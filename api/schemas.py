@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from api.grant_schemas import Allowance, GrantsSummary, PublicInfo
+from dpsweep.plan import GridPlan
 
 
 class _Out(BaseModel):
@@ -136,6 +138,22 @@ class PlanGrid(_Out):
         "generic (any nn.Module; per-example gradients from torch.func) or auto (decided "
         "when the model is built, for a plug-in)",
     )
+
+    @classmethod
+    def of(
+        cls, plan: GridPlan, *, epsilon_reserved: Decimal, delta_reserved: Decimal
+    ) -> PlanGrid:
+        """A dry run's view of one grid's plan: every field of the same name in
+        :class:`dpsweep.plan.GridPlan` (a test keeps the names a subset), and its reservation."""
+        d = plan.to_stored()
+        fields = {k: d[k] for k in cls.model_fields if k in d}
+        # A strategy without a second release has no split of sigma to show.
+        fields["gradient_noise_multiplier"] = plan.gradient_noise_multiplier or None
+        return cls(
+            **fields,
+            epsilon_reserved=float(epsilon_reserved),
+            delta_reserved=float(delta_reserved),
+        )
 
 
 class PlanOut(_Out):

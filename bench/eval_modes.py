@@ -22,6 +22,7 @@ About 1 minute per mode and repeat on 2 cores (``--quick``: one grid, one epoch,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -98,7 +99,7 @@ def run_mode(raw: dict[str, Any], evaluation: dict[str, Any] | None) -> list[dic
             weight_decay=tr.weight_decay,
             eval_every=tr.eval_every,
             accountant="pld",
-            planned=PlannedRun.of_grid({**g.to_dict(), "dataset_sha256": plan.dataset_sha256}),
+            planned=PlannedRun.of_grid(dataclasses.replace(g, dataset_sha256=plan.dataset_sha256)),
             eval_noise_multiplier=g.eval_noise_multiplier,
         )
         results = train_pack(pack, dataset=data)

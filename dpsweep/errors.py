@@ -150,6 +150,11 @@ class ArtifactCorrupt(DpsweepError):
     """A kept file no longer matches the content hash recorded for it (HTTP 500)."""
 
 
+class PlanCorrupt(ArtifactCorrupt):
+    """A stored sweep plan lacks a figure or holds a malformed one (HTTP 500): nothing is
+    planned, charged or run on it."""
+
+
 class IllegalState(Conflict):
     """The sweep is not in a state that allows the operation (HTTP 409)."""
 

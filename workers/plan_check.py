@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpsweep.errors import PrivacyError
+from dpsweep.plan import GridPlan
 
 
 class PlanMismatch(PrivacyError):
@@ -57,18 +58,17 @@ class PlannedRun:
     eval_releases: int = 0
 
     @classmethod
-    def of_grid(cls, grid: dict[str, Any]) -> PlannedRun:
-        """The planned run of a stored grid plan (a dict read back from the database)."""
-        sigma_e = grid.get("eval_noise_multiplier")
+    def of_grid(cls, grid: GridPlan) -> PlannedRun:
+        """The planned run of a stored grid plan (:meth:`dpsweep.plan.GridPlan.from_stored`)."""
         return cls(
-            strategy=grid["strategy"],
-            sample_rate=float(grid["sample_rate"]),
-            steps=int(grid["steps_per_trial"]),
-            noise_multiplier=float(grid["noise_multiplier"]),
-            dataset_sha256=grid.get("dataset_sha256"),
-            eval_mode=grid.get("eval_mode") or "carve-out",
-            eval_noise_multiplier=None if sigma_e is None else float(sigma_e),
-            eval_releases=int(grid.get("eval_releases") or 0),
+            strategy=grid.strategy,
+            sample_rate=grid.sample_rate,
+            steps=grid.steps_per_trial,
+            noise_multiplier=grid.noise_multiplier,
+            dataset_sha256=grid.dataset_sha256,
+            eval_mode=grid.eval_mode or "carve-out",
+            eval_noise_multiplier=grid.eval_noise_multiplier,
+            eval_releases=grid.eval_releases or 0,
         )
 
 

@@ -140,7 +140,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return EXIT_USAGE  # unreachable
     except DpsweepError as exc:
         return fail(exc)
-    rows = [g.to_dict() for g in plan.grids]
+    rows = list(plan.grids)
     if args.json:
         extra = (
             "delta_per_trial",
@@ -160,7 +160,8 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "epsilon_eval",
             "engine_path",
         )
-        print(json.dumps([{k: r[k] for k in (*PLAN_KEYS, *extra)} for r in rows]))
+        stored = [r.to_stored() for r in rows]
+        print(json.dumps([{k: d[k] for k in (*PLAN_KEYS, *extra)} for d in stored]))
         return 0
     table = Table(title=f"privacy plan: {spec.name} ({spec.privacy.accounting})")
     for col in (
@@ -179,17 +180,17 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         table.add_column(col, justify="left" if col in ("arm", "release") else "right")
     for r in rows:
         table.add_row(
-            r["arm"],
-            f"{r['epsilon_budget']:g}",
-            str(r["trials"]),
-            f"{r['noise_multiplier']:.4g}",
-            f"{r['gradient_noise_multiplier']:.4g}",
-            f"{r['epsilon_per_trial']:.4g}",
-            f"{r['epsilon_total']:.4g}",
-            f"{r['epsilon_verified']:.4g}",
-            str(r["steps_per_trial"]),
-            f"{r['sample_rate']:.4g}",
-            r["release"],
+            r.arm,
+            f"{r.epsilon_budget:g}",
+            str(r.trials),
+            f"{r.noise_multiplier:.4g}",
+            f"{r.gradient_noise_multiplier:.4g}",
+            f"{r.epsilon_per_trial:.4g}",
+            f"{r.epsilon_total:.4g}",
+            f"{r.epsilon_verified:.4g}",
+            str(r.steps_per_trial),
+            f"{r.sample_rate:.4g}",
+            r.release,
         )
     console = stdout_console()
     console.print(table)
@@ -200,30 +201,29 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     console.print(
         f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
         f"({whole['method']}; the grids' sum, which the dataset's ledger is charged, is "
-        f"{plan.epsilon_total:.4g}); grids verified by {rows[0]['verified_by']}"
+        f"{plan.epsilon_total:.4g}); grids verified by {rows[0].verified_by}"
     )
     console.print(
-        f"model {spec.model.name}: trained on the {rows[0].get('engine_path') or 'auto'} engine "
+        f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
         "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
     )
     for r in rows:
-        if r.get("count_noise") is not None:
+        where = f"{r.arm} at ε {r.epsilon_budget:g}"
+        if r.count_noise is not None:
             console.print(
-                f"{r['arm']} at ε {r['epsilon_budget']:g}: quantile count noise sigma_b = "
-                f"{r['count_noise']:.4g} (chosen: the spec leaves count_noise out)"
+                f"{where}: quantile count noise sigma_b = "
+                f"{r.count_noise:.4g} (chosen: the spec leaves count_noise out)"
             )
-        if r.get("eval_releases"):
+        if r.eval_releases:
             console.print(
-                f"{r['arm']} at ε {r['epsilon_budget']:g}: DP evaluation, {r['eval_releases']} "
-                f"noisy counts per trial at sigma_e = {r['eval_noise_multiplier']:.4g} "
-                f"(the evaluations alone: ε {r['epsilon_eval']:.4g}; included in the grid's ε)"
+                f"{where}: DP evaluation, {r.eval_releases} "
+                f"noisy counts per trial at sigma_e = {r.eval_noise_multiplier or 0:.4g} "
+                f"(the evaluations alone: ε {r.epsilon_eval or 0:.4g}; included in the grid's ε)"
             )
-        for w in r.get("warnings") or ():
-            console.print(
-                f"[bold yellow]warning[/bold yellow] ({r['arm']} at ε {r['epsilon_budget']:g}): {w}"
-            )
-    if rows[0].get("input_scaling"):
-        console.print(describe_scaling(rows[0]["input_scaling"]))
+        for w in r.warnings:
+            console.print(f"[bold yellow]warning[/bold yellow] ({where}): {w}")
+    if rows[0].input_scaling:
+        console.print(describe_scaling(rows[0].input_scaling))
     console.print(evaluation_statement(rows)["statement"])
     return 0
 

@@ -28,6 +28,7 @@ from api.live import event_stream
 from api.schemas import (
     CancelOut,
     ParetoOut,
+    PlanGrid,
     PlanOut,
     ResultsOut,
     SweepOut,
@@ -210,45 +211,19 @@ async def plan(
             owner=viewer.owner,
             artifact_quota_mb=settings.artifact_quota_mb,
         )
-        grids = []
-        for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True):
-            grids.append(
-                {
-                    "arm": g.arm,
-                    "strategy": g.strategy,
-                    "epsilon_budget": g.epsilon_budget,
-                    "delta": g.delta,
-                    "accounting": g.accounting,
-                    "accountant": g.accountant,
-                    "noise_multiplier": g.noise_multiplier,
-                    "gradient_noise_multiplier": g.gradient_noise_multiplier or None,
-                    "steps_per_trial": g.steps_per_trial,
-                    "sample_rate": g.sample_rate,
-                    "trials": g.trials,
-                    "retries": g.retries,
-                    "epsilon_per_trial": g.epsilon_per_trial,
-                    "epsilon_total": g.epsilon_total,
-                    "epsilon_verified": g.epsilon_verified,
-                    "epsilon_reserved": float(sched.reserved_epsilon),
-                    "delta_reserved": float(sched.reserved_delta),
-                    "count_noise": g.count_noise,
-                    "warnings": list(g.warnings),
-                    "input_scaling": g.input_scaling,
-                    "eval_mode": g.eval_mode,
-                    "eval_dataset": g.eval_dataset,
-                    "eval_releases": g.eval_releases,
-                    "eval_noise_multiplier": g.eval_noise_multiplier,
-                    "epsilon_eval": g.epsilon_eval,
-                    "engine_path": g.engine_path,
-                }
+        grids = [
+            PlanGrid.of(
+                g, epsilon_reserved=sched.reserved_epsilon, delta_reserved=sched.reserved_delta
             )
+            for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True)
+        ]
         e: Decimal = exact_sum([s.reserved_epsilon for s in prepared.schedules])
         d: Decimal = exact_sum([s.reserved_delta for s in prepared.schedules])
         return {
             "name": spec.name,
             "dataset": dataset_key(spec),
             "grids": grids,
-            "trials": sum(g["trials"] for g in grids),
+            "trials": sum(g.trials for g in grids),
             "epsilon_reserved": float(e),
             "delta_reserved": float(d),
         }

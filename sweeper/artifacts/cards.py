@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +40,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
 from dpsweep.errors import IllegalState
+from dpsweep.plan import GridPlan, SweepPlan
 from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release_of
 from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps.released import selected_trial, trial_record
@@ -113,9 +115,12 @@ def model_card(
         raise IllegalState(f"trial {trial.id} has no sweep")
     spec = typed_spec(sweep)
     metric, mode = spec.objective.metric, spec.objective.mode
-    plan = list(sweep.plan or [])
+    plan = SweepPlan.from_stored(sweep.plan).grids
     key = grid_key(trial.arm, trial.epsilon_budget)
-    grid = next((g for g in plan if g.get("grid") == key), {})
+    grid = next((g for g in plan if g.grid == key), None)
+    if grid is None:
+        # Nothing was planned (so nothing accounted) for this trial's grid: no card.
+        raise IllegalState(f"trial {trial.id}'s grid {key!r} is not in its sweep's plan")
     selected_only = key in hidden_grids(sweep)
     if selected_only:
         _check_selected(session, trial, metric=metric, mode=mode)
@@ -141,7 +146,11 @@ def model_card(
         },
         "privacy": _privacy_section(trial, sweep, plan, grid, private, randomness, selected_only),
         "evaluation": evaluation_statement(plan)
-        | {k: grid.get(k) for k in ("eval_releases", "eval_noise_multiplier", "epsilon_eval")},
+        | {
+            "eval_releases": grid.eval_releases,
+            "eval_noise_multiplier": grid.eval_noise_multiplier,
+            "epsilon_eval": grid.epsilon_eval,
+        },
         "metrics": {
             "metric": metric,
             "mode": mode,
@@ -207,7 +216,7 @@ def _check_selected(session: Session, trial: Trial, *, metric: str, mode: str) -
         )
 
 
-def _is_private(strategy: str, grid: dict[str, Any], single_run_epsilon: float | None) -> bool:
+def _is_private(strategy: str, grid: GridPlan, single_run_epsilon: float | None) -> bool:
     """Whether the model is DP: a private strategy, planned with an epsilon, that ran with
     one. Anything unknown reads as not private (a card must never claim more than holds)."""
     from dpsweep.errors import ConfigError
@@ -219,7 +228,7 @@ def _is_private(strategy: str, grid: dict[str, Any], single_run_epsilon: float |
         strategy_private = False
     return (
         strategy_private
-        and grid.get("epsilon_total") is not None
+        and math.isfinite(grid.epsilon_total)
         and single_run_epsilon is not None
     )
 
@@ -247,19 +256,19 @@ def _trial_section(
     return out
 
 
-def _dataset_section(session: Session, sweep: Sweep, grid: dict[str, Any]) -> dict[str, Any]:
+def _dataset_section(session: Session, sweep: Sweep, grid: GridPlan) -> dict[str, Any]:
     """The dataset by its name, with the sizes and input scaling the summary's plan shows, and
     the settings that rebuild its evaluation split (:func:`split_section`)."""
     return {
         "name": sweep.dataset,
         "identity": None,
         "identity_note": IDENTITY_NOTE,
-        "n_train": grid.get("n_train"),
-        "n_eval": grid.get("n_eval"),
-        "eval_mode": grid.get("eval_mode") or "carve-out",
-        "eval_dataset": grid.get("eval_dataset"),
+        "n_train": grid.n_train,
+        "n_eval": grid.n_eval,
+        "eval_mode": grid.eval_mode or "carve-out",
+        "eval_dataset": grid.eval_dataset,
         # How the model's inputs were scaled and bounded: a user of the model needs it.
-        "input_scaling": grid.get("input_scaling"),
+        "input_scaling": grid.input_scaling,
         "split": split_section(session, sweep),
     }
 
@@ -327,8 +336,8 @@ def split_section(session: Session, sweep: Sweep) -> dict[str, Any]:
 def _privacy_section(
     trial: Trial,
     sweep: Sweep,
-    plan: list[dict[str, Any]],
-    grid: dict[str, Any],
+    plan: Sequence[GridPlan],
+    grid: GridPlan,
     private: bool,
     randomness: dict[str, Any],
     selected_only: bool,
@@ -348,11 +357,11 @@ def _privacy_section(
             "warning": NOT_PRIVATE_WARNING,
             "single_run_epsilon": None,
         }
-    release = next(g for g in grid_releases(plan) if g["grid"] == grid["grid"])
+    release = next(g for g in grid_releases(plan) if g["grid"] == grid.grid)
     release |= {
-        "verifier": grid.get("verifier"),
-        "epsilon_verified_lower": grid.get("epsilon_verified_lower"),
-        "epsilon_verified_upper": grid.get("epsilon_verified_upper"),
+        "verifier": grid.verifier,
+        "epsilon_verified_lower": grid.epsilon_verified_lower,
+        "epsilon_verified_upper": grid.epsilon_verified_upper,
     }
     out = base | {
         # The model belongs to its grid's release: that epsilon is what releasing it spent.
@@ -362,19 +371,19 @@ def _privacy_section(
         "grid": release,
         # As the summary shows it: stored by the driver for this plan, else computed.
         "sweep": sweep_release_of(sweep),
-        "accounting": grid.get("accounting"),
-        "accountant": grid.get("accountant"),
+        "accounting": grid.accounting,
+        "accountant": grid.accountant,
         "verification": {
-            "verified_by": grid.get("verified_by"),
-            "verifier": grid.get("verifier"),
-            "epsilon_verified": grid.get("epsilon_verified"),
-            "epsilon_verified_lower": grid.get("epsilon_verified_lower"),
-            "epsilon_verified_upper": grid.get("epsilon_verified_upper"),
+            "verified_by": grid.verified_by,
+            "verifier": grid.verifier,
+            "epsilon_verified": grid.epsilon_verified,
+            "epsilon_verified_lower": grid.epsilon_verified_lower,
+            "epsilon_verified_upper": grid.epsilon_verified_upper,
         },
         "noise_multiplier": trial.noise_multiplier,
-        "gradient_noise_multiplier": grid.get("gradient_noise_multiplier"),
-        "sample_rate": grid.get("sample_rate"),
-        "steps": grid.get("steps_per_trial"),
+        "gradient_noise_multiplier": grid.gradient_noise_multiplier,
+        "sample_rate": grid.sample_rate,
+        "steps": grid.steps_per_trial,
         "target_delta": trial.target_delta,
         "single_run_epsilon": {
             "epsilon": result.epsilon,

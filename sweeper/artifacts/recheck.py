@@ -27,12 +27,15 @@ torch is imported only when a model is evaluated.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
+
+from dpsweep.plan import GridPlan, SweepPlan
 
 #: The probability that the check calls a DP-evaluated model that is its card's "differs".
 DP_FALSE_ALARM = 1e-3
@@ -209,7 +212,7 @@ def check_model(
     with Session(engine) as session:
         sweep = session.get(Sweep, sid) if sid else None
         stored_spec = None if sweep is None else dict(sweep.spec or {})
-        plan = [] if sweep is None else list(sweep.plan or [])
+        plan = SweepPlan.from_stored(None if sweep is None else sweep.plan).grids
     split = split_settings(card, stored_spec)
     data = rebuild_split(engine, split)
     info = card["model"]
@@ -266,9 +269,9 @@ def check_model(
     )
 
 
-def _same_records(plan: list[dict[str, Any]], identity: str) -> bool | None:
+def _same_records(plan: Sequence[GridPlan], identity: str) -> bool | None:
     """Whether ``identity`` is that of the records the sweep's grids were planned on."""
-    known = {str(g["dataset_sha256"]) for g in plan if g.get("dataset_sha256")}
+    known = {g.dataset_sha256 for g in plan if g.dataset_sha256}
     if not known:
         return None
     return identity in known

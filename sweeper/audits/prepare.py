@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
+from dpsweep.plan import SweepPlan
 from sweeper.datasets.access import Viewer
 from sweeper.store import Dataset, Sweep, Trial, TrialState
 
@@ -356,11 +357,11 @@ def _prepare_trial(
         )
     spec = typed_spec(sweep)
     key = grid_key(trial.arm, trial.epsilon_budget)
-    grid = next((g for g in sweep.plan or [] if g.get("grid") == key), None)
+    grid = next((g for g in SweepPlan.from_stored(sweep.plan) if g.grid == key), None)
     if grid is None:
         raise ConfigError(f"trial {trial_id!r} has no stored plan", field="trial")
-    accountant = trial_accountant_for_plan(str(grid["accountant"]))
-    steps = int(grid["steps_per_trial"])
+    accountant = trial_accountant_for_plan(grid.accountant)
+    steps = grid.steps_per_trial
     training = spec.training.model_copy(update={"steps": steps})
     spec = spec.model_copy(update={"training": training})
     dataset_spec = resolve(engine, spec.dataset)

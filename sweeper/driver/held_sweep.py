@@ -17,6 +17,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import SweepNotFound
+from dpsweep.plan import GridPlan
 from dpsweep.spec import ArmConfig, SweepSpec
 from sweeper.privacy.charges import ChargeSchedule
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
@@ -58,32 +59,28 @@ class InFlight:
 
 @dataclass(frozen=True)
 class PlannedGrid:
-    """One grid's stored plan (``Sweep.plan``), read through typed properties.
+    """One grid's stored plan (``Sweep.plan``), typed once when the sweep is taken over."""
 
-    The fields are read when asked for, as the runner always did, so a stored plan missing
-    one fails where it is used and not when the sweep is taken over.
-    """
-
-    record: dict[str, Any]
+    record: GridPlan
 
     @property
     def key(self) -> str:
-        """The grid's key, :func:`sweeper.sweeps.grid_key` of its arm and epsilon level."""
-        return str(self.record["grid"])
+        """The grid's key as stored (:class:`dpsweep.plan.GridKey`'s string form)."""
+        return str(self.record.key)
 
     @property
     def accountant(self) -> str:
         """The calibration accountant's stored name (mapped to the worker's at training)."""
-        return str(self.record["accountant"])
+        return self.record.accountant
 
     @property
-    def eval_noise_multiplier(self) -> Any:
+    def eval_noise_multiplier(self) -> float | None:
         """DP evaluation: each noisy count's multiplier as planned and charged, else None."""
-        return self.record.get("eval_noise_multiplier")
+        return self.record.eval_noise_multiplier
 
     def planned_run(self) -> Any:
         """The :class:`workers.plan_check.PlannedRun` a worker checks its run against."""
-        from workers.plan_check import PlannedRun
+        from workers.plan_check import PlannedRun  # torch-free, but keeps workers off start-up
 
         return PlannedRun.of_grid(self.record)
 

@@ -17,6 +17,7 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import IllegalState
+from dpsweep.plan import SweepPlan
 from dpsweep.spec import SweepSpec
 from sweeper.driver.held_sweep import HeldSweep, PlannedGrid, sweep_for_update
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
@@ -114,7 +115,8 @@ def take_over(
             dataset=sweep.ledger_key or sweep.dataset,
             # The stored spec, parsed once: the driver reads typed fields, never raw keys.
             spec=SweepSpec.model_validate(sweep.spec),
-            plan=[PlannedGrid(dict(g)) for g in sweep.plan or []],
+            # A malformed plan fails here, before anything is charged (PlanCorrupt).
+            plan=[PlannedGrid(g) for g in SweepPlan.from_stored(sweep.plan)],
             schedules=schedules(sweep),
             hidden=hidden_grids(sweep),
         )

@@ -29,13 +29,14 @@ the training sigma is calibrated so that training AND evaluation together fit th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from dpsweep.errors import ConfigError
+from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import DEFAULT_EVAL_EPSILON_SHARE
 from sweeper.privacy.composition import plan_basic, plan_compose
-from sweeper.privacy.grids import GridPlan, GridRequest, Planner
+from sweeper.privacy.grids import GridRequest, Planner
 from sweeper.privacy.limits import (
     HIGH_NOISE_MULTIPLIER,
     NO_SIGNAL_NOISE_MULTIPLIER,
@@ -81,31 +82,6 @@ def plan_grid(req: GridRequest) -> GridPlan:
             field="privacy.accounting",
         )
     return verify_plan(PLANNERS[req.accounting](req))
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """Every grid's plan, and the identity of the data they were planned for.
-
-    ``dataset_sha256`` is :attr:`workers.datasets.Dataset.content_sha256` of the loaded data
-    (hex): the sweep reserves from the ledger of that content (``sha256:<hex>``), and every
-    trial checks that it trains on the same records. ``None`` only for plans made without
-    loading the data.
-    """
-
-    grids: list[GridPlan]
-    dataset_sha256: str | None = None
-    # The number of examples N (train + evaluation); public, as the planner treats it.
-    n_examples: int | None = None
-
-    @property
-    def epsilon_total(self) -> float:
-        """The sweep's whole cost: the sum over its grids (what a dataset budget is charged)."""
-        return sum(g.epsilon_total for g in self.grids)
-
-    @property
-    def delta_total(self) -> float:
-        return sum(g.delta for g in self.grids)
 
 
 def _plan_accountant_name(spec_name: str) -> str:
@@ -236,7 +212,9 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
             )
         warnings: list[str] = []
         if spec.privacy.max_noise_multiplier is None and g.noise_multiplier > HIGH_NOISE_MULTIPLIER:
-            warnings.append(high_noise_warning(g.noise_multiplier, expected_batch_size=b))
+            warnings.append(
+                high_noise_warning(noise_multiplier=g.noise_multiplier, expected_batch_size=b)
+            )
         grids.append(
             replace(
                 g,

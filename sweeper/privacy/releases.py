@@ -22,9 +22,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Engine, select, update
+
+from dpsweep.plan import GridPlan, SweepPlan
 
 log = logging.getLogger(__name__)
 
@@ -40,21 +43,21 @@ LIFETIME_COVERS = (
 )
 
 
-def grid_releases(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def grid_releases(plan: Sequence[GridPlan]) -> list[dict[str, Any]]:
     """Each grid's epsilon: what releasing its trials cost, as planned and verified."""
     out = []
     for g in plan:
-        selected = g.get("release") == "selected-only"
+        selected = g.release == "selected-only"
         out.append(
             {
-                "grid": g.get("grid"),
-                "arm": g.get("arm"),
-                "epsilon_budget": g.get("epsilon_budget"),
-                "epsilon": g.get("epsilon_total"),
-                "delta": g.get("delta"),
-                "accountant": g.get("accountant"),
-                "epsilon_verified": g.get("epsilon_verified"),
-                "verified_by": g.get("verified_by"),
+                "grid": g.grid,
+                "arm": g.arm,
+                "epsilon_budget": g.epsilon_budget,
+                "epsilon": g.epsilon_total,
+                "delta": g.delta,
+                "accountant": g.accountant,
+                "epsilon_verified": g.epsilon_verified,
+                "verified_by": g.verified_by,
                 "covers": SEARCH_COVERS if selected else GRID_COVERS,
             }
         )
@@ -82,12 +85,14 @@ _COMPOSED = (
 COMPOSITION_VERSION = 1
 
 
-def _composition_input(plan: list[dict[str, Any]]) -> str:
-    """The canonical JSON of what the sweep's composition reads from ``plan``."""
-    return json.dumps([{k: g.get(k) for k in _COMPOSED} for g in plan], sort_keys=True)
+def _composition_input(plan: Sequence[GridPlan]) -> str:
+    """The canonical JSON of what the sweep's composition reads from ``plan`` (in the stored
+    form, so a stored release's key is computed from what the database holds)."""
+    stored = [g.to_stored() for g in plan]
+    return json.dumps([{k: d.get(k) for k in _COMPOSED} for d in stored], sort_keys=True)
 
 
-def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
+def sweep_release(plan: Sequence[GridPlan]) -> dict[str, Any] | None:
     """The sweep's epsilon over all its grids, computed (None for a sweep without a plan).
 
     Seconds on a first call per process (tight composition, and importing dp_accounting);
@@ -97,7 +102,7 @@ def sweep_release(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
     return dict(_sweep_release(_composition_input(plan)))
 
 
-def release_key(plan: list[dict[str, Any]] | None) -> str | None:
+def release_key(plan: Sequence[GridPlan] | None) -> str | None:
     """The sha256 of exactly what :func:`sweep_release` computes ``plan``'s release from: the
     plan's composition input, :data:`COMPOSITION_VERSION` and dp_accounting's version (None
     without a plan). A stored release is ``plan``'s if and only if its key is this one."""
@@ -136,7 +141,8 @@ def stored_release(sweep: Any) -> dict[str, Any] | None:
     ``sweep``: a :class:`sweeper.store.Sweep` (its ``plan``, ``release`` and
     ``release_key``)."""
     stored, key = sweep.release, sweep.release_key
-    if stored is None or key is None or key != release_key(list(sweep.plan or [])):
+    current = release_key(SweepPlan.from_stored(sweep.plan).grids)
+    if stored is None or key is None or key != current:
         return None
     return dict(stored)
 
@@ -148,7 +154,7 @@ def sweep_release_of(sweep: Any) -> dict[str, Any] | None:
     What summaries and model cards show for a sweep; it never writes (the API's read path
     calls it). The driver stores the release when a sweep starts (:func:`store_release`)."""
     found = stored_release(sweep)
-    return found if found is not None else sweep_release(list(sweep.plan or []))
+    return found if found is not None else sweep_release(SweepPlan.from_stored(sweep.plan).grids)
 
 
 def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
@@ -172,7 +178,7 @@ def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
         ).first()
     if row is None or not row.plan:
         return None
-    plan = list(row.plan)
+    plan = SweepPlan.from_stored(row.plan).grids
     key = release_key(plan)
     if row.release is not None and key == row.release_key:
         return dict(row.release)  # stored already (a resumed sweep)
@@ -293,7 +299,7 @@ def analyst_lifetime_release(*, spent: Any, reserved: Any, allowance: Any | None
     }
 
 
-def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
+def evaluation_statement(plan: Sequence[GridPlan]) -> dict[str, Any]:
     """What epsilon covers and how the evaluation records are released, for the spec's mode.
 
     * ``carve-out`` (the default): a share of the private dataset held out and declared
@@ -306,14 +312,14 @@ def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
 
     Plans stored before the mode existed are carve-outs.
     """
-    g = plan[0] if plan else {}
-    mode = g.get("eval_mode") or "carve-out"
-    n_train, n_eval = g.get("n_train"), g.get("n_eval")
+    g = plan[0] if plan else None
+    mode = (g.eval_mode if g is not None else None) or "carve-out"
+    n_train, n_eval = (g.n_train, g.n_eval) if g is not None else (None, None)
     train = f"the {n_train} training records" if n_train else "the training records"
     held = f"the {n_eval} evaluation records" if n_eval else "the evaluation records"
     out: dict[str, Any] = {"mode": mode, "n_train": n_train, "n_eval": n_eval}
     if mode == "public":
-        name = g.get("eval_dataset")
+        name = g.eval_dataset if g is not None else None
         out.update(
             protected=True,
             dataset=name,
@@ -325,10 +331,8 @@ def evaluation_statement(plan: list[dict[str, Any]]) -> dict[str, Any]:
             ),
         )
     elif mode == "dp":
-        releases = g.get("eval_releases")
-        sigmas = sorted(
-            {float(x["eval_noise_multiplier"]) for x in plan if x.get("eval_noise_multiplier")}
-        )
+        releases = g.eval_releases if g is not None else None
+        sigmas = sorted({float(x.eval_noise_multiplier) for x in plan if x.eval_noise_multiplier})
         noise = ""
         if releases and sigmas:
             lo, hi = sigmas[0], sigmas[-1]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dpsweep.errors import PrivacyError
+from dpsweep.plan import GridPlan
 from sweeper.privacy.evaluation_releases import plan_eval_releases
-from sweeper.privacy.grids import GridPlan
 from workers.accounting.audit.bounds import EpsilonBounds
 from workers.accounting.registry import plan_accountant
 

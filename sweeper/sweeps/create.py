@@ -20,16 +20,16 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import ArmConfig, SweepSpec, load_spec
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
-from sweeper.privacy.planner import SweepPlan, plan_sweep
+from sweeper.privacy.planner import plan_sweep
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
 from sweeper.sweeps.checks import check_spec
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
-from sweeper.sweeps.stored import grid_key
 
 
 def spec_hash(spec: SweepSpec) -> str:
@@ -180,7 +180,7 @@ def check_before_reserving(
             )
 
 
-def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[dict[str, Any]]:
+def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: GridPlan) -> list[dict[str, Any]]:
     """The trial rows of one grid: params, seed, configuration number (and, for
     papernot-steinke, the position ``number``).
 
@@ -193,7 +193,7 @@ def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: dict[str, Any]) -> list[d
     method = spec.search.method
     if spec.privacy.accounting == "papernot-steinke":
         assert spec.privacy.distribution is not None
-        runs = draw_run_count(spec.privacy.distribution, mean=float(grid["trials"]))
+        runs = draw_run_count(spec.privacy.distribution, mean=float(grid.trials))
         rng = random.SystemRandom()
         points = arm.points() if method == "grid" else None
         rows = []
@@ -315,16 +315,8 @@ def create_sweep(
     # path or format share one lifetime budget.
     content = plan.dataset_sha256 or _content_of(engine, spec)
     arms = {a.label: a for a in spec.arms}
-    grids: list[dict[str, Any]] = []
     total_e, total_d = Decimal(0), Decimal(0)
-    for g, sched in zip(plan.grids, prepared.schedules, strict=True):
-        d = g.to_dict()
-        d["planned_trials"] = 0  # set below
-        d["charges"] = sched.to_json()
-        d["grid"] = grid_key(g.arm, g.epsilon_budget)
-        # Trials check that they train on these records (what the reservation covers).
-        d["dataset_sha256"] = content
-        grids.append(d)
+    for sched in prepared.schedules:
         total_e = exact_sum((total_e, sched.reserved_epsilon))
         total_d = exact_sum((total_d, sched.reserved_delta))
     sweep = Sweep(
@@ -336,27 +328,31 @@ def create_sweep(
         spec_hash=spec_hash(spec),
     )
     trials: list[Trial] = []
-    for d in grids:
-        arm = arms[d["arm"]]
-        rows = _arm_trials(spec, arm, d)
-        d["planned_trials"] = len(rows)
+    stored: list[GridPlan] = []
+    for g, sched in zip(plan.grids, prepared.schedules, strict=True):
+        arm = arms[g.arm]
+        rows = _arm_trials(spec, arm, g)
+        # Trials check that they train on these records (what the reservation covers).
+        stored.append(
+            g.stored(planned_trials=len(rows), charges=sched.to_json(), dataset_sha256=content)
+        )
         for position, row in enumerate(rows):
             trials.append(
                 Trial(
                     arm=arm.label,
                     strategy=arm.strategy,
-                    epsilon_budget=float(d["epsilon_budget"]),
+                    epsilon_budget=g.epsilon_budget,
                     params=row["params"],
                     seed=int(row["seed"]),
                     # Grid order, except for papernot-steinke rows (always 0, see _arm_trials).
                     number=int(row.get("number", position)),
                     config=int(row["config"]),
-                    noise_multiplier=float(d["noise_multiplier"]),
-                    target_delta=float(d["delta_per_trial"]),
+                    noise_multiplier=g.noise_multiplier,
+                    target_delta=g.delta_per_trial,
                     state=TrialState.pending,
                 )
             )
-    sweep.plan = grids
+    sweep.plan = SweepPlan(stored).to_stored()
     sweep.trials = trials
     sweep.id = new_id()
     sweep_id, name = sweep.id, sweep.dataset
@@ -371,7 +367,7 @@ def create_sweep(
             sweep_id=sweep_id,
             epsilon=total_e,
             delta=total_d,
-            note=f"sweep {spec.name!r} on {name!r}: {len(grids)} grid(s)",
+            note=f"sweep {spec.name!r} on {name!r}: {len(stored)} grid(s)",
             principal=owner,
             allowance=terms.epsilon_allowance if terms is not None else None,
         )

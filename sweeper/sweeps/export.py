@@ -15,6 +15,7 @@ import json
 from sqlalchemy import Engine
 
 from dpsweep.errors import ConfigError
+from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
 from sweeper.privacy.releases import evaluation_statement
 from sweeper.sweeps.stored import load_sweep
@@ -74,7 +75,7 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     writer = csv.writer(buf)
     writer.writerow(base + list(MODEL_COLUMNS) + [f"param.{p}" for p in param_names] + metric_names)
     label = randomness_label(sweep.spec)
-    evaluation = evaluation_statement(list(sweep.plan or []))["mode"]
+    evaluation = evaluation_statement(SweepPlan.from_stored(sweep.plan).grids)["mode"]
     for r in res.records:
         r = r | {"randomness": label, "evaluation": evaluation}
         ref = models.get(r["id"]) or {}

@@ -14,7 +14,8 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, defer, selectinload
 
-from dpsweep.errors import SweepNotFound
+from dpsweep.errors import PlanCorrupt, SweepNotFound
+from dpsweep.plan import GridKey, SweepPlan
 from dpsweep.spec import SweepSpec, randomness_label
 from sweeper.privacy.charges import ChargeSchedule
 from sweeper.store import Sweep, SweepState, Trial, TrialResultRow, TrialState
@@ -29,8 +30,11 @@ TERMINAL_SWEEPS = (SweepState.done, SweepState.failed, SweepState.cancelled)
 
 
 def grid_key(arm: str, epsilon_budget: float) -> str:
-    """The key of one grid (an arm at one epsilon level), as stored in the plan."""
-    return f"{arm}@{epsilon_budget:g}"
+    """The key of one grid (an arm at one epsilon level), as stored in the plan.
+
+    :class:`dpsweep.plan.GridKey` owns the format (and parses it back).
+    """
+    return str(GridKey(arm, epsilon_budget))
 
 
 @lru_cache(maxsize=512)
@@ -111,9 +115,17 @@ def load_sweep(engine: Engine, sweep_id: str) -> Sweep:
 
 def schedules(sweep: Sweep) -> dict[str, ChargeSchedule]:
     """Each grid's charge schedule, as stored when the sweep was created."""
-    return {g["grid"]: ChargeSchedule.from_json(g["charges"]) for g in sweep.plan or []}
+    out: dict[str, ChargeSchedule] = {}
+    for g in SweepPlan.from_stored(sweep.plan):
+        if g.grid is None or g.charges is None:
+            # Fail closed: a grid without its schedule cannot be charged, so nothing may run.
+            raise PlanCorrupt(f"grid {str(g.key)!r} of sweep {sweep.id!r} has no stored charges")
+        out[g.grid] = ChargeSchedule.from_json(g.charges)
+    return out
 
 
 def hidden_grids(sweep: Sweep) -> set[str]:
     """Grids that release only their selected trial (papernot-steinke)."""
-    return {g["grid"] for g in sweep.plan or [] if g.get("release") == "selected-only"}
+    return {
+        str(g.key) for g in SweepPlan.from_stored(sweep.plan) if g.release == "selected-only"
+    }

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import ArmConfig, randomness_label
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
@@ -138,6 +139,44 @@ def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
     return lifetime_release(BudgetLedger(engine).summary(key))
 
 
+# What a summary shows of each grid's stored plan (its charge schedule and the records' hash
+# stay inside; a papernot-steinke grid's number of stored runs is shown only when not hidden).
+_SUMMARY_PLAN_FIELDS = (
+    "arm",
+    "strategy",
+    "epsilon_budget",
+    "delta",
+    "noise_multiplier",
+    "gradient_noise_multiplier",
+    "steps_per_trial",
+    "sample_rate",
+    "epsilon_total",
+    "epsilon_per_trial",
+    "epsilon_verified",
+    "verified_by",
+    "accountant",
+    "accounting",
+    "release",
+    "retries",
+    "input_scaling",
+    "count_noise",
+    "warnings",
+    "n_train",
+    "n_eval",
+    "eval_mode",
+    "eval_dataset",
+    "eval_releases",
+    "eval_noise_multiplier",
+    "epsilon_eval",
+    "engine_path",
+)
+
+
+def _plan_row(g: GridPlan) -> dict[str, Any]:
+    d = g.to_stored()
+    return {k: d[k] for k in _SUMMARY_PLAN_FIELDS}
+
+
 def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> dict[str, Any]:
     """What `dpsweep show --json` and the API return for a sweep (``sweep``: already loaded
     with :func:`load_sweep`)."""
@@ -160,7 +199,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
         )
     efront = epsilon_front(res.results, mode=res.mode)
     cfront = calibration_front(res.records, metric=res.metric, mode=res.mode)
-    plan = list(sweep.plan or [])
+    plan = SweepPlan.from_stored(sweep.plan).grids
     # One epsilon per release, each saying what it covers (sweeper/privacy/releases.py). Grid and
     # sweep figures are public (planned from public quantities); the lifetime figure is the
     # ledger's, and the hash-derived ledger key itself is never shown. The sweep's figure is the
@@ -188,41 +227,8 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             for arm in typed_spec(sweep).arms
         ],
         "plan": [
-            {
-                k: g[k]
-                for k in (
-                    "arm",
-                    "strategy",
-                    "epsilon_budget",
-                    "delta",
-                    "noise_multiplier",
-                    "gradient_noise_multiplier",
-                    "steps_per_trial",
-                    "sample_rate",
-                    "epsilon_total",
-                    "epsilon_per_trial",
-                    "epsilon_verified",
-                    "verified_by",
-                    "accountant",
-                    "accounting",
-                    "release",
-                    "retries",
-                    "input_scaling",
-                    "count_noise",
-                    "warnings",
-                    "n_train",
-                    "n_eval",
-                    "eval_mode",
-                    "eval_dataset",
-                    "eval_releases",
-                    "eval_noise_multiplier",
-                    "epsilon_eval",
-                    "engine_path",
-                )
-                if k in g
-            }
-            | ({} if g["grid"] in hidden else {"trials": g["planned_trials"]})
-            for g in sweep.plan or []
+            _plan_row(g) | ({} if g.grid in hidden else {"trials": g.planned_trials})
+            for g in plan
         ],
         "trials": counts,
         "privacy": privacy,

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, bindparam, func, literal, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, PermissionDenied, SweepNotFound
+from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.grants import owned_dataset_names, sees_sweep
@@ -236,7 +237,7 @@ def _progress(session: Session, sweeps: list[Sweep]) -> dict[str, dict[str, Any]
     out: dict[str, dict[str, Any]] = {}
     for s in sweeps:
         metric, mode = modes[s.id]
-        levels = sorted({float(g["epsilon_budget"]) for g in s.plan or []})
+        levels = sorted({g.epsilon_budget for g in SweepPlan.from_stored(s.plan)})
         shown = s.id not in hidden
         out[s.id] = {
             "objective": {"metric": metric, "mode": mode},

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, selectinload
 
 from dpsweep.errors import TrialNotFound
+from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
 from sweeper.artifacts.refs import model_refs
 from sweeper.datasets.access import Viewer
@@ -96,7 +97,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
             if selected_only
             else set()
         )
-        plan = next((g for g in sweep.plan or [] if g["grid"] == grid), {})
+        plan = next((g for g in SweepPlan.from_stored(sweep.plan) if g.grid == grid), None)
         sched = schedules(sweep).get(grid)
         dataset = sweep.ledger_key or sweep.dataset
         out |= {
@@ -105,14 +106,14 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
             "worker": None if selected_only else trial.worker,
             "planned": {
                 "noise_multiplier": trial.noise_multiplier,
-                "gradient_noise_multiplier": plan.get("gradient_noise_multiplier"),
-                "steps": plan.get("steps_per_trial"),
-                "sample_rate": plan.get("sample_rate"),
-                "accountant": plan.get("accountant"),
-                "accounting": plan.get("accounting"),
-                "grid_epsilon_budget": plan.get("epsilon_budget"),
+                "gradient_noise_multiplier": plan.gradient_noise_multiplier if plan else None,
+                "steps": plan.steps_per_trial if plan else None,
+                "sample_rate": plan.sample_rate if plan else None,
+                "accountant": plan.accountant if plan else None,
+                "accounting": plan.accounting if plan else None,
+                "grid_epsilon_budget": plan.epsilon_budget if plan else None,
                 "grid_runs_reserved": sched.runs if sched and not sched.whole_grid else None,
-                "engine_path": plan.get("engine_path"),
+                "engine_path": plan.engine_path if plan else None,
             },
             "final_metrics": (r.final_metrics if r is not None else None) or {},
             "accountant": r.accountant if r is not None else None,

@@ -8,6 +8,7 @@ The evaluations' own cost is checked against the closed form of the Gaussian mec
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from typing import Any
@@ -19,8 +20,9 @@ from scipy.optimize import brentq
 from scipy.stats import norm
 
 from dpsweep.errors import PrivacyError
+from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import SweepSpec
-from sweeper.privacy.grids import GridPlan, GridRequest, InfeasiblePlan
+from sweeper.privacy.grids import GridRequest, InfeasiblePlan
 from sweeper.privacy.planner import grid_requests, plan_grid
 from sweeper.privacy.releases import sweep_release
 from sweeper.privacy.verification import verify_plan
@@ -205,12 +207,12 @@ def test_sweep_composition_charges_the_evaluations() -> None:
     assert sweep.verifier_bounds.lower <= sweep.tight
     # The same grids without their evaluations compose to less.
     assert audit.sweep_epsilon([_strip(g) for g in grids]).tight < sweep.tight
-    # Stored plans (dicts) carry the fields through sweep_release.
-    stored = [g.to_dict() for g in grids]
-    released = sweep_release(stored)
+    # Stored plans (JSON, read back typed) carry the fields through sweep_release.
+    stored = SweepPlan.from_stored(json.loads(json.dumps(SweepPlan(grids).to_stored())))
+    released = sweep_release(stored.grids)
     assert released is not None
     assert released["epsilon"] == pytest.approx(sweep.epsilon, rel=1e-12)
-    stripped = sweep_release([g.to_dict() for g in map(_strip, grids)])
+    stripped = sweep_release([_strip(g) for g in stored])
     assert stripped is not None and stripped["epsilon"] < released["epsilon"]
 
 
@@ -227,7 +229,7 @@ def test_sweep_composition_with_a_random_search_charges_the_evaluations() -> Non
 
 
 def test_old_stored_plans_still_load(compose_pair: tuple[GridPlan, GridPlan]) -> None:
-    d = compose_pair[0].to_dict()
+    d = compose_pair[0].to_stored()
     for name in ("eval_mode", "eval_dataset", "eval_releases", "eval_noise_multiplier"):
         d.pop(name)
     d.pop("epsilon_eval")

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
+from dpsweep.plan import GridPlan, SweepPlan
 from sweeper.privacy import releases
 from sweeper.privacy.releases import (
     release_key,
@@ -100,10 +101,15 @@ def _copy(engine: Engine, source: str, plan: list[dict[str, Any]] | None = None)
         return copy.id
 
 
+def _typed(plan: list[dict[str, Any]]) -> list[GridPlan]:
+    """A stored plan read back as the readers read it."""
+    return list(SweepPlan.from_stored(plan))
+
+
 def _computed(plan: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The release computed afresh (the in-process memo cleared first)."""
     releases._sweep_release.cache_clear()
-    return sweep_release(plan)
+    return sweep_release(_typed(plan))
 
 
 def _set_plan(engine: Engine, sweep_id: str, plan: list[dict[str, Any]]) -> None:
@@ -130,7 +136,7 @@ def test_the_stored_release_is_the_computed_one(engine: Engine, sid: str) -> Non
     # Exactly equal after the database's JSON round trip, every figure to the last bit.
     assert stored == computed
     assert sweep.release == computed and stored_release(sweep) == computed
-    assert sweep.release_key == release_key(plan)
+    assert sweep.release_key == release_key(_typed(plan))
     assert sweep.updated_at == before  # the sweep itself did not change
     assert summarize(engine, sid)["privacy"]["sweep"] == computed
     # A second store (a resumed sweep) finds it and composes nothing.
@@ -186,11 +192,11 @@ def test_a_changed_plan_never_gets_the_stored_release(engine: Engine, sid: str) 
         sweep = load_sweep(engine, sid)
         assert sweep.release == stored  # still in the row, but
         assert stored_release(sweep) is None  # not used for this plan
-        assert sweep_release_of(sweep) == sweep_release(changed) != stored
-    assert summarize(engine, sid)["privacy"]["sweep"] == sweep_release(changed)
+        assert sweep_release_of(sweep) == sweep_release(_typed(changed)) != stored
+    assert summarize(engine, sid)["privacy"]["sweep"] == sweep_release(_typed(changed))
     # Storing again keys it to the new plan.
-    assert store_release(engine, sid) == sweep_release(changed)
-    assert stored_release(load_sweep(engine, sid)) == sweep_release(changed)
+    assert store_release(engine, sid) == sweep_release(_typed(changed))
+    assert stored_release(load_sweep(engine, sid)) == sweep_release(_typed(changed))
 
 
 def test_a_release_copied_from_another_plan_is_refused(engine: Engine, sid: str) -> None:
@@ -202,7 +208,7 @@ def test_a_release_copied_from_another_plan_is_refused(engine: Engine, sid: str)
         dst.release, dst.release_key = src.release, src.release_key
     copied = load_sweep(engine, other)
     assert copied.release is not None and stored_release(copied) is None
-    assert sweep_release_of(copied) == sweep_release(list(copied.plan or []))
+    assert sweep_release_of(copied) == sweep_release(_typed(list(copied.plan or [])))
     assert sweep_release_of(copied) != copied.release
 
 
@@ -266,7 +272,7 @@ def test_a_fresh_process_reads_the_stored_release_without_composing(
     store_release(engine, moved)
     changed = _changed(list(load_sweep(engine, moved).plan or []), "sample_rate")
     _set_plan(engine, moved, changed)
-    expected_moved = sweep_release(changed)
+    expected_moved = sweep_release(_typed(changed))
     url = engine.url.render_as_string(hide_password=False)
     p = subprocess.run(
         [sys.executable, "-c", RESTART, url, kept, moved],

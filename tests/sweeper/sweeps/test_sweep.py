@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, IllegalState, PrivacyError
+from dpsweep.plan import GridPlan
 from dpsweep.spec import SearchDistribution, load_spec
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.privacy.charges import EXACT, charge_schedule, exact_sum
-from sweeper.privacy.grids import GridPlan
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.errors import BudgetExhausted
 from sweeper.privacy.ledger.rows import EntryKind
