@@ -209,6 +209,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
+    from sweeper.datasets.resolution import public_builtin
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger
     from sweeper.privacy.ledger.keys import identity_key
     from sweeper.store import Dataset
@@ -226,7 +227,10 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
             {
                 "name": r.name,
                 "identity": key if r.content_sha256 else None,
-                "public": bool(r.storage_path) and bool((r.config or {}).get("public", False)),
+                # A registered file its owner declared public, or a shared set declared
+                # public (mnist1d-test).
+                "public": (bool(r.storage_path) and bool((r.config or {}).get("public", False)))
+                or public_builtin(r.name),
                 "n_examples": r.n_examples,
                 "epsilon_cap": _num(s.epsilon_cap),
                 "delta_cap": _num(s.delta_cap),

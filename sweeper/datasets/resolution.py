@@ -127,7 +127,7 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             f"{_HOW_TO_PUBLISH}",
             field=field,
         )
-    if has_loader(name) and _public_builtin(name):
+    if has_loader(name) and public_builtin(name):
         # Records dpsweep generates or bundles and declares public (mnist1d-test): no file,
         # no owner; the same kind, shape and label checks apply when they are loaded.
         return worker_spec({}, path=None, name=name, label_column=None)
@@ -174,7 +174,7 @@ def _public_flag(row: Dataset) -> bool:
     return bool(dict(row.config or {}).get("public", False))
 
 
-def _public_builtin(name: str) -> bool:
+def public_builtin(name: str) -> bool:
     """Whether ``name`` is a shared set whose descriptor declares its records public."""
     from workers.datasets.descriptors import DATASET_DESCRIPTORS
 
@@ -188,7 +188,7 @@ def is_public(engine: Engine, name: str) -> bool:
     if is_upload(name):
         return False
     if not in_catalog(name):
-        return _public_builtin(name)
+        return public_builtin(name)
     with Session(engine) as session:
         row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
     return row is not None and bool(row.storage_path) and _public_flag(row)
