@@ -26,6 +26,7 @@ from dpsweep.errors import (
     IllegalState,
     NotFound,
     PermissionDenied,
+    PlanCorrupt,
     PrivacyError,
     QuotaExceeded,
     RateLimited,
@@ -150,6 +151,7 @@ STATUSES: tuple[tuple[type[DpsweepError], int, str], ...] = (
     (PrivacyError, 409, "privacy"),
     (RateLimited, 429, "rate-limited"),
     (TrainingError, 400, "bad-request"),
+    (PlanCorrupt, 500, "plan-corrupt"),
     (ArtifactCorrupt, 500, "artifact-corrupt"),
     (DpsweepError, 400, "bad-request"),
 )

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from scipy.special import gammaln, logsumexp
 
 from dpsweep.errors import PrivacyError
-from sweeper.privacy.grids import GridPlan, GridRequest
+from dpsweep.plan import GridPlan
+from sweeper.privacy.grids import GridRequest
 from sweeper.privacy.papernot_steinke import repeat_and_select_epsilon
 from sweeper.privacy.planner import plan_grid
 from sweeper.privacy.verification import verify_plan
@@ -131,7 +132,7 @@ def test_rdp_calibrated_plans_are_checked_on_the_lower_side_only() -> None:
 
 def test_stored_plans_round_trip_through_json_and_verify() -> None:
     ps = plan_grid(req(accounting="papernot-steinke", distribution_shape=math.inf, trials=5))
-    d = json.loads(json.dumps(ps.to_dict(), allow_nan=False))  # Poisson's shape is "inf"
+    d = json.loads(json.dumps(ps.to_stored(), allow_nan=False))  # Poisson's shape is "inf"
     assert d["distribution_shape"] == "inf"
     again = verify_plan(GridPlan(**d))
     assert again.epsilon_verified == pytest.approx(ps.epsilon_verified)
@@ -306,7 +307,7 @@ def test_two_grids_on_one_dataset_compose_below_their_sum() -> None:
     assert s.verifier.startswith("prv-accountant 0.2.0")
     assert s.verifier_bounds.lower <= s.epsilon <= s.verifier_bounds.upper * 1.01
     # Stored plans (JSON dicts) give the same answer.
-    assert audit.sweep_epsilon([a.to_dict(), b.to_dict()]).epsilon == s.epsilon
+    assert audit.sweep_epsilon([a.to_stored(), b.to_stored()]).epsilon == s.epsilon
 
 
 def test_a_single_grid_sweep_costs_that_grid() -> None:
@@ -319,7 +320,7 @@ def test_a_single_grid_sweep_costs_that_grid() -> None:
 def test_random_search_and_compose_sweep_in_rdp() -> None:
     c = plan_grid(req(arm="c", epsilon_budget=2.0, trials=8))
     ps = plan_grid(req(arm="p", accounting="papernot-steinke", distribution_shape=1.0, trials=8))
-    s = audit.sweep_epsilon([c.to_dict(), ps.to_dict()])
+    s = audit.sweep_epsilon([c.to_stored(), ps.to_stored()])
     assert s.method in ("rdp composition", "sum of grid epsilons")
     assert s.verifier == audit.RDP_SOURCE
     assert s.epsilon == min(s.tight, s.summed) <= c.epsilon_total + ps.epsilon_total

@@ -238,13 +238,13 @@ def test_the_plan_records_the_input_scaling(tmp_path: Path, clean: Any) -> None:
     robust = {"method": "public-robust", "clip": [-3.0, 3.0], "source": "public evaluation split"}
     spec = _spec({"name": "csv", "path": str(path), "label_column": "label", "feature_clip": 3})
     plan = plan_sweep(spec)
-    assert [g.to_dict()["input_scaling"] for g in plan.grids] == [robust, robust]
+    assert [g.to_stored()["input_scaling"] for g in plan.grids] == [robust, robust]
     declared = plan_sweep(
         _spec(
             {"name": "csv", "path": str(path), "label_column": "label", "input_bounds": [0, 5000]}
         )
     )
-    assert declared.grids[0].to_dict()["input_scaling"]["clip"] == [-1.0, 1.0]
+    assert declared.grids[0].to_stored()["input_scaling"]["clip"] == [-1.0, 1.0]
     # Stored with the sweep and shown by `dpsweep show` / the API.
     url = f"sqlite:///{tmp_path / 's.db'}"
     upgrade(url)
