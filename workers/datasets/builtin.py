@@ -180,13 +180,25 @@ def mnist1d_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return _MNIST1D_PARTS["default"]
 
 
+def _no_options(spec: DatasetSpec) -> None:
+    """Refuse options: the records are make_dataset's defaults only (another generation would
+    be other records under the same name, and so under the same declared description)."""
+    if spec.options:
+        raise ConfigError(
+            f"dataset {spec.name!r} takes no options; got {sorted(spec.options)}",
+            field="dataset.options",
+        )
+
+
 @register_dataset("mnist1d")
 def _mnist1d(spec: DatasetSpec) -> RawData:
+    _no_options(spec)
     x, y, _, _ = mnist1d_parts()
     return RawData(x=x.copy(), y=y.copy(), kind="tabular")
 
 
 @register_dataset("mnist1d-test")
 def _mnist1d_test(spec: DatasetSpec) -> RawData:
+    _no_options(spec)
     _, _, x, y = mnist1d_parts()
     return RawData(x=x.copy(), y=y.copy(), kind="tabular")

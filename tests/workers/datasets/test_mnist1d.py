@@ -113,6 +113,13 @@ def test_a_spec_evaluates_mnist1d_on_its_public_test_part() -> None:
         public_eval_spec(None, "mnist1d-test", training="mnist1d-test")
 
 
+def test_mnist1d_takes_no_options() -> None:
+    with pytest.raises(ConfigError, match="takes no options"):
+        load_dataset(DatasetSpec("mnist1d", options={"num_samples": 10}))
+    with pytest.raises(ConfigError, match="unknown option"):
+        resolve(None, {"name": "mnist1d", "options": {"seed": 1}})
+
+
 def test_only_a_shared_set_declares_sizes_or_publicity() -> None:
     with pytest.raises(ValueError, match="only a shared set"):
         DatasetDescriptor(name="x", input_kind="flat", public=True)
