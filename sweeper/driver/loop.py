@@ -359,8 +359,13 @@ class SweepRunner:
                 "the dataset"
             )
             return True
-        key, group = packs.next_group()
-        cap = packs.pack_cap(key, group[0])
+        if len(held.pending) == 1:
+            # Nothing to pack it with: its pack key (which builds the model, so imports torch
+            # into the driver: seconds of a one-trial sweep's first result) is not needed.
+            key, group, cap = "", list(held.pending), 1
+        else:
+            key, group = packs.next_group()
+            cap = packs.pack_cap(key, group[0])
         free = max(1, held.workers - len(held.inflight))
         # Spread what is left over the free workers, so that both cores work; never above
         # the memory cap.

@@ -7,14 +7,16 @@ hand to :func:`workers.training.loop.train_pack`; :class:`TrialResult` is what c
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from workers.datasets.records import DatasetSpec
 from workers.models.descriptors import ModelSpec
 from workers.plan_check import PlannedRun
 from workers.randomness import REPRODUCIBLE_WARNING, Randomness
+
+if TYPE_CHECKING:
+    # Annotation only: the sweeper's driver builds pack specs and need not import torch.
+    import torch
 
 
 @dataclass
