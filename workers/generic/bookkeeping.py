@@ -174,7 +174,9 @@ class _GhostLinear:
 def _info_sq(info: Any) -> Tensor:
     if isinstance(info, _GhostLinear):
         return info.sq_norm()
-    return sum(t.pow(2).flatten(2).sum(dim=2) for t in info)
+    # One fused pass per tensor (pow then sum would write a temporary the size of the
+    # per-example gradients: a third of WRN's book-keeping step).
+    return sum(torch.linalg.vector_norm(t.flatten(2), dim=2).square() for t in info)  # type: ignore[return-value]
 
 
 def _as_materialised(info: Any) -> LayerInfo:
@@ -418,8 +420,9 @@ class BookkeepingModel(GenericModel):
         rule = self.rules[li]
         mod: Any = self.layer_modules[li]
         has_bias = len(self.layer_params[li]) == 2
-        a = torch.stack(a_list)
-        g = torch.stack(g_list)
+        # A pack of one (the common case) needs no copy into a trial dimension.
+        a = a_list[0].unsqueeze(0) if self.k == 1 else torch.stack(a_list)
+        g = g_list[0].unsqueeze(0) if self.k == 1 else torch.stack(g_list)
         k, b = g.shape[:2]
         if rule == "linear":
             a3 = a.reshape(k, b, -1, a.shape[-1])
