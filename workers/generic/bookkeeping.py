@@ -176,7 +176,7 @@ def _info_sq(info: Any) -> Tensor:
         return info.sq_norm()
     # One fused pass per tensor (pow then sum would write a temporary the size of the
     # per-example gradients: a third of WRN's book-keeping step).
-    return sum(torch.linalg.vector_norm(t.flatten(2), dim=2).square() for t in info)  # type: ignore[return-value]
+    return sum(torch.linalg.vector_norm(t.flatten(2), dim=2).square() for t in info)
 
 
 def _as_materialised(info: Any) -> LayerInfo:
