@@ -3,19 +3,31 @@
 A grid of K trials (plus R reserved re-runs, ``privacy.retries``) is reserved as a whole when
 the sweep is accepted. Each *run* (a trial starting to touch data; a re-run is a new run) is
 then charged before it starts, by the method's rule. The schedule is cumulative: after the
-j-th run of a grid has been charged, the grid has spent ``epsilon[j-1]`` in total.
+j-th run of a grid has been charged, the grid has spent ``ChargeSchedule.cumulative(j)`` in
+total, and the j-th run is charged the difference from ``cumulative(j - 1)``.
 
-* ``compose``: ``epsilon[j-1]`` is the composed epsilon of j runs of T steps at the planned
-  sigma (dp_accounting PLD, pessimistic; or RDP when the plan used RDP), so the j-th run is
-  charged its *marginal* cost ``eps(j) - eps(j-1)``. At every moment the spend equals what the
-  runs so far actually cost: a linear split (total/K per run) would under-charge a cancelled
-  sweep, because composed epsilon grows sub-linearly. delta is the grid's delta from the first
-  run on (the composed guarantee of any prefix holds at that delta).
+* ``compose``: the cumulative charge after j runs is the composed epsilon eps(p) of p runs of T
+  steps at the planned sigma (the plan's accountant: dp_accounting PLD, pessimistic; or RDP),
+  where p is the first *charge point* at or after j (:func:`charge_points`: every run up to
+  :data:`EXACT_RUNS`, then geometrically spaced by :data:`POINT_GROWTH`, always ending at K).
+  The runs between two points form a bucket: its first run is charged up to eps(p) at the
+  bucket's end, the rest of the bucket nothing. The spend is thus never below what the runs so
+  far cost (eps is non-decreasing in the runs), while the accountant is evaluated O(log K)
+  times, not K times (issue 41); a cancelled sweep may be over-charged by at most the growth
+  of eps over one bucket (about sqrt(1.5) for large j). A linear split (total/K per run)
+  would under-charge a cancelled sweep, because composed epsilon grows sub-linearly. delta is
+  the grid's delta from the first run on (the composed guarantee of any prefix holds at it).
 * ``basic``: each run costs epsilon/K' and delta/K' exactly (K' = runs planned).
 * ``papernot-steinke``: the guarantee covers the whole random search, whatever the number of
   runs, so the first run is charged the grid's whole total and later runs nothing. The driver
   writes one ledger entry for such a grid (its first run, :func:`ps_charge_note`) and none
   for later runs: the number of entries would otherwise be the secret number of runs.
+
+A schedule stores cumulative values at its points (``points``; absent when the points are
+every run 1..K, the form every schedule stored before buckets has): an old stored schedule is
+read as before. A reader that predates ``points`` would take a bucketed schedule's values as
+runs 1..len(points): each prefix charged no less than now (eps(p_j) with p_j >= j), and the
+runs past len(points) refused: it fails closed.
 
 The last cumulative value is what the grid reserves; it is checked against the grid's budget
 (fail closed). Amounts are exact decimals of the floats computed, kept as strings in the plan so
@@ -24,6 +36,9 @@ that a resumed sweep charges exactly what was reserved.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 from dataclasses import dataclass
 from decimal import Context, Decimal, Inexact
 from typing import Any
@@ -39,6 +54,33 @@ EXACT = Context(prec=2000, traps=[Inexact])
 # computed in a different order of composition agrees to well within this.
 SCHEDULE_AGREEMENT = 0.02
 
+#: Compose grids: runs up to this many are each a charge point (small grids charged exactly).
+EXACT_RUNS = 8
+#: Compose grids: beyond EXACT_RUNS, each charge point is about this factor past the last.
+POINT_GROWTH = 1.5
+
+
+def charge_points(
+    runs: int, *, exact_runs: int = EXACT_RUNS, growth: float = POINT_GROWTH
+) -> list[int]:
+    """The run counts at which a compose grid's cumulative charge is evaluated.
+
+    Every run up to ``exact_runs``, then ``ceil(previous * growth)``, and always ``runs``
+    itself last (the reservation is eps(K)). At most ``exact_runs + log(runs) / log(growth) +
+    1`` points.
+
+    Raises:
+        PrivacyError: ``runs`` < 1, ``exact_runs`` < 1 or ``growth`` <= 1.
+    """
+    if runs < 1 or exact_runs < 1 or not growth > 1:
+        raise PrivacyError(
+            f"no charge points for {runs} run(s) (exact_runs={exact_runs}, growth={growth})"
+        )
+    points = list(range(1, min(runs, exact_runs) + 1))
+    while points[-1] < runs:
+        points.append(min(runs, max(points[-1] + 1, math.ceil(points[-1] * growth))))
+    return points
+
 
 def exact_sum(values: list[Decimal] | tuple[Decimal, ...]) -> Decimal:
     """The exact sum of ``values`` (raises rather than rounds)."""
@@ -50,17 +92,59 @@ def exact_sum(values: list[Decimal] | tuple[Decimal, ...]) -> Decimal:
 
 @dataclass(frozen=True)
 class ChargeSchedule:
-    """Cumulative epsilon and delta after 1, 2, ... runs of one grid."""
+    """Cumulative epsilon and delta of one grid after the runs its charge points count.
+
+    ``epsilon[i]`` and ``delta[i]`` are the cumulative charges once run ``points[i]`` has been
+    charged, and after every run of the bucket ``points[i-1] + 1 .. points[i]``; ``points``
+    ``None`` means every run (1, 2, ..., len(epsilon)), the form of schedules stored before
+    buckets.
+    """
 
     epsilon: tuple[Decimal, ...]
     delta: tuple[Decimal, ...]
     # papernot-steinke: the first run pays for the whole search, any number of runs follows.
     whole_grid: bool = False
+    points: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # A malformed schedule (stored, or a bug) would misalign charges and runs: refuse it
+        # (fail closed) rather than charge from it.
+        n = len(self.epsilon)
+        if self.points is not None and tuple(self.points) == tuple(range(1, n + 1)):
+            object.__setattr__(self, "points", None)  # every run a point: the dense form
+        if len(self.delta) != n or (self.points is not None and len(self.points) != n):
+            raise PrivacyError("a charge schedule's epsilon, delta and points differ in length")
+        if self.points is not None and (
+            (n and self.points[0] < 1) or any(b <= a for a, b in itertools.pairwise(self.points))
+        ):
+            raise PrivacyError("a charge schedule's points must be increasing run counts >= 1")
+        for values in (self.epsilon, self.delta):
+            if any(not v.is_finite() or v < 0 for v in values) or any(
+                b < a for a, b in itertools.pairwise(values)
+            ):
+                raise PrivacyError(
+                    "a charge schedule must be cumulative: finite, >= 0 and non-decreasing"
+                )
 
     @property
     def runs(self) -> int:
         """How many runs the reservation covers."""
+        if self.points is not None:
+            return self.points[-1] if self.points else 0
         return len(self.epsilon)
+
+    def cumulative(self, run: int) -> tuple[Decimal, Decimal]:
+        """The (epsilon, delta) charged in all once ``run`` runs (0..:attr:`runs`) are charged.
+
+        Raises:
+            PrivacyError: ``run`` is outside 0..:attr:`runs`.
+        """
+        if run == 0:
+            return Decimal(0), Decimal(0)
+        if not 1 <= run <= self.runs:
+            raise PrivacyError(f"run {run} of a grid that reserved {self.runs} run(s)")
+        i = run - 1 if self.points is None else bisect.bisect_left(self.points, run)
+        return self.epsilon[i], self.delta[i]
 
     @property
     def reserved_epsilon(self) -> Decimal:
@@ -83,25 +167,30 @@ class ChargeSchedule:
                 f"run {run} of a grid that reserved {self.runs} run(s): no budget is reserved "
                 "for it, so it must not start"
             )
-        prev_e = self.epsilon[run - 2] if run > 1 else Decimal(0)
-        prev_d = self.delta[run - 2] if run > 1 else Decimal(0)
-        return EXACT.subtract(self.epsilon[run - 1], prev_e), EXACT.subtract(
-            self.delta[run - 1], prev_d
-        )
+        # The run's charge tops the grid up from what the runs before it were charged (zero
+        # inside a bucket): the cumulative charges telescope exactly to the reservation.
+        now_e, now_d = self.cumulative(run)
+        prev_e, prev_d = self.cumulative(run - 1)
+        return EXACT.subtract(now_e, prev_e), EXACT.subtract(now_d, prev_d)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "epsilon": [str(v) for v in self.epsilon],
             "delta": [str(v) for v in self.delta],
             "whole_grid": self.whole_grid,
         }
+        if self.points is not None:  # None: every run a point, the form stored before buckets
+            out["points"] = list(self.points)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChargeSchedule:
+        points = data.get("points")
         return cls(
             epsilon=tuple(Decimal(v) for v in data["epsilon"]),
             delta=tuple(Decimal(v) for v in data["delta"]),
             whole_grid=bool(data.get("whole_grid", False)),
+            points=None if points is None else tuple(int(p) for p in points),
         )
 
 
@@ -116,8 +205,8 @@ def _cumulative_max(values: list[float]) -> list[Decimal]:
     return out
 
 
-def _compose_epsilons(plan: Any) -> list[float]:
-    runs, steps = int(plan.trials), int(plan.steps_per_trial)
+def _compose_epsilons(plan: Any, points: list[int]) -> list[float]:
+    steps = int(plan.steps_per_trial)
     # DP evaluation: each run also releases E noisy counts (Gaussian, sensitivity 1), which
     # compose exactly as one Gaussian of multiplier sigma_e / sqrt(E) per run.
     releases = int(getattr(plan, "eval_releases", 0) or 0)
@@ -127,35 +216,48 @@ def _compose_epsilons(plan: Any) -> list[float]:
             f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
         )
     from workers.accounting.registry import plan_accountant
+    from workers.accounting.schedule import epsilons_at
 
-    # The accountant the plan was calibrated with gives each prefix of j runs its epsilon
-    # (its descriptor's run_epsilons: PLD by self-composition, others prefix by prefix).
+    # The accountant the plan was calibrated with gives each charge point's prefix of j runs
+    # its epsilon (PLD by self-composition, others prefix by prefix): one evaluation a point.
     accountant = plan_accountant(plan.accountant)
     if not accountant.plannable:
         raise PrivacyError(
             f"arm {plan.arm!r}: no per-run charges for the plan's accountant {accountant.name!r}"
         )
-    return accountant.run_epsilons(
+    return epsilons_at(
+        accountant,
         noise_multiplier=plan.noise_multiplier,
         sample_rate=plan.sample_rate,
         steps=steps,
-        runs=runs,
+        points=points,
         target_delta=plan.delta,
         eval_noise_multiplier=sigma_e,
         eval_releases=releases,
     )
 
 
-def charge_schedule(plan: Any) -> ChargeSchedule:
+def charge_schedule(
+    plan: Any, *, exact_runs: int = EXACT_RUNS, growth: float = POINT_GROWTH
+) -> ChargeSchedule:
     """The cumulative charges of a :class:`sweeper.privacy.grids.GridPlan`'s runs.
+
+    Args:
+        plan: The grid's plan.
+        exact_runs: Compose grids: runs up to this many are each a charge point.
+        growth: Compose grids: the spacing of later charge points (:func:`charge_points`).
 
     Raises:
         PrivacyError: the schedule's total exceeds the grid's budget (the plan is refused).
     """
     runs = int(plan.trials)
+    points: list[int] | None = None
     if plan.accounting == "compose":
-        eps = _cumulative_max(_compose_epsilons(plan))
-        delta = [Decimal(plan.delta)] * runs
+        points = charge_points(runs, exact_runs=exact_runs, growth=growth)
+        # Cumulative at each point; the run count K itself is the last point, so the last
+        # value is eps(K), what the grid reserves.
+        eps = _cumulative_max(_compose_epsilons(plan, points))
+        delta = [Decimal(plan.delta)] * len(points)
         # The schedule and the plan are two computations of one composition; a schedule well
         # below the plan's figure leaves out part of what the runs release (fail closed).
         if eps and float(eps[-1]) < float(plan.epsilon_total) * (1 - SCHEDULE_AGREEMENT):
@@ -183,7 +285,10 @@ def charge_schedule(plan: Any) -> ChargeSchedule:
             f"{float(eps[-1]):.6f} in total, above the grid's budget; plan refused"
         )
     return ChargeSchedule(
-        tuple(eps), tuple(delta), whole_grid=plan.accounting == "papernot-steinke"
+        tuple(eps),
+        tuple(delta),
+        whole_grid=plan.accounting == "papernot-steinke",
+        points=None if points is None else tuple(points),
     )
 
 

@@ -104,7 +104,7 @@ def test_a_plugin_accountant_plans_a_sweep_with_its_own_calibrate(install: Insta
     assert math.isfinite(grid.epsilon_verified) and grid.epsilon_verified <= grid.epsilon_budget
     # Its charges come from its own epsilon, prefix by prefix, and fit the budget.
     schedule = charge_schedule(grid)
-    assert len(schedule.epsilon) == grid.trials
+    assert schedule.runs == grid.trials
     assert float(schedule.epsilon[-1]) <= grid.epsilon_budget * (1 + 1e-9)
     # Its trials account their single-run epsilon with it.
     assert trial_accountant_for_plan(grid.accountant) == name
