@@ -30,18 +30,17 @@ from dpsweep.errors import (
     TrainingError,
     ValidationError,
 )
+from dpsweep.version import __version__
 
 if TYPE_CHECKING:
     from dpsweep.client import Client, Event, Sweep, Trial
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
     # The client (and httpx) load on first use: the server imports dpsweep.errors and
     # dpsweep.spec, and has no use for an HTTP client.
     if name in ("Client", "Event", "Sweep", "Trial"):
-        from dpsweep import client
+        from dpsweep import client  # lazy: httpx loads only when the client is first used
 
         return getattr(client, name)
     raise AttributeError(f"module 'dpsweep' has no attribute {name!r}")

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from dpsweep.errors import ConnectionFailed, error_for
+from dpsweep.version import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 API = "/api/v1"
@@ -83,8 +84,6 @@ class HttpTransport:
         max_retry_wait: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        from dpsweep import __version__
-
         self.base_url = (base_url or os.environ.get("DPSWEEP_URL") or DEFAULT_URL).rstrip("/")
         token = token if token is not None else os.environ.get("DPSWEEP_TOKEN")
         headers = {"User-Agent": f"dpsweep-python/{__version__}", "Accept": "application/json"}

@@ -18,9 +18,11 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import importlib.metadata
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,28 @@ from dpsweep.transport import HttpTransport
 SAFETENSORS = "application/octet-stream"
 CARD_SUFFIX = ".card.json"
 INSTALL_HINT = 'pip install "dpsweep[server]"'
+
+# The entry-point group through which the server extra lends the SDK its model registry:
+# ``build`` (card's model info, weights bytes -> torch module) and ``onnx`` (model info,
+# weights bytes, path -> path). Looked up by name, so the SDK never imports the workers
+# package (dpsweep is the bottom layer and depends on none above it).
+MODEL_LOADERS_GROUP = "dpsweep.model_loaders"
+
+
+def model_loader(name: str) -> Callable[..., Any]:
+    """The model loader registered as ``name`` in the ``dpsweep.model_loaders`` group.
+
+    Raises:
+        ConfigError: no installed package provides it (the message says what to install).
+    """
+    found = importlib.metadata.entry_points(group=MODEL_LOADERS_GROUP, name=name)
+    for entry in found:
+        loader: Callable[..., Any] = entry.load()
+        return loader
+    raise ConfigError(
+        f"no model loader {name!r} is installed (entry-point group {MODEL_LOADERS_GROUP}); "
+        f"install the server extra: {INSTALL_HINT}"
+    )
 
 
 class Trial(dict[str, Any]):
@@ -124,7 +148,7 @@ class Trial(dict[str, Any]):
                 f"load_model needs torch and safetensors ({exc}); install the server extra: "
                 f"{INSTALL_HINT}. download_model() works without them."
             ) from exc
-        from workers.checkpoints import build_trained
+        build_trained = model_loader("build")
 
         card = self.model_card()
         info = card.get("model")
@@ -154,7 +178,7 @@ class Trial(dict[str, Any]):
                 f"export_onnx needs torch and onnx ({exc}); install "
                 '`pip install "dpsweep[server,onnx]"`'
             ) from exc
-        from workers.onnx_export import export_trained
+        export_trained = model_loader("onnx")
 
         card = self.model_card()
         return export_trained(card["model"], self._model_bytes(), Path(path).expanduser())
