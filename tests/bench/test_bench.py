@@ -233,6 +233,16 @@ def test_planning_benchmark_smoke() -> None:
     assert row["grids"] == 4 and row["seconds"] > 0 and row["library_seconds"] > 0
 
 
+def test_planning_benchmark_plans_and_reserves_ten_thousand_trials() -> None:
+    """bench/planning.py's 10,000-trial grid (issue 41) is planned, stored and reserved, its
+    schedule in O(log K) charge points adding up to the ledger's reservation (no timing)."""
+    p = _script("bench/planning.py", "--json", "--specs", "ten_thousand")
+    assert p.returncode == 0, p.stderr[-2000:]
+    row = json.loads(p.stdout)["ten_thousand"]
+    assert row["trials"] == 10_000 and row["charge_points"] <= 40
+    assert row["seconds"] >= row["plan_seconds"] > 0
+
+
 def test_audit_benchmark_smoke() -> None:
     """bench/audit.py --quick: a target row, a strategy row, black-box and one fault."""
     p = _script("bench/audit.py", "--json", "--quick")
