@@ -98,7 +98,7 @@ def _check_books(engine: Any, sweep_id: str) -> None:
                 for c in charges.get(t.id, [])
             ]
         )
-        assert got == (sched.epsilon[runs - 1] if runs else 0)
+        assert got == sched.cumulative(runs)[0]
     bal = BudgetLedger(engine).sweep_balance(dataset, sweep_id=sweep_id)
     assert bal.epsilon_reserved == exact_sum(
         [ChargeSchedule.from_json(g["charges"]).reserved_epsilon for g in plan]
@@ -430,7 +430,7 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
             for t in trials
             if grid_key(t.arm, t.epsilon_budget) == g["grid"]
         )
-        spent = sched.epsilon[runs - 1] if runs else Decimal(0)
+        spent = sched.cumulative(runs)[0]
         unstarted.append(EXACT.subtract(sched.reserved_epsilon, spent))
     entries = BudgetLedger(engine).entries(digits_key(engine), sid)
     (release,) = [e for e in entries if e.kind == EntryKind.RELEASE]

@@ -240,3 +240,53 @@ def test_a_ten_thousand_trial_pld_grid_is_scheduled_in_log_k_evaluations(
     assert exact_sum([e for e in (s.charge_for_run(j)[0] for j in range(1, 10_001))]) == (
         s.reserved_epsilon
     )
+
+
+def test_a_bucketed_grid_is_reserved_and_charged_to_the_last_run_on_the_ledger(
+    tmp_path: Any,
+) -> None:
+    """A 20-run compose grid (bucketed: 12 charge points) stored and reserved, its runs charged
+    as the driver charges them (zero inside a bucket): the ledger accepts every charge, the
+    reservation is used exactly, and a 21st run is refused."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.store import Sweep, Trial
+    from sweeper.store.engine import make_engine
+    from sweeper.store.schema import upgrade
+    from sweeper.sweeps.create import create_sweep
+    from sweeper.sweeps.stored import schedules
+
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    sid = create_sweep(
+        engine,
+        {
+            "name": "buckets",
+            "dataset": {"name": "digits"},
+            "model": {"name": "logreg"},
+            "training": {"steps": 10, "batch_size": 64, "eval_every": 10},
+            "privacy": {"budgets": [4], "delta": 1e-5},
+            "arms": [{"strategy": "fixed", "grid": {"lr": [0.1, 0.2, 0.3, 0.4], "clip": [1.0]}}],
+            "seeds": 5,
+        },
+    )
+    with Session(engine) as s:
+        sweep = s.get(Sweep, sid)
+        assert sweep is not None
+        ((_grid, sched),) = schedules(sweep).items()
+        key = sweep.ledger_key
+        ids = list(s.scalars(select(Trial.id).where(Trial.sweep_id == sid)))
+    assert key is not None and sched.runs == len(ids) == 20
+    assert sched.points == tuple(charge_points(20)) and len(sched.points) < 20
+    ledger = BudgetLedger(engine)
+    for run, tid in enumerate(ids, start=1):
+        e, d = sched.charge_for_run(run)
+        ledger.charge(key, sweep_id=sid, trial_id=tid, epsilon=e, delta=d, note=f"run {run}")
+    bal = ledger.sweep_balance(key, sweep_id=sid)
+    assert bal.epsilon_outstanding == 0 and bal.delta_outstanding == 0
+    with pytest.raises(PrivacyError, match="no budget is reserved"):
+        sched.charge_for_run(21)
+    engine.dispose()
