@@ -31,6 +31,7 @@ carries the owner's values (:func:`apply_view`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import DatasetConfig, SweepSpec
+from sweeper.datasets.catalog import dataset_row
 from sweeper.store import Dataset
 
 #: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
@@ -205,8 +207,6 @@ def apply_view(spec: SweepSpec, row: Dataset, *, analyst: bool) -> SweepSpec:
 
 
 def _same_json(a: Any, b: Any) -> bool:
-    import json
-
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
@@ -220,8 +220,6 @@ def _shown(value: Any) -> str:
 
 def stored_row(engine: Engine, name: str) -> Dataset | None:
     """The catalog row of a stored file (upload or registered name), or None."""
-    from sweeper.datasets.grants import dataset_row
-
     with Session(engine) as session:
         row = dataset_row(session, name)
         if row is None or not row.storage_path or not row.format:

@@ -29,6 +29,10 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound, NotFound, PermissionDenied
 from dpsweep.spec import EVAL_MODES
+
+# dataset_row is re-exported: callers above this layer read the catalog row through here.
+from sweeper.datasets.catalog import dataset_row as dataset_row
+from sweeper.datasets.fixed_view import checked_view, view_of
 from sweeper.datasets.viewer import Viewer
 from sweeper.privacy.ledger.amounts import epsilon_amount
 from sweeper.store import ApiToken, Dataset, DatasetGrant, iso
@@ -50,11 +54,6 @@ class AnalystTerms:
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def dataset_row(session: Session, name: str) -> Dataset | None:
-    """The catalog row of a dataset name (None for built-in names and unknown ones)."""
-    return session.scalars(select(Dataset).where(Dataset.name == name)).first()
 
 
 def owns(viewer: Viewer, row: Dataset | None) -> bool:
@@ -351,8 +350,6 @@ def set_policy(
     with Session(engine) as session, session.begin():
         row = _owned_row(session, name, viewer)
         if view:
-            from sweeper.datasets.fixed_view import checked_view, view_of
-
             if not row.storage_path:
                 raise ConfigError(
                     f"dataset {name!r} is not a stored file; only uploads and registered "
@@ -390,8 +387,6 @@ def analyst_modes(row: Dataset) -> tuple[str, ...]:
 
 def policy_view(row: Dataset) -> dict[str, Any]:
     """A dataset's analyst policy as the API shows it."""
-    from sweeper.datasets.fixed_view import view_of
-
     return {
         "dataset": row.name,
         "analyst_eval_modes": list(analyst_modes(row)),
