@@ -18,27 +18,28 @@ __all__ = ["CALIBRATION_SLACK", "calibrate", "planned_epsilon"]
 
 
 def planned_epsilon(
-    sigma: float,
-    q: float,
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
     steps: int,
-    delta: float,
+    target_delta: float,
     accountant: str,
-    eval_sigma: float | None = None,
+    eval_noise_multiplier: float | None = None,
 ) -> float:
-    """Epsilon of ``steps`` steps at noise ``sigma`` and sample rate ``q``, by the planner's
+    """Epsilon of ``steps`` steps at ``noise_multiplier`` and ``sample_rate``, by the planner's
     ``accountant`` (cached with calibration's figures: the registry's cache).
 
-    ``eval_sigma``: the evaluations composed to one Gaussian (sigma_e / sqrt(number of
-    releases)), or None.
+    ``eval_noise_multiplier``: the evaluations composed to one Gaussian (sigma_e / sqrt(number
+    of releases)), or None; as for :func:`calibrate`.
     """
     return cached_epsilon(
         plan_accountant(accountant).name,
-        noise_multiplier=sigma,
-        sample_rate=q,
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
         steps=steps,
-        target_delta=delta,
-        eval_noise_multiplier=eval_sigma,
-        eval_releases=0 if eval_sigma is None else 1,
+        target_delta=target_delta,
+        eval_noise_multiplier=eval_noise_multiplier,
+        eval_releases=0 if eval_noise_multiplier is None else 1,
     )
 
 

@@ -56,7 +56,9 @@ def _refuse_infeasible(
             steps=per_trial_steps(mid),
             accountant=req.accountant,
             max_noise_multiplier=req.max_noise_multiplier,
-            eval_noise_multiplier=composed_multiplier(eval_noise, mid * req.eval_releases),
+            eval_noise_multiplier=composed_multiplier(
+                eval_noise_multiplier=eval_noise, releases=mid * req.eval_releases
+            ),
         )
         if s <= req.max_noise_multiplier:
             best, lo = mid, mid + 1
@@ -75,7 +77,8 @@ def _refuse_infeasible(
         f"arm {req.arm!r}: epsilon={req.epsilon_budget:g} for {req.trials} trials of "
         f"{req.steps_per_trial} steps needs sigma={need}, which no model will learn with "
         f"(max_noise_multiplier = {req.max_noise_multiplier:g}); {hint}. Shrink the grid, "
-        f"charge fewer seeds, raise the budget, or use a larger batch{eval_hint(req, eps_eval)}"
+        f"charge fewer seeds, raise the budget, or use a larger batch"
+        f"{eval_hint(req, epsilon_eval=eps_eval)}"
     )
 
 
@@ -84,8 +87,10 @@ def plan_compose(req: GridRequest) -> GridPlan:
     total_steps = req.trials * req.steps_per_trial
     # DP evaluation: all K*E releases are one Gaussian of sigma_e / sqrt(K*E).
     eval_noise = eval_noise_multiplier(req)
-    eps_eval = check_eval_fits(req, eval_noise)
-    grid_eval = composed_multiplier(eval_noise, req.trials * req.eval_releases)
+    eps_eval = check_eval_fits(req, eval_noise_multiplier=eval_noise)
+    grid_eval = composed_multiplier(
+        eval_noise_multiplier=eval_noise, releases=req.trials * req.eval_releases
+    )
     sigma = calibrate(
         target_epsilon=req.epsilon_budget,
         target_delta=req.delta,
@@ -98,21 +103,28 @@ def plan_compose(req: GridRequest) -> GridPlan:
     if sigma > req.max_noise_multiplier:
         _refuse_infeasible(req, sigma, lambda k: k * req.steps_per_trial, eval_noise, eps_eval)
     total = planned_epsilon(
-        sigma, req.sample_rate, total_steps, req.delta, req.accountant, grid_eval
+        noise_multiplier=sigma,
+        sample_rate=req.sample_rate,
+        steps=total_steps,
+        target_delta=req.delta,
+        accountant=req.accountant,
+        eval_noise_multiplier=grid_eval,
     )
     # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return build_grid_plan(
         req,
-        sigma,
-        eval_noise,
-        eps_eval,
+        noise_multiplier=sigma,
+        eval_noise_multiplier=eval_noise,
+        epsilon_eval=eps_eval,
         epsilon_per_trial=planned_epsilon(
-            sigma,
-            req.sample_rate,
-            req.steps_per_trial,
-            req.delta,
-            req.accountant,
-            composed_multiplier(eval_noise, req.eval_releases),
+            noise_multiplier=sigma,
+            sample_rate=req.sample_rate,
+            steps=req.steps_per_trial,
+            target_delta=req.delta,
+            accountant=req.accountant,
+            eval_noise_multiplier=composed_multiplier(
+                eval_noise_multiplier=eval_noise, releases=req.eval_releases
+            ),
         ),
         delta_per_trial=req.delta,
         epsilon_total=total,
@@ -129,8 +141,8 @@ def plan_basic(req: GridRequest) -> GridPlan:
     eps_t, delta_t = req.epsilon_budget / req.trials, req.delta / req.trials
     # DP evaluation: each trial's E releases are one Gaussian of sigma_e / sqrt(E).
     eval_noise = eval_noise_multiplier(req)
-    eps_eval = check_eval_fits(req, eval_noise)
-    trial_eval = composed_multiplier(eval_noise, req.eval_releases)
+    eps_eval = check_eval_fits(req, eval_noise_multiplier=eval_noise)
+    trial_eval = composed_multiplier(eval_noise_multiplier=eval_noise, releases=req.eval_releases)
     sigma = calibrate(
         target_epsilon=eps_t,
         target_delta=delta_t,
@@ -144,17 +156,22 @@ def plan_basic(req: GridRequest) -> GridPlan:
         raise InfeasiblePlan(
             f"arm {req.arm!r}: basic accounting gives each of {req.trials} trials epsilon "
             f"{eps_t:.3g}, which needs sigma > {req.max_noise_multiplier:g}; use compose "
-            f"accounting or a smaller grid{eval_hint(req, eps_eval)}"
+            f"accounting or a smaller grid{eval_hint(req, epsilon_eval=eps_eval)}"
         )
     per = planned_epsilon(
-        sigma, req.sample_rate, req.steps_per_trial, delta_t, req.accountant, trial_eval
+        noise_multiplier=sigma,
+        sample_rate=req.sample_rate,
+        steps=req.steps_per_trial,
+        target_delta=delta_t,
+        accountant=req.accountant,
+        eval_noise_multiplier=trial_eval,
     )
     # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return build_grid_plan(
         req,
-        sigma,
-        eval_noise,
-        eps_eval,
+        noise_multiplier=sigma,
+        eval_noise_multiplier=eval_noise,
+        epsilon_eval=eps_eval,
         epsilon_per_trial=per,
         delta_per_trial=delta_t,
         epsilon_total=req.trials * per,

@@ -26,8 +26,9 @@ import math
 from dataclasses import replace
 
 from dpsweep.errors import PrivacyError
+from dpsweep.plan import GridPlan
 from sweeper.privacy.gaussian_mechanism import gaussian_epsilon, gaussian_mu
-from sweeper.privacy.grids import GridPlan, GridRequest, InfeasiblePlan
+from sweeper.privacy.grids import GridRequest, InfeasiblePlan
 
 
 @functools.lru_cache(maxsize=1024)
@@ -41,8 +42,9 @@ def _ps_eval_epsilon(eval_sigma: float, mean: float, shape: float, delta: float)
     return float(acc.get_epsilon(delta))
 
 
-def eval_epsilon(req: GridRequest, eval_noise: float) -> float:
-    """What a grid's evaluation releases ALONE cost at its delta, with sigma_e ``eval_noise``.
+def eval_epsilon(req: GridRequest, *, eval_noise_multiplier: float) -> float:
+    """What a grid's evaluation releases ALONE cost at its delta, with sigma_e
+    ``eval_noise_multiplier``.
 
     * compose: all K*E releases, one Gaussian of mu = sqrt(K*E) / sigma_e (exact);
     * basic: K times one trial's E releases at delta/K (exact per trial, summed as basic
@@ -52,6 +54,7 @@ def eval_epsilon(req: GridRequest, eval_noise: float) -> float:
       cost; it is more than one run's E releases alone (the conservative choice).
     """
     k, e = req.trials, req.eval_releases
+    eval_noise = eval_noise_multiplier
     if e <= 0:
         return 0.0
     if req.accounting == "basic":
@@ -100,14 +103,19 @@ def eval_noise_multiplier(req: GridRequest) -> float | None:
     return math.sqrt(k * e) / mu * (1 + 1e-9)
 
 
-def check_eval_fits(req: GridRequest, eval_noise: float | None) -> float | None:
+_solve_eval_noise = eval_noise_multiplier
+
+
+def check_eval_fits(req: GridRequest, *, eval_noise_multiplier: float | None) -> float | None:
     """The evaluations' epsilon alone; refuse a grid where they leave nothing for training."""
+    eval_noise = eval_noise_multiplier
     if eval_noise is None:
         return None
-    eps_eval = eval_epsilon(req, eval_noise)
+    eps_eval = eval_epsilon(req, eval_noise_multiplier=eval_noise)
     if eps_eval >= req.epsilon_budget:
         target = req.eval_epsilon_share * req.epsilon_budget
-        suggest = eval_noise_multiplier(replace(req, eval_noise_multiplier=None))
+        # The module's function, which the keyword argument shadows here.
+        suggest = _solve_eval_noise(replace(req, eval_noise_multiplier=None))
         raise InfeasiblePlan(
             f"arm {req.arm!r}: the {req.trials} trial(s)' noisy evaluations alone "
             f"({req.eval_releases} per trial at eval.noise_multiplier = {eval_noise:.4g}) cost "
@@ -119,9 +127,10 @@ def check_eval_fits(req: GridRequest, eval_noise: float | None) -> float | None:
     return eps_eval
 
 
-def eval_hint(req: GridRequest, eps_eval: float | None) -> str:
-    """The end of an infeasibility message: what the evaluations already cost, and the knob
-    that leaves training more ("" without DP evaluation)."""
+def eval_hint(req: GridRequest, *, epsilon_eval: float | None) -> str:
+    """The end of an infeasibility message: what the evaluations already cost
+    (``epsilon_eval``), and the knob that leaves training more ("" without DP evaluation)."""
+    eps_eval = epsilon_eval
     if not eps_eval:
         return ""
     knob = (

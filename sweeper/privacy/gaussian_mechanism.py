@@ -60,8 +60,9 @@ def gaussian_mu(*, epsilon: float, delta: float) -> float:
     return mu
 
 
-def composed_multiplier(sigma_e: float | None, releases: int) -> float | None:
-    """The one Gaussian multiplier ``releases`` Gaussians of ``sigma_e`` compose to."""
-    if sigma_e is None or releases <= 0:
+def composed_multiplier(*, eval_noise_multiplier: float | None, releases: int) -> float | None:
+    """The one Gaussian multiplier ``releases`` Gaussians of ``eval_noise_multiplier`` compose
+    to (None without releases)."""
+    if eval_noise_multiplier is None or releases <= 0:
         return None
-    return sigma_e / math.sqrt(releases)
+    return eval_noise_multiplier / math.sqrt(releases)

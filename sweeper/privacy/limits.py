@@ -59,7 +59,7 @@ def _suggest_delta(n: int) -> float:
     return float(10 ** math.floor(math.log10(0.1 / n)))
 
 
-def high_noise_warning(noise_multiplier: float, *, expected_batch_size: float) -> str:
+def high_noise_warning(*, noise_multiplier: float, expected_batch_size: float) -> str:
     """The warning (with an expected-utility hint) a plan above HIGH_NOISE_MULTIPLIER gets."""
     return (
         f"sigma = {noise_multiplier:.3g} is high: each step adds noise of std "

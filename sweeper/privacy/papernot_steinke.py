@@ -52,7 +52,7 @@ def repeat_and_select_epsilon(
         dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),
         steps,
     )
-    extra = composed_multiplier(eval_noise_multiplier, eval_releases)
+    extra = composed_multiplier(eval_noise_multiplier=eval_noise_multiplier, releases=eval_releases)
     if extra is not None:
         one = dp_event.ComposedDpEvent([one, dp_event.GaussianDpEvent(extra)])
     acc = rdp_privacy_accountant.RdpAccountant()
@@ -91,8 +91,8 @@ def plan_papernot_steinke(req: GridRequest) -> GridPlan:
     # DP evaluation: each run's E releases (one Gaussian of sigma_e / sqrt(E)) are part of
     # the run that RepeatAndSelect repeats.
     eval_noise = eval_noise_multiplier(req)
-    eps_eval = check_eval_fits(req, eval_noise)
-    run_eval = composed_multiplier(eval_noise, req.eval_releases)
+    eps_eval = check_eval_fits(req, eval_noise_multiplier=eval_noise)
+    run_eval = composed_multiplier(eval_noise_multiplier=eval_noise, releases=req.eval_releases)
 
     def eps(sigma: float) -> float:
         return _ps_epsilon(
@@ -104,7 +104,7 @@ def plan_papernot_steinke(req: GridRequest) -> GridPlan:
         raise InfeasiblePlan(
             f"arm {req.arm!r}: random search with mean {req.trials} trials needs sigma > "
             f"{req.max_noise_multiplier * 8:g} for epsilon={req.epsilon_budget:g}; shrink the "
-            f"search or raise the budget{eval_hint(req, eps_eval)}"
+            f"search or raise the budget{eval_hint(req, epsilon_eval=eps_eval)}"
         )
     for _ in range(40):  # bisection on log sigma for the RepeatAndSelect total
         mid = (lo + hi) / 2
@@ -120,18 +120,23 @@ def plan_papernot_steinke(req: GridRequest) -> GridPlan:
         raise InfeasiblePlan(
             f"arm {req.arm!r}: random search with mean {req.trials} trials needs sigma = "
             f"{sigma:.3g} > {req.max_noise_multiplier:g}; shrink the search or raise the budget"
-            f"{eval_hint(req, eps_eval)}"
+            f"{eval_hint(req, epsilon_eval=eps_eval)}"
         )
     total = eps(sigma)
     # plan_grid fills the epsilon_verified fields in with verify_plan's independent RDP (the
     # old check repeated this very dp_accounting call, which could not catch its bugs).
     return build_grid_plan(
         req,
-        sigma,
-        eval_noise,
-        eps_eval,
+        noise_multiplier=sigma,
+        eval_noise_multiplier=eval_noise,
+        epsilon_eval=eps_eval,
         epsilon_per_trial=planned_epsilon(
-            sigma, req.sample_rate, req.steps_per_trial, req.delta, req.accountant, run_eval
+            noise_multiplier=sigma,
+            sample_rate=req.sample_rate,
+            steps=req.steps_per_trial,
+            target_delta=req.delta,
+            accountant=req.accountant,
+            eval_noise_multiplier=run_eval,
         ),
         delta_per_trial=req.delta,
         epsilon_total=total,

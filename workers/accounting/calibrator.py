@@ -23,13 +23,21 @@ CALIBRATION_SLACK = 0.01
 
 
 def gdp_guess(
-    epsilon: float, delta: float, q: float, steps: int, eval_sigma: float | None = None
+    *,
+    target_epsilon: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    eval_noise_multiplier: float | None = None,
 ) -> float:
     """Initial sigma from the CLT limit of subsampled Gaussian composition (mu-GDP).
 
-    With ``eval_sigma`` (the evaluations' one Gaussian, mu_e = 1 / eval_sigma), the steps get
-    what is left of the budget's mu: mu_steps^2 = mu^2 - mu_e^2 (mu-GDP composes so).
+    With ``eval_noise_multiplier`` (the evaluations composed to one Gaussian, mu_e = 1 /
+    sigma_e), the steps get what is left of the budget's mu: mu_steps^2 = mu^2 - mu_e^2
+    (mu-GDP composes so).
     """
+    # Short names for the formulas below.
+    epsilon, delta, q, eval_sigma = target_epsilon, target_delta, sample_rate, eval_noise_multiplier
 
     def gdp_delta(mu: float) -> float:
         return float(
@@ -56,7 +64,7 @@ def calibrate_sigma(
     sample_rate: float,
     steps: int,
     max_noise_multiplier: float,
-    eval_sigma: float | None = None,
+    eval_noise_multiplier: float | None = None,
     slack: float = CALIBRATION_SLACK,
 ) -> float:
     """The smallest sigma (to ~0.3 %) with ``epsilon_of(sigma) <= target_epsilon``, landing
@@ -64,18 +72,24 @@ def calibrate_sigma(
     enough.
 
     ``epsilon_of``: the accountant's epsilon as a function of the noise multiplier alone (the
-    sample rate, steps, delta and any evaluation releases fixed). ``eval_sigma``: the
-    evaluation releases composed to one Gaussian of this multiplier, used for the initial
+    sample rate, steps, delta and any evaluation releases fixed). ``eval_noise_multiplier``:
+    the evaluation releases composed to one Gaussian of this multiplier, used for the initial
     guess only (``epsilon_of`` charges them).
     """
-    epsilon, delta, q = target_epsilon, target_delta, sample_rate
+    epsilon = target_epsilon
     max_sigma = max_noise_multiplier
 
     def f(log_sigma: float) -> float:
         return math.log(epsilon_of(math.exp(log_sigma))) - math.log(epsilon)
 
     target_hi, target_lo = 0.0, math.log1p(-slack)
-    guess = gdp_guess(epsilon, delta, q, steps, eval_sigma)
+    guess = gdp_guess(
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        eval_noise_multiplier=eval_noise_multiplier,
+    )
     x0 = math.log(min(max(guess, 0.05), max_sigma * 4))
     f0 = f(x0)
     x1 = x0 + (0.05 if f0 > 0 else -0.05)

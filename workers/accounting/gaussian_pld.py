@@ -127,23 +127,25 @@ def _vector_gaussian() -> type:
 
 
 def gaussian_pld(
-    noise_multiplier: float,
     *,
-    sampling_prob: float = 1.0,
+    noise_multiplier: float,
+    sample_rate: float = 1.0,
     value_discretization_interval: float,
 ) -> Any:
-    """``from_gaussian_mechanism(noise_multiplier, sampling_prob=..., ...)``, the same PLD.
+    """``from_gaussian_mechanism(noise_multiplier, sampling_prob=sample_rate, ...)``, the same
+    PLD.
 
     Sensitivity 1, pessimistic, connect-the-dots, add-or-remove-one neighbours, the library's
     mass truncation: dp_accounting's defaults, which are also what its ``PLDAccountant`` uses.
 
     Args:
         noise_multiplier: The Gaussian's standard deviation over the sensitivity (> 0).
-        sampling_prob: Poisson sampling rate q in (0, 1].
+        sample_rate: Poisson sampling rate q in (0, 1] (dp_accounting's ``sampling_prob``).
         value_discretization_interval: The PLD's grid on the privacy-loss axis.
     """
     from dp_accounting.pld import privacy_loss_distribution as pld
 
+    sampling_prob = sample_rate  # dp_accounting's name, in the calls below
     create = getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
     subsampled = getattr(pld, "_pld_for_subsampled_mechanism", None)
     if create is None or subsampled is None:  # a dp_accounting without these helpers
@@ -197,9 +199,13 @@ def composed_pld(
         if sigma == 0:
             return None
         if q is None:
-            one = gaussian_pld(sigma / math.sqrt(count), value_discretization_interval=grid)
+            one = gaussian_pld(
+                noise_multiplier=sigma / math.sqrt(count), value_discretization_interval=grid
+            )
         else:
-            one = gaussian_pld(sigma, sampling_prob=q, value_discretization_interval=grid)
+            one = gaussian_pld(
+                noise_multiplier=sigma, sample_rate=q, value_discretization_interval=grid
+            )
             one = one.self_compose(count)
         total = total.compose(one)
     return total

@@ -169,7 +169,8 @@ class AccountantDescriptor:
             )
 
         if self.calibrator is None:
-            eval_sigma = (
+            # The releases composed to one Gaussian (the calibrator's initial guess only).
+            one_eval = (
                 None
                 if eval_noise_multiplier is None or not eval_releases
                 else eval_noise_multiplier / math.sqrt(eval_releases)
@@ -181,7 +182,7 @@ class AccountantDescriptor:
                 sample_rate=sample_rate,
                 steps=steps,
                 max_noise_multiplier=max_noise_multiplier,
-                eval_sigma=eval_sigma,
+                eval_noise_multiplier=one_eval,
                 slack=slack,
             )
         else:
@@ -431,14 +432,14 @@ def _pld_run_epsilons(
     from workers.accounting.gaussian_pld import gaussian_pld
 
     one = gaussian_pld(
-        noise_multiplier,
-        sampling_prob=sample_rate,
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
         value_discretization_interval=PLD_DISCRETIZATION,
     ).self_compose(steps)
     if eval_releases and eval_noise_multiplier is not None:
         one = one.compose(
             gaussian_pld(
-                float(eval_noise_multiplier) / eval_releases**0.5,
+                noise_multiplier=float(eval_noise_multiplier) / eval_releases**0.5,
                 value_discretization_interval=PLD_DISCRETIZATION,
             )
         )

@@ -47,7 +47,7 @@ def _same_pld(a: object, b: object) -> None:
 @settings(max_examples=25, deadline=None)
 @given(sigma=SIGMAS, q=RATES, grid=GRIDS)
 def test_one_gaussian_pld_has_the_librarys_masses(sigma: float, q: float, grid: float) -> None:
-    fast = gaussian_pld(sigma, sampling_prob=q, value_discretization_interval=grid)
+    fast = gaussian_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=grid)
     slow = library.from_gaussian_mechanism(
         sigma, sampling_prob=q, value_discretization_interval=grid, use_connect_dots=True
     )
