@@ -203,7 +203,7 @@ class Scheduler:
         self._last_expiry = now
         from datetime import timedelta
 
-        from sweeper.store.expiry import expire
+        from sweeper.datasets.expiry import expire
 
         days = self.settings.upload_ttl_days
         try:

@@ -7,6 +7,9 @@
   (what was spent on its records stays spent, and the same records uploaded again find it).
 
 The scheduler runs :func:`expire` every ``expiry_every_seconds``.
+
+It lives in the datasets layer, not the store: expiring an upload is deleting a dataset name
+(:func:`sweeper.datasets.registration.delete_name`), which the store layer must not import.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from sqlalchemy import Engine, delete, exists, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import DpsweepError
+from sweeper.datasets.names import UPLOAD_PREFIX
+from sweeper.datasets.registration import delete_name
 from sweeper.store import Dataset, DatasetGrant, IdempotencyRecord, Sweep
 
 log = logging.getLogger(__name__)
@@ -47,9 +52,6 @@ def expire_idempotency_keys(engine: Engine, *, older_than: timedelta) -> int:
 def expire_unused_uploads(engine: Engine, *, older_than: timedelta) -> list[str]:
     """Delete uploads older than ``older_than`` that no sweep used and no active grant names:
     their names and files, never their ledgers. Returns the names deleted."""
-    from sweeper.datasets.names import UPLOAD_PREFIX
-    from sweeper.datasets.registration import delete_name
-
     cutoff = datetime.now(UTC) - older_than
     with Session(engine) as session:
         rows = session.execute(

@@ -11,12 +11,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.expiry import expire
 from sweeper.datasets.grants import grant
 from sweeper.datasets.uploads import store_upload
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Dataset, IdempotencyRecord, Sweep
 from sweeper.store.engine import make_engine
-from sweeper.store.expiry import expire
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
 
