@@ -35,7 +35,6 @@ KNOWN_UPWARD = {
     ("sweeper.privacy.release_log", "sweeper.sweeps.events"),
     ("sweeper.privacy.release_log", "sweeper.sweeps.released"),
     ("sweeper.privacy.release_log", "sweeper.sweeps.stored"),
-    ("sweeper.datasets.analyst_views", "sweeper.sweeps.cursors"),
     ("sweeper.datasets.registration", "sweeper.artifacts.keeper"),
     ("sweeper.sweeps.create", "sweeper.artifacts.quota"),
     ("sweeper.sweeps.deletion", "sweeper.artifacts.store"),

@@ -25,7 +25,7 @@ from dpsweep.errors import ConfigError, NotFound
 from sweeper.audits.prepare import PreparedAudit, prepare_audit
 from sweeper.datasets.access import Viewer
 from sweeper.store import Audit, AuditState, iso, new_id
-from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
+from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 
 log = logging.getLogger("dpsweep.audits")
 

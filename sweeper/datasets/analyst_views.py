@@ -38,7 +38,7 @@ from sweeper.datasets.names import BUILTIN, is_upload
 from sweeper.privacy.ledger.amounts import ZERO, add_exact, sub_exact
 from sweeper.privacy.release_log import entry_view
 from sweeper.store import Dataset, DatasetGrant, ReleaseRecord
-from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
+from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 
 OWNER, ANALYST = "owner", "analyst"
 

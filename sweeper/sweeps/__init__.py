@@ -13,6 +13,6 @@ API all go through these modules. Nothing here imports torch.
 * :mod:`~sweeper.sweeps.released`: what may be released (papernot-steinke secrecy);
 * :mod:`~sweeper.sweeps.results`: best per arm and level, Pareto fronts (pure);
 * :mod:`~sweeper.sweeps.summary` and :mod:`~sweeper.sweeps.export`: what users are shown;
-* :mod:`~sweeper.sweeps.cursors`, :mod:`~sweeper.sweeps.sweep_pages`,
+* :mod:`~sweeper.sweeps.sweep_pages`,
   :mod:`~sweeper.sweeps.trial_pages`, :mod:`~sweeper.sweeps.trial_detail`: the API's reads.
 """

@@ -30,7 +30,7 @@ from sweeper.store import (
     TrialState,
     iso,
 )
-from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
+from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.stored import typed_spec
 
 

@@ -17,7 +17,7 @@ from dpsweep.errors import ConfigError
 from sweeper.artifacts.refs import REF_COLUMNS, model_refs, row_ref
 from sweeper.datasets.access import Viewer
 from sweeper.store import ModelArtifact, Trial, TrialResultRow, TrialState, iso
-from sweeper.sweeps.cursors import Page, decode_cursor, encode_cursor
+from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 from sweeper.sweeps.released import released_records, trial_record
 from sweeper.sweeps.stored import load_sweep
 from sweeper.sweeps.sweep_pages import sweep_head

@@ -20,8 +20,8 @@ from sweeper.datasets.views import budget, describe, list_datasets
 from sweeper.privacy import release_log
 from sweeper.privacy.ledger.amounts import ZERO
 from sweeper.store import Sweep
+from sweeper.store.cursors import encode_cursor
 from sweeper.sweeps.create import create_sweep
-from sweeper.sweeps.cursors import encode_cursor
 
 OLGA, ANA, BEA, MALLORY = Viewer("olga"), Viewer("ana"), Viewer("bea"), Viewer("mallory")
 ADMIN = Viewer("root", admin=True)

@@ -2,6 +2,9 @@
 
 A cursor is the base64 JSON of the last row's sort key, so a page never skips or repeats rows
 when new rows arrive.
+
+In the store layer (it knows only sort keys) because every layer above pages its rows with it:
+the datasets layer's analyst views as well as the sweeps and the audits.
 """
 
 from __future__ import annotations
