@@ -30,7 +30,7 @@ $(COMPOSE_STAMP):
 		"docker-compose==1.29.2"
 	touch $(COMPOSE_STAMP)
 
-# A real sweep: plan, reserve, run 45 trials on a local Ray into ./dpsweep.db (SQLite), then
+# A real sweep: plan, reserve, run 33 trials on a local Ray into ./dpsweep.db (SQLite), then
 # print the results and write the Pareto plots under dpsweep-results/.
 demo: install
 	$(BIN)/dpsweep run examples/demo.yaml

@@ -1,6 +1,6 @@
 """The demo's sweep through dpsweep against the same trials as Opacus scripts in a process pool.
 
-``examples/demo.yaml`` (45 trials: fixed, quantile and online clipping on digits with ``cnn``,
+``examples/demo.yaml`` (33 trials: fixed, quantile and online clipping on digits with ``cnn``,
 three per-grid epsilon levels; ``--smoke`` cuts it to 2 trials of one epoch) runs two
 ways in the same run:
 
