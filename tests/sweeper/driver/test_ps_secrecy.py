@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -542,7 +543,9 @@ def test_ps_rows_hide_their_position(tmp_path: Path) -> None:
     spec = load_spec(ps_spec(seeds=3))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sweeps_mod, "draw_run_count", lambda *a, **k: 60)
-        rows = sweeps_mod._arm_trials(spec, spec.arms[0], {"trials": 6})
+        # Only the grid's planned mean number of runs is read from its plan.
+        grid = SimpleNamespace(trials=6)
+        rows = sweeps_mod._arm_trials(spec, spec.arms[0], grid)  # type: ignore[arg-type]
     assert len(rows) == 60
     assert all(r["number"] == 0 and r["config"] == 0 for r in rows)
     seeds = [r["seed"] for r in rows]
