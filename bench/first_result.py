@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,9 +35,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cli_runs import DPSWEEP, cli_env, run_checked  # noqa: E402
 
 TARGETS = {"serve_warm_ratio": 1.0, "cli_ratio": 2.0}
-DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 EVAL_EVERY = 11
 
 
@@ -61,27 +62,13 @@ def spec_yaml(*, smoke: bool) -> str:
     )
 
 
-def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-    """``subprocess.run`` that raises with the command's stderr when it fails."""
-    p = subprocess.run(cmd, **kwargs)
-    if p.returncode:
-        err = p.stderr if isinstance(p.stderr, str) else (p.stderr or b"").decode(errors="replace")
-        raise RuntimeError(f"{cmd[:2]} exited with {p.returncode}:\n{err[-4000:]}")
-    return p
-
-
-def _env() -> dict[str, str]:
-    """This environment without a Ray address: every dpsweep process starts its own local Ray."""
-    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
-
-
 def plan(spec_path: Path, work: Path) -> dict[str, Any]:
     """dpsweep's plan of the one grid (``dpsweep plan --json``): steps, sample rate, sigma."""
-    out = _run(
+    out = run_checked(
         [DPSWEEP, "plan", "--json", str(spec_path), "--db", f"sqlite:///{work / 'plan.db'}"],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=cli_env(),
         cwd=work,
     )
     return dict(json.loads(out.stdout)[0])
@@ -91,10 +78,10 @@ def time_cli(spec_path: Path, work: Path) -> float:
     """Wall time of ``dpsweep run`` in a fresh directory with a fresh SQLite database."""
     d = Path(tempfile.mkdtemp(dir=work))
     t0 = time.perf_counter()
-    _run(
+    run_checked(
         [DPSWEEP, "run", str(spec_path), "--quiet", "--db", f"sqlite:///{d / 'run.db'}"],
         cwd=d,
-        env=_env(),
+        env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -105,7 +92,7 @@ def time_cli(spec_path: Path, work: Path) -> float:
 def time_opacus(trial: dict[str, Any]) -> float:
     """Wall time of the plain Opacus script as a subprocess (start-up and imports included)."""
     t0 = time.perf_counter()
-    _run(
+    run_checked(
         [sys.executable, str(ROOT / "bench" / "opacus_trial.py"), json.dumps(trial)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -40,10 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from cli_runs import DPSWEEP, cli_env, run_checked  # noqa: E402
 from opacus_trial import run_trial  # noqa: E402
 
 TARGET = 3.0
-DPSWEEP = str(Path(sys.executable).with_name("dpsweep"))
 
 
 def demo_spec(*, smoke: bool) -> dict[str, Any]:
@@ -58,24 +58,10 @@ def demo_spec(*, smoke: bool) -> dict[str, Any]:
     return spec
 
 
-def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
-    """``subprocess.run`` that raises with the command's stderr when it fails."""
-    p = subprocess.run(cmd, **kwargs)
-    if p.returncode:
-        err = p.stderr if isinstance(p.stderr, str) else (p.stderr or b"").decode(errors="replace")
-        raise RuntimeError(f"{cmd[:2]} exited with {p.returncode}:\n{err[-4000:]}")
-    return p
-
-
-def _env() -> dict[str, str]:
-    """This environment without a Ray address: dpsweep starts its own local Ray."""
-    return {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
-
-
 def run_dpsweep(spec_path: Path, work: Path, workers: int) -> float:
     """Wall time of ``dpsweep run`` into ``work/demo.db``."""
     t0 = time.perf_counter()
-    _run(
+    run_checked(
         [
             DPSWEEP,
             "run",
@@ -87,7 +73,7 @@ def run_dpsweep(spec_path: Path, work: Path, workers: int) -> float:
             f"sqlite:///{work / 'demo.db'}",
         ],
         cwd=work,
-        env=_env(),
+        env=cli_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
@@ -104,11 +90,11 @@ def opacus_trials(spec: dict[str, Any], spec_path: Path, work: Path) -> list[dic
     from sweeper.store import Trial
     from sweeper.store.engine import make_engine
 
-    out = _run(
+    out = run_checked(
         [DPSWEEP, "plan", "--json", str(spec_path), "--db", f"sqlite:///{work / 'demo.db'}"],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=cli_env(),
         cwd=work,
     )
     grids = {(g["arm"], float(g["epsilon_budget"])): g for g in json.loads(out.stdout)}

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -15,8 +14,6 @@ from workers.datasets.records import DatasetSpec
 from workers.engine import per_sample_loss
 from workers.generic import BookkeepingModel, GenericModel, build_pack_model
 from workers.models import ModelSpec, build_model
-from workers.models.descriptors import DESCRIPTORS, ModelDescriptor
-from workers.models.registry import MODELS, ModelEntry
 from workers.training.loop import train_pack
 from workers.training.specs import PackSpec, TrialSpec
 
@@ -133,21 +130,6 @@ def test_unsupported_layer_falls_back() -> None:
 def test_dispatch_picks_bookkeeping_for_generic_models() -> None:
     built, path = build_pack_model([FeatureMixer(16, 3)])
     assert path == "generic" and isinstance(built, BookkeepingModel)
-
-
-MIXER = "test_bookkeeping_mixer"
-
-
-@pytest.fixture
-def mixer_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    desc = ModelDescriptor(MIXER, input_kind="any", description="attention over feature tokens")
-
-    def build(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-        return FeatureMixer(math.prod(input_shape), num_classes)
-
-    monkeypatch.setitem(DESCRIPTORS, MIXER, desc)
-    monkeypatch.setitem(MODELS, MIXER, ModelEntry(desc, build))  # type: ignore[arg-type]
-    yield MIXER
 
 
 @pytest.mark.parametrize("strategy", ["fixed", "bam"])

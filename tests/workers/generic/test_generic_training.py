@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import nn
@@ -14,28 +11,11 @@ from tests.workers.generic.nets import FeatureMixer
 from workers.datasets.records import DatasetSpec
 from workers.generic import GenericModel, build_pack_model, packable
 from workers.models import ModelSpec
-from workers.models.descriptors import DESCRIPTORS, ModelDescriptor
-from workers.models.registry import MODELS, ModelEntry
 from workers.packed import PackedModel
 from workers.training.loop import train_pack, train_trial
 from workers.training.specs import PackSpec, TrialSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
-
-MIXER = "test_generic_mixer"
-
-
-@pytest.fixture
-def mixer_model(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A user model (attention, residual, LayerNorm) registered for this test only."""
-    desc = ModelDescriptor(MIXER, input_kind="any", description="attention over feature tokens")
-
-    def build(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-        return FeatureMixer(math.prod(input_shape), num_classes)
-
-    monkeypatch.setitem(DESCRIPTORS, MIXER, desc)
-    monkeypatch.setitem(MODELS, MIXER, ModelEntry(desc, build))  # type: ignore[arg-type]
-    yield MIXER
 
 
 def spec(model: str, strategy: str, trials: list[TrialSpec], **kw) -> PackSpec:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ import torch
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import DEFAULT_GRIDS, LARGE_MODEL_LR_SCALE, load_spec
-from tests.workers.generic.test_generic_training import mixer_model  # noqa: F401 (a fixture)
+from tests.workers.generic.conftest import mixer_model  # noqa: F401 (a fixture)
 from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
 from workers.optim import PackedOptimizer, WeightAverage, lr_factor
