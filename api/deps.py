@@ -15,8 +15,8 @@ from api.errors import ApiError
 from api.planning import Planner
 from api.settings import ApiSettings
 from dpsweep.errors import ConfigError
-from sweeper.artifacts.store import ArtifactStore, open_store
 from sweeper.datasets.access import Viewer
+from sweeper.store.artifact_files import ArtifactStore, open_store
 
 log = logging.getLogger("dpsweep.api")
 _store_lock = threading.Lock()

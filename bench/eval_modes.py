@@ -36,7 +36,7 @@ import torch
 
 from dpsweep.spec import load_spec
 from sweeper.datasets.resolution import resolve
-from sweeper.privacy.planner import plan_sweep
+from sweeper.sweeps.planning import plan_sweep
 from workers.datasets.loading import load_dataset
 from workers.models import ModelSpec, build_model
 from workers.packed import PackedModel

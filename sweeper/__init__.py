@@ -5,17 +5,18 @@ Pure domain: it imports neither FastAPI nor torch at module level. It sits betwe
 
 Its sub-packages are layered, bottom first; each imports only the ones before it:
 
-1. ``store``: the tables, the engine, row helpers (``sweeper.settings`` sits below all);
-2. ``privacy``: the ledger, releases, composition, calibration and planning;
+1. ``store``: the tables, the engine, row helpers, the kept models' files (``sweeper.settings``
+   sits below all);
+2. ``privacy``: the ledger, releases, composition, calibration and each grid's plan;
 3. ``datasets``: the catalog, grants, views, uploads, registration, expiry;
-4. ``sweeps``: creating, reading, searching and deleting sweeps and their trials;
-5. ``artifacts``: kept models, their cards and quotas;
+4. ``sweeps``: planning, creating, reading, searching and deleting sweeps and their trials;
+5. ``artifacts``: kept models and their cards;
 6. ``driver``: the loop that claims, runs and records packs of trials;
 7. ``audits``: canary audits of finished sweeps.
 
 A piece two layers share moves down into a small module of the lower one, not into an import
-hidden in a function. ``tests/test_import_graph.py`` checks the order, that there is no import
-cycle, and lists the upward arrows still owed a move.
+hidden in a function. ``tests/test_import_graph.py`` checks the order and that there is no
+import cycle.
 """
 
 from __future__ import annotations

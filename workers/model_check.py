@@ -5,7 +5,7 @@ A trial builds its model from the spec and the loaded data, picks the engine pat
 that break per-example DP (:func:`workers.generic.validation.validate_module`: BatchNorm,
 Dropout, ...). Refused there, after the sweep was reserved or the run charged, a refusal still
 cost privacy budget. :func:`check_model` asks the same questions first, on the data's input
-shape and class count, for planning (:func:`sweeper.privacy.planner.plan_sweep`: ``dpsweep
+shape and class count, for planning (:func:`sweeper.sweeps.planning.plan_sweep`: ``dpsweep
 plan``, ``dpsweep run`` and the API's plan and submit) and for ``dpsweep train``.
 
 Cheap where it can be: a model whose descriptor declares the packed path (every built-in
@@ -60,11 +60,11 @@ def check_model(
     if descriptor.engine_path == "packed":
         return "packed"  # declared (and held to it by the contract tests): no torch needed
     module = _build_for_check(model, input_shape, num_classes, vocab_size)
-    from workers.generic.dispatch import packable
+    from workers.generic.dispatch import packable  # deferred: imports torch
 
     if packable(module):
         return "packed"
-    from workers.generic.validation import validate_module
+    from workers.generic.validation import validate_module  # deferred: imports torch
 
     try:
         validate_module(module)
@@ -90,12 +90,13 @@ def _build_for_check(
     """The model as a trial builds it (same builder, same options), on the meta device.
 
     A plug-in's builder may need real tensors (it reads a weight, calls numpy on one): then it
-    is built on the CPU, as the quota's estimate builds it (:mod:`sweeper.artifacts.quota`).
+    is built on the CPU, as the quota's estimate builds it (:mod:`sweeper.sweeps.quota`).
     """
+    # deferred: torch is heavy, and a packed-path model is checked without it (module doc)
     import torch
 
-    from workers.models.registry import build_model
-    from workers.training.loop import _with_data_vocab
+    from workers.models.registry import build_model  # deferred: imports torch
+    from workers.training.loop import _with_data_vocab  # deferred: imports torch
 
     spec = _with_data_vocab(model, vocab_size)
 

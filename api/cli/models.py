@@ -90,10 +90,10 @@ def cmd_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Write a trial's kept model, card and README into ``args.output``; say what ε it has;
     with ``--check``, re-evaluate it against its card."""
     from dpsweep.errors import DpsweepError, TrialNotFound
-    from sweeper.artifacts.keeper import store_for
     from sweeper.artifacts.reads import kept_model, read_card, read_model
     from sweeper.datasets.access import Viewer
     from sweeper.settings import SweeperSettings
+    from sweeper.store.artifact_files import store_for
 
     if args.output is None and args.check is None:
         parser.error("give -o DIR (the folder to write the model into), or --check")

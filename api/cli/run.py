@@ -128,7 +128,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from dpsweep.errors import ConfigError, DpsweepError
     from dpsweep.spec import load_spec
-    from sweeper.privacy.planner import plan_sweep
+    from sweeper.sweeps.planning import plan_sweep
 
     try:
         spec = load_spec(args.spec)
@@ -474,8 +474,8 @@ def _show_finished(
 
 def _print_kept_models(console: Console, engine: Any, summary: dict[str, Any]) -> None:
     """One line per kept model (the spec's ``artifacts.keep``), and how to get one out."""
-    from sweeper.artifacts.keeper import store_for
     from sweeper.settings import SweeperSettings
+    from sweeper.store.artifact_files import store_for
 
     if summary["models"]:
         print_models(console, summary["models"], where=store_for(engine, SweeperSettings()).url)

@@ -244,9 +244,9 @@ def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Delete an ended sweep, its rows and its kept models; its ledger entries stay."""
     from dpsweep.errors import DpsweepError
-    from sweeper.artifacts.keeper import store_for
     from sweeper.datasets.access import Viewer
     from sweeper.settings import SweeperSettings
+    from sweeper.store.artifact_files import store_for
     from sweeper.sweeps.deletion import delete_sweep
 
     try:

@@ -35,36 +35,26 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from sweeper.artifacts.store import (
+from sweeper.privacy import release_log
+from sweeper.privacy.ledger.amounts import ZERO
+from sweeper.store import ModelArtifact, StagedModel, Sweep, Trial, TrialResultRow, TrialState
+from sweeper.store.artifact_files import (
     TMP_PREFIX,
     ArtifactStore,
     card_key,
     model_key,
-    open_store,
     sha256_hex,
     sweep_prefix,
     trial_prefix,
+    usage_bytes,
 )
-from sweeper.privacy import release_log
-from sweeper.privacy.ledger.amounts import ZERO
-from sweeper.settings import SweeperSettings
-from sweeper.store import ModelArtifact, StagedModel, Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps import events
 
 log = logging.getLogger(__name__)
 
 
-def store_for(engine: Engine, settings: SweeperSettings) -> ArtifactStore:
-    """The artifact store of ``settings`` (default: beside the engine's SQLite file)."""
-    return open_store(
-        settings.artifact_url,
-        database_url=engine.url.render_as_string(hide_password=False),
-    )
 
 
-def quota_bytes(quota_mb: float | None) -> int | None:
-    """A quota in MB (settings) as bytes; None: no limit."""
-    return None if quota_mb is None else int(quota_mb * 2**20)
 
 
 def score(value: Any, *, mode: str) -> float | None:
@@ -419,28 +409,3 @@ def collect_garbage(engine: Engine, sweep_id: str, *, store: ArtifactStore) -> i
             if name.startswith(TMP_PREFIX):
                 store.delete(f"{folder}/{name}")
     return deleted
-
-
-def usage_bytes(session: Session, owner: str | None) -> int:
-    """Bytes of models (and cards) kept for ``owner`` (None: the local tenant)."""
-    cond = ModelArtifact.owner.is_(None) if owner is None else ModelArtifact.owner == owner
-    value = session.scalar(
-        select(
-            func.coalesce(func.sum(ModelArtifact.size_bytes + ModelArtifact.card_size_bytes), 0)
-        ).where(cond)
-    )
-    return int(value or 0)
-
-
-def delete_sweep_artifacts(engine: Engine, sweep_id: str, *, store: ArtifactStore) -> None:
-    """Delete a sweep's artifact rows, then its folder in the store."""
-    with Session(engine) as session, session.begin():
-        for row in session.scalars(
-            select(ModelArtifact).where(ModelArtifact.sweep_id == sweep_id)
-        ).all():
-            session.delete(row)
-        for staged in session.scalars(
-            select(StagedModel).where(StagedModel.sweep_id == sweep_id)
-        ).all():
-            session.delete(staged)
-    store.delete_folder(sweep_prefix(sweep_id))

@@ -16,9 +16,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ArtifactCorrupt, ModelNotKept
-from sweeper.artifacts.store import ArtifactStore, card_key, sha256_hex
 from sweeper.datasets.access import Viewer
 from sweeper.store import ModelArtifact, StagedModel
+from sweeper.store.artifact_files import ArtifactStore, card_key, sha256_hex
 from sweeper.sweeps.trial_detail import released_trial
 
 MEDIA_TYPE = "application/octet-stream"

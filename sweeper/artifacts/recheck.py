@@ -203,8 +203,8 @@ def check_model(
     Raises:
         ConfigError, DatasetError: the model or the data cannot be rebuilt here.
     """
-    from sweeper.artifacts.store import sha256_hex
     from sweeper.store import Sweep
+    from sweeper.store.artifact_files import sha256_hex
     from workers.checkpoints import build_trained
     from workers.models.descriptors import get_model_descriptor
 

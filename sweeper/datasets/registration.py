@@ -187,12 +187,12 @@ def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> N
     its trials still need to resolve their data, and an operator who deletes a name in use
     most likely meant something else. The sweeps themselves (their results and privacy
     accounting) stay; their models go, rows first, then files
-    (:func:`sweeper.artifacts.keeper.delete_sweep_artifacts`).
+    (:func:`sweeper.store.artifact_files.delete_sweep_artifacts`).
 
     Args:
         engine: The store's engine.
         name: The name.
-        store: The :class:`~sweeper.artifacts.store.ArtifactStore` (default: the settings').
+        store: The :class:`~sweeper.store.artifact_files.ArtifactStore` (default: the settings').
 
     Raises:
         DatasetNotFound: no such name.
@@ -231,9 +231,9 @@ def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> N
 
 def _delete_models(engine: Engine, name: str, store: Any) -> int:
     """Delete the kept models of the sweeps on ``name``; how many rows there were."""
-    from sweeper.artifacts.keeper import delete_sweep_artifacts, store_for
     from sweeper.settings import SweeperSettings
     from sweeper.store import ModelArtifact
+    from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
 
     with Session(engine) as session:
         sweeps = list(session.scalars(select(Sweep.id).where(Sweep.dataset == name)))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from sweeper.artifacts.keeper import ModelKeeper, quota_bytes, store_for
+from sweeper.artifacts.keeper import ModelKeeper
 from sweeper.driver import failures, ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
@@ -41,14 +41,14 @@ from sweeper.driver.pack_events import PackEvents
 from sweeper.driver.packs import Packer
 from sweeper.driver.progress import Progress, RunOutcome, Snapshot, run_outcome
 from sweeper.driver.tpe import TpeSearch
-from sweeper.privacy import release_log
 from sweeper.privacy.charges import exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.privacy.releases import store_release_in_background
 from sweeper.settings import SweeperSettings
 from sweeper.store import Sweep, SweepState, Trial, TrialState
-from sweeper.sweeps import events
+from sweeper.store.artifact_files import quota_bytes, store_for
+from sweeper.sweeps import events, released
 from sweeper.sweeps.stored import grid_key
 
 log = logging.getLogger(__name__)
@@ -289,7 +289,7 @@ class SweepRunner:
         """Log the release of every papernot-steinke grid whose search completed."""
         held = self.held
         if held.hidden:
-            release_log.record_hidden_releases(
+            released.record_hidden_releases(
                 self.engine, self.sweep_id, metric=held.metric, mode=held.mode
             )
 

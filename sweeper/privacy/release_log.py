@@ -133,38 +133,6 @@ def record_selected(
     )
 
 
-def record_hidden_releases(engine: Engine, sweep_id: str, *, metric: str, mode: str) -> int:
-    """Log the release of every papernot-steinke grid of the sweep whose search completed
-    (idempotent: call it after any trial of such a grid ends, and when a driver takes over).
-
-    Returns:
-        How many releases were logged now.
-    """
-    from sweeper.sweeps import events
-    from sweeper.sweeps.released import selected_trial
-    from sweeper.sweeps.stored import grid_key, hidden_grids
-
-    logged = 0
-    with Session(engine) as session, session.begin():
-        events.lock_sweep(session, sweep_id)
-        sweep = session.get(Sweep, sweep_id)
-        if sweep is None:
-            return 0
-        hidden = hidden_grids(sweep)
-        if not hidden:
-            return 0
-        by_grid: dict[str, list[Any]] = {}
-        for t in sweep.trials:
-            key = grid_key(t.arm, t.epsilon_budget)
-            if key in hidden:
-                by_grid.setdefault(key, []).append(t)
-        for key, runs in by_grid.items():
-            chosen = selected_trial(runs, metric=metric, mode=mode)
-            if chosen is not None and record_selected(
-                session, sweep, trial_id=chosen.id, grid=key, run_ids=[t.id for t in runs]
-            ):
-                logged += 1
-    return logged
 
 
 def entry_view(r: ReleaseRecord) -> dict[str, Any]:

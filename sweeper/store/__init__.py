@@ -8,7 +8,11 @@ Modules:
 * :mod:`sweeper.store.engine` — database URLs and engines (the SQLite locking set-up);
 * :mod:`sweeper.store.schema` — Alembic migrations, driven programmatically;
 * :mod:`sweeper.store.rows` — the rows of datasets, sweeps, trials, results, events, tokens;
-* :mod:`sweeper.store.tokens` — the API-token repository.
+* :mod:`sweeper.store.tokens` — the API-token repository;
+* :mod:`sweeper.store.artifact_files` — the artifact store (kept models' bytes), and the deletion
+  of a sweep's model rows with their files;
+* :mod:`sweeper.store.model_refs` — what a trial listing says about its kept model;
+* :mod:`sweeper.store.cursors` — the page cursors of the API's listings.
 
 The rows and helpers below are importable from ``sweeper.store`` itself, as they always were.
 The budget ledger's tables (:mod:`sweeper.privacy.ledger`) share :data:`metadata`; they join it

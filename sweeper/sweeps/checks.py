@@ -39,7 +39,7 @@ def check_model_on_data(spec: SweepSpec, data: Any) -> str:
     """The spec's model on the loaded data: will every trial be able to train it?
 
     The second half of the one check before any reservation or charge (the first is
-    :func:`check_spec`): :func:`sweeper.privacy.planner.plan_sweep` runs both, so ``dpsweep
+    :func:`check_spec`): :func:`sweeper.sweeps.planning.plan_sweep` runs both, so ``dpsweep
     plan``, ``dpsweep run`` and the API's plan and submit refuse the same specs, and
     ``dpsweep train`` runs the same :func:`workers.model_check.check_model` before its charge.
     The model is built as a trial builds it (on the meta device; not at all for a model whose

@@ -25,10 +25,10 @@ from dpsweep.spec import ArmConfig, SweepSpec, load_spec
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
-from sweeper.privacy.planner import plan_sweep
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
 from sweeper.sweeps.checks import check_spec
+from sweeper.sweeps.planning import plan_sweep
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
 
 
@@ -107,7 +107,6 @@ def check_before_reserving(
     Raises:
         QuotaExceeded, AllowanceExhausted, BudgetExhausted: as :func:`create_sweep` would.
     """
-    from sweeper.artifacts.quota import check_quota, configured_quota_bytes
     from sweeper.datasets.grants import usage
     from sweeper.privacy.ledger.amounts import (
         ZERO,
@@ -116,6 +115,7 @@ def check_before_reserving(
         show_amounts,
         sub_exact,
     )
+    from sweeper.sweeps.quota import check_quota, configured_quota_bytes
 
     check_quota(
         engine,
@@ -227,7 +227,7 @@ class PreparedSweep:
     plan: SweepPlan
     schedules: list[ChargeSchedule]
     # One kept model's bytes, when a quota of kept models is configured (it builds the model:
-    # done here, off the API's request threads; sweeper.artifacts.quota).
+    # done here, off the API's request threads; sweeper.sweeps.quota).
     model_bytes: int | None = None
 
 
@@ -241,8 +241,8 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
         InfeasiblePlan: no usable noise multiplier fits a grid's budget.
     """
     plan = plan_sweep(spec, dataset=dataset)
-    from sweeper.artifacts.quota import estimate_if_limited
     from sweeper.privacy.parallel import pmap
+    from sweeper.sweeps.quota import estimate_if_limited
 
     return PreparedSweep(
         plan,
@@ -298,7 +298,7 @@ def create_sweep(
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
-    from sweeper.artifacts.quota import check_quota, configured_quota_bytes
+    from sweeper.sweeps.quota import check_quota, configured_quota_bytes
 
     # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.
     check_quota(

@@ -22,7 +22,6 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import IllegalState, SweepNotFound
-from sweeper.artifacts.store import ArtifactStore, sweep_prefix
 from sweeper.datasets.access import Viewer
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.settings import SweeperSettings
@@ -36,6 +35,7 @@ from sweeper.store import (
     Trial,
     TrialResultRow,
 )
+from sweeper.store.artifact_files import ArtifactStore, sweep_prefix
 from sweeper.sweeps.sweep_pages import check_sweep_owner
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from sweeper.privacy import release_log
 from sweeper.store import Sweep, Trial, TrialState, iso
+from sweeper.sweeps import events
 from sweeper.sweeps.stored import grid_key, hidden_grids
 
 
@@ -121,3 +126,33 @@ def released_records(sweep: Sweep, *, metric: str, mode: str) -> list[dict[str, 
         if best is not None:
             out.append(trial_record(best, selected_only=True))
     return out
+
+
+def record_hidden_releases(engine: Engine, sweep_id: str, *, metric: str, mode: str) -> int:
+    """Log the release of every papernot-steinke grid of the sweep whose search completed
+    (idempotent: call it after any trial of such a grid ends, and when a driver takes over).
+
+    Returns:
+        How many releases were logged now.
+    """
+    logged = 0
+    with Session(engine) as session, session.begin():
+        events.lock_sweep(session, sweep_id)
+        sweep = session.get(Sweep, sweep_id)
+        if sweep is None:
+            return 0
+        hidden = hidden_grids(sweep)
+        if not hidden:
+            return 0
+        by_grid: dict[str, list[Any]] = {}
+        for t in sweep.trials:
+            key = grid_key(t.arm, t.epsilon_budget)
+            if key in hidden:
+                by_grid.setdefault(key, []).append(t)
+        for key, runs in by_grid.items():
+            chosen = selected_trial(runs, metric=metric, mode=mode)
+            if chosen is not None and release_log.record_selected(
+                session, sweep, trial_id=chosen.id, grid=key, run_ids=[t.id for t in runs]
+            ):
+                logged += 1
+    return logged

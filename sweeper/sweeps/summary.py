@@ -265,7 +265,7 @@ MODEL_COMMAND = "dpsweep model {trial} -o DIR"
 
 
 def local_model_ref(trial_id: str, ref: dict[str, Any]) -> dict[str, Any]:
-    """A trial listing's ``model`` field (:func:`sweeper.artifacts.refs.model_ref`: its hash,
+    """A trial listing's ``model`` field (:func:`sweeper.store.model_refs.model_ref`: its hash,
     size, reproducible flag and the API's download URLs) with the trial it belongs to and the
     command that writes it out locally, for the command line's outputs."""
     return {"trial": trial_id, **ref, "cli": MODEL_COMMAND.format(trial=trial_id)}
@@ -280,7 +280,7 @@ def trial_models(engine: Engine, records: list[dict[str, Any]]) -> dict[str, dic
     model of its selected trial only, exactly the trials whose model its download route serves
     (:func:`sweeper.artifacts.reads.kept_model`).
     """
-    from sweeper.artifacts.refs import model_refs
+    from sweeper.store.model_refs import model_refs
 
     with Session(engine) as session:
         refs = model_refs(session, [r["id"] for r in records])

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session, selectinload
 from dpsweep.errors import TrialNotFound
 from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
-from sweeper.artifacts.refs import model_refs
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.grants import sees_sweep
 from sweeper.privacy.charges import exact_sum, ps_charge_note
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import MetricPoint, Sweep, Trial, iso
+from sweeper.store.model_refs import model_refs
 from sweeper.sweeps.released import released_records
 from sweeper.sweeps.stored import grid_key, hidden_grids, schedules, typed_spec
 from sweeper.sweeps.trial_pages import trial_item

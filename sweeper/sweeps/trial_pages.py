@@ -14,10 +14,10 @@ from sqlalchemy import Engine, case, func, literal, select, tuple_
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
-from sweeper.artifacts.refs import REF_COLUMNS, model_refs, row_ref
 from sweeper.datasets.access import Viewer
 from sweeper.store import ModelArtifact, Trial, TrialResultRow, TrialState, iso
 from sweeper.store.cursors import Page, decode_cursor, encode_cursor
+from sweeper.store.model_refs import REF_COLUMNS, model_refs, row_ref
 from sweeper.sweeps.released import released_records, trial_record
 from sweeper.sweeps.stored import load_sweep
 from sweeper.sweeps.sweep_pages import sweep_head
@@ -29,7 +29,7 @@ def trial_item(
     t: Trial, *, selected_only: bool = False, model: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """:func:`~sweeper.sweeps.released.trial_record`, plus the sweep, the stored objective
-    and its kept model (``model``: :func:`sweeper.artifacts.refs.model_ref`, None if none;
+    and its kept model (``model``: :func:`sweeper.store.model_refs.model_ref`, None if none;
     ``selected_only``: a papernot-steinke grid's released trial)."""
     r = t.result
     return trial_record(t, selected_only=selected_only) | {
@@ -68,7 +68,7 @@ _RESULT_COLUMNS = (
 
 def _row_record(r: Any) -> dict[str, Any]:
     """A trial record from plain columns (a page reads no ORM objects: it is the hot path),
-    with its kept model from the columns joined in (:data:`~sweeper.artifacts.refs.
+    with its kept model from the columns joined in (:data:`~sweeper.store.model_refs.
     REF_COLUMNS`)."""
     return {
         "id": r.id,

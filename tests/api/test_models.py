@@ -31,9 +31,9 @@ from api.testing.server import SMALL_SPEC, Server, start_server
 from dpsweep import Client, NotFound
 from dpsweep.errors import ArtifactCorrupt, ConfigError
 from dpsweep.trial import Trial, verify
-from sweeper.artifacts.store import ArtifactStore, default_artifact_url, sweep_prefix
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Sweep
+from sweeper.store.artifact_files import ArtifactStore, default_artifact_url, sweep_prefix
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from tests.api.test_api import assert_problem, read_sse

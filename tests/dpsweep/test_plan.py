@@ -106,7 +106,7 @@ def _planned_once() -> list[dict[str, Any]]:
     # Planning the demo takes seconds: once per session is enough.
     from dpsweep.spec import load_spec
     from sweeper.privacy.charges import charge_schedule
-    from sweeper.privacy.planner import plan_sweep
+    from sweeper.sweeps.planning import plan_sweep
 
     plan = plan_sweep(load_spec(ROOT / "examples" / "demo.yaml"))
     return SweepPlan(

@@ -60,7 +60,7 @@ def register():
 
 def test_a_plugin_accountant_plans_a_sweep_with_its_own_calibrate(install: Install) -> None:  # noqa: F811
     from sweeper.privacy.charges import charge_schedule
-    from sweeper.privacy.planner import plan_sweep
+    from sweeper.sweeps.planning import plan_sweep
     from workers.accounting.registry import (
         accountant_names,
         cached_epsilon,

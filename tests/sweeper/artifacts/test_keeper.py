@@ -18,11 +18,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from sweeper.artifacts.keeper import collect_garbage, flush_staged
-from sweeper.artifacts.store import TMP_PREFIX, ArtifactStore, sha256_hex, sweep_prefix
 from sweeper.driver.loop import run_sweep
 from sweeper.driver.ray_backend import ray_session
 from sweeper.settings import SweeperSettings
 from sweeper.store import ModelArtifact, StagedModel, Trial, TrialState
+from sweeper.store.artifact_files import TMP_PREFIX, ArtifactStore, sha256_hex, sweep_prefix
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep

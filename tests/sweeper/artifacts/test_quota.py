@@ -13,14 +13,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, QuotaExceeded
 from dpsweep.spec import load_spec
-from sweeper.artifacts.keeper import flush_staged, usage_bytes
-from sweeper.artifacts.quota import (
-    CARD_ALLOWANCE_BYTES,
-    check_quota,
-    estimate_model_bytes,
-    kept_models,
-)
-from sweeper.artifacts.store import ArtifactStore, sweep_prefix
+from sweeper.artifacts.keeper import flush_staged
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import DatasetBudget, LedgerEntry
 from sweeper.store import (
@@ -33,9 +26,16 @@ from sweeper.store import (
     TrialResultRow,
     TrialState,
 )
+from sweeper.store.artifact_files import ArtifactStore, sweep_prefix, usage_bytes
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.quota import (
+    CARD_ALLOWANCE_BYTES,
+    check_quota,
+    estimate_model_bytes,
+    kept_models,
+)
 from sweeper.sweeps.stored import grid_key
 
 

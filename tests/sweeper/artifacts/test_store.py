@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpsweep.errors import ConfigError
-from sweeper.artifacts.store import (
+from sweeper.store.artifact_files import (
     TMP_PREFIX,
     ArtifactStore,
     default_artifact_url,
@@ -61,7 +61,7 @@ def test_a_failed_write_leaves_nothing_under_the_key(
 
     # The rename is the last step: failing there, the bytes were already all written.
     if store.local:
-        monkeypatch.setattr("sweeper.artifacts.store.os.replace", boom)
+        monkeypatch.setattr("sweeper.store.artifact_files.os.replace", boom)
     else:
         monkeypatch.setattr(store.fs, "mv", boom)
     key = model_key("s", "t")

@@ -13,11 +13,10 @@ from sqlalchemy.orm import Session
 
 from api.cli import main
 from dpsweep.errors import IllegalState
-from sweeper.artifacts.keeper import store_for
-from sweeper.artifacts.store import sweep_prefix
 from sweeper.datasets.registration import delete_name_and_models, register_file
 from sweeper.settings import SweeperSettings
 from sweeper.store import Dataset, ModelArtifact, Sweep
+from sweeper.store.artifact_files import store_for, sweep_prefix
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep

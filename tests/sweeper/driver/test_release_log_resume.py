@@ -35,7 +35,6 @@ import sweeper.sweeps.create as sweeps_mod
 from sweeper.datasets import grants
 from sweeper.driver.loop import run_sweep
 from sweeper.driver.ray_backend import ray_session
-from sweeper.privacy import release_log
 from sweeper.privacy.charges import ChargeSchedule, exact_sum, ps_charge_note
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
@@ -43,6 +42,7 @@ from sweeper.settings import SweeperSettings
 from sweeper.store import ModelArtifact, ReleaseRecord, Sweep, SweepState, Trial, TrialState
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
+from sweeper.sweeps import released
 from sweeper.sweeps.create import create_sweep
 from sweeper.sweeps.stored import grid_key
 from tests.sweeper.datasets.test_grants import OWNER, _spec, _upload
@@ -308,6 +308,6 @@ def test_a_papernot_steinke_grid_logs_its_one_release_through_a_crash(
     assert {r.trial_id for r in log if r.kind == "model"} == kept <= {r.trial_id for r in selected}
     assert {r.kind for r in log} <= {"selected-trial", "model"}
     # Logging again (as a driver taking a finished sweep over would) adds nothing.
-    assert release_log.record_hidden_releases(engine, sid, metric="accuracy", mode="max") == 0
+    assert released.record_hidden_releases(engine, sid, metric="accuracy", mode="max") == 0
     assert len(_log(engine, sid)) == len(log)
     engine.dispose()

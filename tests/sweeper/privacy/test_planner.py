@@ -234,7 +234,7 @@ def test_quantile_count_noise_is_chosen_when_left_out(sigma: float, b: int) -> N
 
 def test_planning_imports_no_torch() -> None:
     code = (
-        "import sys; from sweeper.privacy.planner import plan_sweep;"
+        "import sys; from sweeper.sweeps.planning import plan_sweep;"
         "from dpsweep.spec import load_spec;"
         f"plan_sweep(load_spec({str(ROOT / 'examples' / 'digits-clipping.yaml')!r}));"
         "print('torch' in sys.modules)"

@@ -3,7 +3,7 @@
 A strategy that is not named ``quantile`` but whose descriptor declares an optional second
 release (a noisy count sized by a hyperparameter a trial may leave out) gets the count noise
 chosen by :func:`workers.count_noise.auto_count_noise` in its plan, through the same
-:func:`~sweeper.privacy.planner.plan_sweep` path as quantile; one whose second release is sized
+:func:`~sweeper.sweeps.planning.plan_sweep` path as quantile; one whose second release is sized
 by a required hyperparameter (online) or that has none gets nothing chosen.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from dpsweep.spec import load_spec
-from sweeper.privacy.planner import plan_sweep
+from sweeper.sweeps.planning import plan_sweep
 from workers.count_noise import auto_count_noise
 from workers.options import HParam
 from workers.strategies.descriptors import (

@@ -111,15 +111,15 @@ def test_the_runner_maps_stored_plan_accountants_explicitly() -> None:
 def test_spec_pld_and_legacy_prv_plan_identically() -> None:
     from dpsweep.spec import PrivacyConfig
     from sweeper.privacy.grids import GridRequest
-    from sweeper.privacy.planner import _plan_accountant_name, plan_grid
+    from sweeper.privacy.planner import plan_accountant_name, plan_grid
 
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="pld").accountant == "pld"
     # A legacy name is normalised to the canonical one when the spec is parsed.
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="prv").accountant == "pld"
     assert PrivacyConfig(budgets=[1.0], delta=1e-5, accountant="rdp").accountant == "dp-rdp"
     assert PrivacyConfig(budgets=[1.0], delta=1e-5).accountant == "pld"
-    assert _plan_accountant_name("pld") == _plan_accountant_name("prv") == "pld"
-    assert _plan_accountant_name("rdp") == _plan_accountant_name("dp-rdp") == "dp-rdp"
+    assert plan_accountant_name("pld") == plan_accountant_name("prv") == "pld"
+    assert plan_accountant_name("rdp") == plan_accountant_name("dp-rdp") == "dp-rdp"
     req = GridRequest(
         arm="a",
         strategy="fixed",
@@ -128,9 +128,9 @@ def test_spec_pld_and_legacy_prv_plan_identically() -> None:
         trials=4,
         steps_per_trial=200,
         sample_rate=0.02,
-        accountant=_plan_accountant_name("prv"),
+        accountant=plan_accountant_name("prv"),
     )
     legacy = plan_grid(req)
-    honest = plan_grid(GridRequest(**{**req.__dict__, "accountant": _plan_accountant_name("pld")}))
+    honest = plan_grid(GridRequest(**{**req.__dict__, "accountant": plan_accountant_name("pld")}))
     assert legacy == honest
     assert legacy.accountant == "pld"

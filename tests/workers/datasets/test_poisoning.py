@@ -19,10 +19,10 @@ from sklearn.datasets import load_breast_cancer
 
 from dpsweep.errors import DatasetError
 from dpsweep.spec import load_spec
-from sweeper.privacy.planner import plan_sweep
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.planning import plan_sweep
 from sweeper.sweeps.summary import summarize
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset, DatasetSpec

@@ -142,7 +142,7 @@ def test_every_builtin_default_grid_is_valid_for_its_strategy() -> None:
 
 def test_a_sweep_of_strategy_online_only_plans_and_runs(tmp_path: Any) -> None:
     from sweeper.driver.packs import pack_spec
-    from sweeper.privacy.planner import plan_sweep
+    from sweeper.sweeps.planning import plan_sweep
 
     spec = load_spec(
         _spec(

@@ -72,7 +72,7 @@ def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) ->
             ``num_classes`` and ``vocab_size``), when the caller has it.
         dataset: Else the worker :class:`~workers.datasets.DatasetSpec` to load (a resolved
             upload or name, :func:`sweeper.datasets.resolution.resolve`); default: the spec's
-            dataset resolved without a catalog, as :func:`sweeper.privacy.planner.plan_sweep`.
+            dataset resolved without a catalog, as :func:`sweeper.sweeps.planning.plan_sweep`.
 
     Raises:
         ConfigError: the model cannot be built for the data (as a trial would fail).
@@ -118,8 +118,8 @@ def _header_bytes(state: dict[str, Any]) -> int:
 def configured_quota_bytes(quota_mb: float | None = None) -> int | None:
     """The quota in bytes: ``quota_mb`` if given, else the settings'
     (``DPSWEEP_ARTIFACT_QUOTA_MB``); None: no limit."""
-    from sweeper.artifacts.keeper import quota_bytes
     from sweeper.settings import SweeperSettings
+    from sweeper.store.artifact_files import quota_bytes
 
     if quota_mb is None:
         quota_mb = SweeperSettings().artifact_quota_mb
@@ -158,7 +158,7 @@ def check_quota(
         QuotaExceeded: what the tenant keeps plus this sweep's most would exceed the quota
             (field ``artifacts.keep``; the message says how to fix it).
     """
-    from sweeper.artifacts.keeper import usage_bytes
+    from sweeper.store.artifact_files import usage_bytes
 
     if quota_bytes is None:
         return

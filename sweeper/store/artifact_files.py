@@ -5,6 +5,12 @@ A file is written under a temporary name beside its final key and then renamed, 
 before the rename. Keys are relative ``/``-separated paths: ``sweeps/<sweep>/<trial>/model.
 safetensors`` and ``card.json`` beside it (:func:`model_key`, :func:`card_key`).
 
+It sits in the store layer, below everything that keeps, reads or deletes models: the rows
+that name the files (:class:`~sweeper.store.ModelArtifact`, :class:`~sweeper.store.StagedModel`)
+and the bytes are deleted together here (:func:`delete_sweep_artifacts`), and a tenant's usage is
+summed here (:func:`usage_bytes`), so a sweep's or a dataset's deletion and the quota check need
+nothing from :mod:`sweeper.artifacts`.
+
 fsspec is imported only when a store is opened, so ``sweeper`` stays light to import.
 """
 
@@ -17,9 +23,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
+from sweeper.settings import SweeperSettings
+from sweeper.store.rows import ModelArtifact, StagedModel
 
 MODEL_FILE = "model.safetensors"
 CARD_FILE = "card.json"
@@ -87,7 +97,7 @@ class ArtifactStore:
     """
 
     def __init__(self, url: str) -> None:
-        import fsspec
+        import fsspec  # deferred: fsspec and its protocols load only when a store is opened
 
         self.url = url
         try:
@@ -205,3 +215,41 @@ def open_store(url: str | None, *, database_url: str) -> ArtifactStore:
     """The store at ``url``, else the default one for ``database_url``
     (:func:`default_artifact_url`)."""
     return ArtifactStore(url or default_artifact_url(database_url))
+
+
+def store_for(engine: Engine, settings: SweeperSettings) -> ArtifactStore:
+    """The artifact store of ``settings`` (default: beside the engine's SQLite file)."""
+    return open_store(
+        settings.artifact_url,
+        database_url=engine.url.render_as_string(hide_password=False),
+    )
+
+
+def quota_bytes(quota_mb: float | None) -> int | None:
+    """A quota in MB (settings) as bytes; None: no limit."""
+    return None if quota_mb is None else int(quota_mb * 2**20)
+
+
+def usage_bytes(session: Session, owner: str | None) -> int:
+    """Bytes of models (and cards) kept for ``owner`` (None: the local tenant)."""
+    cond = ModelArtifact.owner.is_(None) if owner is None else ModelArtifact.owner == owner
+    value = session.scalar(
+        select(
+            func.coalesce(func.sum(ModelArtifact.size_bytes + ModelArtifact.card_size_bytes), 0)
+        ).where(cond)
+    )
+    return int(value or 0)
+
+
+def delete_sweep_artifacts(engine: Engine, sweep_id: str, *, store: ArtifactStore) -> None:
+    """Delete a sweep's artifact rows, then its folder in the store."""
+    with Session(engine) as session, session.begin():
+        for row in session.scalars(
+            select(ModelArtifact).where(ModelArtifact.sweep_id == sweep_id)
+        ).all():
+            session.delete(row)
+        for staged in session.scalars(
+            select(StagedModel).where(StagedModel.sweep_id == sweep_id)
+        ).all():
+            session.delete(staged)
+    store.delete_folder(sweep_prefix(sweep_id))
