@@ -10,15 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from safetensors.torch import load, save
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from workers.models.descriptors import ModelSpec
+from workers.models.registry import build_model
 
 
 def weights_bytes(module: nn.Module) -> bytes:
     """``module``'s state dict (parameters and buffers) as safetensors bytes."""
-    from safetensors.torch import save
-
     tensors = {
         name: t.detach().to("cpu").contiguous().clone() for name, t in module.state_dict().items()
     }
@@ -45,8 +46,6 @@ def load_weights(module: nn.Module, data: bytes) -> nn.Module:
     Raises:
         ConfigError: the weights do not fit the module's architecture.
     """
-    from safetensors.torch import load
-
     tensors = load(data)
     try:
         module.load_state_dict(tensors, strict=True)
@@ -86,9 +85,6 @@ def build_trained(info: dict[str, Any], data: bytes) -> nn.Module:
         ConfigError: the architecture is not registered here (a plug-in model needs its
             package installed) or the weights do not fit it.
     """
-    from workers.models.descriptors import ModelSpec
-    from workers.models.registry import build_model
-
     # An unknown name is the registry's ConfigError (a plug-in model needs its package).
     module = build_model(
         ModelSpec(str(info["name"]), dict(info.get("options") or {})),

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 
 from dpsweep.errors import ConfigError
+from workers.models.descriptors import DESCRIPTORS, ModelDescriptor
 
 _lock = threading.RLock()
 
@@ -101,8 +102,9 @@ def load_factory(spec: str, kind: str) -> str:
             field=field,
         )
     with _lock:
-        from workers.datasets.descriptors import DATASET_DESCRIPTORS
-        from workers.models.descriptors import DESCRIPTORS
+        # deferred: workers.datasets loads numpy, and the CLI imports this module for
+        # is_factory_name alone
+        from workers.datasets import DATASET_DESCRIPTORS
 
         if spec in (DESCRIPTORS if kind == "models" else DATASET_DESCRIPTORS):
             return spec
@@ -131,10 +133,10 @@ def _import_callable(
 
 
 def _register_model_factory(spec: str, fn: Callable[..., object]) -> None:
+    # deferred: torch is heavy, and the CLI imports this module for is_factory_name alone
     from torch import nn
 
-    from workers.models.descriptors import ModelDescriptor
-    from workers.models.registry import register_model
+    from workers.models.registry import register_model  # deferred: imports torch
 
     def build(input_shape: tuple[int, ...], num_classes: int, **options: object) -> nn.Sequential:
         model = fn(input_shape, num_classes, **options)
@@ -150,9 +152,14 @@ def _register_model_factory(spec: str, fn: Callable[..., object]) -> None:
 
 
 def _register_dataset_factory(spec: str, fn: Callable[..., object]) -> None:
-    from workers.datasets.descriptors import DatasetDescriptor, register_dataset_descriptor
-    from workers.datasets.records import DatasetSpec, RawData
-    from workers.datasets.registry import register_dataset
+    # deferred: workers.datasets loads numpy (as in load_factory)
+    from workers.datasets import (
+        DatasetDescriptor,
+        DatasetSpec,
+        RawData,
+        register_dataset,
+        register_dataset_descriptor,
+    )
 
     def load(dataset: DatasetSpec) -> RawData:
         raw = fn(dataset)

@@ -24,6 +24,7 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,9 @@ import torch
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from workers.checkpoints import build_trained
+from workers.factories import is_factory_name
+from workers.models.descriptors import DESCRIPTORS, get_model_descriptor
 
 Exporter = Literal["auto", "dynamo", "torchscript"]
 
@@ -118,7 +122,7 @@ def export_onnx(
     try:
         with torch.no_grad():
             _export(module, example, tmp, which)
-        import onnx
+        import onnx  # optional extra [onnx]
 
         onnx.checker.check_model(str(tmp))
         tmp.replace(out)
@@ -144,14 +148,8 @@ def export_trained(
     Raises:
         ConfigError: as :func:`export_onnx` and :func:`workers.checkpoints.build_trained`.
     """
-    from workers.checkpoints import build_trained
-    from workers.models.descriptors import get_model_descriptor
-
     resolve_exporter(exporter)  # a missing package is reported before any model is built
     name = str(info["name"])
-    from workers.factories import is_factory_name
-    from workers.models.descriptors import DESCRIPTORS
-
     if is_factory_name(name) and name not in DESCRIPTORS:
         # Never imported from here: a card is data, and its name must not run code. The local
         # command line registers its own factories (workers.factories.load_factory) first.
@@ -180,8 +178,6 @@ def onnx_model_bytes(info: dict[str, Any], data: bytes, *, exporter: Exporter = 
         ConfigError: as :func:`export_trained` (a missing package, an architecture that does
             not export: each says so in one line).
     """
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="dpsweep-onnx-") as tmp:
         path = export_trained(info, data, Path(tmp) / "model.onnx", exporter=exporter)
         return path.read_bytes()

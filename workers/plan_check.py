@@ -20,6 +20,7 @@ from typing import Any
 
 from dpsweep.errors import PrivacyError
 from dpsweep.plan import GridPlan
+from workers.schedule import eval_releases, plan_steps
 
 
 class PlanMismatch(PrivacyError):
@@ -84,8 +85,6 @@ def check_pack(spec: Any, data: Any) -> tuple[float, int]:
         ConfigError: settings that give no q or T (e.g. a batch larger than the data).
         PlanMismatch: the run differs from its plan (a pack without a plan is not checked).
     """
-    from workers.schedule import eval_releases, plan_steps
-
     q, steps = plan_steps(
         # The size the plan used: declared by the owner for a stored dataset (the records'
         # own count is private), counted otherwise.

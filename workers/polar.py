@@ -65,6 +65,7 @@ def jit_kernels() -> ModuleType | None:
         return None
     if _JIT is None:
         try:
+            # optional: numba (the fallback below is the numpy path)
             import workers.polar_jit as jit
         except ImportError:  # numba is a server dependency; the numpy path is the fallback
             _JIT = False

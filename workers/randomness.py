@@ -94,6 +94,7 @@ class RandomStream:
         # Counter block: the stream id in the high 8 bytes, a 64-bit block counter below it, so
         # the streams of one key never overlap (2**64 blocks each).
         nonce = int(stream).to_bytes(8, "big") + bytes(8)
+        # deferred: cryptography is heavy, and the torch-free layers import this module
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
         self._enc = Cipher(algorithms.AES(key), modes.CTR(nonce)).encryptor()
@@ -230,7 +231,7 @@ class NoiseSource:
     """Standard normal draws for the K trials of a pack, row k from trial k's own stream."""
 
     def __init__(self, streams: Sequence[RandomStream], device: torch.device | str) -> None:
-        import torch
+        import torch  # deferred: the torch-free layers import this module (note above)
 
         self.streams = list(streams)
         self.device = torch.device(device)
@@ -262,7 +263,7 @@ class NoiseSource:
         added, snapped and cast where it is made, so the ``[K, P]`` draws are never stored
         (:func:`workers.polar.polar_snap_rows`).
         """
-        import torch
+        import torch  # deferred: the torch-free layers import this module (note above)
 
         jit = jit_kernels()
         k = len(self.streams)
@@ -291,7 +292,7 @@ class NoiseSource:
         return buf
 
     def _tensor(self, z: np.ndarray) -> Tensor:
-        import torch
+        import torch  # deferred: the torch-free layers import this module (note above)
 
         t = torch.from_numpy(z)
         return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
@@ -310,7 +311,7 @@ def snap_grid(std: Tensor) -> Tensor:
     grid is ``2**(e - 1 - GRID_BITS)``). Scales that are zero or not finite (a diverged trial's
     noised state) get a grid of 1; their releases are not finite anyway.
     """
-    import torch
+    import torch  # deferred: the torch-free layers import this module (note above)
 
     ok = torch.isfinite(std) & (std > 0)
     _, e = torch.frexp(torch.where(ok, std, torch.ones_like(std)))
@@ -336,7 +337,7 @@ def add_snapped_noise(buf: Tensor, z: Tensor, std: Tensor) -> Tensor:
     Returns:
         ``buf``.
     """
-    import torch
+    import torch  # deferred: the torch-free layers import this module (note above)
 
     # The value is round((buf + std z) / grid) * grid, in four passes over [K, P]: with the
     # grid g a power of two, (std / g) z = (std z) / g and buf / g are exact scalings (which

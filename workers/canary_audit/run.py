@@ -31,9 +31,11 @@ from workers.accounting import compute_epsilon
 from workers.canary_audit.bounds import gaussian_bound, one_run_bound
 from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
 from workers.canary_audit.scores import black_box_scores, white_box_scores
+from workers.checkpoints import build_trained
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.strategies import get_strategy
+from workers.training.loop import train_pack
 from workers.training.specs import PackSpec, TrialResult
 
 Setting = Literal["white-box", "black-box"]
@@ -134,8 +136,6 @@ def run_audit(
     Raises:
         ConfigError: what :func:`check_audit_pack` refuses.
     """
-    from workers.training.loop import train_pack
-
     check_audit_pack(spec, setting=setting, canaries=canaries)
     start = time.perf_counter()
     data = dataset if dataset is not None else load_dataset(spec.dataset)
@@ -238,8 +238,6 @@ def _with_input_canaries(
 
 def _canary_losses(result: TrialResult, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Each canary's cross-entropy under the trial's final model."""
-    from workers.checkpoints import build_trained
-
     if result.weights is None:
         raise ConfigError("the audited trial diverged: lower the learning rate", field="lr")
     module = build_trained(result.model_info, result.weights)

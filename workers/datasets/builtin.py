@@ -12,6 +12,7 @@ import os
 import random
 import tempfile
 import threading
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from workers.datasets.registry import register_dataset
 
 @register_dataset("digits")
 def _digits(spec: DatasetSpec) -> RawData:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # deferred: scikit-learn is heavy
 
     d = load_digits()
     # 8x8 images with intensities 0..16 (a property of the data set's format).
@@ -33,7 +34,7 @@ def _digits(spec: DatasetSpec) -> RawData:
 
 @register_dataset("breast_cancer")
 def _breast_cancer(spec: DatasetSpec) -> RawData:
-    from sklearn.datasets import load_breast_cancer
+    from sklearn.datasets import load_breast_cancer  # deferred: scikit-learn is heavy
 
     d = load_breast_cancer()
     return RawData(x=d.data, y=d.target, kind="tabular")
@@ -41,7 +42,7 @@ def _breast_cancer(spec: DatasetSpec) -> RawData:
 
 @register_dataset("wine")
 def _wine(spec: DatasetSpec) -> RawData:
-    from sklearn.datasets import load_wine
+    from sklearn.datasets import load_wine  # deferred: scikit-learn is heavy
 
     d = load_wine()
     return RawData(x=d.data, y=d.target, kind="tabular")
@@ -56,7 +57,7 @@ _SYNTHETIC_DEFAULTS: dict[str, int] = {
 
 @register_dataset("synthetic")
 def _synthetic(spec: DatasetSpec) -> RawData:
-    from sklearn.datasets import make_classification
+    from sklearn.datasets import make_classification  # deferred: scikit-learn is heavy
 
     unknown = set(spec.options) - set(_SYNTHETIC_DEFAULTS)
     if unknown:
@@ -102,8 +103,6 @@ def data_cache_dir() -> Path:
 
 
 def _mnist1d_cache_file() -> Path:
-    from importlib.metadata import version
-
     # Keyed by the package's version: another version's generator may give other records.
     return data_cache_dir() / f"mnist1d-{version('mnist1d')}-default.npz"
 
@@ -115,6 +114,7 @@ def _generate_mnist1d() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     are put back afterwards so that loading the set changes no other draw of the process.
     """
     try:
+        # deferred: mnist1d pulls matplotlib and scipy, and is only in the server extra
         from mnist1d.data import make_dataset
     except ImportError as exc:  # the server extra installs it
         raise ConfigError(

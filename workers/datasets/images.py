@@ -120,7 +120,7 @@ def registered_options(root: str | Path, options: Mapping[str, Any]) -> dict[str
 
 def _open(path: Path) -> Any:
     """The image at ``path``, opened lazily (its mode and size are read, not its pixels)."""
-    from PIL import Image
+    from PIL import Image  # deferred: only image folders need Pillow (not a declared dependency)
 
     try:
         return Image.open(path)
@@ -187,7 +187,7 @@ def _image_folder(spec: DatasetSpec) -> RawData:
 
 def _decode(path: Path, pil_mode: str, size: tuple[int, int], resize: str) -> np.ndarray:
     """One image's pixels, converted to ``pil_mode`` and (with ``resize``) resampled."""
-    from PIL import Image
+    from PIL import Image  # deferred: only image folders need Pillow (not a declared dependency)
 
     try:
         with _open(path) as im:

@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 
 from dpsweep.errors import ConfigError, DatasetError
+from workers.datasets.descriptors import DATASET_DESCRIPTORS
 from workers.datasets.finite import _check_finite
 from workers.datasets.identity import _canonical_labels, _canonical_number, content_sha256
 from workers.datasets.records import EVAL_MODES, Dataset, DatasetSpec, RawData
@@ -164,10 +166,6 @@ def with_declarations(spec: DatasetSpec) -> DatasetSpec:
     bounds: :class:`workers.datasets.descriptors.DatasetDescriptor`) filled in where the spec
     sets none, so that plans and the label encoding come from the set's public description,
     never from counting its records (a spec's own ``input_bounds`` take precedence)."""
-    from dataclasses import replace
-
-    from workers.datasets.descriptors import DATASET_DESCRIPTORS
-
     d = DATASET_DESCRIPTORS.get(spec.name)
     if d is None or not d.shared:
         return spec

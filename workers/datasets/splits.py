@@ -25,7 +25,7 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
     n_test = round(n * test_fraction)
     if n_test < 1 or n - n_test < 1:
         raise DatasetError(f"{n} examples cannot be split with test_fraction={test_fraction}")
-    from sklearn.model_selection import train_test_split
+    from sklearn.model_selection import train_test_split  # deferred: scikit-learn is heavy
 
     idx = np.arange(n)
     counts = np.bincount(y)

@@ -91,6 +91,7 @@ def _vocab_encoder(path: Path) -> tuple[Callable[[list[str]], list[list[int]]], 
 
 def _tokenizer_encoder(path: Path) -> tuple[Callable[[list[str]], list[list[int]]], int, str]:
     try:
+        # optional here: only a tokenizer.json needs it (the error below says what to install)
         from tokenizers import Tokenizer
     except ImportError:
         raise ConfigError(

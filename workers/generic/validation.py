@@ -39,6 +39,7 @@ def validate_module(module: nn.Module) -> None:
     Raises:
         ConfigError: naming the first offending layer (type and path) and its fix.
     """
+    # deferred: opacus is heavy, and only a generic-path model is validated
     from opacus.validators import ModuleValidator
 
     for path, sub in module.named_modules():

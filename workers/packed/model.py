@@ -27,6 +27,7 @@ layout along so consecutive convolutions never reshuffle memory.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -238,8 +239,6 @@ class PackedModel:
 
     def to_module(self, trial: int, flat_row: Tensor | None = None) -> nn.Sequential:
         """A standalone ``nn.Sequential`` holding trial ``trial``'s (or ``flat_row``'s) weights."""
-        import copy
-
         m = copy.deepcopy(self.template).to(self.device)
         row = self.flat[trial] if flat_row is None else flat_row
         torch.nn.utils.vector_to_parameters(row.detach().clone(), m.parameters())

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from dpsweep.errors import ConfigError
 from workers.randomness import NoiseSource
+from workers.strategies import load_builtin_strategies
 from workers.strategies.descriptors import (
     DESCRIPTORS,
     HParam,
@@ -268,8 +269,6 @@ def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
 
 
 def _load_builtins() -> None:
-    from workers.strategies import load_builtin_strategies
-
     load_builtin_strategies()
 
 
