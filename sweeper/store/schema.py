@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
 from dpsweep.errors import ConfigError
@@ -32,9 +36,7 @@ VERSION_TABLE = "dpsweep_alembic_version"
 MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
 
 
-def _config(url: str):  # type: ignore[no-untyped-def]
-    from alembic.config import Config
-
+def _config(url: str) -> Config:
     if not (MIGRATIONS / "env.py").is_file():
         raise ConfigError(f"migrations not found at {MIGRATIONS}")
     cfg = Config()
@@ -45,20 +47,14 @@ def _config(url: str):  # type: ignore[no-untyped-def]
 
 def upgrade(url: str | None = None, revision: str = "head") -> None:
     """Upgrade the schema to ``revision`` (creating it on an empty database)."""
-    from alembic import command
-
     command.upgrade(_config(database_url(url)), revision)
 
 
 def downgrade(url: str | None = None, revision: str = "-1") -> None:
-    from alembic import command
-
     command.downgrade(_config(database_url(url)), revision)
 
 
 def current_revision(url: str | None = None) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     engine = create_engine(database_url(url))
     try:
         with engine.connect() as conn:
@@ -69,8 +65,6 @@ def current_revision(url: str | None = None) -> str | None:
 
 
 def head_revision() -> str | None:
-    from alembic.script import ScriptDirectory
-
     return ScriptDirectory.from_config(_config(DEFAULT_URL)).get_current_head()
 
 
