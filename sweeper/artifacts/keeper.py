@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from sweeper.artifacts.cards import card_bytes, model_card
 from sweeper.privacy import release_log
 from sweeper.privacy.ledger.amounts import ZERO
 from sweeper.store import ModelArtifact, StagedModel, Sweep, Trial, TrialResultRow, TrialState
@@ -49,6 +50,8 @@ from sweeper.store.artifact_files import (
     usage_bytes,
 )
 from sweeper.sweeps import events
+from sweeper.sweeps.released import search_completed, selected_trial
+from sweeper.sweeps.stored import grid_key
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +180,6 @@ class ModelKeeper:
         released the run held in memory; drop those that released another run or nothing."""
         if not self.candidates:
             return
-        from sweeper.sweeps.released import search_completed, selected_trial
-        from sweeper.sweeps.stored import grid_key
 
         staged = False
         with Session(self.engine) as session, session.begin():
@@ -249,8 +250,6 @@ def flush_staged(
     kept (its staged row is dropped and the reason logged). A store that fails to write leaves
     the model staged for the next flush; it never stops the sweep.
     """
-    from sweeper.artifacts.cards import card_bytes, model_card
-
     with Session(engine) as session:
         ids = list(
             session.scalars(

@@ -21,7 +21,11 @@ from sweeper.datasets.identity import Binding, bind_name
 from sweeper.datasets.names import article, check_registered_name, file_noun, format_of
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import identity_key
-from sweeper.store import Dataset, Sweep, SweepState
+from sweeper.settings import SweeperSettings
+from sweeper.store import Dataset, ModelArtifact, Sweep, SweepState
+from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
+from workers.datasets.descriptors import get_dataset_descriptor
+from workers.datasets.images import registered_options
 
 
 def register_file(
@@ -69,7 +73,6 @@ def register_file(
     check_registered_name(name)
     file = Path(path).expanduser().resolve()
     fmt = format_of(file, fmt)
-    from workers.datasets.descriptors import get_dataset_descriptor
 
     descriptor = get_dataset_descriptor(fmt)
     noun = file_noun(fmt)
@@ -97,8 +100,6 @@ def register_file(
         view = dict(dict(existing.config or {}).get("view") or {}) if existing else {}
         view.pop("n_examples", None)
     if fmt == "image_folder":
-        from workers.datasets.images import registered_options
-
         given = registered_options(file, given)
     spec = worker_spec(
         {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
@@ -231,10 +232,6 @@ def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> N
 
 def _delete_models(engine: Engine, name: str, store: Any) -> int:
     """Delete the kept models of the sweeps on ``name``; how many rows there were."""
-    from sweeper.settings import SweeperSettings
-    from sweeper.store import ModelArtifact
-    from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
-
     with Session(engine) as session:
         sweeps = list(session.scalars(select(Sweep.id).where(Sweep.dataset == name)))
         if not sweeps:

@@ -23,8 +23,11 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
 from sweeper.datasets.files import file_spec, worker_spec
+from sweeper.datasets.fixed_view import view_of
 from sweeper.datasets.names import in_catalog, is_upload, unknown_dataset
 from sweeper.store import Dataset
+from workers.datasets.descriptors import DATASET_DESCRIPTORS, get_dataset_descriptor
+from workers.datasets.registry import has_loader
 
 
 def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
@@ -69,8 +72,6 @@ def _check_options(spec: Any) -> None:
     """The loader's options against its torch-free descriptor (name, ranges, unknown options),
     so that a bad ``dataset.options`` value is refused when the sweep is planned, before any
     budget is reserved (the loader checks the same declaration again when it runs)."""
-    from workers.datasets.descriptors import get_dataset_descriptor
-
     get_dataset_descriptor(spec.name).validate(spec.options)
 
 
@@ -106,8 +107,6 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
             declared public); the training dataset's own name or records; a name that is not
             registered or not declared public; no database.
     """
-    from workers.datasets.registry import has_loader
-
     field = "eval.dataset"
     if not name:
         raise ConfigError(
@@ -176,8 +175,6 @@ def _public_flag(row: Dataset) -> bool:
 
 def public_builtin(name: str) -> bool:
     """Whether ``name`` is a shared set whose descriptor declares its records public."""
-    from workers.datasets.descriptors import DATASET_DESCRIPTORS
-
     d = DATASET_DESCRIPTORS.get(name)
     return d is not None and d.shared and d.public
 
@@ -213,7 +210,6 @@ def _resolve_training(engine: Engine | None, dataset: Any) -> Any:
         row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
     if row is None or row.storage_path is None or row.format is None:
         raise ConfigError(unknown_dataset(name), field="dataset.name")
-    from sweeper.datasets.fixed_view import view_of
 
     # Sizes come from the owner's declaration (sweeper.datasets.fixed_view), not from
     # counting the records: the plan must not depend on whether one record is there.

@@ -43,6 +43,7 @@ from sweeper.privacy.limits import (
 from sweeper.privacy.papernot_steinke import plan_papernot_steinke
 from sweeper.privacy.verification import verify_plan
 from workers.accounting.registry import accountant_names, get_accountant, spec_accountant
+from workers.schedule import eval_releases, plan_steps
 
 # The accounting methods by their stable names, in the order messages list them.
 PLANNERS: dict[str, Planner] = {
@@ -107,8 +108,6 @@ def grid_requests(spec: Any, *, dataset_size: int, n_train: int) -> list[GridReq
     (:func:`workers.schedule.eval_releases`) at the spec's ``eval.noise_multiplier``, or at
     the one its ``eval.epsilon_share`` picks. A spec without ``eval`` evaluates on a carve-out.
     """
-    from workers.schedule import eval_releases, plan_steps
-
     q, steps = plan_steps(
         n_train=n_train,
         batch_size=spec.training.batch_size,

@@ -17,6 +17,10 @@ from typing import Any
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ArmConfig, Axis, SweepSpec
+from workers.model_check import check_model
+from workers.models import get_model_descriptor
+from workers.models.descriptors import ModelSpec
+from workers.strategies import get_descriptor
 
 
 def check_spec(spec: SweepSpec) -> None:
@@ -58,9 +62,6 @@ def check_model_on_data(spec: SweepSpec, data: Any) -> str:
     Raises:
         ConfigError: naming the field (``model.name``, ``model.options.<name>``).
     """
-    from workers.model_check import check_model
-    from workers.models.descriptors import ModelSpec
-
     return check_model(
         ModelSpec(spec.model.name, dict(spec.model.options)),
         input_shape=tuple(data.input_shape),
@@ -77,8 +78,6 @@ def _check_model(spec: SweepSpec) -> None:
     checking here refuses a bad option at submission (HTTP 422 naming ``model.options.<name>``)
     instead of after every trial was charged.
     """
-    from workers.models import get_model_descriptor
-
     get_model_descriptor(spec.model.name).validate(spec.model.options)
 
 
@@ -91,8 +90,6 @@ def _check_arms(spec: SweepSpec) -> None:
     merged over the arm's params, and for a ``logspace``/``linspace`` axis also both ends of
     its interval (random and tpe search draw anywhere between them).
     """
-    from workers.strategies import get_descriptor
-
     for arm in spec.arms:
         field = f"arms.{arm.label}"
         try:

@@ -20,16 +20,34 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import PermissionDenied
 from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import ArmConfig, SweepSpec, load_spec
+from sweeper.datasets.access import Viewer
+from sweeper.datasets.fixed_view import stored_row
+from sweeper.datasets.grants import has_active_grant, usage
+from sweeper.datasets.identity import bind_name, ledger_key_of
+from sweeper.datasets.names import in_catalog
+from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
+from sweeper.privacy.ledger.amounts import (
+    ZERO,
+    cap_left,
+    show_amount,
+    show_amounts,
+    sub_exact,
+)
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
+from sweeper.privacy.parallel import pmap
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
+from sweeper.sweeps.admission import admit
 from sweeper.sweeps.checks import check_spec
 from sweeper.sweeps.planning import plan_sweep
+from sweeper.sweeps.quota import check_quota, configured_quota_bytes, estimate_if_limited
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
+from workers.datasets.loading import dataset_content_sha256
 
 
 def spec_hash(spec: SweepSpec) -> str:
@@ -55,9 +73,6 @@ def dataset_key(spec: SweepSpec) -> str:
 
 def _content_of(engine: Engine, spec: SweepSpec) -> str:
     """The identity of the spec's records, for plans made without it (loads the data)."""
-    from sweeper.datasets.resolution import resolve
-    from workers.datasets.loading import dataset_content_sha256
-
     return dataset_content_sha256(resolve(engine, spec.dataset))
 
 
@@ -72,10 +87,6 @@ def _ledger_key(
     way, and the owner's budget view keeps every spend). Loader names and paths (local use
     and admins) are bound here to the records the plan read.
     """
-    from sweeper.datasets.fixed_view import stored_row
-    from sweeper.datasets.identity import bind_name, ledger_key_of
-    from sweeper.datasets.names import in_catalog
-
     if in_catalog(spec.dataset.name) and stored_row(engine, spec.dataset.name) is not None:
         return ledger_key_of(engine, spec.dataset.name)
     # Bind the name to its records before reserving: a cap or spend still kept under the name
@@ -107,16 +118,6 @@ def check_before_reserving(
     Raises:
         QuotaExceeded, AllowanceExhausted, BudgetExhausted: as :func:`create_sweep` would.
     """
-    from sweeper.datasets.grants import usage
-    from sweeper.privacy.ledger.amounts import (
-        ZERO,
-        cap_left,
-        show_amount,
-        show_amounts,
-        sub_exact,
-    )
-    from sweeper.sweeps.quota import check_quota, configured_quota_bytes
-
     check_quota(
         engine,
         owner,
@@ -124,11 +125,9 @@ def check_before_reserving(
         configured_quota_bytes(artifact_quota_mb),
         model_bytes=prepared.model_bytes,
     )
-    from sweeper.datasets.fixed_view import stored_row
 
     if stored_row(engine, spec.dataset.name) is None:
         return  # loader names and paths: bound, and capped, when the sweep is created
-    from sweeper.datasets.identity import ledger_key_of
 
     name = spec.dataset.name
     key = ledger_key_of(engine, name)
@@ -241,8 +240,6 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
         InfeasiblePlan: no usable noise multiplier fits a grid's budget.
     """
     plan = plan_sweep(spec, dataset=dataset)
-    from sweeper.privacy.parallel import pmap
-    from sweeper.sweeps.quota import estimate_if_limited
 
     return PreparedSweep(
         plan,
@@ -279,8 +276,6 @@ def create_sweep(
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec)
-    from sweeper.datasets.access import Viewer
-    from sweeper.sweeps.admission import admit
 
     # The same admission as a dry run's (the API has run it already; it is idempotent): an
     # analyst's terms and the owner's view of a stored dataset, before anything is planned.
@@ -289,16 +284,12 @@ def create_sweep(
     check_spec(spec)
     if prepared is None:
         if plan is None:
-            from sweeper.datasets.resolution import resolve
-
             # Loader names pass through; uploads, registered names and a public evaluation
             # dataset are looked up in the catalog.
             plan = plan_sweep(spec, dataset=resolve(engine, spec.dataset, spec.eval))
-        from sweeper.privacy.parallel import pmap
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
-    from sweeper.sweeps.quota import check_quota, configured_quota_bytes
 
     # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.
     check_quota(
@@ -389,17 +380,12 @@ def create_sweep(
             requested=exc.requested,
             remaining=exc.remaining,
         ) from None
-    if terms is not None:
-        from sweeper.datasets.grants import has_active_grant
-
-        # Revoked while this sweep was planned: its reservation goes back, nothing is stored.
-        if not has_active_grant(engine, spec.dataset.name, terms.analyst):
-            ledger.release(key, sweep_id=sweep_id, note="the analyst's grant was revoked")
-            from dpsweep.errors import PermissionDenied
-
-            raise PermissionDenied(
-                f"your grant on dataset {spec.dataset.name!r} was revoked; ask its owner"
-            )
+    # Revoked while this sweep was planned: its reservation goes back, nothing is stored.
+    if terms is not None and not has_active_grant(engine, spec.dataset.name, terms.analyst):
+        ledger.release(key, sweep_id=sweep_id, note="the analyst's grant was revoked")
+        raise PermissionDenied(
+            f"your grant on dataset {spec.dataset.name!r} was revoked; ask its owner"
+        )
     try:
         with Session(engine) as session, session.begin():
             session.add(sweep)

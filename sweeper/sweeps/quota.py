@@ -24,6 +24,12 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import QuotaExceeded
+from sweeper.datasets.resolution import resolve
+from sweeper.settings import SweeperSettings
+from sweeper.store.artifact_files import quota_bytes, usage_bytes
+from workers.datasets.loading import load_dataset
+from workers.models.descriptors import ModelSpec
+from workers.strategies import get_descriptor
 
 #: Room for the model card beside each model (a card is a few KB of JSON).
 CARD_ALLOWANCE_BYTES = 12 * 1024
@@ -39,8 +45,6 @@ def kept_models(spec: Any, keep: str | None = None) -> int:
     (a papernot-steinke grid still keeps its selected trial only); ``none``: 0. Arms of a
     non-private strategy keep nothing (their models are not a DP release).
     """
-    from workers.strategies import get_descriptor
-
     keep = keep or spec.artifacts.keep
     if keep == "none":
         return 0
@@ -77,15 +81,11 @@ def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) ->
     Raises:
         ConfigError: the model cannot be built for the data (as a trial would fail).
     """
-    from workers.checkpoints import parameter_bytes
-    from workers.models.descriptors import ModelSpec
-    from workers.models.registry import build_model
-    from workers.training.loop import _with_data_vocab
+    from workers.checkpoints import parameter_bytes  # deferred: torch, for the estimate only
+    from workers.models.registry import build_model  # deferred: torch
+    from workers.training.loop import _with_data_vocab  # deferred: torch
 
     if data is None:
-        from sweeper.datasets.resolution import resolve
-        from workers.datasets.loading import load_dataset
-
         data = load_dataset(dataset or resolve(None, spec.dataset, spec.eval))
     model_spec = _with_data_vocab(
         ModelSpec(spec.model.name, dict(spec.model.options)), data.vocab_size
@@ -118,9 +118,6 @@ def _header_bytes(state: dict[str, Any]) -> int:
 def configured_quota_bytes(quota_mb: float | None = None) -> int | None:
     """The quota in bytes: ``quota_mb`` if given, else the settings'
     (``DPSWEEP_ARTIFACT_QUOTA_MB``); None: no limit."""
-    from sweeper.settings import SweeperSettings
-    from sweeper.store.artifact_files import quota_bytes
-
     if quota_mb is None:
         quota_mb = SweeperSettings().artifact_quota_mb
     return quota_bytes(quota_mb)
@@ -158,8 +155,6 @@ def check_quota(
         QuotaExceeded: what the tenant keeps plus this sweep's most would exceed the quota
             (field ``artifacts.keep``; the message says how to fix it).
     """
-    from sweeper.store.artifact_files import usage_bytes
-
     if quota_bytes is None:
         return
     count = kept_models(spec)
@@ -167,8 +162,6 @@ def check_quota(
         return
     if model_bytes is None:
         if dataset is None:
-            from sweeper.datasets.resolution import resolve
-
             # Uploads and registered names are looked up in the catalog, as for the plan.
             bind = (
                 session_or_engine.get_bind()

@@ -17,7 +17,11 @@ from sqlalchemy.orm import Session
 
 from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import ArmConfig, randomness_label
+from sweeper.datasets.grants import dataset_row
+from sweeper.datasets.names import BUILTIN
+from sweeper.datasets.views import own_spending
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.reservations import principal_totals
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
 from sweeper.privacy.releases import (
     analyst_lifetime_release,
@@ -26,7 +30,8 @@ from sweeper.privacy.releases import (
     lifetime_release,
     sweep_release_of,
 )
-from sweeper.store import Sweep, TrialState, iso, sweep_ledger_key
+from sweeper.store import ApiToken, DatasetGrant, Sweep, TrialState, iso, sweep_ledger_key
+from sweeper.store.model_refs import model_refs
 from sweeper.sweeps.released import released_records
 from sweeper.sweeps.results import (
     ArmLevelResult,
@@ -93,11 +98,6 @@ def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
     (and local, and admins') sweeps; for an analyst's sweep, only what that analyst spent and
     holds (the total would tell them what other analysts spent); for a tenant's sweep on a
     built-in set, which every tenant shares, only what that tenant spent and holds."""
-    from sweeper.datasets.grants import dataset_row
-    from sweeper.datasets.names import BUILTIN
-    from sweeper.privacy.ledger.reservations import principal_totals
-    from sweeper.store import ApiToken, DatasetGrant
-
     tenant = sweep.owner
     with Session(engine) as session:
         row = dataset_row(session, sweep.dataset)
@@ -124,8 +124,6 @@ def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
             is None
         )
     if shared:
-        from sweeper.datasets.views import own_spending
-
         assert tenant is not None
         mine = own_spending(engine, key, tenant)
         return {
@@ -280,8 +278,6 @@ def trial_models(engine: Engine, records: list[dict[str, Any]]) -> dict[str, dic
     model of its selected trial only, exactly the trials whose model its download route serves
     (:func:`sweeper.artifacts.reads.kept_model`).
     """
-    from sweeper.store.model_refs import model_refs
-
     with Session(engine) as session:
         refs = model_refs(session, [r["id"] for r in records])
     return {tid: local_model_ref(tid, ref) for tid, ref in refs.items()}
