@@ -215,8 +215,9 @@ def _compose_epsilons(plan: Any, points: list[int]) -> list[float]:
         raise PrivacyError(
             f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
         )
+    # deferred: the accountants pull numpy and scipy; a stored schedule is read without them
     from workers.accounting.registry import plan_accountant
-    from workers.accounting.schedule import epsilons_at
+    from workers.accounting.schedule import epsilons_at  # deferred: as above (scipy)
 
     # The accountant the plan was calibrated with gives each charge point's prefix of j runs
     # its epsilon (PLD by self-composition, others prefix by prefix): one evaluation a point.

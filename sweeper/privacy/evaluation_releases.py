@@ -34,8 +34,9 @@ from sweeper.privacy.grids import GridRequest, InfeasiblePlan
 @functools.lru_cache(maxsize=1024)
 def _ps_eval_epsilon(eval_sigma: float, mean: float, shape: float, delta: float) -> float:
     """Epsilon of a random search's evaluations alone: RepeatAndSelect of one Gaussian run."""
+    # deferred: dp_accounting takes about a second to import; papernot-steinke plans alone use it
     from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant  # deferred: dp_accounting, as above
 
     acc = rdp_privacy_accountant.RdpAccountant()
     acc.compose(dp_event.RepeatAndSelectDpEvent(dp_event.GaussianDpEvent(eval_sigma), mean, shape))

@@ -12,6 +12,7 @@ from typing import Any
 
 from dpsweep.errors import ConfigError
 from sweeper.privacy.grids import InfeasiblePlan
+from workers.strategies import NoiseSplitInfeasible, get_descriptor
 
 
 def gradient_noise_multiplier(
@@ -23,8 +24,6 @@ def gradient_noise_multiplier(
         ConfigError: unknown strategy, or an invalid hyperparameter (``params.<name>``).
         InfeasiblePlan: quantile's count would need the whole budget (sigma >= 2 sigma_b).
     """
-    from workers.strategies import NoiseSplitInfeasible, get_descriptor
-
     try:
         return get_descriptor(strategy).gradient_multiplier(
             noise_multiplier, params, expected_batch_size=expected_batch_size

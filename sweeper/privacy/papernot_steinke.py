@@ -45,8 +45,9 @@ def repeat_and_select_epsilon(
     With DP evaluation, each run is its steps composed with its ``eval_releases`` Gaussian
     releases of multiplier ``eval_noise_multiplier`` (one Gaussian of sigma_e / sqrt(E)).
     """
+    # deferred: dp_accounting takes about a second to import; papernot-steinke plans alone use it
     from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant  # deferred: dp_accounting, as above
 
     one: dp_event.DpEvent = dp_event.SelfComposedDpEvent(
         dp_event.PoissonSampledDpEvent(sample_rate, dp_event.GaussianDpEvent(noise_multiplier)),

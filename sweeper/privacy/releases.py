@@ -23,11 +23,15 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from sqlalchemy import Engine, select, update
 
+from dpsweep.errors import DpsweepError
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.store import Sweep
+from sweeper.store.engine import read_only, writable
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +131,6 @@ def _key_of(composition_input: str) -> str:
 @functools.cache
 def _accountant_version() -> str:
     # From the installed distribution's metadata: no import of dp_accounting (a second).
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("dp-accounting")
     except PackageNotFoundError:  # pragma: no cover - a dependency of the project
@@ -169,9 +171,6 @@ def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
     Returns:
         The release (None: no such sweep, or no plan).
     """
-    from sweeper.store import Sweep
-    from sweeper.store.engine import read_only, writable
-
     with read_only(engine).connect() as conn:
         row = conn.execute(
             select(Sweep.plan, Sweep.release, Sweep.release_key).where(Sweep.id == sweep_id)
@@ -234,7 +233,7 @@ def _json_safe(value: Any) -> bool:
 @functools.lru_cache(maxsize=256)
 def _sweep_release(grids_json: str) -> tuple[tuple[str, Any], ...]:
     # Summaries are read often (dashboard polling); the composition depends only on the plan.
-    from dpsweep.errors import DpsweepError
+    # deferred: the composition pulls numpy and scipy; a stored release is read without them
     from workers.accounting.audit.sweep import sweep_epsilon
 
     grids = json.loads(grids_json)

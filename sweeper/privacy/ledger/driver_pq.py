@@ -95,6 +95,8 @@ _SESSIONS_LOCK = threading.Lock()
 def _session(raw: Any) -> _Session:
     found = _SESSIONS.get(raw)
     if found is None:
+        # deferred: psycopg only on PostgreSQL; SQLite servers load this module (through
+        # driver_sql) and never import psycopg (about 0.1 s)
         from psycopg.adapt import Transformer
 
         found = _Session(Transformer(raw))
@@ -197,9 +199,10 @@ def _attempt(
     commit: bool,
     transaction: object,
 ) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] | _Deallocated:
+    # deferred: psycopg, PostgreSQL only (see _session)
     from psycopg import errors
-    from psycopg.adapt import PyFormat
-    from psycopg.pq import ExecStatus, TransactionStatus
+    from psycopg.adapt import PyFormat  # deferred: psycopg, as above
+    from psycopg.pq import ExecStatus, TransactionStatus  # deferred: psycopg, as above
 
     transformer = session.transformer
     out: list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] = []
@@ -279,7 +282,7 @@ def _attempt(
 def _leave(raw: Any, *, quiet: bool) -> None:
     """Take ``raw`` out of pipeline mode; if it cannot be (results left unread: it broke, or
     the wait was interrupted), close it, so that it is never used again."""
-    from psycopg import OperationalError
+    from psycopg import OperationalError  # deferred: psycopg, PostgreSQL only (see _session)
 
     try:
         raw.pgconn.exit_pipeline_mode()
@@ -292,8 +295,9 @@ def _leave(raw: Any, *, quiet: bool) -> None:
 def _until_sync(pgconn: Any) -> list[Any]:
     """Send what is queued and read every result up to the pipeline's sync point, waiting on
     the socket (``select`` releases the GIL; libpq's own wait would not here)."""
+    # deferred: psycopg, PostgreSQL only (see _session)
     from psycopg import OperationalError
-    from psycopg.pq import ConnStatus, ExecStatus
+    from psycopg.pq import ConnStatus, ExecStatus  # deferred: psycopg, as above
 
     while pgconn.flush():
         select.select([pgconn.socket], [pgconn.socket], [])

@@ -198,7 +198,7 @@ def _pipelines(dialect: Dialect) -> bool:
     if found is None:
         found = dialect.driver == "psycopg"
         if found:
-            from psycopg import Pipeline
+            from psycopg import Pipeline  # deferred: psycopg, PostgreSQL only (driver_pq)
 
             found = Pipeline.is_supported()  # libpq 14 or later
         _PIPELINES[_key(dialect)] = found
