@@ -33,8 +33,32 @@ from sqlalchemy.orm import Session
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
 from dpsweep.plan import SweepPlan
-from sweeper.datasets.access import Viewer
+from dpsweep.spec import (
+    ArmConfig,
+    DatasetConfig,
+    ModelConfig,
+    PrivacyConfig,
+    SweepSpec,
+    TrainingConfig,
+)
+from sweeper.datasets.access import Viewer, check_access
+from sweeper.datasets.grants import has_active_grant
+from sweeper.datasets.identity import ledger_key_of
+from sweeper.datasets.names import BUILTIN, in_catalog, unknown_dataset
+from sweeper.datasets.resolution import is_public, resolve
+from sweeper.driver.packs import pack_spec, training_pack
 from sweeper.store import Dataset, Sweep, Trial, TrialState
+from sweeper.sweeps.admission import admit
+from sweeper.sweeps.stored import grid_key, typed_spec
+from sweeper.sweeps.sweep_pages import sweep_head
+from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier, compute_epsilon
+from workers.accounting.registry import trial_accountant_for_plan
+from workers.datasets.loading import load_dataset
+from workers.model_check import check_model
+from workers.models import ModelSpec, get_model_descriptor
+from workers.plan_check import PlannedRun
+from workers.schedule import plan_steps
+from workers.training.specs import TrialSpec
 
 #: ``dpsweep train``'s defaults, for an audit that leaves them out.
 DEFAULT_MODEL = "mlp"
@@ -90,10 +114,6 @@ def check_owner(engine: Engine, name: str, viewer: Viewer, *, field: str = "data
         PermissionDenied: an analyst with an active grant on the dataset.
         ConfigError: a dataset the viewer does not see at all (as for a sweep: unknown).
     """
-    from sweeper.datasets.access import check_access
-    from sweeper.datasets.grants import has_active_grant
-    from sweeper.datasets.names import in_catalog, unknown_dataset
-
     if not in_catalog(name):
         try:
             check_access(engine, {"name": name}, viewer)
@@ -117,9 +137,6 @@ def check_owner(engine: Engine, name: str, viewer: Viewer, *, field: str = "data
 def is_public_dataset(engine: Engine, name: str) -> bool:
     """Whether ``name`` reads public records: a shared set bundled with dpsweep or a plug-in
     (``digits``, ``synthetic``, ...), or a registered name its owner declared public."""
-    from sweeper.datasets.names import BUILTIN
-    from sweeper.datasets.resolution import is_public
-
     return name in BUILTIN or is_public(engine, name)
 
 
@@ -164,24 +181,10 @@ def prepare_audit(
 def _prepare_run(
     engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
 ) -> PreparedAudit:
-    from dpsweep.spec import (
-        ArmConfig,
-        DatasetConfig,
-        ModelConfig,
-        PrivacyConfig,
-        SweepSpec,
-        TrainingConfig,
-    )
-    from sweeper.datasets.resolution import resolve
-    from sweeper.driver.packs import training_pack
-    from sweeper.sweeps.admission import admit
-    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
-    from workers.datasets.loading import load_dataset
-    from workers.model_check import check_model
-    from workers.models import ModelSpec, get_model_descriptor, model_names
-    from workers.schedule import plan_steps
-    from workers.strategies import STRATEGIES, strategy_names
-    from workers.training.specs import TrialSpec
+    # deferred: these names load the torch side of the registries, and the API imports
+    # this module (it must not import torch)
+    from workers.models import model_names
+    from workers.strategies import STRATEGIES, strategy_names  # deferred: likewise
 
     name = request.dataset or DEFAULT_DATASET
     model_name = request.model or DEFAULT_MODEL
@@ -322,14 +325,6 @@ def _prepare_run(
 def _prepare_trial(
     engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
 ) -> PreparedAudit:
-    from sweeper.datasets.resolution import resolve
-    from sweeper.driver.packs import pack_spec
-    from sweeper.sweeps.stored import grid_key, typed_spec
-    from sweeper.sweeps.sweep_pages import sweep_head
-    from workers.accounting.registry import trial_accountant_for_plan
-    from workers.datasets.loading import load_dataset
-    from workers.schedule import plan_steps
-
     trial_id = str(request.trial)
     with Session(engine) as session:
         trial = session.get(Trial, trial_id)
@@ -405,8 +400,6 @@ def _prepare_trial(
 
 def _planned(strategy: str, q: float, steps: int, sigma: float, data: Any) -> Any:
     """The run the charge covers: the worker refuses to train anything else."""
-    from workers.plan_check import PlannedRun
-
     return PlannedRun(
         strategy=strategy,
         sample_rate=q,
@@ -449,9 +442,7 @@ def _finish(
     delta: float,
     accountant: str,
 ) -> PreparedAudit:
-    from sweeper.datasets.identity import ledger_key_of
-    from sweeper.datasets.names import in_catalog
-    from workers.accounting import compute_epsilon
+    # deferred: workers.canary_audit.run imports torch, and the API imports this module
     from workers.canary_audit.run import check_audit_pack
 
     check_audit_pack(pack, setting=request.setting, canaries=request.canaries)

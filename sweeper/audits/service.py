@@ -13,6 +13,7 @@ text goes to the operator's log only.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,9 @@ from dpsweep.audit import AuditRequest
 from dpsweep.errors import ConfigError, NotFound
 from sweeper.audits.prepare import PreparedAudit, prepare_audit
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.identity import bind_name
+from sweeper.driver.failures import log_failure
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.store import Audit, AuditState, iso, new_id
 from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 
@@ -48,9 +52,6 @@ def charge_audit(engine: Engine, prepared: PreparedAudit, audit_id: str) -> dict
     """
     if prepared.public:
         return None
-    from sweeper.datasets.identity import bind_name
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-
     key = prepared.ledger_key
     if key is None:
         # A loader name read locally (a factory): bound here to the records read, as
@@ -124,7 +125,7 @@ def start_audit(
 
 def run_audit_row(engine: Engine, audit_id: str, prepared: PreparedAudit) -> None:
     """Train the prepared audit and store its result (or its failure's public reason)."""
-    from sweeper.driver.failures import log_failure
+    # deferred: workers.canary_audit.run imports torch, and the API imports this module
     from workers.canary_audit.run import run_audit
 
     req = prepared.request
@@ -149,8 +150,6 @@ def run_audit_row(engine: Engine, audit_id: str, prepared: PreparedAudit) -> Non
 
 def _finite(values: dict[str, Any]) -> dict[str, Any]:
     """JSON has no infinity: a non-finite float is stored as None."""
-    import math
-
     return {
         k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()
     }
