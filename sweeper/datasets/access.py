@@ -61,6 +61,7 @@ def check_access(engine: Engine, dataset: Any, viewer: Viewer) -> None:
 
 def _path_options() -> set[str]:
     """Every option name that some loader declares as a server file path (kind ``path``)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.descriptors import dataset_descriptor_names, get_dataset_descriptor
 
     return {

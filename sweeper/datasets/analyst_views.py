@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.fixed_view import view_of
 from sweeper.datasets.grants import (
     analyst_modes,
     dataset_row,
@@ -95,8 +96,6 @@ def allowance_view(engine: Engine, g: DatasetGrant, ledger_key: str) -> dict[str
 
 def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[str, Any]:
     """A dataset as its analyst sees it: the public description and their allowance."""
-    from sweeper.datasets.fixed_view import view_of
-
     cfg = dict(row.config or {})
     # Sizes as the owner declared them (the view), never counted from the records: the
     # training share is the one every plan with a held-out split uses.

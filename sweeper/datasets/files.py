@@ -42,6 +42,7 @@ def worker_spec(
     section, or a dict). A stored file's own options (``stored_options``: its vocabulary,
     image size...) apply unless the spec's options override them; ``classes`` is its declared
     class list (None: the records' distinct labels)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.records import DatasetSpec
 
     get = d.get if isinstance(d, dict) else lambda k, default=None: getattr(d, k, default)
@@ -117,6 +118,7 @@ def load_declared(spec: Any, shown_as: str) -> tuple[Any, dict[str, Any], str]:
 
 def _load(spec: Any, shown_as: str) -> tuple[dict[str, Any], str, Any]:
     """:func:`load_file`, with the loaded :class:`workers.datasets.records.Dataset`."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.loading import load_dataset
 
     try:

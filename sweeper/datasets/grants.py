@@ -33,8 +33,10 @@ from dpsweep.spec import EVAL_MODES
 # dataset_row is re-exported: callers above this layer read the catalog row through here.
 from sweeper.datasets.catalog import dataset_row as dataset_row
 from sweeper.datasets.fixed_view import checked_view, view_of
+from sweeper.datasets.identity import view_key
 from sweeper.datasets.viewer import Viewer
 from sweeper.privacy.ledger.amounts import epsilon_amount
+from sweeper.privacy.ledger.reservations import principal_usage
 from sweeper.store import ApiToken, Dataset, DatasetGrant, iso
 
 #: What analysts may use unless the owner says otherwise: never the unprotected carve-out.
@@ -222,8 +224,6 @@ def list_grants(engine: Engine, name: str, viewer: Viewer) -> list[dict[str, Any
     Raises:
         DatasetNotFound: no such dataset, or the viewer has no part in it.
     """
-    from sweeper.datasets.identity import view_key
-
     with Session(engine) as session:
         row = dataset_row(session, name)
         stmt = select(DatasetGrant).where(DatasetGrant.dataset == name)
@@ -245,8 +245,6 @@ def list_grants(engine: Engine, name: str, viewer: Viewer) -> list[dict[str, Any
 
 def usage(engine: Engine, ledger_key: str, analyst: str) -> Decimal:
     """ε the analyst's sweeps hold on the records of ``ledger_key`` (reserved less released)."""
-    from sweeper.privacy.ledger.reservations import principal_usage
-
     with Session(engine) as session:
         return principal_usage(session, ledger_key, analyst)
 

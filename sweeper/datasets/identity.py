@@ -174,6 +174,7 @@ def content_identity(engine: Engine, name: str) -> str:
     if builtin and name in _BUILTIN_IDENTITY:
         sha = _BUILTIN_IDENTITY[name]
     else:
+        # deferred: workers.datasets pulls numpy and every loader
         from workers.datasets.loading import dataset_content_sha256
 
         sha = dataset_content_sha256(spec)

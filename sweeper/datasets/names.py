@@ -24,6 +24,7 @@ UPLOAD_PREFIX = "ds_"
 def _descriptors() -> list[DatasetDescriptor]:
     """The dataset registry's descriptors, built-ins first, plug-ins' included (imported when
     first asked: importing this module imports no numpy and no torch)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.descriptors import dataset_descriptors
 
     return dataset_descriptors()
@@ -90,6 +91,7 @@ def upload_format_of(filename: str) -> str:
 
 def upload_suffix(fmt: str) -> str:
     """The suffix an upload of a format is stored under (its descriptor's first)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.descriptors import get_dataset_descriptor
 
     suffixes = get_dataset_descriptor(fmt).suffixes
@@ -98,6 +100,7 @@ def upload_suffix(fmt: str) -> str:
 
 def file_noun(fmt: str) -> str:
     """What messages call a file of a format: its first suffix in capitals (``CSV``)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.descriptors import get_dataset_descriptor
 
     suffixes = get_dataset_descriptor(fmt).suffixes
@@ -122,6 +125,7 @@ def is_upload(name: str) -> bool:
 def in_catalog(name: str) -> bool:
     """Whether a spec's dataset name is looked up in the catalog (an upload or a registered
     name) rather than being a loader of :mod:`workers.datasets` (``digits``, ``csv``...)."""
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.registry import has_loader
 
     return is_upload(name) or not has_loader(name)
@@ -131,6 +135,7 @@ def unknown_dataset(name: str) -> str:
     """The message for a dataset name that reads nothing (or nothing the asker may see)."""
     if is_upload(name):
         return f"no uploaded dataset {name!r}; GET /api/v1/datasets lists yours"
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.registry import dataset_names
 
     return (
@@ -176,6 +181,7 @@ def check_registered_name(name: str) -> None:
     Raises:
         ConfigError: naming the rule.
     """
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.registry import dataset_names, has_loader
 
     if not _REGISTERED.match(name) or is_upload(name):

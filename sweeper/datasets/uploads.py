@@ -76,6 +76,7 @@ def store_upload(
             f"unknown upload format {fmt!r}; choose one of {', '.join(UPLOAD_FORMATS)}",
             field="format",
         )
+    # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.descriptors import get_dataset_descriptor
 
     if "label_column" in get_dataset_descriptor(fmt).needs and not label_column:
