@@ -52,6 +52,7 @@ def random_points(arm: ArmConfig, n: int, *, seed: int) -> list[dict[str, Any]]:
 
 def optuna_distributions(arm: ArmConfig) -> dict[str, Any]:
     """The arm's search space as Optuna distributions (for tpe)."""
+    # deferred: optuna (0.1 s and more) serves tpe alone, and sweep creation loads this module
     from optuna.distributions import CategoricalDistribution, FloatDistribution
 
     out: dict[str, Any] = {}
@@ -71,6 +72,7 @@ def optuna_distributions(arm: ArmConfig) -> dict[str, Any]:
 
 def _tnb_gamma(shape: float, mean: float) -> float:
     """gamma of the truncated negative binomial with this shape and mean (dp_accounting's)."""
+    # deferred: dp_accounting takes about a second to import; only finite-shape counts need it
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     return float(rdp._gamma_truncated_negative_binomial(shape, mean))
