@@ -34,17 +34,21 @@ import json
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from dpsweep.errors import IllegalState
+from dpsweep import __version__
+from dpsweep.errors import ConfigError, IllegalState
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.datasets.grants import dataset_row
 from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release_of
 from sweeper.store import Sweep, Trial, TrialState
 from sweeper.sweeps.released import selected_trial, trial_record
 from sweeper.sweeps.stored import grid_key, hidden_grids, randomness_fields, typed_spec
+from workers.strategies import get_descriptor
 
 #: 2: ``dataset.split`` (the settings that rebuild the evaluation split) was added.
 CARD_VERSION = 2
@@ -179,13 +183,9 @@ def card_bytes(card: dict[str, Any]) -> bytes:
 
 def dpsweep_version() -> str:
     """The installed dpsweep's version (the source tree's, when it runs uninstalled)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("dpsweep")
     except PackageNotFoundError:
-        from dpsweep import __version__
-
         return __version__
 
 
@@ -219,9 +219,6 @@ def _check_selected(session: Session, trial: Trial, *, metric: str, mode: str) -
 def _is_private(strategy: str, grid: GridPlan, single_run_epsilon: float | None) -> bool:
     """Whether the model is DP: a private strategy, planned with an epsilon, that ran with
     one. Anything unknown reads as not private (a card must never claim more than holds)."""
-    from dpsweep.errors import ConfigError
-    from workers.strategies import get_descriptor
-
     try:
         strategy_private = bool(get_descriptor(strategy).private)
     except ConfigError:
@@ -307,8 +304,6 @@ def split_section(session: Session, sweep: Sweep) -> dict[str, Any]:
     All of it is what the sweep's viewer already sees: the spec they submitted (with the
     owner's view filled in) and the dataset's view, which its analysts read too.
     """
-    from sweeper.datasets.grants import dataset_row
-
     spec = typed_spec(sweep)
     d, ev = spec.dataset, spec.eval
     mode = str(ev.mode or "carve-out")

@@ -19,6 +19,7 @@ from dpsweep.errors import ArtifactCorrupt, ModelNotKept
 from sweeper.datasets.access import Viewer
 from sweeper.store import ModelArtifact, StagedModel
 from sweeper.store.artifact_files import ArtifactStore, card_key, sha256_hex
+from sweeper.sweeps.stored import grid_key, hidden_grids
 from sweeper.sweeps.trial_detail import released_trial
 
 MEDIA_TYPE = "application/octet-stream"
@@ -82,8 +83,6 @@ def _why_not(session: Session, trial: Any) -> str:
         return f"{base}: it is not differentially private (strategy nonprivate): never kept"
     if session.get(StagedModel, trial.id) is not None:
         return f"{base} yet: it is being written; try again in a moment"
-    from sweeper.sweeps.stored import grid_key, hidden_grids
-
     if grid_key(trial.arm, trial.epsilon_budget) in hidden_grids(trial.sweep):
         # The selected run's weights are held in the driver's memory only until the search
         # completes (never stored before): a driver restarted mid-search lost them.

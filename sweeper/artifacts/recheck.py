@@ -36,6 +36,12 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.datasets.resolution import resolve
+from sweeper.store import Sweep
+from sweeper.store.artifact_files import sha256_hex
+from sweeper.sweeps.stored import typed_spec
+from workers.datasets.loading import load_dataset
+from workers.models.descriptors import get_model_descriptor
 
 #: The probability that the check calls a DP-evaluated model that is its card's "differs".
 DP_FALSE_ALARM = 1e-3
@@ -100,8 +106,6 @@ def split_settings(card: dict[str, Any], stored_spec: dict[str, Any] | None) -> 
             "the card has no dataset.split (it was written before cards carried it) and the "
             "sweep's spec is not available"
         )
-    from sweeper.sweeps.stored import typed_spec
-
     spec = typed_spec(stored_spec)
     d, ev = spec.dataset, spec.eval
     return {
@@ -128,9 +132,6 @@ def rebuild_split(engine: Engine | None, split: dict[str, Any]) -> Any:
         ConfigError, DatasetError: as resolution and loading (an unknown dataset, a file
             that is gone...).
     """
-    from sweeper.datasets.resolution import resolve
-    from workers.datasets.loading import load_dataset
-
     dataset = {
         "name": split["loader"],
         "path": split.get("path"),
@@ -157,8 +158,10 @@ def measure(module: Any, data: Any, *, task: str, dp: bool, chunk: int = 2048) -
     in the noisy count) over the denominator the noisy count used
     (:attr:`workers.datasets.records.Dataset.planning_n_eval`): the noisy accuracy's mean.
     """
+    # deferred: torch; no module of the sweeper layer imports it at import time
     import torch
 
+    # deferred: workers.metrics pulls torch
     from workers.metrics import classification_metrics, reconstruction_metrics
 
     x = torch.from_numpy(data.x_test)
@@ -203,10 +206,8 @@ def check_model(
     Raises:
         ConfigError, DatasetError: the model or the data cannot be rebuilt here.
     """
-    from sweeper.store import Sweep
-    from sweeper.store.artifact_files import sha256_hex
+    # deferred: workers.checkpoints pulls torch (see measure)
     from workers.checkpoints import build_trained
-    from workers.models.descriptors import get_model_descriptor
 
     sid = sweep_id or str((card.get("trial") or {}).get("sweep") or "")
     with Session(engine) as session:
