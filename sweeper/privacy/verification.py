@@ -14,7 +14,9 @@ from dataclasses import replace
 from dpsweep.errors import PrivacyError
 from dpsweep.plan import GridPlan
 from sweeper.privacy.evaluation_releases import plan_eval_releases
+from workers.accounting import audit
 from workers.accounting.audit.bounds import EpsilonBounds
+from workers.accounting.audit.prv import PLD_STATED_ERROR, pld_overstatement
 from workers.accounting.registry import plan_accountant
 
 # The verifying PLD uses dp_accounting's default grid, finer than the calibrating one.
@@ -61,8 +63,6 @@ def verify_plan(plan: GridPlan) -> GridPlan:
             cannot compute (fail closed). The message names the arm, both figures, both
             accountants and the error bars.
     """
-    from workers.accounting.audit.prv import PLD_STATED_ERROR, pld_overstatement
-
     bounds, verified_by = _verify_grid(plan)
     where = f"arm {plan.arm!r} at epsilon {plan.epsilon_budget:g} ({plan.accounting})"
     claimed = [plan.epsilon_total]
@@ -128,8 +128,6 @@ def verify_plan(plan: GridPlan) -> GridPlan:
 
 def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
     """The second accountant's epsilon bounds for a plan, and a readable name for it."""
-    from workers.accounting import audit
-
     sigma, q, steps, k = (
         plan.noise_multiplier,
         plan.sample_rate,

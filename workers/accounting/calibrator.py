@@ -56,6 +56,58 @@ def gdp_guess(
     return 1.0 / math.sqrt(math.log1p(ratio * ratio)) if ratio > 0 else 1e3
 
 
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    """The epsilon at ``delta`` of mu-GDP (Dong, Roth & Su 2019), by bisection (math only)."""
+
+    def phi(x: float) -> float:
+        return 0.5 * math.erfc(-x / math.sqrt(2))
+
+    def gdp_delta(epsilon: float) -> float:  # decreasing in epsilon
+        return phi(-epsilon / mu + mu / 2) - math.exp(epsilon) * phi(-epsilon / mu - mu / 2)
+
+    lo, hi = 0.0, 1.0
+    while gdp_delta(hi) > delta:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            return math.inf
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if gdp_delta(mid) > delta else (lo, mid)
+    return hi
+
+
+def gdp_slope(
+    *,
+    sigma: float,
+    target_delta: float,
+    sample_rate: float,
+    steps: int,
+    eval_noise_multiplier: float | None = None,
+) -> float:
+    """``d log eps / d log sigma`` at ``sigma`` by the model :func:`gdp_guess` inverts.
+
+    The CLT limit of subsampled Gaussian composition is mu-GDP with ``mu^2 = q^2 T
+    (exp(1/sigma^2) - 1)`` (plus ``1/sigma_e^2`` for the evaluations); a central difference of
+    its epsilon. Only a search direction for the calibrator (every multiplier it returns is
+    checked with the accountant): NaN where the model has no finite slope.
+    """
+    h = 0.01
+
+    def log_eps(log_sigma: float) -> float:
+        s = math.exp(log_sigma)
+        mu2 = sample_rate**2 * steps * math.expm1(s**-2)
+        if eval_noise_multiplier is not None:
+            mu2 += eval_noise_multiplier**-2
+        return math.log(_gdp_epsilon(math.sqrt(mu2), target_delta))
+
+    try:
+        x = math.log(sigma)
+        slope = (log_eps(x + h) - log_eps(x - h)) / (2 * h)
+    except (OverflowError, ValueError, ZeroDivisionError):
+        return math.nan
+    return slope if math.isfinite(slope) else math.nan
+
+
 def calibrate_sigma(
     epsilon_of: Callable[[float], float],
     *,
@@ -92,7 +144,24 @@ def calibrate_sigma(
     )
     x0 = math.log(min(max(guess, 0.05), max_sigma * 4))
     f0 = f(x0)
-    x1 = x0 + (0.05 if f0 > 0 else -0.05)
+    if target_lo <= f0 <= target_hi:
+        return math.exp(x0)
+    # The second point: a Newton step with the mu-GDP model's slope (d log eps / d log sigma,
+    # free to compute) towards the middle of the target band, which lands in the band for
+    # most grids (two accountant calls); a blind 5 % probe where the model has no slope.
+    slope = gdp_slope(
+        sigma=math.exp(x0),
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        eval_noise_multiplier=eval_noise_multiplier,
+    )
+    if math.isfinite(f0) and slope < 0:
+        step = -(f0 - (target_lo + target_hi) / 2) / slope
+        x1 = x0 + max(min(step, 1.0), -1.0)  # at most a factor e from the first point
+    else:
+        x1 = x0 + (0.05 if f0 > 0 else -0.05)
+    x1 = max(min(x1, math.log(max_sigma * 8)), math.log(1e-3))
     f1 = f(x1)
     lo = hi = None  # lo: a log-sigma whose eps is too high; hi: one that fits
     for _ in range(8):

@@ -19,6 +19,7 @@ import warnings
 from typing import Any
 
 from dpsweep.errors import ConfigError, PrivacyError
+from workers.accounting.gaussian_pld import composed_pld
 
 # Value discretisation of the PLD accountant. The estimate is pessimistic (an upper bound) at
 # any grid; 2.5e-4 stays within ~0.3 % of the fine value on 30k compositions in 0.03-0.4 s,
@@ -62,6 +63,7 @@ def opacus_epsilon(
 
     DP evaluation's ``eval_releases`` Gaussians are the history entry ``(sigma_e, 1.0, E)``.
     """
+    # deferred: Opacus imports torch; the torch-free planner imports this module
     from opacus.accountants import PRVAccountant, RDPAccountant
 
     acc: Any = {"rdp": RDPAccountant, "prv": PRVAccountant}[kind]()
@@ -97,8 +99,6 @@ def pld_epsilon(
     ``eval_noise_multiplier`` (sensitivity 1), composed as one Gaussian of multiplier
     ``eval_noise_multiplier / sqrt(eval_releases)`` (exact).
     """
-    from workers.accounting.gaussian_pld import composed_pld
-
     extra = _eval_sigma(eval_noise_multiplier, eval_releases)
     # dp_accounting's PLDAccountant composing these events, bit for bit, faster.
     mechanisms: list[tuple[float, float | None, int]] = []
@@ -126,8 +126,9 @@ def dp_rdp_epsilon(
     ``eval_noise_multiplier`` and ``eval_releases`` add Gaussian releases as for
     :func:`pld_epsilon`.
     """
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when an epsilon is computed
     from dp_accounting import dp_event
-    from dp_accounting.rdp import rdp_privacy_accountant
+    from dp_accounting.rdp import rdp_privacy_accountant  # deferred: as above
 
     extra = _eval_sigma(eval_noise_multiplier, eval_releases)
     acc = rdp_privacy_accountant.RdpAccountant()

@@ -27,9 +27,13 @@ import numbers
 from typing import Any
 
 import numpy as np
+from scipy import fft, special
 
 # math.isclose's default relative tolerance, used by dp_accounting's scalar inverse.
 _ISCLOSE_RTOL = 1e-9
+# dp_accounting's pld_pmf._MAX_PMF_SPARSE_SIZE: a sparse self-composition that could grow
+# beyond this many points is computed densely (see self_compose).
+_MAX_PMF_SPARSE_SIZE = 1000
 
 
 def _isclose(a: np.ndarray, b: float) -> np.ndarray:
@@ -40,6 +44,7 @@ def _isclose(a: np.ndarray, b: float) -> np.ndarray:
 
 
 def _vector_class() -> type:
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
     from dp_accounting.pld import privacy_loss_mechanism as plm
 
     adjacency = plm.AdjacencyType
@@ -143,6 +148,7 @@ def gaussian_pld(
         sample_rate: Poisson sampling rate q in (0, 1] (dp_accounting's ``sampling_prob``).
         value_discretization_interval: The PLD's grid on the privacy-loss axis.
     """
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     sampling_prob = sample_rate  # dp_accounting's name, in the calls below
@@ -187,6 +193,7 @@ def composed_pld(
         ValueError: a count below 1, which the accountant refuses too (a composition of no
             releases is a caller's bug, not an epsilon of 0).
     """
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     grid = value_discretization_interval
@@ -206,6 +213,121 @@ def composed_pld(
             one = gaussian_pld(
                 noise_multiplier=sigma, sample_rate=q, value_discretization_interval=grid
             )
-            one = one.self_compose(count)
+            one = self_compose(one, count)
         total = total.compose(one)
     return total
+
+
+def self_compose(distribution: Any, count: int) -> Any:
+    """``distribution.self_compose(count)``, the same PLD, without the library's big power.
+
+    A sparse PMF (a subsampled Gaussian at much noise has ~100 points) decides whether to turn
+    dense by computing ``size ** count`` exactly, a Python integer of millions of digits for
+    the ~10^6 steps of a large grid (0.3 s per PMF at 900k steps, twice per PLD); beyond 1000 it
+    self-composes ``to_dense_pmf()``. Here that conversion happens first, whenever the
+    library would make it (``size >= 2`` and ``count >= 10`` always exceed 1000: 2^10 > 1000),
+    so the library's own dense self-composition runs on the same PMF: the same masses, bit
+    for bit (``tests/workers/accounting/test_gaussian_pld.py``).
+    """
+    remove = getattr(distribution, "_pmf_remove", None)
+    add = getattr(distribution, "_pmf_add", None)
+    symmetric = getattr(distribution, "_symmetric", None)
+    if remove is None or add is None or symmetric is None:  # another dp_accounting: its way
+        return distribution.self_compose(count)
+    dense_remove, dense_add = _dense_for(remove, count), _dense_for(add, count)
+    if dense_remove is remove and dense_add is add:
+        return distribution.self_compose(count)
+    cls = type(distribution)
+    return cls(dense_remove, None if symmetric else dense_add).self_compose(count)
+
+
+def _dense_for(pmf: Any, count: int) -> Any:
+    """``pmf.to_dense_pmf()`` where the library's sparse ``self_compose`` would convert it."""
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
+    from dp_accounting.pld import pld_pmf
+
+    if not isinstance(pmf, pld_pmf.SparsePLDPmf) or count <= 1 or pmf.size <= 1:
+        return pmf  # dense already, or a self_compose that stays sparse (the library's way)
+    if count >= 10 or pmf.size**count > _MAX_PMF_SPARSE_SIZE:
+        return pmf.to_dense_pmf()
+    return pmf
+
+
+class SelfPowers:
+    """``self_compose(distribution, n)`` for several ``n`` of one PLD, the same PLDs, faster.
+
+    A grid's charge schedule self-composes one run's PLD at every charge point. For each
+    call the library's ``common.self_convolve`` first bounds the result's support (Chernoff
+    bounds: 40 ``logsumexp`` moments of the input PMF, which depend on the input alone) and
+    then raises its FFT to the power. Here the moments are computed once per PMF and the rest
+    is the library's arithmetic, step by step (``DensePLDPmf.self_compose``,
+    ``self_convolve``, ``compute_self_convolve_bounds``): the same masses, bit for bit
+    (``tests/workers/accounting/test_gaussian_pld.py``). A dp_accounting without those
+    internals gets :func:`self_compose`.
+    """
+
+    def __init__(self, distribution: Any) -> None:
+        self._distribution = distribution
+        self._moments: dict[int, tuple[np.ndarray, list[float]]] = {}
+
+    def __call__(self, count: int) -> Any:
+        d = self._distribution
+        if count <= 1 or not _dense_internals(d):
+            return self_compose(d, count)
+        remove = self._pmf_power(d._pmf_remove, count)
+        if d._symmetric:
+            return type(d)(remove)
+        return type(d)(remove, self._pmf_power(d._pmf_add, count))
+
+    def _log_mgfs(self, probs: np.ndarray) -> tuple[np.ndarray, list[float]]:
+        cached = self._moments.get(id(probs))
+        if cached is None:
+            # compute_self_convolve_bounds's orders and moments, as it computes them.
+            orders = np.concatenate((np.arange(-20, 0), np.arange(1, 21))) / len(probs)
+            log_mgfs = [special.logsumexp(np.arange(len(probs)) * o, b=probs) for o in orders]
+            cached = self._moments[id(probs)] = (orders, log_mgfs)
+        return cached
+
+    def _pmf_power(self, pmf: Any, count: int, tail_mass_truncation: float = 1e-15) -> Any:
+        """``pmf.self_compose(count)`` for a dense PMF: the library's steps, moments reused."""
+        probs = pmf._probs
+        # compute_self_convolve_bounds(probs, count, tail_mass_truncation)
+        upper_bound = (len(probs) - 1) * count
+        lower_bound = 0
+        orders, log_mgfs = self._log_mgfs(probs)
+        for order, log_mgf_value in zip(orders, log_mgfs, strict=True):
+            bound = (count * log_mgf_value + math.log(2 / tail_mass_truncation)) / order
+            if not math.isfinite(bound):
+                continue
+            if order > 0:
+                upper_bound = min(upper_bound, math.ceil(bound))
+            if order < 0:
+                lower_bound = max(lower_bound, math.floor(bound))
+        # self_convolve's FFT power
+        output_len = upper_bound - lower_bound + 1
+        fast_len = fft.next_fast_len(max(output_len, len(probs)))
+        convolved = np.real(fft.ifft(fft.fft(probs, fast_len) ** count))
+        output = np.roll(convolved, -lower_bound)[:output_len]
+        # DensePLDPmf.self_compose
+        lower_loss = pmf._lower_loss * count + lower_bound
+        inf_prob = tail_mass_truncation - math.expm1(count * math.log1p(-pmf._infinity_mass))
+        return type(pmf)(
+            pmf._discretization,
+            lower_loss,
+            np.array(output),
+            inf_prob,
+            pmf._pessimistic_estimate,
+        )
+
+
+def _dense_internals(distribution: Any) -> bool:
+    """Whether ``distribution`` has dp_accounting 0.6's PLD and dense-PMF internals."""
+    # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
+    from dp_accounting.pld import pld_pmf
+
+    pmfs = (getattr(distribution, "_pmf_remove", None), getattr(distribution, "_pmf_add", None))
+    return isinstance(getattr(distribution, "_symmetric", None), bool) and all(
+        type(p) is pld_pmf.DensePLDPmf
+        and all(hasattr(p, a) for a in ("_probs", "_lower_loss", "_infinity_mass"))
+        for p in pmfs
+    )

@@ -54,6 +54,7 @@ from workers.accounting.epsilon import (
     opacus_epsilon,
     pld_epsilon,
 )
+from workers.accounting.gaussian_pld import gaussian_pld, self_compose
 from workers.plugins import load_plugins
 
 
@@ -429,13 +430,14 @@ def _pld_run_epsilons(
     the plan was calibrated with. DP evaluation: each run's E releases (Gaussian, sensitivity
     1) compose exactly as one Gaussian of multiplier sigma_e / sqrt(E).
     """
-    from workers.accounting.gaussian_pld import gaussian_pld
-
-    one = gaussian_pld(
-        noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
-        value_discretization_interval=PLD_DISCRETIZATION,
-    ).self_compose(steps)
+    one = self_compose(
+        gaussian_pld(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            value_discretization_interval=PLD_DISCRETIZATION,
+        ),
+        steps,
+    )
     if eval_releases and eval_noise_multiplier is not None:
         one = one.compose(
             gaussian_pld(

@@ -22,6 +22,8 @@ from typing import Any
 
 from dpsweep.errors import PrivacyError
 from workers.accounting.epsilon import PLD_DISCRETIZATION
+from workers.accounting.gaussian_pld import SelfPowers, composed_pld
+from workers.accounting.registry import _pld_run_epsilons
 
 
 def _checked_points(points: Sequence[int]) -> list[int]:
@@ -43,8 +45,6 @@ def _pld_epsilons_at(
     eval_noise_multiplier: float | None,
     eval_releases: int,
 ) -> list[float]:
-    from workers.accounting.gaussian_pld import composed_pld
-
     # One run: T subsampled Gaussian steps, then its E evaluation releases, which compose
     # exactly as one Gaussian of multiplier sigma_e / sqrt(E) (composed_pld's q=None entry).
     mechanisms: list[tuple[float, float | None, int]] = [(noise_multiplier, sample_rate, steps)]
@@ -55,7 +55,9 @@ def _pld_epsilons_at(
         return [float("inf")] * len(points)
     # j runs = the one-run PLD composed with itself j times; the pessimistic discretisation
     # of the one-run PLD makes every self-composition an upper bound on j runs' epsilon.
-    return [float(one.self_compose(p).get_epsilon_for_delta(target_delta)) for p in points]
+    # SelfPowers: the library's self_compose, its tail bounds' moments computed once.
+    power = SelfPowers(one)
+    return [float(power(p).get_epsilon_for_delta(target_delta)) for p in points]
 
 
 def epsilons_at(
@@ -89,8 +91,6 @@ def epsilons_at(
             answered a different number of runs.
     """
     pts = _checked_points(points)
-    from workers.accounting.registry import _pld_run_epsilons
-
     kw: dict[str, Any] = {
         "noise_multiplier": noise_multiplier,
         "sample_rate": sample_rate,

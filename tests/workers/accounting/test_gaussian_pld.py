@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workers.accounting import pld_epsilon
-from workers.accounting.gaussian_pld import _vector_gaussian, composed_pld, gaussian_pld
+from workers.accounting.gaussian_pld import (
+    SelfPowers,
+    _vector_gaussian,
+    composed_pld,
+    gaussian_pld,
+    self_compose,
+)
 
 SIGMAS = st.floats(min_value=0.4, max_value=40.0)
 RATES = st.one_of(st.floats(min_value=1e-5, max_value=0.999), st.just(1.0), st.just(0.5))
@@ -153,3 +159,49 @@ def test_deltas_for_scalars_and_arrays_match_the_library(adjacency: plm.Adjacenc
     for e in (0.0, 0.01, -0.01, 0.3, np.float32(0.01), np.float64(-0.01)):
         assert fast.get_delta_for_epsilon(e) == slow.get_delta_for_epsilon(e)
         assert type(fast.get_delta_for_epsilon(e)) is type(slow.get_delta_for_epsilon(e))
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    sigma=st.floats(min_value=0.5, max_value=60.0),
+    q=st.floats(min_value=1e-4, max_value=0.5),
+    count=st.one_of(
+        st.integers(min_value=1, max_value=12), st.integers(min_value=13, max_value=3000)
+    ),
+)
+def test_self_compose_is_the_librarys_without_its_big_power(
+    sigma: float, q: float, count: int
+) -> None:
+    """Sparse PMFs (much noise) are made dense first exactly where the library would."""
+    one = gaussian_pld(noise_multiplier=sigma, sample_rate=q, value_discretization_interval=2.5e-4)
+    _same_pld(self_compose(one, count), one.self_compose(count))
+
+
+def test_self_compose_of_a_large_count_is_fast_and_the_same() -> None:
+    """The 10,000-trial bench's grid: 900,000 steps at sigma 25.5 (issue 41)."""
+    one = gaussian_pld(
+        noise_multiplier=25.5, sample_rate=0.0445, value_discretization_interval=2.5e-4
+    )
+    assert type(one._pmf_remove).__name__ == "SparsePLDPmf"  # the case the helper is for
+    _same_pld(self_compose(one, 900_000), one.self_compose(900_000))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    sigma=st.floats(min_value=0.8, max_value=30.0),
+    q=st.floats(min_value=1e-3, max_value=0.2),
+    steps=st.integers(min_value=1, max_value=100),
+    eval_sigma=st.one_of(st.none(), st.floats(min_value=2.0, max_value=50.0)),
+    counts=st.lists(st.integers(min_value=1, max_value=1000), min_size=1, max_size=3),
+)
+def test_self_powers_are_the_librarys_self_compositions(
+    sigma: float, q: float, steps: int, eval_sigma: float | None, counts: list[int]
+) -> None:
+    """A charge schedule's powers of one run's PLD: the library's, bit for bit."""
+    mechanisms: list[tuple[float, float | None, int]] = [(sigma, q, steps)]
+    if eval_sigma is not None:
+        mechanisms.append((eval_sigma, None, 3))
+    one = composed_pld(mechanisms, value_discretization_interval=2.5e-4)
+    power = SelfPowers(one)
+    for count in [*sorted(counts), counts[0]]:  # the moments reused, in any order
+        _same_pld(power(count), one.self_compose(count))

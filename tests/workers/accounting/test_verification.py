@@ -161,6 +161,42 @@ def test_prv_brackets_the_pld_where_prv_accountant_0_2_0_misplaces_its_mean() ->
     assert b.estimate == pytest.approx(pld, rel=1e-3)
 
 
+@settings(max_examples=6, deadline=None)
+@given(size=st.integers(1, 400_000).map(lambda n: 2 * n), dt=st.floats(1e-5, 1e-2))
+def test_the_prv_domain_only_widens_to_a_fast_fft_length(size: int, dt: float) -> None:
+    """Issue 41: same mesh and nodes, whole cells added on each side, an even 5-smooth size."""
+    from prv_accountant.domain import Domain
+
+    from workers.accounting.audit.prv import _fast_domain
+
+    def smooth(n: int) -> bool:  # no prime factor above 5
+        for p in (2, 3, 5):
+            while n % p == 0:
+                n //= p
+        return n == 1
+
+    c = size // 2 - 1
+    domain = Domain(-c * dt, (c + 1) * dt, size)  # create_aligned's form
+    fast = _fast_domain(domain)
+    assert len(fast) >= size and len(fast) % 2 == 0 and smooth(len(fast))
+    extra = (len(fast) - size) // 2
+    assert fast.dt() == pytest.approx(dt, rel=1e-9)
+    assert fast.t_min() == pytest.approx(-(c + extra) * dt, rel=1e-9)
+    assert fast.t_max() == pytest.approx((c + 1 + extra) * dt, rel=1e-9)
+
+
+def test_the_prv_of_a_10_000_trial_grid_is_the_unwidened_domains() -> None:
+    """The widened domain only truncates less: the bounds match the library's size's."""
+    from workers.accounting.audit import prv
+
+    mechanisms = ((25.5, 0.0445, 900_000),)
+    fast = prv._prv_bounds(mechanisms, 1e-5, 0.16, 1e-8)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(prv, "_fast_domain", lambda domain: domain)
+        plain = prv._prv_bounds(mechanisms, 1e-5, 0.16, 1e-8)
+    assert fast == pytest.approx(plain, abs=1e-6)
+
+
 @pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(
