@@ -24,8 +24,6 @@ from sweeper.privacy.ledger.keys import identity_key
 from sweeper.settings import SweeperSettings
 from sweeper.store import Dataset, ModelArtifact, Sweep, SweepState
 from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
-from workers.datasets.descriptors import get_dataset_descriptor
-from workers.datasets.images import registered_options
 
 
 def register_file(
@@ -74,6 +72,9 @@ def register_file(
     file = Path(path).expanduser().resolve()
     fmt = format_of(file, fmt)
 
+    # deferred: workers.datasets pulls numpy and every loader; sweeper.datasets stays light
+    from workers.datasets.descriptors import get_dataset_descriptor
+
     descriptor = get_dataset_descriptor(fmt)
     noun = file_noun(fmt)
     if "label_column" in descriptor.needs and not label_column:
@@ -100,6 +101,8 @@ def register_file(
         view = dict(dict(existing.config or {}).get("view") or {}) if existing else {}
         view.pop("n_examples", None)
     if fmt == "image_folder":
+        from workers.datasets.images import registered_options  # deferred: numpy
+
         given = registered_options(file, given)
     spec = worker_spec(
         {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
