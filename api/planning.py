@@ -41,6 +41,9 @@ def _file_stamps(dataset: Any) -> list[list[Any]]:
     public_eval = getattr(dataset, "eval_dataset", None)
     if public_eval is not None:  # a public evaluation dataset's files count too
         paths += [public_eval.path, public_eval.labels_path]
+    # So do the public datasets arms tune on (their best points centre the grids).
+    for _, tuning in getattr(dataset, "tune_datasets", ()) or ():
+        paths += [tuning.path, tuning.labels_path]
     for path in paths:
         if path:
             try:

@@ -138,11 +138,25 @@ class PlanGrid(_Out):
         "generic (any nn.Module; per-example gradients from torch.func) or auto (decided "
         "when the model is built, for a plug-in)",
     )
+    tuned_on: str | None = Field(
+        default=None,
+        description="public pre-tuning (the arm's tune_on): the public dataset the grid's "
+        "points were trained on first, at this grid's noise multiplier (no epsilon spent)",
+    )
+    tuned_params: dict[str, Any] | None = Field(
+        default=None, description="the best point on the public records (lr included)"
+    )
+    tuned_score: float | None = Field(
+        default=None, description="its objective on the public records"
+    )
+    tuned_grid: dict[str, Any] | None = Field(
+        default=None,
+        description="the grid centred on the best point, which the trials are created from "
+        "(same size as the spec's grid)",
+    )
 
     @classmethod
-    def of(
-        cls, plan: GridPlan, *, epsilon_reserved: Decimal, delta_reserved: Decimal
-    ) -> PlanGrid:
+    def of(cls, plan: GridPlan, *, epsilon_reserved: Decimal, delta_reserved: Decimal) -> PlanGrid:
         """A dry run's view of one grid's plan: every field of the same name in
         :class:`dpsweep.plan.GridPlan` (a test keeps the names a subset), and its reservation."""
         d = plan.to_stored()

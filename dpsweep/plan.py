@@ -127,6 +127,15 @@ class GridPlan:
     # Which engine path trains the grid's model, as its descriptor declares it (packed,
     # generic, or auto: decided when built); each trial records the path it took.
     engine_path: str | None = None
+    # Public pre-tuning (the arm's ``tune_on``, sweeper.sweeps.tuning): the public dataset the
+    # grid's points were first trained on at this grid's sigma (no epsilon spent), the best
+    # point there (its hyperparameters, lr included), its score on the public records (the
+    # spec's objective), and the centred grid the trials are created from (axes as JSON:
+    # lists, or {logspace|linspace: [a, b], k: n}; same size as the spec's). None: not tuned.
+    tuned_on: str | None = None
+    tuned_params: dict[str, Any] | None = field(default=None, hash=False)
+    tuned_score: float | None = None
+    tuned_grid: dict[str, Any] | None = field(default=None, hash=False)
     # -- set when the sweep is stored --
     # Trials stored for the grid (papernot-steinke: the rows a search may draw from).
     planned_trials: int | None = None

@@ -39,10 +39,14 @@ from api.spec_body import check_limits, parse_spec, read_body
 from api.views import pareto
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import SweepSpec
-from sweeper.datasets.resolution import resolve
 from sweeper.privacy.charges import exact_sum
 from sweeper.sweeps.admission import Admission, admit, public_data_error
-from sweeper.sweeps.create import check_before_reserving, create_sweep, dataset_key
+from sweeper.sweeps.create import (
+    check_before_reserving,
+    create_sweep,
+    dataset_key,
+    planning_dataset,
+)
 from sweeper.sweeps.deletion import delete_sweep
 from sweeper.sweeps.lifecycle import cancel_sweep
 from sweeper.sweeps.stored import TERMINAL_SWEEPS
@@ -77,9 +81,9 @@ def _prepare(
     admission = admit(engine, spec, viewer)
     spec = admission.spec
     try:
-        # Loader names pass through; uploads, registered names and a public evaluation
-        # dataset are looked up in the catalog.
-        prepared = planner.prepare(spec, dataset=resolve(engine, spec.dataset, spec.eval))
+        # Loader names pass through; uploads, registered names, a public evaluation dataset
+        # and the public datasets arms tune on are looked up in the catalog.
+        prepared = planner.prepare(spec, dataset=planning_dataset(engine, spec))
     except DpsweepError as exc:
         public = public_data_error(exc, admission)
         if public is exc:

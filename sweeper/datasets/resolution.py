@@ -6,15 +6,17 @@ format and label column); loader names (``digits``, ``csv`` with a path) are pas
 **Public datasets.** The owner of a registered file may declare its records public
 (``dpsweep datasets register FILE --name NAME --public``, stored as ``public`` in the row's
 ``config``): such a name may then be a spec's public evaluation dataset (``eval: {mode:
-public, dataset: NAME}``, :func:`resolve`), whose records no epsilon covers. Registering a
-name again sets the flag to what is given then (without ``--public``: not public), so a
-declaration never outlives the file it was made for. Uploads are never declared public, nor
-are loader names, except the shared sets whose descriptor declares them public
+public, dataset: NAME}``, :func:`resolve`), or the dataset an arm tunes on before its private
+grid (``tune_on: NAME``, :func:`resolve`'s ``tune_on``), whose records no epsilon covers.
+Registering a name again sets the flag to what is given then (without ``--public``: not
+public), so a declaration never outlives the file it was made for. Uploads are never declared
+public, nor are loader names, except the shared sets whose descriptor declares them public
 (``mnist1d-test``, :attr:`workers.datasets.descriptors.DatasetDescriptor.public`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -30,7 +32,13 @@ from workers.datasets.descriptors import DATASET_DESCRIPTORS, get_dataset_descri
 from workers.datasets.registry import has_loader
 
 
-def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
+def resolve(
+    engine: Engine | None,
+    dataset: Any,
+    evaluation: Any = None,
+    *,
+    tune_on: Mapping[str, str] | None = None,
+) -> Any:
     """The worker-side :class:`workers.datasets.DatasetSpec` of a spec's dataset.
 
     Uploads (``ds_...``) and registered names are looked up in the catalog (their stored
@@ -46,26 +54,67 @@ def resolve(engine: Engine | None, dataset: Any, evaluation: Any = None) -> Any:
             with ``mode`` and ``dataset``); None: mode ``carve-out``. Mode ``public`` resolves
             ``dataset`` to a registered name its owner declared public
             (:func:`public_eval_spec`).
+        tune_on: The public datasets the arms tune on, arm label to name (an arm's
+            ``tune_on``, :func:`tuning_names`); each is resolved as a public evaluation
+            dataset is (:func:`public_eval_spec`, field ``arms.<label>.tune_on``) and read with
+            the training dataset's scaling settings.
 
     Returns:
-        The worker spec with ``evaluation`` (and in mode ``public`` ``eval_dataset``) set.
+        The worker spec with ``evaluation`` (and in mode ``public`` ``eval_dataset``) set, and
+        ``tune_datasets`` holding each tuning dataset once.
 
     Raises:
         ConfigError: an upload id or name that does not exist, a path given with a
             registered name, or an option its loader does not declare or a value out of its
             range (field ``dataset.*``); an evaluation dataset that is not a
-            registered name declared public, or is the training dataset (``eval.dataset``).
+            registered name declared public, or is the training dataset (``eval.dataset``); a
+            tuning dataset refused for the same reasons (``arms.<label>.tune_on``).
     """
     spec = _resolve_training(engine, dataset)
     _check_options(spec)
+    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
+    if tune_on:
+        spec = replace(spec, tune_datasets=_tuning_specs(engine, tune_on, spec, str(get("name"))))
     mode, eval_name = _eval_settings(evaluation)
     if mode == "carve-out":
         return spec
     if mode == "dp":
         return replace(spec, evaluation="dp")
-    get = dataset.get if isinstance(dataset, dict) else lambda k, d=None: getattr(dataset, k, d)
     eval_spec = public_eval_spec(engine, eval_name, training=str(get("name")))
     return replace(spec, evaluation="public", eval_dataset=eval_spec)
+
+
+def tuning_names(arms: Iterable[Any]) -> dict[str, str]:
+    """Arm label to the public dataset it tunes on (its ``tune_on``), for :func:`resolve`."""
+    return {a.label: str(a.tune_on) for a in arms if getattr(a, "tune_on", None)}
+
+
+def tuning_spec(
+    engine: Engine | None, name: str, training: Any, *, training_name: str, field: str
+) -> Any:
+    """The worker spec of one public tuning dataset (:func:`public_eval_spec` with ``field``),
+    read with the training spec's (``training``, named ``training_name`` in the spec) split and
+    scaling settings, so that the tuned model sees inputs bounded as the private runs' are."""
+    public = public_eval_spec(engine, name, training=training_name, field=field)
+    return replace(
+        public,
+        input_bounds=training.input_bounds,
+        feature_clip=training.feature_clip,
+        test_fraction=training.test_fraction,
+        split_seed=training.split_seed,
+    )
+
+
+def _tuning_specs(
+    engine: Engine | None, tune_on: Mapping[str, str], training: Any, training_name: str
+) -> tuple[tuple[str, Any], ...]:
+    out: dict[str, Any] = {}
+    for label, name in tune_on.items():
+        if name not in out:
+            out[name] = tuning_spec(
+                engine, name, training, training_name=training_name, field=f"arms.{label}.tune_on"
+            )
+    return tuple(out.items())
 
 
 def _check_options(spec: Any) -> None:
@@ -98,32 +147,33 @@ _HOW_TO_PUBLISH = (
 )
 
 
-def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) -> Any:
+def public_eval_spec(
+    engine: Engine | None, name: str | None, *, training: str, field: str = "eval.dataset"
+) -> Any:
     """The worker spec of a public evaluation dataset: a registered name whose owner declared
-    its records public (``register_file(..., public=True)``).
+    its records public (``register_file(..., public=True)``). The same checks give an arm's
+    public tuning dataset (``field="arms.<label>.tune_on"``, named in the messages).
 
     Raises:
-        ConfigError (field ``eval.dataset``): no name; an upload id or a loader name (never
-            declared public); the training dataset's own name or records; a name that is not
-            registered or not declared public; no database.
+        ConfigError (field ``field``, default ``eval.dataset``): no name; an upload id or a
+            loader name (never declared public); the training dataset's own name or records; a
+            name that is not registered or not declared public; no database.
     """
-    field = "eval.dataset"
+    # Evaluation and tuning records are public: never the (private) training records.
+    what = "evaluation" if field == "eval.dataset" else "public tuning"
     if not name:
         raise ConfigError(
-            "eval mode public needs eval.dataset: a registered name declared public "
-            f"({_HOW_TO_PUBLISH})",
-            field=field,
+            f"{field} needs a registered name declared public ({_HOW_TO_PUBLISH})", field=field
         )
     if name == training:
         raise ConfigError(
-            f"eval.dataset {name!r} is the training dataset: evaluation records are never "
-            f"trained on; {_HOW_TO_PUBLISH} under a name of their own",
+            f"{field} {name!r} is the training dataset, whose records are private: {what} "
+            f"records are public ones; {_HOW_TO_PUBLISH} under a name of their own",
             field=field,
         )
     if is_upload(name):
         raise ConfigError(
-            f"eval.dataset {name!r} is an upload: uploads are never declared public; "
-            f"{_HOW_TO_PUBLISH}",
+            f"{field} {name!r} is an upload: uploads are never declared public; {_HOW_TO_PUBLISH}",
             field=field,
         )
     if has_loader(name) and public_builtin(name):
@@ -132,13 +182,13 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
         return worker_spec({}, path=None, name=name, label_column=None)
     if has_loader(name):
         raise ConfigError(
-            f"eval.dataset {name!r} is a loader of dpsweep, not a dataset declared public by its "
+            f"{field} {name!r} is a loader of dpsweep, not a dataset declared public by its "
             f"owner; {_HOW_TO_PUBLISH}",
             field=field,
         )
     if engine is None:
         raise ConfigError(
-            f"eval.dataset {name!r} is in the catalog and needs the service's database",
+            f"{field} {name!r} is in the catalog and needs the service's database",
             field=field,
         )
     with Session(engine) as session:
@@ -150,20 +200,20 @@ def public_eval_spec(engine: Engine | None, name: str | None, *, training: str) 
         )
     if row is None or row.storage_path is None or row.format is None:
         raise ConfigError(
-            f"no registered dataset {name!r} for eval.dataset (`dpsweep datasets list` lists "
+            f"no registered dataset {name!r} for {field} (`dpsweep datasets list` lists "
             f"them); {_HOW_TO_PUBLISH}",
             field=field,
         )
     if not _public_flag(row):
         raise ConfigError(
-            f"eval.dataset {name!r} is not declared public by its owner; register it with "
+            f"{field} {name!r} is not declared public by its owner; register it with "
             f"`dpsweep datasets register FILE --name {name} --public`",
             field=field,
         )
     if trained and row.content_sha256 == trained:
         raise ConfigError(
-            f"eval.dataset {name!r} reads the same records as the training dataset: "
-            "evaluation records are never trained on; evaluate on other records",
+            f"{field} {name!r} reads the same records as the training dataset: "
+            f"{what} records are public ones; use other records",
             field=field,
         )
     return file_spec(row)

@@ -82,41 +82,76 @@ def _check_model(spec: SweepSpec) -> None:
 
 
 def _check_arms(spec: SweepSpec) -> None:
-    """Every arm names a known private strategy, a learning rate, and valid hyperparameters.
+    """Every arm names a known private strategy, a learning rate, and valid hyperparameters
+    (:func:`check_arm`), and tunes on public data only where its points are known before the
+    run (:func:`_check_tuning`)."""
+    for arm in spec.arms:
+        check_arm(arm)
+        _check_tuning(spec, arm)
+
+
+def _check_tuning(spec: SweepSpec, arm: ArmConfig) -> None:
+    """An arm's ``tune_on`` (public pre-tuning, :mod:`sweeper.sweeps.tuning`): the grid it
+    centres must be known when the sweep is planned. The dataset itself is checked where it is
+    resolved (:func:`sweeper.datasets.resolution.resolve`)."""
+    name = getattr(arm, "tune_on", None)
+    if name is None:
+        return
+    field = f"arms.{arm.label}.tune_on"
+    if spec.search.method == "tpe":
+        raise ConfigError(
+            f"arm {arm.label!r} tunes on {name!r}, but search method tpe proposes its points "
+            "during the run, so there is no grid to centre when the sweep is planned; use "
+            "search method grid or random with tune_on",
+            field=field,
+        )
+    if not arm.grid:
+        raise ConfigError(
+            f"arm {arm.label!r} tunes on {name!r} but has no grid to centre; give it a grid "
+            "(e.g. lr: {logspace: [-2, 0], k: 3}) or leave tune_on out",
+            field=field,
+        )
+
+
+def check_arm(arm: ArmConfig) -> None:
+    """One arm names a known private strategy, a learning rate, and valid hyperparameters.
 
     Torch-free: only the strategies' descriptors are read. Every value a trial may get is
     checked (type, finiteness, range, choices), with the same
     :meth:`~workers.strategies.StrategyDescriptor.validate` the worker runs: every grid point
     merged over the arm's params, and for a ``logspace``/``linspace`` axis also both ends of
-    its interval (random and tpe search draw anywhere between them).
+    its interval (random and tpe search draw anywhere between them). A grid centred by public
+    pre-tuning is checked again with it (:func:`sweeper.sweeps.tuning.centred_arm`).
+
+    Raises:
+        ConfigError: naming ``arms.<label>.<field>``.
     """
-    for arm in spec.arms:
-        field = f"arms.{arm.label}"
-        try:
-            strategy = get_descriptor(arm.strategy)
-        except ConfigError as exc:
-            raise ConfigError(str(exc), field=f"{field}.strategy") from None
-        if "lr" not in arm.grid and "lr" not in arm.params:
-            raise ConfigError(
-                f"arm {arm.label!r} has no learning rate: add lr to its grid "
-                "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
-                field=f"{field}.grid.lr",
-            )
-        names = (set(arm.grid) | set(arm.params)) - {"lr"}
-        unknown = names - set(strategy.hyperparameters)
-        if unknown:
-            raise ConfigError(
-                f"arm {arm.label!r}: unknown hyperparameter(s) {sorted(unknown)} for strategy "
-                f"{arm.strategy!r}; allowed: {sorted(strategy.hyperparameters) or 'none'}",
-                field=f"{field}.params.{sorted(unknown)[0]}",
-            )
-        if not strategy.private:
-            raise ConfigError(
-                f"arm {arm.label!r}: strategy {arm.strategy!r} is not private; a sweep spends "
-                "privacy budget and runs private strategies only",
-                field=f"{field}.strategy",
-            )
-        _check_arm_values(arm, strategy)
+    field = f"arms.{arm.label}"
+    try:
+        strategy = get_descriptor(arm.strategy)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), field=f"{field}.strategy") from None
+    if "lr" not in arm.grid and "lr" not in arm.params:
+        raise ConfigError(
+            f"arm {arm.label!r} has no learning rate: add lr to its grid "
+            "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
+            field=f"{field}.grid.lr",
+        )
+    names = (set(arm.grid) | set(arm.params)) - {"lr"}
+    unknown = names - set(strategy.hyperparameters)
+    if unknown:
+        raise ConfigError(
+            f"arm {arm.label!r}: unknown hyperparameter(s) {sorted(unknown)} for strategy "
+            f"{arm.strategy!r}; allowed: {sorted(strategy.hyperparameters) or 'none'}",
+            field=f"{field}.params.{sorted(unknown)[0]}",
+        )
+    if not strategy.private:
+        raise ConfigError(
+            f"arm {arm.label!r}: strategy {arm.strategy!r} is not private; a sweep spends "
+            "privacy budget and runs private strategies only",
+            field=f"{field}.strategy",
+        )
+    _check_arm_values(arm, strategy)
 
 
 def _axis_values(axis: Any) -> list[Any]:

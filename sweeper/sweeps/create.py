@@ -28,7 +28,7 @@ from sweeper.datasets.fixed_view import stored_row
 from sweeper.datasets.grants import has_active_grant, usage
 from sweeper.datasets.identity import bind_name, ledger_key_of
 from sweeper.datasets.names import in_catalog
-from sweeper.datasets.resolution import resolve
+from sweeper.datasets.resolution import resolve, tuning_names
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.privacy.ledger.amounts import (
     ZERO,
@@ -47,6 +47,7 @@ from sweeper.sweeps.checks import check_spec
 from sweeper.sweeps.planning import plan_sweep
 from sweeper.sweeps.quota import check_quota, configured_quota_bytes, estimate_if_limited
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
+from sweeper.sweeps.tuning import tuned_arm
 from workers.datasets.loading import dataset_content_sha256
 
 
@@ -69,6 +70,13 @@ def dataset_key(spec: SweepSpec) -> str:
     the records (``sweeps.ledger_key``, see :mod:`sweeper.datasets`)."""
     d = spec.dataset
     return d.name if d.path is None else f"{d.name}:{d.path}"
+
+
+def planning_dataset(engine: Engine | None, spec: SweepSpec) -> Any:
+    """The worker spec a spec is planned with (:func:`sweeper.sweeps.planning.plan_sweep`'s
+    ``dataset``): its training dataset resolved with its ``eval`` section and the public
+    datasets its arms tune on (``tune_on``)."""
+    return resolve(engine, spec.dataset, spec.eval, tune_on=tuning_names(spec.arms))
 
 
 def _content_of(engine: Engine, spec: SweepSpec) -> str:
@@ -284,9 +292,9 @@ def create_sweep(
     check_spec(spec)
     if prepared is None:
         if plan is None:
-            # Loader names pass through; uploads, registered names and a public evaluation
-            # dataset are looked up in the catalog.
-            plan = plan_sweep(spec, dataset=resolve(engine, spec.dataset, spec.eval))
+            # Loader names pass through; uploads, registered names, a public evaluation
+            # dataset and the public datasets arms tune on are looked up in the catalog.
+            plan = plan_sweep(spec, dataset=planning_dataset(engine, spec))
 
         prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
     plan = prepared.plan
@@ -323,7 +331,9 @@ def create_sweep(
     trials: list[dict[str, Any]] = []
     stored: list[GridPlan] = []
     for g, sched in zip(plan.grids, prepared.schedules, strict=True):
-        arm = arms[g.arm]
+        # A grid tuned on public records creates its trials from its centred grid (its size,
+        # and so its plan, is the spec's).
+        arm = tuned_arm(arms[g.arm], g.tuned_grid)
         rows = _arm_trials(spec, arm, g)
         # Trials check that they train on these records (what the reservation covers).
         stored.append(

@@ -13,13 +13,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from dpsweep.plan import SweepPlan
-from sweeper.datasets.resolution import resolve
+from dpsweep.errors import ConfigError
+from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.datasets.resolution import resolve, tuning_names, tuning_spec
 from sweeper.privacy.limits import HIGH_NOISE_MULTIPLIER, high_noise_warning
 from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
 from sweeper.privacy.parallel import pmap
 from sweeper.privacy.planner import grid_requests, plan_accountant_name, plan_grid
 from sweeper.sweeps.checks import check_model_on_data, check_spec
+from sweeper.sweeps.tuning import centred_arm, grid_json, tuning_points
+from workers.accounting.registry import trial_accountant_for_plan
 from workers.count_noise import auto_count_noise
 from workers.datasets.loading import load_dataset
 from workers.strategies import get_descriptor
@@ -43,8 +46,11 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     # The accountant is a registered one the planner can calibrate with (422 naming them).
     plan_accountant_name(spec.privacy.accountant)
     evaluation = getattr(spec, "eval", None)
-    # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode.
-    data = load_dataset(dataset or resolve(None, spec.dataset, evaluation))
+    # Without a resolved dataset, a loader's (no catalog): it carries the evaluation mode and
+    # the public datasets arms tune on (built-ins declared public; a registered name needs the
+    # catalog, and is refused here without it).
+    dataset = dataset or resolve(None, spec.dataset, evaluation, tune_on=tuning_names(spec.arms))
+    data = load_dataset(dataset)
     # ... then the model on the loaded data's shape (built on the meta device unless its
     # descriptor declares the packed path), before any grid is planned.
     engine_path = check_model_on_data(spec, data)
@@ -94,4 +100,92 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
                 engine_path=engine_path,
             )
         )
+    if any(getattr(a, "tune_on", None) for a in spec.arms):
+        grids = _tuned(spec, grids, dataset, data)
     return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)
+
+
+def _tuned(spec: Any, grids: list[GridPlan], dataset: Any, data: Any) -> list[GridPlan]:
+    """Public pre-tuning (:mod:`sweeper.sweeps.tuning`): each grid of an arm with ``tune_on``
+    trains its points on the public records at its own planned sigma, delta and steps, and is
+    centred on the best. The grids' sizes, and so K and every sigma, are unchanged.
+
+    Raises:
+        ConfigError: a tuning dataset that is not public, whose records do not fit the model
+            (``arms.<label>.tune_on``), or a centred value the strategy refuses.
+    """
+    # deferred: imports torch (the tuning trains on the public records)
+    from workers.public_tuning import tune_on_public
+
+    resolved = dict(getattr(dataset, "tune_datasets", ()) or ())
+    loaded: dict[str, tuple[Any, Any]] = {}
+    arms = {a.label: a for a in spec.arms}
+    out = []
+    for g in grids:
+        arm = arms[g.arm]
+        name = getattr(arm, "tune_on", None)
+        if not name:
+            out.append(g)
+            continue
+        field = f"arms.{arm.label}.tune_on"
+        if name not in loaded:
+            # Resolved with the training dataset (the callers that have the catalog); else a
+            # built-in declared public (a registered name then says it needs the catalog).
+            public = resolved.get(name) or tuning_spec(
+                None, name, dataset, training_name=str(spec.dataset.name), field=field
+            )
+            loaded[name] = (public, _public_data(public, data, name=name, field=field))
+        public, public_data = loaded[name]
+        try:
+            result = tune_on_public(
+                public_data,
+                public,
+                model=spec.model,
+                training=spec.training,
+                strategy=arm.strategy,
+                points=tuning_points(arm),
+                noise_multiplier=g.noise_multiplier,
+                delta=g.delta_per_trial,
+                steps=g.steps_per_trial,
+                metric=spec.objective.metric,
+                mode=spec.objective.mode,
+                accountant=trial_accountant_for_plan(g.accountant),
+            )
+        except ConfigError as exc:
+            raise ConfigError(
+                f"arm {arm.label!r}: public tuning on {name!r} failed: {exc}", field=field
+            ) from None
+        centred = centred_arm(arm, {k: v for k, v in result.best.items() if k in arm.grid})
+        out.append(
+            replace(
+                g,
+                tuned_on=name,
+                tuned_params=dict(result.best),
+                tuned_score=result.score,
+                tuned_grid=grid_json(centred.grid),
+            )
+        )
+    return out
+
+
+def _public_data(public: Any, data: Any, *, name: str, field: str) -> Any:
+    """The public tuning records, loaded, once checked to fit the model the private records
+    shape (the same input shape, classes and vocabulary)."""
+    try:
+        loaded = load_dataset(public)
+    except ConfigError as exc:
+        raise ConfigError(f"{field} {name!r}: {exc}", field=field) from None
+    same = (
+        tuple(loaded.input_shape) == tuple(data.input_shape)
+        and int(loaded.num_classes) == int(data.num_classes)
+        and loaded.vocab_size == data.vocab_size
+    )
+    if not same:
+        raise ConfigError(
+            f"{field} {name!r}: its records do not fit the model the training data shapes "
+            f"(input shape {tuple(loaded.input_shape)} and {loaded.num_classes} classes, "
+            f"against {tuple(data.input_shape)} and {data.num_classes}); tune on public "
+            "records of the same shape and classes",
+            field=field,
+        )
+    return loaded

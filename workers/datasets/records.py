@@ -56,6 +56,10 @@ class DatasetSpec:
             class another index). Stored files (uploads, registered names) carry the list
             computed at upload or registration. None: the sorted distinct labels of the
             records (built-ins, local files given by path, rows stored before declarations).
+        tune_datasets: the public datasets arms tune on before the private grid (an arm's
+            ``tune_on``), as ``(name, worker spec)`` pairs, resolved where this spec is
+            (:func:`sweeper.datasets.resolution.resolve`); only the planner reads them, workers
+            never do.
     """
 
     name: str
@@ -71,6 +75,7 @@ class DatasetSpec:
     eval_dataset: DatasetSpec | None = None
     declared_size: int | None = None
     classes: tuple[str, ...] | None = None
+    tune_datasets: tuple[tuple[str, DatasetSpec], ...] = ()
 
 
 @dataclass
