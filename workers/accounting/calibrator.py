@@ -5,10 +5,12 @@ every accountant, built-in or plug-in, calibrates with :func:`calibrate_sigma` u
 descriptor brings its own ``calibrate``. Torch-free (the planner calibrates with it), and it
 imports no accountant library: the epsilon function does.
 
-The method (what the planner has always used): secant steps on ``log eps`` against
-``log sigma`` from the mu-GDP guess, then a bracketed bisection; a handful of accountant calls
-instead of a blind binary search. The result's epsilon is at most the target and at least
-``target * (1 - slack)``; ``inf`` when even ``8 * max_noise_multiplier`` is not enough.
+The method: the mu-GDP guess, then a Newton step with the mu-GDP model's slope
+(:func:`gdp_slope`, no accountant call), then secant steps on ``log eps`` against ``log
+sigma`` and a bracketed bisection; two accountant calls for a large grid (issue 41), a handful
+for small ones, instead of a blind binary search. The result's epsilon is at most the target
+and at least ``target * (1 - slack)``; ``inf`` when even ``8 * max_noise_multiplier`` is not
+enough.
 """
 
 from __future__ import annotations

@@ -143,7 +143,8 @@ def _prv_bounds(
     prvs = [_prv(sigma, q) for sigma, q, _ in mechanisms]
     kinks = [[math.log1p(-q)] if q < 1 else [] for _, q, _ in mechanisms]
     counts = [int(t) for _, _, t in mechanisms]
-    # The rest is PRVAccountant.__init__ and compute_epsilon of prv-accountant 0.2.0.
+    # The rest is PRVAccountant.__init__ and compute_epsilon of prv-accountant 0.2.0 (its
+    # domain widened to a fast FFT length, _fast_domain).
     half_width = compute_safe_domain_size(
         prvs, counts, eps_error=eps_error, delta_error=delta_error
     )
