@@ -14,7 +14,8 @@ The rule, per axis of numbers (``best`` is the tuned point's value of that axis)
 - ``{logspace: [a, b], k}``: shifted by ``log10(best) - (a + b) / 2``;
 - ``{linspace: [a, b], k}``: shifted by ``best - (a + b) / 2``;
 - anything else (choices, lists with a value <= 0 or not a number, an integer
-  hyperparameter's interval) is unchanged.
+  hyperparameter's interval, and the axis sizing a strategy's second release, such as
+  quantile's ``count_noise``, whose values split the planned sigma) is unchanged.
 
 Every value is then kept inside the strategy descriptor's range for its hyperparameter (``lr``:
 ``> 0``) by clamping, and the centred arm is validated again exactly as submission validates
@@ -129,8 +130,14 @@ def _declaration(strategy: Any, name: str) -> HParam | None:
 def centre_grid(arm: ArmConfig, best: Mapping[str, Any]) -> dict[str, list[Any] | Axis]:
     """The arm's grid with every axis centred on ``best`` (see :func:`centre_axis`)."""
     strategy = get_descriptor(arm.strategy)
+    # The size of a strategy's second release (quantile's count_noise, online's
+    # direction_noise_ratio) splits the planned sigma: the plan's split was made for the
+    # spec's values, so that axis is kept as written.
+    kept = {strategy.second_release}
     return {
-        name: centre_axis(axis, best[name], _declaration(strategy, name)) if name in best else axis
+        name: centre_axis(axis, best[name], _declaration(strategy, name))
+        if name in best and name not in kept
+        else axis
         for name, axis in arm.grid.items()
     }
 

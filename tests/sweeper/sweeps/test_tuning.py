@@ -74,9 +74,7 @@ def test_a_centred_arm_is_valid_and_round_trips_through_json() -> None:
     best_clip=positive,
     quantiles=st.lists(quantile, min_size=1, max_size=4),
     best_q=quantile,
-    ends=st.tuples(
-        st.floats(min_value=-5, max_value=3), st.floats(min_value=-5, max_value=3)
-    ),
+    ends=st.tuples(st.floats(min_value=-5, max_value=3), st.floats(min_value=-5, max_value=3)),
     k=st.integers(min_value=1, max_value=5),
 )
 def test_centring_keeps_size_ratios_and_ranges(
@@ -135,3 +133,11 @@ def test_centring_keeps_size_ratios_and_ranges(
     for point in tuned.points():
         get_descriptor("quantile").validate({k: v for k, v in point.items() if k != "lr"})
         assert point["lr"] > 0
+
+
+def test_the_axis_sizing_a_second_release_is_kept() -> None:
+    # quantile's count_noise splits the planned sigma: the plan's split is the spec's values'.
+    arm = ArmConfig(strategy="quantile", grid={"lr": [0.1, 1.0], "count_noise": [5.0, 10.0]})
+    grid = centre_grid(arm, {"lr": 1.0, "count_noise": 10.0})
+    assert grid["count_noise"] == [5.0, 10.0]
+    assert grid["lr"] == pytest.approx([10**-0.5, 10**0.5])
