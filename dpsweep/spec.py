@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dpsweep.accountants import DEFAULT_ACCOUNTANT, canonical_accountant
 from dpsweep.errors import ConfigError
@@ -644,8 +651,6 @@ def load_spec(source: str | Path | dict[str, Any]) -> SweepSpec:
     Raises:
         ConfigError: naming the failing field and what is allowed.
     """
-    from pydantic import ValidationError
-
     if isinstance(source, dict):
         data: Any = source
     else:

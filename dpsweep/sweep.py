@@ -6,6 +6,16 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
 from dpsweep.errors import ConnectionFailed, ServerError
 from dpsweep.transport import Event, HttpTransport
 from dpsweep.trial import Trial
@@ -244,7 +254,7 @@ def _check(deadline: float | None, sweep: Sweep) -> None:
 
 def _pandas() -> Any:
     try:
-        import pandas
+        import pandas  # optional: the light install leaves pandas out (and it pulls numpy)
     except ImportError:
         raise ImportError(
             "to_dataframe needs pandas, which the light install leaves out: pip install pandas"
@@ -268,16 +278,6 @@ class _Bar:
     of runs is private) only the elapsed time, no counts."""
 
     def __init__(self, sweep: Sweep) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            ProgressColumn,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
         self.sweep = sweep
         self.private = sweep.runs_private
         columns: list[ProgressColumn | str] = [TextColumn("[bold]{task.description}")]
