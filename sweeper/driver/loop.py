@@ -32,6 +32,7 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from sweeper.artifacts.keeper import ModelKeeper
+from sweeper.datasets.grants import sweep_may_continue
 from sweeper.driver import failures, ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy, TrialRow
@@ -255,8 +256,6 @@ class SweepRunner:
     def _grant_holds(self) -> bool:
         """Whether the sweep may start new trials: an analyst's only while their grant on the
         dataset is active (:func:`sweeper.datasets.grants.sweep_may_continue`)."""
-        from sweeper.datasets.grants import sweep_may_continue
-
         with Session(self.engine) as session:
             row = session.execute(
                 select(Sweep.owner, Sweep.dataset).where(Sweep.id == self.sweep_id)

@@ -17,10 +17,16 @@ from typing import Any, Protocol
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ModelConfig, SweepSpec, TrainingConfig
+from sweeper.datasets.resolution import resolve
 from sweeper.driver import failures
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
 from workers.accounting.registry import trial_accountant_for_plan
+from workers.datasets.loading import load_dataset
+from workers.models import ModelSpec
+from workers.plan_check import PlanMismatch, check_pack
+from workers.settings import WorkerSettings
+from workers.training.specs import PackSpec, TrialSpec
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +85,6 @@ def pack_spec(
         ConfigError: the grid's stored accountant is unknown.
         ValueError: neither ``grid`` nor ``accountant`` is given.
     """
-    from workers.training.specs import TrialSpec
-
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
     specs = []
@@ -158,9 +162,6 @@ def training_pack(
         threads: Torch threads of the worker.
         keep_weights: Hand back each trial's best checkpoint (safetensors bytes).
     """
-    from workers.models import ModelSpec
-    from workers.training.specs import PackSpec
-
     return PackSpec(
         dataset=dataset() if callable(dataset) else dataset,
         model=ModelSpec(model.name, model.options),
@@ -225,8 +226,6 @@ class Packer:
         """The worker-side dataset of the sweep, resolved once."""
         # Uploads (ds_...) resolve to their stored file; the workers never see the database.
         if self._dataset is None:
-            from sweeper.datasets.resolution import resolve
-
             spec = self.held.spec
             self._dataset = resolve(self.held.engine, spec.dataset, spec.eval)
         return self._dataset
@@ -239,8 +238,6 @@ class Packer:
         the data on disk (the sample rate its record count implies, or that count itself), so
         it goes to the driver's log only.
         """
-        from workers.plan_check import PlanMismatch, check_pack
-
         spec = self.spec_for(trials)
         assert spec.planned is not None
         data = self.current_data(spec.dataset)
@@ -258,8 +255,6 @@ class Packer:
 
     def current_data(self, dataset: Any) -> Any:
         """The dataset as it is now on disk, reloaded whenever one of its files changed."""
-        from workers.datasets.loading import load_dataset
-
         stamp = []
         public_eval = getattr(dataset, "eval_dataset", None)
         paths = [dataset.path, dataset.labels_path]
@@ -280,6 +275,7 @@ class Packer:
 
     def pack_key(self, t: PendingTrial) -> str:
         """Which pack ``t`` may join (trials with one key train as one computation)."""
+        # deferred: workers.packing imports torch, and the API imports this module
         from workers.packing import pack_key
 
         cache_key = f"{t.id}:{sorted(t.params.items())}"
@@ -293,8 +289,7 @@ class Packer:
     def pack_cap(self, key: str, t: PendingTrial) -> int:
         """The most trials a pack of ``key`` may hold (memory, ``max_pack_size``)."""
         if key not in self._pack_caps:
-            from workers.packing import max_pack_size
-            from workers.settings import WorkerSettings
+            from workers.packing import max_pack_size  # deferred: torch, as in pack_key
 
             cap = 1
             if not key.startswith("solo:"):

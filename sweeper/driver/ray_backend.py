@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from dpsweep.errors import PrivacyError
 from sweeper.driver import failures
 from sweeper.settings import SweeperSettings
 
@@ -41,7 +42,7 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
     ``privacy`` (whether a privacy refusal), and ``detail``: the exception's full text, for the
     driver's log only (it may hold values computed from the records).
     """
-    from dpsweep.errors import PrivacyError as _PrivacyError
+    # deferred: torch; only the Ray worker that trains the pack loads it
     from workers.training.loop import train_pack
 
     events: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -82,7 +83,7 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
                     "type": "error",
                     "category": failure.category,
                     "detail": failures.detail(exc),
-                    "privacy": isinstance(exc, _PrivacyError),
+                    "privacy": isinstance(exc, PrivacyError),
                 }
             )
         finally:
@@ -100,7 +101,7 @@ def _node_id() -> str:
     """The Ray node this worker runs on (its id's first 12 hex digits), to tell the nodes of
     a cluster apart when several share a host name."""
     try:
-        import ray
+        import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
         return str(ray.get_runtime_context().get_node_id())[:12]
     except Exception:  # not under Ray (a direct call)
@@ -124,7 +125,7 @@ _REMOTE: Any = None
 def _remote() -> Any:
     global _REMOTE
     if _REMOTE is None:
-        import ray
+        import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
         _REMOTE = ray.remote(_pack_task)
     return _REMOTE
@@ -155,7 +156,7 @@ def _loopback_node_ip() -> Iterator[None]:
     cluster advertise 127.0.0.1. So the flag itself is cleared for the start of a local Ray only,
     and restored at once: once the node is up, Ray reads its IP from the node, not the flag.
     """
-    from ray._private import ray_constants
+    from ray._private import ray_constants  # deferred: no Ray at module level, as above
 
     missing = object()
     before = getattr(ray_constants, "ENABLE_RAY_CLUSTER", missing)
@@ -179,7 +180,7 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
         RuntimeError: a local Ray started with a node IP other than 127.0.0.1 (then some of its
             servers would listen beyond loopback); it is shut down first.
     """
-    import ray
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     if ray.is_initialized():
         yield
@@ -223,7 +224,7 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
 
 def cluster_resources() -> dict[str, float]:
     """The Ray cluster's total resources (``CPU``, ``GPU``, ...)."""
-    import ray
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     return dict(ray.cluster_resources())
 
@@ -248,7 +249,7 @@ def submit_pack(spec: Any, *, num_gpus: float) -> Any:
 
 def wait_any(gens: list[Any], *, timeout: float) -> list[Any]:
     """The generators among ``gens`` with an event ready, waiting at most ``timeout`` s."""
-    import ray
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     ready, _ = ray.wait(gens, num_returns=1, timeout=timeout)
     return list(ready)
@@ -262,7 +263,7 @@ def next_event(gen: Any) -> dict[str, Any]:
         Exception: the worker process or its node died (the task reports its own errors as
             events, so anything raised here is the infrastructure's).
     """
-    import ray
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     ref = next(gen)
     event: dict[str, Any] = ray.get(ref)
@@ -271,7 +272,7 @@ def next_event(gen: Any) -> dict[str, Any]:
 
 def kill(gens: list[Any]) -> None:
     """Kill the pack tasks of ``gens`` at once (their trials stay charged)."""
-    import ray
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     for gen in gens:
         ray.cancel(gen, force=True)

@@ -41,10 +41,17 @@ from datetime import timedelta
 from sqlalchemy import Engine, delete, or_, select
 from sqlalchemy.orm import Session
 
+from dpsweep.errors import ConfigError, IllegalState, SweepNotFound
+from sweeper.datasets.expiry import expire
 from sweeper.driver import failures
 from sweeper.driver.liveness import aware_utc, driver_alive, driver_ident, utc_now
+from sweeper.driver.loop import run_sweep
+from sweeper.driver.ray_backend import ray_session
 from sweeper.settings import SweeperSettings
 from sweeper.store import ServiceHeartbeat, Sweep, SweepState, iso
+from sweeper.store.engine import database_url, make_engine
+from sweeper.store.schema import ensure_schema
+from sweeper.sweeps.lifecycle import fail_sweep
 
 log = logging.getLogger("dpsweep.scheduler")
 
@@ -85,8 +92,6 @@ class Scheduler:
             handle_signals: SIGTERM and SIGINT set ``stop`` (main thread only). Installed once
                 Ray is up, because starting Ray replaces the handlers.
         """
-        from sweeper.driver.ray_backend import ray_session
-
         with ray_session(self.settings):
             if handle_signals:
 
@@ -148,9 +153,6 @@ class Scheduler:
             drive.thread.start()
 
     def _drive(self, sweep_id: str, drive: _Drive) -> None:
-        from dpsweep.errors import IllegalState, SweepNotFound
-        from sweeper.driver.loop import run_sweep
-
         log.info("sweep %s: driving", sweep_id)
         try:
             outcome = run_sweep(self.engine, sweep_id, settings=self.settings, stop=drive.stop)
@@ -162,9 +164,6 @@ class Scheduler:
             drive.error = exc
 
     def _reap(self) -> None:
-        from dpsweep.errors import IllegalState
-        from sweeper.sweeps.lifecycle import fail_sweep
-
         for sid, drive in list(self._drives.items()):
             if drive.thread.is_alive():
                 continue
@@ -201,10 +200,6 @@ class Scheduler:
         if now - getattr(self, "_last_expiry", -1e12) < self.settings.expiry_every_seconds:
             return
         self._last_expiry = now
-        from datetime import timedelta
-
-        from sweeper.datasets.expiry import expire
-
         days = self.settings.upload_ttl_days
         try:
             out = expire(
@@ -272,10 +267,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    from dpsweep.errors import ConfigError
-    from sweeper.store.engine import database_url, make_engine
-    from sweeper.store.schema import ensure_schema
-
     settings = SweeperSettings()
     if args.workers:
         settings = settings.model_copy(update={"workers": args.workers})

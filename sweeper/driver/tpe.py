@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial
 from sweeper.store import Trial, TrialState
+from sweeper.sweeps.search import optuna_distributions
 from sweeper.sweeps.stored import grid_key
 
 
@@ -38,9 +39,9 @@ class TpeSearch:
 
     def _study(self, grid: str, arm_label: str) -> Any:
         if grid not in self._studies:
+            # deferred: optuna (0.1 s and more) serves search: tpe alone; a grid sweep's
+            # driver never loads it
             import optuna
-
-            from sweeper.sweeps.search import optuna_distributions
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
             arm = self.held.arm(arm_label)
@@ -139,7 +140,7 @@ class TpeSearch:
             if not all(r.state in (TrialState.done, TrialState.failed) for r in rows):
                 return
             value = self._config_value(rows)
-        import optuna
+        import optuna  # deferred: as in _study
 
         study, _ = self._studies[t.grid]
         number = self._asked.pop(key)
