@@ -28,8 +28,6 @@ from sweeper.datasets.files import file_spec, worker_spec
 from sweeper.datasets.fixed_view import view_of
 from sweeper.datasets.names import in_catalog, is_upload, unknown_dataset
 from sweeper.store import Dataset
-from workers.datasets.descriptors import DATASET_DESCRIPTORS, get_dataset_descriptor
-from workers.datasets.registry import has_loader
 
 
 def resolve(
@@ -121,6 +119,9 @@ def _check_options(spec: Any) -> None:
     """The loader's options against its torch-free descriptor (name, ranges, unknown options),
     so that a bad ``dataset.options`` value is refused when the sweep is planned, before any
     budget is reserved (the loader checks the same declaration again when it runs)."""
+    # deferred: workers.datasets pulls numpy and every loader; sweeper.datasets stays light
+    from workers.datasets.descriptors import get_dataset_descriptor
+
     get_dataset_descriptor(spec.name).validate(spec.options)
 
 
@@ -159,6 +160,8 @@ def public_eval_spec(
             loader name (never declared public); the training dataset's own name or records; a
             name that is not registered or not declared public; no database.
     """
+    from workers.datasets.registry import has_loader  # deferred: numpy (see _check_options)
+
     # Evaluation and tuning records are public: never the (private) training records.
     what = "evaluation" if field == "eval.dataset" else "public tuning"
     if not name:
@@ -225,6 +228,8 @@ def _public_flag(row: Dataset) -> bool:
 
 def public_builtin(name: str) -> bool:
     """Whether ``name`` is a shared set whose descriptor declares its records public."""
+    from workers.datasets.descriptors import DATASET_DESCRIPTORS  # deferred: numpy
+
     d = DATASET_DESCRIPTORS.get(name)
     return d is not None and d.shared and d.public
 
