@@ -399,6 +399,18 @@ class ArmConfig(_Strict):
     name: str | None = Field(default=None, description="defaults to the strategy name")
     grid: dict[str, list[Any] | Axis] = Field(default_factory=dict)
     params: dict[str, Any] = Field(default_factory=dict)
+    tune_on: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "public pre-tuning: the name of a dataset declared public (registered with "
+            "`dpsweep datasets register FILE --name NAME --public`, or a built-in declared "
+            "public such as mnist1d-test; the same kind of name as eval.dataset takes). Each of "
+            "the arm's grids first trains its points on those public records at its planned "
+            "noise multiplier (no epsilon spent), and is centred on the best point; its size, "
+            "and so K and sigma, are unchanged. Not with search method tpe"
+        ),
+    )
 
     @field_validator("grid", mode="before")
     @classmethod
