@@ -56,11 +56,16 @@ def spec_hash(spec: SweepSpec) -> str:
 
     ``resources`` (where trials run: GPU shares) and ``artifacts`` (which models are kept) are
     left out: the same sweep resumed on other hardware, or keeping other models, is the same
-    sweep, and hashes stay those of specs written before they existed.
+    sweep, and hashes stay those of specs written before they existed (so does an arm's
+    ``tune_on`` left out).
     """
-    text = json.dumps(
-        spec.model_dump(mode="json", exclude={"resources", "artifacts"}), sort_keys=True
-    )
+    data = spec.model_dump(mode="json", exclude={"resources", "artifacts"})
+    # An arm's tune_on counts only when set (it centres the grid): the hash of a spec without
+    # it stays what it was before the key existed, so such sweeps still resume.
+    for arm in data.get("arms", ()):
+        if arm.get("tune_on") is None:
+            arm.pop("tune_on", None)
+    text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

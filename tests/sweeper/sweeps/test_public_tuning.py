@@ -4,6 +4,8 @@ public point with K and sigma unchanged, whose trials are created from the centr
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from sweeper.privacy.ledger.rows import LedgerEntry
 from sweeper.store import Sweep, Trial
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
-from sweeper.sweeps.create import create_sweep
+from sweeper.sweeps.create import create_sweep, spec_hash
 from sweeper.sweeps.planning import plan_sweep
 
 pytest.importorskip("mnist1d")
@@ -146,3 +148,13 @@ def test_a_tuned_plan_centres_the_grid_and_keeps_k_and_sigma(engine: Any) -> Non
     assert len(params) == g.trials == len(LRS) * 2
     want_points = sorted((lr, clip) for lr in g.tuned_grid["lr"] for clip in g.tuned_grid["clip"])
     assert sorted((p["lr"], p["clip"]) for p in params) == want_points
+
+
+def test_a_spec_without_tune_on_keeps_its_resume_hash() -> None:
+    spec = load_spec(_spec())
+    before = spec.model_dump(mode="json", exclude={"resources", "artifacts"})
+    for arm in before["arms"]:
+        del arm["tune_on"]  # the dump as it was before the key existed
+    old = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert spec_hash(spec) == old
+    assert spec_hash(load_spec(_spec(tune_on="mnist1d-test"))) != old
