@@ -51,7 +51,7 @@ def test_what_the_rule_does_not_cover_is_unchanged() -> None:
 def test_values_are_clamped_into_the_descriptors_range() -> None:
     hp = get_descriptor("quantile").hyperparameters["target_quantile"]  # (0, 1) exclusive
     out = centre_axis([0.5, 0.9], 0.95, hp)
-    assert all(0 < v < 1 for v in out)
+    assert isinstance(out, list) and all(0 < v < 1 for v in out)
     log = centre_axis(Axis(logspace=(-1, -0.1), k=4), 0.9, hp)
     assert isinstance(log, Axis)
     assert all(hp.in_range(v) for v in log.values())
@@ -128,7 +128,9 @@ def test_centring_keeps_size_ratios_and_ranges(
     assert b - a == pytest.approx(ends[1] - ends[0], abs=1e-9)
     # Every value lies inside the descriptor's range (the open (0, 1) of target_quantile).
     hps = get_descriptor("quantile").hyperparameters
-    for v in grid["target_quantile"]:  # type: ignore[union-attr]
+    quantiles_out = grid["target_quantile"]
+    assert isinstance(quantiles_out, list)
+    for v in quantiles_out:
         assert hps["target_quantile"].in_range(v)
     for point in tuned.points():
         get_descriptor("quantile").validate({k: v for k, v in point.items() if k != "lr"})
