@@ -167,6 +167,12 @@ _SUMMARY_PLAN_FIELDS = (
     "eval_noise_multiplier",
     "epsilon_eval",
     "engine_path",
+    # Public pre-tuning (an arm's tune_on): the public dataset, its best point and score, and
+    # the centred grid the trials were created from (public information only).
+    "tuned_on",
+    "tuned_params",
+    "tuned_score",
+    "tuned_grid",
 )
 
 

@@ -24,6 +24,7 @@ from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep, spec_hash
 from sweeper.sweeps.planning import plan_sweep
+from sweeper.sweeps.summary import summarize
 
 pytest.importorskip("mnist1d")
 
@@ -148,6 +149,9 @@ def test_a_tuned_plan_centres_the_grid_and_keeps_k_and_sigma(engine: Any) -> Non
     assert len(params) == g.trials == len(LRS) * 2
     want_points = sorted((lr, clip) for lr in g.tuned_grid["lr"] for clip in g.tuned_grid["clip"])
     assert sorted((p["lr"], p["clip"]) for p in params) == want_points
+    # `dpsweep show` and the API's sweep say so too.
+    (shown,) = summarize(engine, sid)["plan"]
+    assert (shown["tuned_on"], shown["tuned_grid"]) == ("mnist1d-test", g.tuned_grid)
 
 
 def test_a_spec_without_tune_on_keeps_its_resume_hash() -> None:
