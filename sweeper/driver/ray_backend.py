@@ -170,11 +170,9 @@ def _loopback_node_ip() -> Iterator[None]:
             ray_constants.ENABLE_RAY_CLUSTER = before
 
 
-@contextmanager
-def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Iterator[None]:
-    """Use the Ray already initialised, else join ``ray_address``, else start a local Ray
-    (capped object store, no dashboard, quiet, listening on 127.0.0.1 only). Only a Ray started
-    here is shut down here.
+def _start_ray(settings: SweeperSettings, *, workers: int | None) -> None:
+    """Join ``ray_address``, else start a local Ray (capped object store, no dashboard, quiet,
+    listening on 127.0.0.1 only).
 
     Raises:
         RuntimeError: a local Ray started with a node IP other than 127.0.0.1 (then some of its
@@ -182,9 +180,6 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     """
     import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
-    if ray.is_initialized():
-        yield
-        return
     # Ray's token authentication stays on (a local cluster is still reachable by other local
     # users); its notice about it is not news to a dpsweep user.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
@@ -200,26 +195,116 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     }
     if settings.ray_address:
         ray.init(address=settings.ray_address, **kwargs)
-    else:
-        with _loopback_node_ip():
-            ray.init(
-                num_cpus=workers or settings.workers or os.cpu_count() or 1,
-                object_store_memory=settings.ray_object_store_mb * 2**20,
-                _node_ip_address=LOOPBACK,
-                **kwargs,
-            )
-        # A Ray release that chose its node IP another way would silently listen on the
-        # network; refuse to run on it rather than break the "127.0.0.1 only" promise.
-        if (ip := ray.util.get_node_ip_address()) != LOOPBACK:
-            ray.shutdown()
-            raise RuntimeError(
-                f"the local Ray started with node IP {ip}, not {LOOPBACK}: its servers would "
-                "listen beyond loopback (set DPSWEEP_RAY_ADDRESS to use a Ray cluster instead)"
-            )
+        return
+    with _loopback_node_ip():
+        ray.init(
+            num_cpus=workers or settings.workers or os.cpu_count() or 1,
+            object_store_memory=settings.ray_object_store_mb * 2**20,
+            _node_ip_address=LOOPBACK,
+            **kwargs,
+        )
+    # A Ray release that chose its node IP another way would silently listen on the
+    # network; refuse to run on it rather than break the "127.0.0.1 only" promise.
+    if (ip := ray.util.get_node_ip_address()) != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(
+            f"the local Ray started with node IP {ip}, not {LOOPBACK}: its servers would "
+            "listen beyond loopback (set DPSWEEP_RAY_ADDRESS to use a Ray cluster instead)"
+        )
+
+
+@contextmanager
+def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Iterator[None]:
+    """Use the Ray already initialised (:class:`EarlyRay`'s, a test's, the server's), else
+    join ``ray_address``, else start a local Ray (:func:`_start_ray`). Only a Ray started
+    here is shut down here.
+
+    Raises:
+        RuntimeError: as :func:`_start_ray`.
+    """
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
+
+    if ray.is_initialized():
+        yield
+        return
+    _start_ray(settings, workers=workers)
     try:
         yield
     finally:
         ray.shutdown()
+
+
+def _warm_up() -> str:
+    """A Ray task that loads what a pack task needs (torch, the training loop), so that the
+    worker process a pack then lands on has paid its imports already."""
+    # deferred: torch; only a Ray worker loads it
+    import workers.training.loop  # noqa: F401
+
+    return f"{os.getpid()}"
+
+
+class _NoSigtermNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+class EarlyRay:
+    """Ray started in a background thread while the caller does something else first.
+
+    ``dpsweep run`` plans and reserves its sweep (imports, the accountant, the database) while
+    Ray starts (seconds) and ``warm`` of its worker processes import torch, instead of one after
+    the other. Nothing here touches data: the warm-up tasks only import code. Ray is used through
+    :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down.
+
+    The thread that started Ray lives until :meth:`close` and shuts Ray down itself: Ray ties
+    its local processes (GCS, raylet) to the thread that spawned them (Linux's parent-death
+    signal is per thread), so a starter thread that ended would take the cluster with it.
+
+    Args:
+        settings: As :func:`ray_session`'s.
+        workers: Local Ray's CPUs (default: the settings', else the machine's).
+        warm: Worker processes to warm up (0: none).
+    """
+
+    def __init__(self, settings: SweeperSettings, *, workers: int | None, warm: int = 1) -> None:
+        self._settings = settings
+        self._workers = workers
+        self._warm = warm
+        self._error: BaseException | None = None
+        self._up = threading.Event()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._hold, name="dpsweep-ray", daemon=True)
+        self._thread.start()
+
+    def _hold(self) -> None:
+        import ray  # deferred: sweeper imports no Ray at module level (module doc)
+
+        # Ray sets its SIGTERM handler from the main thread only, and says so. Not news here: a
+        # terminated `dpsweep run` takes its local Ray down with it (the parent-death signal).
+        logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
+        try:
+            _start_ray(self._settings, workers=self._workers)
+            task = ray.remote(_warm_up).options(num_cpus=1, max_retries=0)
+            for _ in range(self._warm):
+                task.remote()  # not awaited: the first pack waits on nothing but Ray
+        except BaseException as exc:  # re-raised in the caller's thread by ready()
+            self._error = exc
+            return
+        finally:
+            self._up.set()
+        self._closing.wait()
+        ray.shutdown()
+
+    def ready(self) -> None:
+        """Wait until Ray is up; re-raise what stopped it from starting."""
+        self._up.wait()
+        if self._error is not None:
+            raise self._error
+
+    def close(self) -> None:
+        """Shut Ray down (once its start has finished, whether it succeeded or not)."""
+        self._closing.set()
+        self._thread.join()
 
 
 def cluster_resources() -> dict[str, float]:

@@ -188,6 +188,31 @@ _DRIVER = textwrap.dedent(
     """
 )
 
+# The same, with Ray started in the background while `dpsweep run` plans (EarlyRay): the start
+# runs in a thread that must outlive it (Ray's processes die with the thread that spawned them),
+# ray_session uses that Ray without shutting it down, and close() does.
+_EARLY_DRIVER = textwrap.dedent(
+    """
+    import sys
+
+    import ray
+
+    from sweeper.driver.ray_backend import EarlyRay, ray_session
+    from sweeper.settings import SweeperSettings
+
+    early = EarlyRay(SweeperSettings(), workers=1, warm=1)
+    early.ready()
+    with ray_session(SweeperSettings(), workers=1):
+        assert ray.get(ray.remote(lambda: 1).remote()) == 1
+        print("ready", flush=True)
+        sys.stdin.readline()
+    assert ray.is_initialized(), "ray_session shut down a Ray it did not start"
+    early.close()
+    assert not ray.is_initialized()
+    print("closed", flush=True)
+    """
+)
+
 # Ray's own processes that must be seen listening (names as /proc/<pid>/cmdline shows them).
 _RAY = ("gcs_server", "raylet", "ray::")
 
@@ -198,9 +223,10 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def test_local_ray_listens_on_loopback_only() -> None:
+@pytest.mark.parametrize("driver_code", [_DRIVER, _EARLY_DRIVER], ids=["session", "early"])
+def test_local_ray_listens_on_loopback_only(driver_code: str) -> None:
     driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER],
+        [sys.executable, "-c", driver_code],
         cwd=Path(__file__).resolve().parents[3],
         env=_clean_env(),
         stdin=subprocess.PIPE,
@@ -215,7 +241,10 @@ def test_local_ray_listens_on_loopback_only() -> None:
         _assert_loopback_only(found, expect=_RAY)
         driver.stdin.write("\n")
         driver.stdin.flush()
-        driver.wait(timeout=60)
+        rest = driver.stdout.read()
+        assert driver.wait(timeout=60) == 0
+        if driver_code is _EARLY_DRIVER:
+            assert rest.strip() == "closed"
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -237,3 +266,32 @@ def test_serve_listens_on_loopback_only(tmp_path: Path) -> None:
         assert any(x.port == port and "dpsweep" in x.process for x in found), found
     finally:
         server.stop()
+
+
+def test_early_ray_reports_a_failed_start() -> None:
+    """A Ray that could not start is the caller's error when it asks for Ray (ready), not a
+    silent thread's: here the object store is smaller than Ray's minimum."""
+    code = textwrap.dedent(
+        """
+        from sweeper.driver.ray_backend import EarlyRay
+        from sweeper.settings import SweeperSettings
+
+        early = EarlyRay(SweeperSettings(ray_object_store_mb=64), workers=1, warm=0)
+        try:
+            early.ready()
+        except Exception as exc:
+            print("refused", type(exc).__name__)
+        else:
+            print("started")
+        early.close()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[3],
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split()[:1] == ["refused"], out.stdout + out.stderr
