@@ -15,6 +15,10 @@ import subprocess
 import sys
 from typing import Any
 
+from rich.console import Console
+
+from dpsweep.errors import ConfigError
+
 EXIT_USAGE = 2
 
 
@@ -74,7 +78,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_scheduler(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from sweeper.driver.scheduler import main
+    from sweeper.driver.scheduler import main  # deferred: SQLAlchemy, for this command only
 
     argv = (["--db", args.db] if args.db else []) + (
         ["--workers", str(args.workers)] if args.workers else []
@@ -83,15 +87,18 @@ def cmd_scheduler(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    import uvicorn
-    from rich.console import Console
+    # The server's stack loads when `serve` runs, not with the parser (this module's
+    # add_parsers is part of `dpsweep --help`).
+    import uvicorn  # deferred: the ASGI server, for `serve` only
 
-    from api.app import create_app
+    from api.app import create_app  # deferred: FastAPI
+
+    # deferred: api.cli's __init__ imports this module (for add_parsers), so a module-level
+    # import of api.cli.common would find api.serve half-initialised when it is imported first
     from api.cli.common import fail
-    from api.settings import ApiSettings
-    from dpsweep.errors import ConfigError
-    from sweeper.store.engine import database_url, display_url
-    from sweeper.store.schema import require_head, upgrade
+    from api.settings import ApiSettings  # deferred: pydantic-settings
+    from sweeper.store.engine import database_url, display_url  # deferred: SQLAlchemy
+    from sweeper.store.schema import require_head, upgrade  # deferred: Alembic
 
     err = Console(stderr=True)
     settings = ApiSettings()
@@ -119,12 +126,12 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             f"http://{args.host}:{args.port} acts as the local user"
         )
     else:
-        from sweeper.store.engine import make_engine
-        from sweeper.store.tokens import list_tokens
+        from sweeper.store.engine import make_engine  # deferred: SQLAlchemy
+        from sweeper.store.tokens import list_tokens  # deferred: SQLAlchemy
 
         engine = make_engine(url)
         if settings.admin_token is not None:
-            from sweeper.store.tokens import ensure_token
+            from sweeper.store.tokens import ensure_token  # deferred: SQLAlchemy
 
             info = ensure_token(
                 engine, name="admin", secret=settings.admin_token.get_secret_value(), admin=True
@@ -175,7 +182,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _check_secrets(settings: Any, url: str) -> None:
     """Outside dev mode, refuse to serve with the example secrets of ``.env.example``."""
-    from dpsweep.errors import ConfigError
+    # deferred: SQLAlchemy, for `serve` only
     from sweeper.store.tokens import EXAMPLE_DB_PASSWORD, EXAMPLE_RAY_TOKEN, check_bootstrap_secret
 
     if settings.admin_token is not None:
@@ -196,7 +203,7 @@ def _check_secrets(settings: Any, url: str) -> None:
 
 
 def _stop(child: subprocess.Popen[bytes]) -> None:
-    from sweeper.settings import SweeperSettings
+    from sweeper.settings import SweeperSettings  # deferred: pydantic-settings
 
     if child.poll() is None:
         child.terminate()

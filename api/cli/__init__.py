@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
+from api.cli.common import Parser
+from api.serve import add_parsers as add_serve_parsers
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``dpsweep`` parser, with every command (in the order ``--help`` lists them)."""
-    from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
-    from api.cli.common import Parser
-    from api.serve import add_parsers as add_serve_parsers
-
     parser = Parser(
         prog="dpsweep",
         description="Hyperparameter sweeps for differentially private deep learning.",

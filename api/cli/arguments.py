@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from workers.strategies import descriptor_names, get_descriptor
+
 
 def positive_float(name: str) -> Callable[[str], float]:
     """An argparse type: a finite number > 0 (``name`` is for the message)."""
@@ -74,8 +76,6 @@ def strategy_flags() -> list[tuple[str, str, Any, str]]:
     their defaults. Values are checked by the chosen strategy's descriptor (range, kind,
     choices), the same check a sweep's grid gets at submission.
     """
-    from workers.strategies import descriptor_names, get_descriptor
-
     takers: dict[str, list[tuple[str, Any]]] = {}
     declared: dict[str, Any] = {}
     helps: dict[str, list[str]] = {}

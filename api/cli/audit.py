@@ -13,8 +13,14 @@ import argparse
 import json
 from typing import Any
 
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
 from api.cli.arguments import delta, key_value, positive_float, positive_int, strategy_flags
 from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+from dpsweep.audit import AuditRequest
+from dpsweep.errors import ConfigError, DpsweepError
 
 
 def add_parsers(sub: Any) -> None:
@@ -92,15 +98,10 @@ def _flag(field: str | None) -> str:
 
 def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run one audit as the flags say; print its result."""
-    from pydantic import ValidationError
-    from rich.console import Console
-
-    from dpsweep.audit import AuditRequest
-    from dpsweep.errors import ConfigError, DpsweepError
-    from sweeper.audits import start_audit
-    from sweeper.datasets.access import Viewer
-    from workers.devices import DEVICES
-    from workers.factories import is_factory_name, load_factory
+    from sweeper.audits import start_audit  # deferred: SQLAlchemy
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    from workers.devices import DEVICES  # deferred: torch
+    from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
 
     if args.device not in DEVICES:
         parser.error(f"unknown device {args.device!r}; choose one of: {', '.join(DEVICES)}")
@@ -171,7 +172,6 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_result(console: Any, audit: dict[str, Any]) -> None:
-    from rich.table import Table
 
     r = audit["result"]
     table = Table(title=f"audit {audit['id']} · {r['setting']} · {audit['dataset']}")

@@ -7,6 +7,7 @@ import sys
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 EXIT_USAGE = 2  # argparse's convention for bad arguments
 EXIT_FAILURE = 1
@@ -61,8 +62,8 @@ def open_engine(url: str | None, *, migrate: bool = True) -> Any:
     Raises:
         DpsweepError: the schema is behind head.
     """
-    from sweeper.store.engine import database_url, make_engine
-    from sweeper.store.schema import ensure_schema, require_head
+    from sweeper.store.engine import database_url, make_engine  # deferred: SQLAlchemy
+    from sweeper.store.schema import ensure_schema, require_head  # deferred: Alembic
 
     url = database_url(url)
     if migrate:
@@ -75,8 +76,6 @@ def open_engine(url: str | None, *, migrate: bool = True) -> Any:
 def fail(exc: Exception) -> int:
     """Print ``error: MESSAGE`` on stderr, one line (never wrapped, no markup); the failure
     exit code."""
-    from rich.text import Text
-
     line = " ".join(str(exc).split())
     Console(stderr=True).print(Text.assemble(("error:", "red"), " ", line), soft_wrap=True)
     return EXIT_FAILURE

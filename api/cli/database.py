@@ -24,8 +24,8 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_db(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Upgrade the schema (``upgrade``), then print its revision and head."""
-    from sweeper.store.engine import database_url, display_url
-    from sweeper.store.schema import current_revision, head_revision, upgrade
+    from sweeper.store.engine import database_url, display_url  # deferred: SQLAlchemy
+    from sweeper.store.schema import current_revision, head_revision, upgrade  # deferred: Alembic
 
     url = database_url(args.db)
     try:

@@ -26,6 +26,7 @@ from rich.table import Table
 from api.cli import grants
 from api.cli.arguments import key_value
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, local_command, open_engine, stdout_console
+from dpsweep.errors import ConfigError, DatasetError, DpsweepError
 
 #: How many hex digits of an identity ``list`` shows.
 PREFIX_DIGITS = 12
@@ -33,7 +34,7 @@ PREFIX_DIGITS = 12
 
 def add_parsers(sub: Any) -> None:
     """Register ``dpsweep datasets ...`` on the top-level subparsers."""
-    from sweeper.datasets.names import REGISTER_FORMATS
+    from sweeper.datasets.names import REGISTER_FORMATS  # deferred: SQLAlchemy
 
     top = sub.add_parser(
         "datasets",
@@ -132,8 +133,7 @@ def _shown(value: Decimal | None) -> str:
 
 def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Register a data file under a name; print its identity."""
-    from dpsweep.errors import ConfigError, DatasetError, DpsweepError
-    from sweeper.datasets.registration import register_file
+    from sweeper.datasets.registration import register_file  # deferred: SQLAlchemy
 
     try:
         engine = open_engine(args.db, migrate=True)
@@ -206,13 +206,13 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
 
 def _rows(engine: Any) -> list[dict[str, Any]]:
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
+    from sqlalchemy import select  # deferred: SQLAlchemy
+    from sqlalchemy.orm import Session  # deferred: SQLAlchemy
 
-    from sweeper.datasets.resolution import public_builtin
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-    from sweeper.privacy.ledger.keys import identity_key
-    from sweeper.store import Dataset
+    from sweeper.datasets.resolution import public_builtin  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.keys import identity_key  # deferred: SQLAlchemy
+    from sweeper.store import Dataset  # deferred: SQLAlchemy
 
     ledger = BudgetLedger(engine)
     with Session(engine) as session:
@@ -244,8 +244,6 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
 
 def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """List the dataset names with their identities and budgets."""
-    from dpsweep.errors import DpsweepError
-
     try:
         rows = _rows(open_engine(args.db, migrate=True))
     except DpsweepError as exc:
@@ -273,11 +271,11 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     """What ``show --json`` prints: a name's records' ledger, with every entry."""
-    from sweeper.datasets.identity import content_identity
-    from sweeper.datasets.registration import names_of
-    from sweeper.datasets.resolution import is_public
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-    from sweeper.privacy.ledger.keys import identity_key
+    from sweeper.datasets.identity import content_identity  # deferred: SQLAlchemy
+    from sweeper.datasets.registration import names_of  # deferred: SQLAlchemy
+    from sweeper.datasets.resolution import is_public  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.keys import identity_key  # deferred: SQLAlchemy
 
     content = content_identity(engine, name)
     key = identity_key(content)
@@ -314,8 +312,6 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a name's records' ledger: caps, spend, reservations, entries."""
-    from dpsweep.errors import DpsweepError
-
     try:
         view = ledger_view(open_engine(args.db, migrate=True), args.name)
     except DpsweepError as exc:
@@ -363,9 +359,8 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Set the lifetime cap of a name's records."""
-    from dpsweep.errors import ConfigError, DpsweepError
-    from sweeper.datasets.identity import ledger_key_of
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.datasets.identity import ledger_key_of  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
 
     try:
         engine = open_engine(args.db, migrate=True)
@@ -393,8 +388,7 @@ def cmd_cap(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Delete a name and the models its sweeps kept (its records' ledger stays)."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.registration import delete_name_and_models
+    from sweeper.datasets.registration import delete_name_and_models  # deferred: SQLAlchemy
 
     try:
         done = delete_name_and_models(open_engine(args.db, migrate=True), args.name)

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from decimal import Decimal
 from typing import Any
 
 from rich.table import Table
 
 from api.cli.common import fail, local_command, open_engine, stdout_console
+from dpsweep.errors import ConfigError, DpsweepError
 
 
 def add_parsers(dsub: Any) -> None:
@@ -103,7 +105,7 @@ def add_parsers(dsub: Any) -> None:
 
 
 def _local() -> Any:
-    from sweeper.datasets.access import Viewer
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
 
     return Viewer(owner=None, admin=True)
 
@@ -125,10 +127,7 @@ def _print_grant(g: dict[str, Any], verb: str) -> None:
 
 def cmd_grant(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Grant an analyst access to a dataset with an ε allowance."""
-    from decimal import Decimal
-
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.grants import grant
+    from sweeper.datasets.grants import grant  # deferred: SQLAlchemy
 
     try:
         g = grant(
@@ -151,8 +150,7 @@ def cmd_grant(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def cmd_revoke(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Revoke an analyst's grant on a dataset."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.grants import revoke
+    from sweeper.datasets.grants import revoke  # deferred: SQLAlchemy
 
     try:
         g = revoke(open_engine(args.db, migrate=True), args.name, args.analyst, viewer=_local())
@@ -168,8 +166,7 @@ def cmd_revoke(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def cmd_grants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """List a dataset's grants with each analyst's use."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.grants import list_grants
+    from sweeper.datasets.grants import list_grants  # deferred: SQLAlchemy
 
     try:
         rows = list_grants(open_engine(args.db, migrate=True), args.name, _local())
@@ -197,7 +194,7 @@ def cmd_grants(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def audit_entries(engine: Any, name: str, analyst: str | None) -> list[dict[str, Any]]:
     """Every entry of a dataset's audit log (local use: every release from its records)."""
-    from sweeper.datasets.analyst_views import audit_page
+    from sweeper.datasets.analyst_views import audit_page  # deferred: SQLAlchemy
 
     out: list[dict[str, Any]] = []
     cursor: str | None = None
@@ -211,8 +208,6 @@ def audit_entries(engine: Any, name: str, analyst: str | None) -> list[dict[str,
 
 def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a dataset's audit log of releases."""
-    from dpsweep.errors import DpsweepError
-
     try:
         rows = audit_entries(open_engine(args.db, migrate=True), args.name, args.analyst)
     except DpsweepError as exc:
@@ -241,8 +236,7 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print (and with options, first change) what analysts may use and see of a dataset."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.analyst_views import dataset_policy, update_policy
+    from sweeper.datasets.analyst_views import dataset_policy, update_policy  # deferred: SQLAlchemy
 
     info: dict[str, Any] = {}
     if args.label_names is not None:
@@ -294,8 +288,6 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def _bounds(text: str) -> list[float] | None:
     """``LO,HI`` as two floats; ``none`` withdraws the bounds."""
-    from dpsweep.errors import ConfigError
-
     if text.strip().lower() == "none":
         return None
     try:

@@ -39,6 +39,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
+from dpsweep.errors import DpsweepError, TrialNotFound
 
 MODEL_FILE = "model.safetensors"
 CARD_FILE = "card.json"
@@ -89,11 +90,10 @@ def add_parsers(sub: Any) -> None:
 def cmd_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Write a trial's kept model, card and README into ``args.output``; say what ε it has;
     with ``--check``, re-evaluate it against its card."""
-    from dpsweep.errors import DpsweepError, TrialNotFound
-    from sweeper.artifacts.reads import kept_model, read_card, read_model
-    from sweeper.datasets.access import Viewer
-    from sweeper.settings import SweeperSettings
-    from sweeper.store.artifact_files import store_for
+    from sweeper.artifacts.reads import kept_model, read_card, read_model  # deferred: SQLAlchemy
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    from sweeper.settings import SweeperSettings  # deferred: pydantic-settings
+    from sweeper.store.artifact_files import store_for  # deferred: SQLAlchemy
 
     if args.output is None and args.check is None:
         parser.error("give -o DIR (the folder to write the model into), or --check")
@@ -174,7 +174,7 @@ def _write(path: Path, data: bytes) -> tuple[Path, int]:
 
 def render_readme(card: dict[str, Any]) -> str:
     """The card rendered as Markdown (:func:`sweeper.artifacts.cards.render_card_markdown`)."""
-    from sweeper.artifacts.cards import render_card_markdown
+    from sweeper.artifacts.cards import render_card_markdown  # deferred: SQLAlchemy
 
     return render_card_markdown(card)
 
@@ -218,9 +218,8 @@ def _num(value: Any) -> str:
 def _onnx_bytes(card: dict[str, Any], weights: bytes) -> bytes | int:
     """The model rebuilt from the card and exported to ONNX, as bytes; or, when it cannot be,
     the failure exit code after a one-line error (nothing has been written then)."""
-    from dpsweep.errors import DpsweepError
-
     try:
+        # deferred: torch, and the optional [onnx] extra (a missing package is caught below)
         from workers.onnx_export import onnx_model_bytes, resolve_exporter
 
         # A missing package is said before anything is built or written.
@@ -247,7 +246,7 @@ def _load_factories(card: dict[str, Any], *, model: bool = False, data: bool = F
         ConfigError: a factory cannot be imported here (the message says to put its module
             on PYTHONPATH).
     """
-    from workers.factories import is_factory_name, load_factory
+    from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
 
     names: list[tuple[str, str]] = []
     if model:
@@ -265,8 +264,7 @@ def _check(
 ) -> int:
     """``--check``: re-evaluate the model (the kept weights, or the file ``given``) on the
     rebuilt evaluation split and print the comparison with the card; 0 when it matches."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.artifacts.recheck import check_model
+    from sweeper.artifacts.recheck import check_model  # deferred: SQLAlchemy
 
     what = "the kept model"
     if given:

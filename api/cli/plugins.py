@@ -13,6 +13,7 @@ from typing import Any
 from rich.table import Table
 
 from api.cli.common import fail, stdout_console
+from dpsweep.errors import ConfigError
 
 
 def add_parsers(sub: Any) -> None:
@@ -46,8 +47,7 @@ def _options_text(options: list[dict[str, Any]]) -> str:
 
 def cmd_plugins(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print the registries (tables, or JSON with ``--json``)."""
-    from dpsweep.errors import ConfigError
-    from workers.listing import KINDS, registry_listing
+    from workers.listing import KINDS, registry_listing  # deferred: scipy
 
     try:
         listing = registry_listing()

@@ -16,6 +16,8 @@ from rich.text import Text
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
 from api.cli.sweeps import describe_scaling, print_models, print_results
+from dpsweep.errors import ConfigError, DpsweepError
+from dpsweep.spec import load_spec
 
 
 def add_parsers(sub: Any) -> None:
@@ -95,10 +97,10 @@ def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
     the plan uses the admitted spec, as ``run`` and ``train`` do, so plan equals run. The
     database is opened only for catalog names.
     """
-    from sweeper.datasets.access import Viewer
-    from sweeper.datasets.names import in_catalog
-    from sweeper.datasets.resolution import resolve
-    from sweeper.sweeps.admission import admit
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    from sweeper.datasets.names import in_catalog  # deferred: SQLAlchemy
+    from sweeper.datasets.resolution import resolve  # deferred: SQLAlchemy
+    from sweeper.sweeps.admission import admit  # deferred: SQLAlchemy
 
     needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
     if not needs_db:
@@ -118,7 +120,7 @@ def use_local_factories(spec: Any) -> None:
     Raises:
         ConfigError: a factory cannot be imported (the message names it).
     """
-    from workers.factories import export_factories, is_factory_name
+    from workers.factories import export_factories, is_factory_name  # deferred: not for the parser
 
     named = [(spec.model.name, "models"), (spec.dataset.name, "datasets")]
     export_factories([(name, kind) for name, kind in named if is_factory_name(name)])
@@ -126,9 +128,7 @@ def use_local_factories(spec: Any) -> None:
 
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
-    from dpsweep.errors import ConfigError, DpsweepError
-    from dpsweep.spec import load_spec
-    from sweeper.sweeps.planning import plan_sweep
+    from sweeper.sweeps.planning import plan_sweep  # deferred: SQLAlchemy
 
     try:
         spec = load_spec(args.spec)
@@ -194,7 +194,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     console = stdout_console()
     console.print(table)
-    from sweeper.privacy.releases import evaluation_statement, sweep_release
+    from sweeper.privacy.releases import evaluation_statement, sweep_release  # deferred: SQLAlchemy
 
     whole = sweep_release(rows)
     assert whole is not None
@@ -277,7 +277,7 @@ class ProgressView:
 
     def lines(self, width: int) -> list[Any]:
         """The display's lines for a frame ``width`` columns wide."""
-        from sweeper.driver.progress import format_elapsed
+        from sweeper.driver.progress import format_elapsed  # deferred: SQLAlchemy
 
         snap = self.snap
         if snap.hidden_grids:
@@ -364,12 +364,10 @@ def _progress_view(snap: Any, name: str) -> ProgressView:
 
 def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Plan (or resume) a sweep, run it on Ray, print its results, write its plots."""
-    from dpsweep.errors import ConfigError, DpsweepError
-    from dpsweep.spec import load_spec
-    from sweeper.driver.loop import run_sweep
-    from sweeper.sweeps.create import create_sweep
-    from sweeper.sweeps.lifecycle import find_finished, find_resumable
-    from sweeper.sweeps.summary import show_summary
+    from sweeper.driver.loop import run_sweep  # deferred: SQLAlchemy
+    from sweeper.sweeps.create import create_sweep  # deferred: SQLAlchemy
+    from sweeper.sweeps.lifecycle import find_finished, find_resumable  # deferred: SQLAlchemy
+    from sweeper.sweeps.summary import show_summary  # deferred: SQLAlchemy
 
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1; got {args.workers}")
@@ -382,7 +380,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.reproducible:
         spec.privacy.reproducible = True
     if spec.privacy.reproducible:
-        from workers.randomness import REPRODUCIBLE_WARNING
+        from workers.randomness import REPRODUCIBLE_WARNING  # deferred: numpy
 
         console.print(f"[bold yellow]warning:[/bold yellow] {REPRODUCIBLE_WARNING}")
     try:
@@ -454,7 +452,7 @@ def _show_finished(
         0 for a done sweep; the failure exit code for a failed or cancelled one (as at the end
         of the run that ended it).
     """
-    from sweeper.sweeps.summary import show_summary
+    from sweeper.sweeps.summary import show_summary  # deferred: SQLAlchemy
 
     summary = show_summary(engine, sweep_id)
     if args.json:
@@ -474,17 +472,17 @@ def _show_finished(
 
 def _print_kept_models(console: Console, engine: Any, summary: dict[str, Any]) -> None:
     """One line per kept model (the spec's ``artifacts.keep``), and how to get one out."""
-    from sweeper.settings import SweeperSettings
-    from sweeper.store.artifact_files import store_for
+    from sweeper.settings import SweeperSettings  # deferred: pydantic-settings
+    from sweeper.store.artifact_files import store_for  # deferred: SQLAlchemy
 
     if summary["models"]:
         print_models(console, summary["models"], where=store_for(engine, SweeperSettings()).url)
 
 
 def _write_plots(engine: Any, sweep_id: str, where: str | None) -> list[Path]:
-    from api.plots import write_pareto_plots
-    from sweeper.sweeps.stored import load_sweep
-    from sweeper.sweeps.summary import sweep_results
+    from api.plots import write_pareto_plots  # deferred: not for the parser
+    from sweeper.sweeps.stored import load_sweep  # deferred: SQLAlchemy
+    from sweeper.sweeps.summary import sweep_results  # deferred: SQLAlchemy
 
     res = sweep_results(load_sweep(engine, sweep_id))
     out = Path(where) if where else Path("dpsweep-results") / sweep_id

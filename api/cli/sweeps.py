@@ -11,8 +11,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from api.cli.common import fail, local_command, open_engine, stdout_console
+from dpsweep.errors import DpsweepError
 
 
 def add_parsers(sub: Any) -> None:
@@ -142,9 +144,7 @@ def print_models(
         models: :func:`sweeper.sweeps.summary.kept_models`; nothing is printed when empty.
         where: The artifact store holding them, if it is to be named.
     """
-    from rich.text import Text
-
-    from sweeper.sweeps.stored import grid_key
+    from sweeper.sweeps.stored import grid_key  # deferred: SQLAlchemy
 
     if not models:
         return
@@ -166,8 +166,7 @@ def print_models(
 
 def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """List the stored sweeps."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.sweeps.summary import list_sweeps
+    from sweeper.sweeps.summary import list_sweeps  # deferred: SQLAlchemy
 
     try:
         rows = list_sweeps(open_engine(args.db))
@@ -195,8 +194,7 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep's summary: budget, privacy, results and kept models."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.sweeps.summary import show_summary
+    from sweeper.sweeps.summary import show_summary  # deferred: SQLAlchemy
 
     try:
         summary = show_summary(open_engine(args.db), args.sweep_id)
@@ -213,8 +211,7 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Write a sweep's trials as CSV or JSON (to a file or stdout)."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.sweeps.export import export_sweep
+    from sweeper.sweeps.export import export_sweep  # deferred: SQLAlchemy
 
     try:
         text = export_sweep(open_engine(args.db), args.sweep_id, fmt=args.format)
@@ -230,8 +227,7 @@ def cmd_export(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Cancel a sweep and say what was released."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.sweeps.lifecycle import cancel_sweep
+    from sweeper.sweeps.lifecycle import cancel_sweep  # deferred: SQLAlchemy
 
     try:
         r = cancel_sweep(open_engine(args.db), args.sweep_id)
@@ -243,11 +239,10 @@ def cmd_cancel(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
 
 def cmd_delete(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Delete an ended sweep, its rows and its kept models; its ledger entries stay."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.datasets.access import Viewer
-    from sweeper.settings import SweeperSettings
-    from sweeper.store.artifact_files import store_for
-    from sweeper.sweeps.deletion import delete_sweep
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    from sweeper.settings import SweeperSettings  # deferred: pydantic-settings
+    from sweeper.store.artifact_files import store_for  # deferred: SQLAlchemy
+    from sweeper.sweeps.deletion import delete_sweep  # deferred: SQLAlchemy
 
     try:
         engine = open_engine(args.db)

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.common import DB_HELP, fail, open_engine
-from sweeper.store import iso
+from dpsweep.errors import DpsweepError
 
 
 def add_parsers(sub: Any) -> None:
@@ -40,6 +40,8 @@ def add_parsers(sub: Any) -> None:
 
 
 def _info(t: Any) -> dict[str, Any]:
+    from sweeper.store import iso  # deferred: SQLAlchemy
+
     return {
         "id": t.id,
         "name": t.name,
@@ -52,8 +54,7 @@ def _info(t: Any) -> dict[str, Any]:
 
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Create, list or revoke API tokens."""
-    from dpsweep.errors import DpsweepError
-    from sweeper.store.tokens import create_token, list_tokens, revoke_token
+    from sweeper.store.tokens import create_token, list_tokens, revoke_token  # deferred: SQLAlchemy
 
     err = Console(stderr=True)
     try:

@@ -7,7 +7,9 @@ import json
 import math
 from typing import Any, NoReturn
 
+from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from api.cli.arguments import (
@@ -18,6 +20,15 @@ from api.cli.arguments import (
     strategy_flags,
 )
 from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+from dpsweep.errors import ConfigError, DpsweepError, PrivacyError
+from dpsweep.spec import (
+    ArmConfig,
+    DatasetConfig,
+    ModelConfig,
+    PrivacyConfig,
+    SweepSpec,
+    TrainingConfig,
+)
 
 #: The learning rate of a run that names none.
 DEFAULT_LR = 0.5
@@ -159,25 +170,22 @@ def add_parsers(sub: Any) -> None:
 
 def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Train one model as the flags say; print its metrics and the epsilon charged."""
-    # Heavy imports only now: the client install has no torch.
-    from pydantic import ValidationError
-
-    from dpsweep.errors import ConfigError, DpsweepError
-    from dpsweep.spec import ModelConfig, TrainingConfig
-    from sweeper.driver.packs import training_pack
-    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier
-    from workers.datasets.loading import load_dataset
-    from workers.datasets.records import DatasetSpec
-    from workers.datasets.registry import has_loader
-    from workers.devices import DEVICES
-    from workers.factories import is_factory_name, load_factory
-    from workers.model_check import check_model
-    from workers.models import ModelSpec, get_model_descriptor, model_names
-    from workers.optim import OPTIMIZERS
-    from workers.plan_check import PlannedRun
-    from workers.schedule import plan_steps
-    from workers.strategies import STRATEGIES, strategy_names
-    from workers.training.specs import TrialSpec
+    # Loaded when the command runs, not with the parser (`dpsweep --help`): torch, numpy, scipy,
+    # the database, and the torch-free registries the parser does not need.
+    from sweeper.driver.packs import training_pack  # deferred: SQLAlchemy
+    from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier  # deferred: scipy
+    from workers.datasets.loading import load_dataset  # deferred: numpy
+    from workers.datasets.records import DatasetSpec  # deferred: numpy
+    from workers.datasets.registry import has_loader  # deferred: numpy
+    from workers.devices import DEVICES  # deferred: torch
+    from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
+    from workers.model_check import check_model  # deferred: not for the parser
+    from workers.models import ModelSpec, get_model_descriptor, model_names  # deferred: as above
+    from workers.optim import OPTIMIZERS  # deferred: torch
+    from workers.plan_check import PlannedRun  # deferred: not for the parser
+    from workers.schedule import plan_steps  # deferred: not for the parser
+    from workers.strategies import STRATEGIES, strategy_names  # deferred: torch (its classes)
+    from workers.training.specs import TrialSpec  # deferred: numpy
 
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
@@ -373,14 +381,11 @@ def _stored_dataset(
     Raises:
         ConfigError: a setting out of range (the usage error names the field).
     """
-    from pydantic import ValidationError
-
-    from dpsweep.spec import ArmConfig, DatasetConfig, PrivacyConfig, SweepSpec
-    from sweeper.datasets.access import Viewer
-    from sweeper.datasets.fixed_view import stored_row
-    from sweeper.datasets.resolution import resolve
-    from sweeper.sweeps.admission import admit
-    from workers.datasets.registry import dataset_names
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    from sweeper.datasets.fixed_view import stored_row  # deferred: SQLAlchemy
+    from sweeper.datasets.resolution import resolve  # deferred: SQLAlchemy
+    from sweeper.sweeps.admission import admit  # deferred: SQLAlchemy
+    from workers.datasets.registry import dataset_names  # deferred: numpy
 
     given = {
         field: value
@@ -444,11 +449,10 @@ def _charge_training_run(
     Returns:
         What was charged (``None`` for a non-private run).
     """
-    from dpsweep.errors import PrivacyError
-    from sweeper.datasets.identity import bind_name, ledger_key_of
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-    from sweeper.store import new_id
-    from workers.accounting import compute_epsilon
+    from sweeper.datasets.identity import bind_name, ledger_key_of  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
+    from sweeper.store import new_id  # deferred: SQLAlchemy
+    from workers.accounting import compute_epsilon  # deferred: scipy
 
     if stored:
         name = args.dataset
@@ -501,11 +505,10 @@ def _charge_training_run(
 
 
 def _run_with_progress(spec: Any, data: Any, *, show_bar: bool, console: Console) -> Any:
-    from workers.training.loop import train_pack
+    from workers.training.loop import train_pack  # deferred: torch
 
     if not show_bar:
         return train_pack(spec, dataset=data)[0]
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
         TextColumn("[bold]training[/bold]"),
