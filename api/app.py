@@ -27,6 +27,10 @@ from api.planning import Planner
 from api.routes import audits, datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
+from dpsweep.spec import SweepSpec
+from sweeper.store.engine import database_url as resolved_url
+from sweeper.store.engine import make_engine, make_read_engine
+from sweeper.store.schema import require_head
 
 API_PREFIX = "/api/v1"
 
@@ -46,10 +50,6 @@ def create_app(
             generation (:func:`gc.freeze`): for a server process, not for a process that
             creates many apps (tests), whose cyclic garbage would never be collected.
     """
-    from dpsweep.spec import SweepSpec
-    from sweeper.store.engine import database_url as resolved_url
-    from sweeper.store.schema import require_head
-
     settings = settings or ApiSettings()
     url = resolved_url(database_url or settings.database_url)
 
@@ -143,15 +143,11 @@ def app_from_env() -> FastAPI:
 
 
 def _engine(url: str, settings: ApiSettings) -> Any:
-    from sweeper.store.engine import make_engine
-
     # Enough connections for every request thread (anyio's pool has 40).
     return make_engine(url, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size)
 
 
 def _read_engine(engine: Any, settings: ApiSettings) -> Any:
-    from sweeper.store.engine import make_read_engine
-
     # The reads' own pool on PostgreSQL (autocommit: no BEGIN/ROLLBACK round trips per read).
     return make_read_engine(
         engine, pool_size=settings.db_pool_size, max_overflow=settings.db_pool_size

@@ -130,7 +130,7 @@ class EventHub:
     # ----- PostgreSQL: LISTEN
 
     def _listen_postgres(self) -> None:
-        import psycopg
+        import psycopg  # deferred: psycopg, PostgreSQL only (a SQLite server never listens)
 
         url = make_url(self._engine.url).set(drivername="postgresql")
         dsn = url.render_as_string(hide_password=False)

@@ -32,10 +32,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
 from sweeper.datasets.access import Viewer
+from sweeper.store import Sweep
 from sweeper.sweeps.results import best_per_arm_level, epsilon_front, pareto_mask
 from sweeper.sweeps.stored import TERMINAL_SWEEPS, load_sweep
 from sweeper.sweeps.summary import SweepResults, summarize, sweep_results
@@ -165,11 +167,6 @@ class SummaryCache:
         """Build the entries of the ``count`` most recently ended sweeps (at start-up, in a
         thread: the first viewer of a big finished sweep then does not wait for its summary,
         whose audited epsilon of the whole search alone takes seconds)."""
-        from sqlalchemy import select
-        from sqlalchemy.orm import Session
-
-        from sweeper.store import Sweep
-
         with Session(engine) as session:
             ids = session.scalars(
                 select(Sweep.id)

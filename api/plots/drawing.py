@@ -63,8 +63,9 @@ def new_figure(n_labels: int = 0) -> tuple[Figure, Axes]:
 
     Wider when the legend, with many labels, goes outside the axes.
     """
+    # deferred: matplotlib takes about half a second to import; only drawing a plot needs it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # deferred: matplotlib, as above
 
     width, height = _FIGSIZE
     if n_labels + 2 > _LEGEND_INSIDE_MAX:
@@ -146,7 +147,7 @@ def draw_front(
 
 def add_legend(ax: Axes, handles: list[Any], *, dominated_hollow: bool) -> None:
     """Series entries, then one for the Pareto marker and one for dominated points."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # deferred: matplotlib (see new_figure)
 
     handles = [
         *handles,
@@ -189,7 +190,7 @@ def add_legend(ax: Axes, handles: list[Any], *, dominated_hollow: bool) -> None:
 
 def epsilon_ticks(ax: Axes, xs: Sequence[float]) -> None:
     """Log-scale ε when the budgets span a decade or more; tick exactly the grid's budgets."""
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # deferred: matplotlib (see new_figure)
 
     levels = sorted(set(xs))
     if levels and levels[0] > 0 and levels[-1] / levels[0] >= 10:

@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from api.schemas import Health, Ready
+from sweeper.driver.scheduler import live_schedulers
+from sweeper.store.schema import current_revision, head_revision
 
 router = APIRouter(tags=["health"])
 
@@ -21,9 +23,6 @@ def health() -> dict[str, str]:
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
 def ready(request: Request) -> Any:
-    from sweeper.driver.scheduler import live_schedulers
-    from sweeper.store.schema import current_revision, head_revision
-
     state = request.app.state
     out: dict[str, Any] = {
         "status": "ready",

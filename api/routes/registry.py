@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.errors import problem_responses
 from api.schemas import RegistryOut
+from workers.listing import registry_listing
 
 router = APIRouter(tags=["registry"])
 
@@ -26,7 +27,5 @@ router = APIRouter(tags=["registry"])
     summary="Registered models, datasets, strategies and accountants (plug-ins included)",
 )
 async def registry() -> Any:
-    from workers.listing import registry_listing
-
     # The first listing may load plug-ins (imports): off the event loop.
     return await run_in_threadpool(registry_listing)

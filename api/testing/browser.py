@@ -41,6 +41,7 @@ def chromium_path() -> str | None:
 @contextmanager
 def chromium() -> Iterator[Any]:
     """A launched browser (Playwright ``Browser``); closed on exit."""
+    # optional: playwright is a dev extra, for the dashboard's browser tests only
     from playwright.sync_api import sync_playwright
 
     path = chromium_path()
