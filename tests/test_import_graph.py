@@ -9,8 +9,8 @@ are left out: they never run):
    before (heavy import, optional extra, ...);
 4. dpsweep imports nothing from workers (nor sweeper, nor api).
 
-3 holds a ratchet of today's exceptions: a file's count of uncommented function-level imports
-may not grow (lower it when you comment or hoist one).
+No exception list: every sweeper sub-package imports only lower ones, and every function-level
+import says why.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ PACKAGES = ("dpsweep", "sweeper", "workers", "api")
 # Bottom first: a sub-package may import the ones before it, never the ones after.
 # sweeper.settings (a module, not a sub-package) sits below them all.
 SWEEPER_LAYERS = ("store", "privacy", "datasets", "sweeps", "artifacts", "driver", "audits")
+
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -182,14 +183,10 @@ def test_sweeper_subpackages_import_only_lower_layers() -> None:
 
 
 def test_function_level_imports_say_why() -> None:
-    over = {
-        path: (count, UNCOMMENTED_BASELINE.get(path, 0))
-        for path, count in UNCOMMENTED.items()
-        if count > UNCOMMENTED_BASELINE.get(path, 0)
-    }
-    assert over == {}, (
+    assert UNCOMMENTED == {}, (
         "an import inside a function needs a comment on its line or the line before saying "
-        "why it is not at module level (file: (found, allowed))"
+        "why it is not at module level (heavy, optional, a cycle at run time): "
+        f"{UNCOMMENTED} (file: count)"
     )
 
 
@@ -202,7 +199,3 @@ def test_dpsweep_imports_no_server_layer() -> None:
         if target.split(".")[0] in ("workers", "sweeper", "api")
     )
     assert bad == []
-
-
-# Today's function-level imports with no comment saying why, per file (the ratchet of check 3).
-UNCOMMENTED_BASELINE: dict[str, int] = {}
