@@ -99,15 +99,22 @@ def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
     """
     from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
     from sweeper.datasets.names import in_catalog  # deferred: SQLAlchemy
-    from sweeper.datasets.resolution import resolve  # deferred: SQLAlchemy
+    from sweeper.datasets.resolution import resolve, tuning_names  # deferred: SQLAlchemy
     from sweeper.sweeps.admission import admit  # deferred: SQLAlchemy
 
-    needs_db = in_catalog(spec.dataset.name) or spec.eval.mode == "public"
+    # The public datasets arms tune on (tune_on) resolve with the training dataset; a
+    # registered one is in the catalog.
+    tune_on = tuning_names(spec.arms)
+    needs_db = (
+        in_catalog(spec.dataset.name)
+        or spec.eval.mode == "public"
+        or any(in_catalog(name) for name in tune_on.values())
+    )
     if not needs_db:
-        return spec, resolve(None, spec.dataset, spec.eval)
+        return spec, resolve(None, spec.dataset, spec.eval, tune_on=tune_on)
     engine = open_engine(url, migrate=True)
     spec = admit(engine, spec, Viewer(None)).spec  # local use: the owner
-    return spec, resolve(engine, spec.dataset, spec.eval)
+    return spec, resolve(engine, spec.dataset, spec.eval, tune_on=tuning_names(spec.arms))
 
 
 def use_local_factories(spec: Any) -> None:
@@ -124,6 +131,22 @@ def use_local_factories(spec: Any) -> None:
 
     named = [(spec.model.name, "models"), (spec.dataset.name, "datasets")]
     export_factories([(name, kind) for name, kind in named if is_factory_name(name)])
+
+
+def _point(values: dict[str, Any]) -> str:
+    """A point or a grid, short: ``lr=2, clip=[0.1, 1]``, ``lr=logspace[-1, 1] k=3``."""
+
+    def one(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + ", ".join(one(x) for x in v) + "]"
+        if isinstance(v, dict) and "k" in v:
+            kind = "logspace" if "logspace" in v else "linspace"
+            return f"{kind}{one([float(x) for x in v[kind]])} k={v['k']}"
+        return str(v)
+
+    return ", ".join(f"{k}={one(v)}" for k, v in values.items())
 
 
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -159,6 +182,10 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             "eval_noise_multiplier",
             "epsilon_eval",
             "engine_path",
+            "tuned_on",
+            "tuned_params",
+            "tuned_score",
+            "tuned_grid",
         )
         stored = [r.to_stored() for r in rows]
         print(json.dumps([{k: d[k] for k in (*PLAN_KEYS, *extra)} for d in stored]))
@@ -219,6 +246,13 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 f"{where}: DP evaluation, {r.eval_releases} "
                 f"noisy counts per trial at sigma_e = {r.eval_noise_multiplier or 0:.4g} "
                 f"(the evaluations alone: ε {r.epsilon_eval or 0:.4g}; included in the grid's ε)"
+            )
+        if r.tuned_on is not None:
+            score = "n/a" if r.tuned_score is None else f"{r.tuned_score:.4g}"
+            console.print(
+                f"{where}: tuned on {r.tuned_on} (public records, no epsilon spent): best "
+                f"{_point(r.tuned_params or {})} ({spec.objective.metric} {score}); private "
+                f"grid centred: {_point(r.tuned_grid or {})}"
             )
         for w in r.warnings:
             console.print(f"[bold yellow]warning[/bold yellow] ({where}): {w}")
