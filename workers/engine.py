@@ -117,10 +117,14 @@ class DPEngine:
     def sample(self) -> tuple[Tensor, Tensor]:
         """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
         if self.k == 1:
-            idx = poisson_sample(self.n, self.sample_rate, self.sample_streams[0]).unsqueeze(0)
+            idx = poisson_sample(
+                self.n, sample_rate=self.sample_rate, stream=self.sample_streams[0]
+            ).unsqueeze(0)
             mask = torch.ones(1, idx.shape[1])
         else:
-            idx, mask = poisson_sample_pack(self.n, self.sample_rate, self.sample_streams)
+            idx, mask = poisson_sample_pack(
+                self.n, sample_rate=self.sample_rate, streams=self.sample_streams
+            )
         if self.device.type == "cpu":
             return idx, mask
         return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 from workers.randomness import RandomStream, geometric_from_words
 
 
-def poisson_sample(n: int, sample_rate: float, stream: RandomStream) -> Tensor:
+def poisson_sample(n: int, *, sample_rate: float, stream: RandomStream) -> Tensor:
     """Sorted int64 indices of a Poisson sample of ``range(n)`` at rate ``sample_rate``."""
     if sample_rate >= 1.0:
         return torch.arange(n)
@@ -53,17 +53,18 @@ def _continue(
 
 
 def poisson_sample_pack(
-    n: int, sample_rate: float, streams: list[RandomStream]
+    n: int, *, sample_rate: float, streams: list[RandomStream]
 ) -> tuple[Tensor, Tensor]:
     """Independent Poisson samples for K trials, padded: indices and mask ``[K, B_max]``.
 
-    Row k is exactly ``poisson_sample(n, sample_rate, streams[k])``: each row's gaps come from
-    its own stream's next words, in the same chunks, mapped to gaps by the same float64
+    Row k is exactly ``poisson_sample(n, sample_rate=sample_rate, stream=streams[k])``: each
+    row's gaps come from its own stream's next words, in the same chunks, mapped to gaps by the
+    same float64
     arithmetic as :meth:`RandomStream.geometric`; only that arithmetic, the cumulative sums and
     the padding are batched across trials (one numpy call per stage instead of one per trial).
     """
     if sample_rate >= 1.0 or n == 0 or sample_rate <= 0.0:
-        return _pad([poisson_sample(n, sample_rate, g) for g in streams])
+        return _pad([poisson_sample(n, sample_rate=sample_rate, stream=g) for g in streams])
     chunk = _chunk(n, sample_rate)
     # Small arrays: numpy's per-call cost is a fraction of torch's (integer sums are exact).
     pos = np.cumsum(_geometric_rows(streams, chunk, sample_rate), axis=1)

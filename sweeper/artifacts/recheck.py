@@ -181,10 +181,10 @@ def measure(module: Any, data: Any, *, task: str, dp: bool, chunk: int = 2048) -
     return {k: float(m[k]) for k in ("accuracy", "loss") if k in m}
 
 
-def dp_tolerance(sigma: float, n: int, releases: int) -> float:
+def dp_tolerance(*, noise_multiplier: float, n_eval: int, releases: int) -> float:
     """How far a DP-evaluated accuracy may be from the exact one (module docstring)."""
     z = NormalDist().inv_cdf(1.0 - DP_FALSE_ALARM / (2.0 * max(1, releases)))
-    return z * sigma / n + 1.0 / n
+    return z * noise_multiplier / n_eval + 1.0 / n_eval
 
 
 def check_model(
@@ -233,7 +233,9 @@ def check_model(
         denominator = int(data.planning_n_eval)
         if sigma is None:
             raise ValueError("the card's DP evaluation states no noise multiplier")
-        tol = dp_tolerance(float(sigma), denominator, releases)
+        tol = dp_tolerance(
+            noise_multiplier=float(sigma), n_eval=denominator, releases=releases
+        )
         notes.append(
             DP_NOTE.format(
                 sigma=float(sigma),

@@ -26,7 +26,7 @@ def gradient_noise_multiplier(
     """
     try:
         return get_descriptor(strategy).gradient_multiplier(
-            noise_multiplier, params, expected_batch_size=expected_batch_size
+            params, noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size
         )
     except NoiseSplitInfeasible as exc:
         raise InfeasiblePlan(str(exc)) from None

@@ -128,7 +128,11 @@ def test_check_of_a_dp_evaluated_model_compares_within_the_noise(
     split, ev = card["dataset"]["split"], card["evaluation"]
     assert split["eval_mode"] == "dp" and split["split_seed"] == 5
     noisy = card["metrics"]["values"]["accuracy"]
-    tol = dp_tolerance(ev["eval_noise_multiplier"], card["dataset"]["n_eval"], ev["eval_releases"])
+    tol = dp_tolerance(
+        noise_multiplier=ev["eval_noise_multiplier"],
+        n_eval=card["dataset"]["n_eval"],
+        releases=ev["eval_releases"],
+    )
     assert f"accuracy: card (noisy) {noisy:.4g}, exact" in printed
     assert f"match (within {tol:.3g})" in printed
     assert "is a DP release" in printed and f"the best of {ev['eval_releases']}" in printed

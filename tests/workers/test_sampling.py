@@ -17,7 +17,7 @@ from workers.sampling import poisson_sample
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(0, 3000), q=st.floats(1e-4, 1.0), seed=st.integers(0, 2**31))
 def test_sample_is_sorted_unique_and_in_range(n: int, q: float, seed: int) -> None:
-    idx = poisson_sample(n, q, sample_stream(seed))
+    idx = poisson_sample(n, sample_rate=q, stream=sample_stream(seed))
     assert idx.dtype == torch.long
     if len(idx):
         assert idx.min() >= 0 and idx.max() < n
@@ -32,7 +32,7 @@ def test_inclusion_frequencies_and_size_distribution() -> None:
     counts = torch.zeros(n)
     sizes = []
     for _ in range(draws):
-        idx = poisson_sample(n, q, gen)
+        idx = poisson_sample(n, sample_rate=q, stream=gen)
         counts[idx] += 1
         sizes.append(len(idx))
     sizes_t = torch.tensor(sizes, dtype=torch.float64)
@@ -47,13 +47,13 @@ def test_inclusion_frequencies_and_size_distribution() -> None:
     # Positions are independent: first and last halves are equally likely.
     assert abs(counts[: n // 2].sum() - counts[n // 2 :].sum()) / counts.sum() < 0.05
     # Empty batches happen (P = (1-q)^n), and must be representable.
-    assert poisson_sample(10, 1e-9, gen).numel() == 0
+    assert poisson_sample(10, sample_rate=1e-9, stream=gen).numel() == 0
 
 
 def test_long_populations_need_several_chunks() -> None:
     gen = sample_stream(1)
     n, q = 100_000, 0.5
-    idx = poisson_sample(n, q, gen)
+    idx = poisson_sample(n, sample_rate=q, stream=gen)
     assert abs(len(idx) - n * q) < 6 * math.sqrt(n * q * (1 - q))
     assert idx.max() > n - 50  # the tail of the population is reachable
 
@@ -66,9 +66,11 @@ def test_pack_rows_equal_single_samples(monkeypatch: pytest.MonkeyPatch, chunk: 
         monkeypatch.setattr(sampling, "_chunk", lambda n, q: chunk)
     for n, q in [(500, 0.05), (40, 0.3), (7, 0.9)]:
         seeds = [11, 12, 13, 14]
-        idx, mask = sampling.poisson_sample_pack(n, q, [sample_stream(s) for s in seeds])
+        idx, mask = sampling.poisson_sample_pack(
+            n, sample_rate=q, streams=[sample_stream(s) for s in seeds]
+        )
         for row, s in enumerate(seeds):
-            alone = poisson_sample(n, q, sample_stream(s))
+            alone = poisson_sample(n, sample_rate=q, stream=sample_stream(s))
             m = mask[row] > 0
             assert torch.equal(idx[row][m], alone)
             assert int(m.sum()) == len(alone) and bool(m[: len(alone)].all())
@@ -100,8 +102,8 @@ def test_pack_rows_equal_per_stream_loop_over_many_steps() -> None:
     packed = [sample_stream(s) for s in seeds]
     alone = [sample_stream(s) for s in seeds]
     for _ in range(30):
-        idx, mask = sampling.poisson_sample_pack(n, q, packed)
+        idx, mask = sampling.poisson_sample_pack(n, sample_rate=q, streams=packed)
         for row, stream in enumerate(alone):
-            ref = poisson_sample(n, q, stream)
+            ref = poisson_sample(n, sample_rate=q, stream=stream)
             m = mask[row] > 0
             assert torch.equal(idx[row][m], ref)

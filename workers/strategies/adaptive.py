@@ -69,7 +69,7 @@ class QuantileClipping(ClippingStrategy):
         # workers.count_noise's rule, now that sigma is known (b/20, raised where the count
         # would cost the gradient > 10 %). Raises NoiseSplitInfeasible (a ConfigError on
         # params.count_noise) where the count would need the whole budget.
-        splits = self.noise_splits(noise_multiplier)
+        splits = self.noise_splits(noise_multiplier=noise_multiplier)
         self.sigma_b = torch.tensor(
             [float(s.second) / 2.0 for s in splits if s.second is not None], device=self.device
         )
@@ -134,7 +134,7 @@ class OnlineClipping(ClippingStrategy):
 
     def gradient_noise_multiplier(self, noise_multiplier: Tensor) -> Tensor:
         # The descriptor's split (the planner's too): nu_q = ratio * nu, nu_g the rest.
-        splits = self.noise_splits(noise_multiplier)
+        splits = self.noise_splits(noise_multiplier=noise_multiplier)
         self.nu_q = torch.tensor(
             [float(s.second) for s in splits if s.second is not None],
             device=noise_multiplier.device,

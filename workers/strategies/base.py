@@ -163,12 +163,14 @@ class ClippingStrategy(ABC):
         """
         return cls.describe().validate(params)
 
-    def noise_splits(self, noise_multiplier: Tensor) -> list[NoiseSplit]:
+    def noise_splits(self, *, noise_multiplier: Tensor) -> list[NoiseSplit]:
         """Each trial's split of its planned multiplier, by the descriptor (torch-free) rule."""
         d = self.describe()
         return [
             d.noise_split(
-                float(noise_multiplier[i]), p, expected_batch_size=self.expected_batch_size
+                p,
+                noise_multiplier=float(noise_multiplier[i]),
+                expected_batch_size=self.expected_batch_size,
             )
             for i, p in enumerate(self.params)
         ]
@@ -199,7 +201,7 @@ class ClippingStrategy(ABC):
         if self.describe().split is None:
             return noise_multiplier
         return torch.tensor(
-            [s.gradient for s in self.noise_splits(noise_multiplier)],
+            [s.gradient for s in self.noise_splits(noise_multiplier=noise_multiplier)],
             device=noise_multiplier.device,
             dtype=noise_multiplier.dtype,
         )

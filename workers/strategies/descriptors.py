@@ -131,7 +131,7 @@ class StrategyDescriptor:
         )
 
     def noise_split(
-        self, noise_multiplier: float, params: Mapping[str, Any], *, expected_batch_size: float
+        self, params: Mapping[str, Any], *, noise_multiplier: float, expected_batch_size: float
     ) -> NoiseSplit:
         """The split of one trial's planned multiplier sigma (``params`` are validated first).
 
@@ -144,11 +144,11 @@ class StrategyDescriptor:
         return self.split(float(noise_multiplier), self.validate(params), expected_batch_size)
 
     def gradient_multiplier(
-        self, noise_multiplier: float, params: Mapping[str, Any], *, expected_batch_size: float
+        self, params: Mapping[str, Any], *, noise_multiplier: float, expected_batch_size: float
     ) -> float:
         """sigma_g, the gradient's noise multiplier (see :meth:`noise_split`)."""
         return self.noise_split(
-            noise_multiplier, params, expected_batch_size=expected_batch_size
+            params, noise_multiplier=noise_multiplier, expected_batch_size=expected_batch_size
         ).gradient
 
     def propose_grid(self, model: str, params: Mapping[str, Any]) -> dict[str, list[Any]]:

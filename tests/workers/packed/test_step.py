@@ -70,7 +70,7 @@ def flat_params(m: nn.Module) -> torch.Tensor:
 def expected_batch_and_noise(
     n_params: int, sample_rate: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    idx = poisson_sample(N, sample_rate, sample_stream(SAMPLE_SEED))
+    idx = poisson_sample(N, sample_rate=sample_rate, stream=sample_stream(SAMPLE_SEED))
     (xi,) = normals(NOISE_SEED, n_params)
     return idx, xi
 

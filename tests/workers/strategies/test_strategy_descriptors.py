@@ -221,7 +221,7 @@ def test_the_noise_split_is_the_one_the_class_uses(name: str, sigma: float, b: f
     sigmas = torch.tensor([sigma] * len(cases))
     try:
         want = [
-            d.gradient_multiplier(float(sigmas[i]), p, expected_batch_size=b)
+            d.gradient_multiplier(p, noise_multiplier=float(sigmas[i]), expected_batch_size=b)
             for i, p in enumerate(cases)
         ]
     except NoiseSplitInfeasible:
@@ -234,7 +234,7 @@ def test_the_noise_split_is_the_one_the_class_uses(name: str, sigma: float, b: f
         assert want == [float(sigmas[0])] * len(cases)
     else:  # the joint release costs exactly one Gaussian of multiplier sigma
         for i, p in enumerate(cases):
-            s = d.noise_split(float(sigmas[i]), p, expected_batch_size=b)
+            s = d.noise_split(p, noise_multiplier=float(sigmas[i]), expected_batch_size=b)
             assert s.second is not None and s.gradient > float(sigmas[i])
             assert (s.gradient**-2 + s.second**-2) ** -0.5 == pytest.approx(float(sigmas[i]))
     # The planner uses the same split.
@@ -247,7 +247,7 @@ def test_the_noise_split_is_the_one_the_class_uses(name: str, sigma: float, b: f
 def test_an_infeasible_split_is_a_config_error_in_the_worker_and_infeasible_when_planning() -> None:
     d = get_descriptor("quantile")
     with pytest.raises(NoiseSplitInfeasible) as exc:
-        d.noise_split(7.0, {"count_noise": 3.0}, expected_batch_size=64)
+        d.noise_split({"count_noise": 3.0}, noise_multiplier=7.0, expected_batch_size=64)
     assert exc.value.field == "params.count_noise"
     with pytest.raises(InfeasiblePlan, match="count_noise"):
         gradient_noise_multiplier(
@@ -415,7 +415,9 @@ def test_checking_a_spec_imports_no_torch() -> None:
         "else:\n"
         "    raise AssertionError('not refused')\n"
         "from workers.strategies import get_descriptor\n"
-        "get_descriptor('quantile').gradient_multiplier(2.0, {}, expected_batch_size=64)\n"
+        "get_descriptor('quantile').gradient_multiplier(\n"
+        "    {}, noise_multiplier=2.0, expected_batch_size=64\n"
+        ")\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     r = subprocess.run(

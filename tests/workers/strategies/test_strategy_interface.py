@@ -86,7 +86,7 @@ def test_every_hook_is_honoured() -> None:
     )
     engine.step()
 
-    idx = poisson_sample(len(x), q, sample_stream(SAMPLE_SEED))
+    idx = poisson_sample(len(x), sample_rate=q, stream=sample_stream(SAMPLE_SEED))
     # The gradient's noise is drawn first, then the extra release's.
     xi_grad, xi_dir = normals(NOISE_SEED, theta0.numel(), theta0.numel())
     g = reference_per_sample(ref, x[idx], y[idx], "classification")
