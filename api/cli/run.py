@@ -398,10 +398,9 @@ def _progress_view(snap: Any, name: str) -> ProgressView:
 
 def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Plan (or resume) a sweep, run it on Ray, print its results, write its plots."""
-    from sweeper.driver.loop import run_sweep  # deferred: SQLAlchemy
-    from sweeper.sweeps.create import create_sweep  # deferred: SQLAlchemy
+    from sweeper.driver.ray_backend import EarlyRay  # deferred: the driver, for the command
+    from sweeper.settings import SweeperSettings  # deferred: pydantic-settings
     from sweeper.sweeps.lifecycle import find_finished, find_resumable  # deferred: SQLAlchemy
-    from sweeper.sweeps.summary import show_summary  # deferred: SQLAlchemy
 
     if args.workers is not None and args.workers < 1:
         parser.error(f"--workers must be >= 1; got {args.workers}")
@@ -423,6 +422,36 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         finished = None if args.new or sweep_id else find_finished(engine, spec)
         if finished:
             return _show_finished(engine, *finished, args=args, console=console)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except DpsweepError as exc:
+        return fail(exc)
+    # Ray starts (seconds) while the sweep is planned and reserved, not after: the first result
+    # comes that much sooner. It is shut down once the sweep has run, while the results print.
+    early = EarlyRay(SweeperSettings(), workers=args.workers)
+    try:
+        return _plan_and_run(parser, args, spec, engine, sweep_id, early=early, console=console)
+    finally:
+        early.close()
+
+
+def _plan_and_run(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    spec: Any,
+    engine: Any,
+    sweep_id: str | None,
+    *,
+    early: Any,
+    console: Console,
+) -> int:
+    """``dpsweep run`` once the spec is known to need running: create (or resume) its sweep,
+    run it on ``early``'s Ray, print its results and write its plots."""
+    from sweeper.driver.loop import run_sweep  # deferred: SQLAlchemy
+    from sweeper.sweeps.create import create_sweep  # deferred: SQLAlchemy
+    from sweeper.sweeps.summary import show_summary  # deferred: SQLAlchemy
+
+    try:
         if sweep_id:
             console.print(f"resuming sweep [bold]{sweep_id}[/bold] ({spec.name})")
         else:
@@ -444,6 +473,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             live.update(_progress_view(snap, spec.name))
 
     try:
+        early.ready()
         outcome = run_sweep(engine, sweep_id, workers=args.workers, on_progress=on_progress)
     except DpsweepError as exc:
         return fail(exc)
@@ -454,6 +484,7 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 # Off a terminal the live view's last frame ends without a newline; the
                 # results (on stdout, often the same file) must start on a line of their own.
                 console.line()
+    early.close(wait=False)
     summary = show_summary(engine, sweep_id)
     out = stdout_console()
     if args.json:

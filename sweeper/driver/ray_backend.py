@@ -234,15 +234,6 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
         ray.shutdown()
 
 
-def _warm_up() -> str:
-    """A Ray task that loads what a pack task needs (torch, the training loop), so that the
-    worker process a pack then lands on has paid its imports already."""
-    # deferred: torch; only a Ray worker loads it
-    import workers.training.loop  # noqa: F401
-
-    return f"{os.getpid()}"
-
-
 class _NoSigtermNotice(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "SIGTERM handler is not set" not in record.getMessage()
@@ -252,9 +243,10 @@ class EarlyRay:
     """Ray started in a background thread while the caller does something else first.
 
     ``dpsweep run`` plans and reserves its sweep (imports, the accountant, the database) while
-    Ray starts (seconds) and ``warm`` of its worker processes import torch, instead of one after
-    the other. Nothing here touches data: the warm-up tasks only import code. Ray is used through
-    :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down.
+    Ray starts (seconds), instead of one after the other. Ray is used through
+    :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down. (Warming a
+    worker's torch import too was measured and gained nothing: Ray comes up after the plan,
+    and a pack then lands on a fresh worker while the warm one is still importing.)
 
     The thread that started Ray lives until :meth:`close` and shuts Ray down itself: Ray ties
     its local processes (GCS, raylet) to the thread that spawned them (Linux's parent-death
@@ -263,13 +255,11 @@ class EarlyRay:
     Args:
         settings: As :func:`ray_session`'s.
         workers: Local Ray's CPUs (default: the settings', else the machine's).
-        warm: Worker processes to warm up (0: none).
     """
 
-    def __init__(self, settings: SweeperSettings, *, workers: int | None, warm: int = 1) -> None:
+    def __init__(self, settings: SweeperSettings, *, workers: int | None) -> None:
         self._settings = settings
         self._workers = workers
-        self._warm = warm
         self._error: BaseException | None = None
         self._up = threading.Event()
         self._closing = threading.Event()
@@ -284,9 +274,6 @@ class EarlyRay:
         logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
         try:
             _start_ray(self._settings, workers=self._workers)
-            task = ray.remote(_warm_up).options(num_cpus=1, max_retries=0)
-            for _ in range(self._warm):
-                task.remote()  # not awaited: the first pack waits on nothing but Ray
         except BaseException as exc:  # re-raised in the caller's thread by ready()
             self._error = exc
             return
@@ -301,10 +288,16 @@ class EarlyRay:
         if self._error is not None:
             raise self._error
 
-    def close(self) -> None:
-        """Shut Ray down (once its start has finished, whether it succeeded or not)."""
+    def close(self, *, wait: bool = True) -> None:
+        """Shut Ray down (once its start has finished, whether it succeeded or not).
+
+        Args:
+            wait: Return once Ray is down; False: return at once, the shutdown going on in the
+                background (call again with ``wait=True`` before the process ends).
+        """
         self._closing.set()
-        self._thread.join()
+        if wait:
+            self._thread.join()
 
 
 def cluster_resources() -> dict[str, float]:

@@ -200,7 +200,7 @@ _EARLY_DRIVER = textwrap.dedent(
     from sweeper.driver.ray_backend import EarlyRay, ray_session
     from sweeper.settings import SweeperSettings
 
-    early = EarlyRay(SweeperSettings(), workers=1, warm=1)
+    early = EarlyRay(SweeperSettings(), workers=1)
     early.ready()
     with ray_session(SweeperSettings(), workers=1):
         assert ray.get(ray.remote(lambda: 1).remote()) == 1
@@ -276,7 +276,7 @@ def test_early_ray_reports_a_failed_start() -> None:
         from sweeper.driver.ray_backend import EarlyRay
         from sweeper.settings import SweeperSettings
 
-        early = EarlyRay(SweeperSettings(ray_object_store_mb=64), workers=1, warm=0)
+        early = EarlyRay(SweeperSettings(ray_object_store_mb=64), workers=1)
         try:
             early.ready()
         except Exception as exc:
