@@ -17,7 +17,7 @@ from rich.text import Text
 from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
 from api.cli.sweeps import describe_scaling, print_models, print_results
 from dpsweep.errors import ConfigError, DpsweepError
-from dpsweep.spec import load_spec
+from dpsweep.spec import DEFAULT_GRIDS, load_spec, propose_grid
 
 
 def add_parsers(sub: Any) -> None:
@@ -234,6 +234,15 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
         "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
     )
+    for arm in spec.arms:
+        # An arm that gives no grid gets its strategy's default (dpsweep.spec.DEFAULT_GRIDS),
+        # written into the spec: say which grid that is.
+        default = DEFAULT_GRIDS.get(arm.strategy)
+        if default and arm.grid == propose_grid(default, spec.model.name, arm.params):
+            console.print(
+                f"arm {arm.label}: {arm.strategy}'s default grid for model {spec.model.name} "
+                f"(what an arm without a grid gets): {_point(dict(arm.grid))}"
+            )
     for r in rows:
         where = f"{r.arm} at ε {r.epsilon_budget:g}"
         if r.count_noise is not None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import DEFAULT_GRIDS, LARGE_MODEL_LR_SCALE, load_spec
@@ -116,6 +117,24 @@ def test_an_arm_with_a_strategy_only_gets_its_default_grid() -> None:
     assert big.arms[0].grid["lr"] == [
         float(f"{v * LARGE_MODEL_LR_SCALE:.6g}") for v in DEFAULT_GRIDS["online"]["lr"]
     ]
+
+
+def test_dpsweep_plan_says_which_grid_is_the_default(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from api.cli import main
+
+    path = tmp_path / "spec.yaml"
+    spec = _spec(
+        training={"steps": 8, "eval_every": 4},
+        arms=[{"strategy": "online"}, {"strategy": "fixed", "grid": {"lr": [0.5], "clip": [1.0]}}],
+    )
+    path.write_text(yaml.safe_dump(spec))
+    assert main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "arm online: online's default grid for model mlp" in out
+    assert "(what an arm without a grid gets): lr=[0.1, 0.5, 2]" in out
+    assert "arm fixed:" not in out  # its own grid
 
 
 def test_a_spec_that_gives_a_grid_or_an_lr_is_untouched() -> None:
