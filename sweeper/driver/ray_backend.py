@@ -244,7 +244,8 @@ class EarlyRay:
 
     ``dpsweep run`` plans and reserves its sweep (imports, the accountant, the database) while
     Ray starts (seconds), instead of one after the other. Ray is used through
-    :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down. (Warming a
+    :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down. A Ray already
+    initialised in the process is used as it is and not shut down here. (Warming a
     worker's torch import too was measured and gained nothing: Ray comes up after the plan,
     and a pack then lands on a fresh worker while the warm one is still importing.)
 
@@ -273,6 +274,10 @@ class EarlyRay:
         # terminated `dpsweep run` takes its local Ray down with it (the parent-death signal).
         logging.getLogger("ray._private.worker").addFilter(_NoSigtermNotice())
         try:
+            if ray.is_initialized():
+                # Someone else's Ray (a test's, the report's one process): used as it is, and
+                # never shut down here, as in ray_session.
+                return
             _start_ray(self._settings, workers=self._workers)
         except BaseException as exc:  # re-raised in the caller's thread by ready()
             self._error = exc

@@ -57,10 +57,18 @@ def inject(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     elif name == "doubled_rate":
         one, pack = engine_module.poisson_sample, engine_module.poisson_sample_pack
         monkeypatch.setattr(
-            engine_module, "poisson_sample", lambda n, q, s: one(n, min(1.0, 2 * q), s)
+            engine_module,
+            "poisson_sample",
+            lambda n, *, sample_rate, stream: one(
+                n, sample_rate=min(1.0, 2 * sample_rate), stream=stream
+            ),
         )
         monkeypatch.setattr(
-            engine_module, "poisson_sample_pack", lambda n, q, s: pack(n, min(1.0, 2 * q), s)
+            engine_module,
+            "poisson_sample_pack",
+            lambda n, *, sample_rate, streams: pack(
+                n, sample_rate=min(1.0, 2 * sample_rate), streams=streams
+            ),
         )
     else:
         raise ValueError(f"unknown fault {name!r}; one of {FAULTS}")
