@@ -168,12 +168,16 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     heads = [md.index(f"## {i}. ") for i in range(1, 6)]
     assert heads == sorted(heads)  # sections in the experiments' order
     # 1: compose and basic per strategy at the tiny levels (1 and 8), basic below compose's σ cap.
-    assert set(facts["strategies"]["seconds"]) == {"digits_compose", "digits_basic"}
+    assert set(facts["strategies"]["seconds"]) == {
+        f"{d}_{k}" for d in ("digits", "mnist1d") for k in ("compose", "basic")
+    }
     assert "| fixed | 1 |" in md and "| online | 8 |" in md
     assert "`privacy.accounting: basic`" in md
     # 2: calibration's plan and results tables.
     cal = facts["calibration"]
-    assert cal["seconds"] > 0 and len([k for k in cal if k.startswith("ece_")]) == 4
+    assert cal["seconds"] > 0 and cal["cnn1d_seconds"] > 0
+    assert len([k for k in cal if k.startswith("ece_")]) == 8  # MLP on digits, cnn1d on MNIST-1D
+    assert len([k for k in cal if k.startswith("ece_cnn1d ")]) == 4
     assert "| small-C | 3 |" in md and "| large-C | 3 |" in md
     assert "lr=2, clip=0.1" in md and "lr=0.02, clip=10" in md
     # 3: a bias trajectory per arm, measured: finite everywhere, positive under heavy clipping
@@ -187,9 +191,9 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     }
     assert all(0 <= v < math.inf for v in bias.values()), bias
     assert all(v > 0 for arm, v in bias.items() if arm.endswith("C=0.1")), bias
-    # 4: each run's own step time, for the default and tuned Lipschitz networks and the MLP.
+    # 4: each run's own step time, for the default and tuned Lipschitz MLPs, lip_cnn and the MLP.
     steps = {k: v for k, v in facts["clipless"].items() if k.startswith("step_ms_")}
-    assert len(steps) == 3 and all(v > 0 for v in steps.values())
+    assert len(steps) == 4 and all(v > 0 for v in steps.values())
     # 5: compose and papernot-steinke keep each level's ε; the naive search composes to more,
     # and the papernot-steinke run count is never shown.
     tc = facts["tuning-cost"]
@@ -197,8 +201,20 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         assert tc[f"compose_epsilon_{level}"] <= level and tc[f"ps_epsilon_{level}"] <= level
         assert tc[f"naive_epsilon_{level}"] > level
     assert "hidden" in md.split("## 5. ")[1]
-    for name in ("strategies-accuracy", "calibration-reliability", "clip-bias", "clipless"):
+    figures = (
+        "strategies-accuracy",
+        "strategies-mnist1d",
+        "calibration-reliability",
+        "calibration-cnn1d-reliability",
+        "clip-bias",
+        "clipless",
+    )
+    for name in figures:
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name
+        assert f"(figures/{name}.png)" in md, name
+    assert sorted(p.stem for p in (tmp_path / "figures").glob("*.png")) == sorted(figures)
+    # The header states the whole report's wall time.
+    assert "**Wall time of this report:**" in md.split("## 1. ")[0]
 
 
 def test_generic_packs_benchmark_smoke() -> None:
