@@ -22,9 +22,8 @@ from typing import Any
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ModelConfig, TrainingConfig
 from workers.datasets.records import Dataset, DatasetSpec
-from workers.models.descriptors import ModelSpec
 from workers.training.loop import train_pack
-from workers.training.specs import PackSpec, TrialSpec
+from workers.training.specs import TrialSpec, training_pack
 
 #: The public seed of every tuning trial (initial weights, batches and noise).
 TUNING_SEED = 0
@@ -101,28 +100,19 @@ def tune_on_public(
                 params=params,
             )
         )
-    pack = PackSpec(
-        dataset=dataset,
-        model=ModelSpec(model.name, dict(model.options)),
+    pack = training_pack(
+        model=model,
+        training=training,
         strategy=strategy,
         trials=trials,
-        batch_size=training.batch_size,
-        steps=int(steps),
-        optimizer=training.optimizer,
-        momentum=training.momentum,
-        weight_decay=training.weight_decay,
-        eval_every=training.eval_every,
-        lr_schedule=training.lr_schedule,
-        warmup_steps=training.warmup_steps,
-        warmup_fraction=training.warmup_fraction,
-        ema_decay=training.ema.decay if training.ema is not None else None,
-        ema_warmup=training.ema.warmup if training.ema is not None else False,
+        dataset=dataset,
         accountant=accountant,
+        # Public records, public seeds: reproducible, so that plan and submit agree.
+        reproducible=True,
+        planned=None,
         device=device,
         threads=threads,
-        # Public records, public seeds: reproducible, so that plan and submit agree.
-        randomness="reproducible",
-        planned=None,
+        steps=int(steps),
     )
     results = train_pack(pack, dataset=data)
     scores = [_finite(r.metrics.get(metric)) for r in results]

@@ -172,7 +172,6 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Train one model as the flags say; print its metrics and the epsilon charged."""
     # Loaded when the command runs, not with the parser (`dpsweep --help`): torch, numpy, scipy,
     # the database, and the torch-free registries the parser does not need.
-    from sweeper.driver.packs import training_pack  # deferred: SQLAlchemy
     from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier  # deferred: scipy
     from workers.datasets.loading import load_dataset  # deferred: numpy
     from workers.datasets.records import DatasetSpec  # deferred: numpy
@@ -185,7 +184,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from workers.plan_check import PlannedRun  # deferred: not for the parser
     from workers.schedule import plan_steps  # deferred: not for the parser
     from workers.strategies import STRATEGIES, strategy_names  # deferred: torch (its classes)
-    from workers.training.specs import TrialSpec  # deferred: numpy
+    from workers.training.specs import TrialSpec, training_pack  # deferred: numpy
 
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2

@@ -6,7 +6,7 @@ sections (:mod:`dpsweep.spec`), admission and resolution of the dataset
 (:func:`sweeper.sweeps.admission.admit`, :func:`sweeper.datasets.resolution.resolve`), the
 model check, :func:`workers.schedule.plan_steps` for q and T, the one calibrator
 (:func:`workers.accounting.calibrate_noise_multiplier`) and
-:func:`sweeper.driver.packs.training_pack` / :func:`~sweeper.driver.packs.pack_spec`.
+:func:`workers.training.specs.training_pack` / :func:`~sweeper.driver.packs.pack_spec`.
 
 **Who.** An audit reads its dataset's records more closely than any release does (its canary
 scores), so only the dataset's owner (or an admin, or local use) may audit a private dataset;
@@ -46,7 +46,7 @@ from sweeper.datasets.grants import has_active_grant
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.datasets.names import BUILTIN, in_catalog, unknown_dataset
 from sweeper.datasets.resolution import is_public, resolve
-from sweeper.driver.packs import pack_spec, training_pack
+from sweeper.driver.packs import pack_spec
 from sweeper.store import Dataset, Sweep, Trial, TrialState
 from sweeper.sweeps.admission import admit
 from sweeper.sweeps.stored import grid_key, typed_spec
@@ -58,7 +58,7 @@ from workers.model_check import check_model
 from workers.models import ModelSpec, get_model_descriptor
 from workers.plan_check import PlannedRun
 from workers.schedule import plan_steps
-from workers.training.specs import TrialSpec
+from workers.training.specs import TrialSpec, training_pack
 
 #: ``dpsweep train``'s defaults, for an audit that leaves them out.
 DEFAULT_MODEL = "mlp"

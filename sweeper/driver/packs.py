@@ -16,17 +16,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from dpsweep.errors import ConfigError
-from dpsweep.spec import ModelConfig, SweepSpec, TrainingConfig
+from dpsweep.spec import SweepSpec
 from sweeper.datasets.resolution import resolve
 from sweeper.driver import failures
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
 from workers.accounting.registry import trial_accountant_for_plan
 from workers.datasets.loading import load_dataset
-from workers.models import ModelSpec
 from workers.plan_check import PlanMismatch, check_pack
 from workers.settings import WorkerSettings
-from workers.training.specs import PackSpec, TrialSpec
+from workers.training.specs import TrialSpec, training_pack
 
 log = logging.getLogger(__name__)
 
@@ -121,71 +120,6 @@ def pack_spec(
         threads=threads,
         # Workers hand each trial's best checkpoint back unless the spec keeps no models.
         keep_weights=spec.artifacts.keep != "none",
-    )
-
-
-def training_pack(
-    *,
-    model: ModelConfig,
-    training: TrainingConfig,
-    strategy: str,
-    trials: Sequence[Any],
-    dataset: Any | Callable[[], Any],
-    accountant: str,
-    reproducible: bool,
-    planned: Any,
-    eval_noise_multiplier: float | None = None,
-    device: str = "cpu",
-    threads: int = 1,
-    keep_weights: bool = False,
-) -> Any:
-    """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
-
-    The one place where the typed spec's model and training sections become what a worker
-    trains: :func:`pack_spec` (a sweep's trials) and ``dpsweep train`` (one run from flags,
-    validated by the same :class:`~dpsweep.spec.TrainingConfig`) both build through it.
-
-    Args:
-        model: The model section (registered name and options).
-        training: The training section (steps or epochs, batch size, optimizer, evaluation).
-        strategy: The pack's strategy (one per pack).
-        trials: :class:`workers.training.specs.TrialSpec` of each trial (lr, seed, sigma, delta,
-            params).
-        dataset: The worker-side dataset, or a function returning it (called last).
-        accountant: The worker's accountant of each trial's single-run epsilon.
-        reproducible: Draw noise and sampling from the public seed (labelled, not private
-            against whoever knows it) instead of a fresh OS secret per trial.
-        planned: The :class:`workers.plan_check.PlannedRun` the worker enforces before its
-            first step (``None``: not checked against a plan, e.g. a non-private run).
-        eval_noise_multiplier: DP evaluation's noise per count, as planned (``None``: none).
-        device: Where to train (``cpu``, ``cuda``, ...).
-        threads: Torch threads of the worker.
-        keep_weights: Hand back each trial's best checkpoint (safetensors bytes).
-    """
-    return PackSpec(
-        dataset=dataset() if callable(dataset) else dataset,
-        model=ModelSpec(model.name, model.options),
-        strategy=strategy,
-        trials=list(trials),
-        batch_size=training.batch_size,
-        epochs=training.epochs if training.epochs is not None else 1.0,
-        steps=training.steps,
-        optimizer=training.optimizer,
-        momentum=training.momentum,
-        weight_decay=training.weight_decay,
-        eval_every=training.eval_every,
-        lr_schedule=training.lr_schedule,
-        warmup_steps=training.warmup_steps,
-        warmup_fraction=training.warmup_fraction,
-        ema_decay=training.ema.decay if training.ema is not None else None,
-        ema_warmup=training.ema.warmup if training.ema is not None else False,
-        accountant=accountant,
-        device=device,
-        threads=threads,
-        randomness="reproducible" if reproducible else "secret",
-        planned=planned,
-        eval_noise_multiplier=eval_noise_multiplier,
-        keep_weights=keep_weights,
     )
 
 

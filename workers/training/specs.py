@@ -6,6 +6,7 @@ hand to :func:`workers.training.loop.train_pack`; :class:`TrialResult` is what c
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from workers.randomness import REPRODUCIBLE_WARNING, Randomness
 if TYPE_CHECKING:
     # Annotation only: the sweeper's driver builds pack specs and need not import torch.
     import torch
+
+    from dpsweep.spec import ModelConfig, TrainingConfig
 
 
 @dataclass
@@ -176,3 +179,72 @@ class TrialResult:
 
 def results_to_json(results: list[TrialResult]) -> list[dict[str, Any]]:
     return [r.to_dict() for r in results]
+
+
+def training_pack(
+    *,
+    model: ModelConfig,
+    training: TrainingConfig,
+    strategy: str,
+    trials: Sequence[Any],
+    dataset: Any | Callable[[], Any],
+    accountant: str,
+    reproducible: bool,
+    planned: Any,
+    eval_noise_multiplier: float | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+    keep_weights: bool = False,
+    steps: int | None = None,
+) -> PackSpec:
+    """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
+
+    The one place where the typed spec's model and training sections become what a worker
+    trains: :func:`sweeper.driver.packs.pack_spec` (a sweep's trials), ``dpsweep train`` (one
+    run from flags, validated by the same :class:`~dpsweep.spec.TrainingConfig`), canary
+    audits and public pre-tuning (:mod:`workers.public_tuning`) all build through it.
+
+    Args:
+        model: The model section (registered name and options).
+        training: The training section (steps or epochs, batch size, optimizer, evaluation).
+        strategy: The pack's strategy (one per pack).
+        trials: :class:`workers.training.specs.TrialSpec` of each trial (lr, seed, sigma, delta,
+            params).
+        dataset: The worker-side dataset, or a function returning it (called last).
+        accountant: The worker's accountant of each trial's single-run epsilon.
+        reproducible: Draw noise and sampling from the public seed (labelled, not private
+            against whoever knows it) instead of a fresh OS secret per trial.
+        planned: The :class:`workers.plan_check.PlannedRun` the worker enforces before its
+            first step (``None``: not checked against a plan, e.g. a non-private run).
+        eval_noise_multiplier: DP evaluation's noise per count, as planned (``None``: none).
+        device: Where to train (``cpu``, ``cuda``, ...).
+        threads: Torch threads of the worker.
+        keep_weights: Hand back each trial's best checkpoint (safetensors bytes).
+        steps: Train exactly this many steps, whatever the training section says (public
+            pre-tuning trains the private grid's planned number on other records).
+    """
+    return PackSpec(
+        dataset=dataset() if callable(dataset) else dataset,
+        model=ModelSpec(model.name, model.options),
+        strategy=strategy,
+        trials=list(trials),
+        batch_size=training.batch_size,
+        epochs=training.epochs if training.epochs is not None else 1.0,
+        steps=steps if steps is not None else training.steps,
+        optimizer=training.optimizer,
+        momentum=training.momentum,
+        weight_decay=training.weight_decay,
+        eval_every=training.eval_every,
+        lr_schedule=training.lr_schedule,
+        warmup_steps=training.warmup_steps,
+        warmup_fraction=training.warmup_fraction,
+        ema_decay=training.ema.decay if training.ema is not None else None,
+        ema_warmup=training.ema.warmup if training.ema is not None else False,
+        accountant=accountant,
+        device=device,
+        threads=threads,
+        randomness="reproducible" if reproducible else "secret",
+        planned=planned,
+        eval_noise_multiplier=eval_noise_multiplier,
+        keep_weights=keep_weights,
+    )
