@@ -6,13 +6,18 @@ real batch, one trial after another, with hooks that record each layer's input `
 output ``z``. One ``autograd.grad`` of the loss gives every ``g = dL/dz`` (and ``v = dL/dout``)
 at once, and per layer (Li et al. 2022, ghost norm; Bu et al. 2023, book-keeping):
 
-* ``nn.Linear`` (any ``[B, ..., d]`` input): the norm of ``a_i^T g_i`` from the Gram matrices
-  ``(a_i a_i^T) . (g_i g_i^T)`` when ``T^2 < d_in d_out``, else the per-example gradient is
-  materialised for that layer alone; the weighted sum ``sum_i w_i a_i^T g_i`` is one matmul;
+* ``nn.Linear`` (any ``[B, ..., d]`` input): over positions, the per-example gradients
+  ``a_i^T g_i`` are materialised (one batched matmul, as costly as the weight gradient
+  itself), and the weighted sum is then a cheap ``[B] x [B, P]`` product; a layer whose
+  per-example gradients would be too large in memory takes the ghost norm instead, from the
+  Gram matrices ``(a_i a_i^T) . (g_i g_i^T)``, with the weighted sum ``sum_i w_i a_i^T g_i``
+  as one matmul. A layer on a single position always takes the ghost norm (exact and cheapest);
 * ``nn.Embedding``: the same Gram trick with ``[id_t == id_s]`` as the input Gram, and the
   weighted sum an ``index_add``;
-* ``nn.Conv1d`` / ``nn.Conv2d``: ``unfold`` to the linear case (materialised per example: for
-  images ``L^2`` is far above ``d_in d_out``);
+* ``nn.Conv1d`` / ``nn.Conv2d``: either the ghost norm over the input patches (``unfold``),
+  where ``L (d_in + d_out) < d_in d_out`` (small late feature maps), with the weighted sum as
+  the convolution's own weight gradient; or every example's gradient at once, as one
+  convolution whose groups are the examples (no ``unfold`` copy);
 * ``nn.LayerNorm`` / ``nn.GroupNorm``: their per-example gradients are cheap, computed directly;
 * attention built from ``nn.Linear`` layers is covered by the Linear rule.
 
@@ -34,7 +39,8 @@ BAM's perturbed pass (per-example parameters) runs on the materialised path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +52,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from workers.generic.model import GenericCaptured, GenericModel, LayerInfo, _stack, _take
+
+# A Linear layer over positions materialises its per-example gradients up to this many elements
+# (256 MiB in float32); above it, the ghost norm's Gram matrices save the memory.
+_MATERIALISE_MAX = 1 << 26
 
 _NDQ = getattr(nn.modules.linear, "NonDynamicallyQuantizableLinear", None)
 
@@ -171,8 +181,65 @@ class _GhostLinear:
         return [w, self.g.sum(dim=2)] if self.bias else [w]
 
 
+@dataclass
+class _GhostConv:
+    """A conv layer's book-keeping info (ghost norm over its input patches)."""
+
+    cols: Tensor  # [K, B, d_in, L]: each example's input patches (``unfold``)
+    x: Tensor  # [K*B, C, *S]: the layer's input, for the weighted sum
+    g: Tensor  # [K*B, O, *S']: the output gradients
+    mod: Any  # the nn.Conv1d / nn.Conv2d (its geometry; its parameters are never read)
+    bias: bool
+
+    def sq_norm(self) -> Tensor:
+        """``[K, B]`` per-example squared norms: ``<a a^T, g g^T>`` over output positions."""
+        k, b = self.cols.shape[:2]
+        cols = self.cols.flatten(0, 1)  # [n, d_in, L]
+        gf = self.g.flatten(2)  # [n, O, L]
+        aa = cols.transpose(1, 2) @ cols
+        gg = gf.transpose(1, 2) @ gf
+        sq = (aa * gg).sum(dim=(1, 2))
+        if self.bias:
+            sq = sq + gf.sum(dim=2).pow(2).sum(dim=1)
+        return sq.view(k, b)
+
+    def weighted_into(self, outs: list[Tensor], w: Tensor) -> None:
+        """``sum_i w_i grad_i`` into ``outs``: the convolution's own weight gradient of the
+        weighted output gradients, per trial."""
+        k, b = self.cols.shape[:2]
+        wg = self.g * w.reshape(k * b, *([1] * (self.g.dim() - 1)))
+        m = self.mod
+        weight = self.g.new_empty(m.weight.shape)  # only its shape is read
+        for j in range(k):
+            sl = slice(j * b, (j + 1) * b)
+            _, gw, gb = torch.ops.aten.convolution_backward(
+                wg[sl],
+                self.x[sl],
+                weight,
+                [weight.shape[0]] if self.bias else None,
+                list(m.stride),
+                list(m.padding),
+                list(m.dilation),
+                False,
+                [0] * len(m.kernel_size),
+                1,
+                [False, True, self.bias],
+            )
+            outs[0][j].copy_(gw.reshape(-1))
+            if self.bias:
+                outs[1][j].copy_(gb)
+
+    def materialise(self) -> LayerInfo:
+        """Per-example gradients ``[K, B, *shape]`` of the layer's parameters."""
+        k, b = self.cols.shape[:2]
+        gf = self.g.flatten(2).view(k, b, self.g.shape[1], -1)
+        w = torch.einsum("kbol,kbil->kboi", gf, self.cols)
+        w = w.reshape(k, b, *self.mod.weight.shape)
+        return [w, gf.sum(dim=-1)] if self.bias else [w]
+
+
 def _info_sq(info: Any) -> Tensor:
-    if isinstance(info, _GhostLinear):
+    if isinstance(info, _GhostLinear | _GhostConv):
         return info.sq_norm()
     # One fused pass per tensor (pow then sum would write a temporary the size of the
     # per-example gradients: a third of WRN's book-keeping step).
@@ -180,7 +247,7 @@ def _info_sq(info: Any) -> Tensor:
 
 
 def _as_materialised(info: Any) -> LayerInfo:
-    return info.materialise() if isinstance(info, _GhostLinear) else info
+    return info.materialise() if isinstance(info, _GhostLinear | _GhostConv) else info
 
 
 class _UsageMode(TorchFunctionMode):
@@ -197,11 +264,30 @@ class _UsageMode(TorchFunctionMode):
     ) -> Any:
         kwargs = kwargs or {}
         if self.watched:
-            for leaf in tree_flatten((args, kwargs))[0]:
-                name = self.watched.get(id(leaf)) if isinstance(leaf, Tensor) else None
+            for leaf in _tensors((args, kwargs)):
+                name = self.watched.get(id(leaf))
                 if name is not None:
                     self.uses.append((name, func, self.stack[-1] if self.stack else None))
         return func(*args, **kwargs)
+
+
+def _tensors(tree: Any) -> Iterator[Tensor]:
+    """Every tensor in ``tree``, an op's arguments: nested tuples, lists and dicts are walked,
+    and any other container goes through pytree (slower, but nothing is missed)."""
+    if isinstance(tree, Tensor):
+        yield tree
+    elif isinstance(tree, tuple | list):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
+    elif tree is None or isinstance(tree, int | float | bool | str | torch.dtype | torch.device):
+        return
+    else:
+        for leaf in tree_flatten(tree)[0]:
+            if isinstance(leaf, Tensor):
+                yield leaf
 
 
 class BookkeepingModel(GenericModel):
@@ -428,9 +514,13 @@ class BookkeepingModel(GenericModel):
             a3 = a.reshape(k, b, -1, a.shape[-1])
             g3 = g.reshape(k, b, -1, g.shape[-1])
             info = _GhostLinear("linear", a3, g3, has_bias)
-            t = a3.shape[2]
-            if t > 1 and t * t >= a3.shape[-1] * g3.shape[-1]:
-                return info.materialise()  # the Gram matrices would cost more than the gradient
+            t, d_in, d_out = a3.shape[2], a3.shape[-1], g3.shape[-1]
+            # Over positions (t > 1), materialising costs B t d_in d_out, no more than the
+            # weighted sum alone costs on the Gram route (which adds B t^2 (d_in + d_out) for
+            # the norms), and then the weighted sum is a cheap [B] x [B, P] product. The Gram
+            # route is for layers whose per-example gradients would not fit in memory.
+            if t > 1 and (k * b * d_in * d_out <= _MATERIALISE_MAX or t * t >= d_in * d_out):
+                return info.materialise()
             return info
         if rule == "embedding":
             ids = a.reshape(k, b, -1)
@@ -452,29 +542,52 @@ class BookkeepingModel(GenericModel):
         dims = tuple(range(3, a.dim()))
         return [(g * xhat).sum(dim=dims), g.sum(dim=dims)]
 
-    def _conv_grads(self, mod: Any, a: Tensor, g: Tensor, has_bias: bool) -> LayerInfo:
-        """Per-example conv gradients through ``unfold`` (a conv is a linear map of patches)."""
+    def _conv_grads(self, mod: Any, a: Tensor, g: Tensor, has_bias: bool) -> Any:
+        """A conv layer's per-example info, by whichever of two exact routes costs less.
+
+        * Ghost norm (Li et al. 2022's mixed rule): a conv is a linear map of its input
+          patches, so the patches' and output gradients' Gram matrices over the ``L`` output
+          positions give each example's norm at ``O(L^2 (d_in + d_out))``, and the weighted sum
+          is one matmul. It wins where ``L (d_in + d_out) < d_in d_out``: the late, small
+          feature maps of a ResNet.
+        * Materialised, as one grouped convolution: the batch becomes the channel groups, so
+          the convolution's own weight-gradient kernel computes every example's gradient at
+          about the cost of one ordinary weight gradient (no ``unfold`` copy). The weighted sum
+          is then a cheap ``[B] x [B, P]`` product.
+        """
         k, b = g.shape[:2]
-        one_d = isinstance(mod, nn.Conv1d)
-        x = a.reshape(k * b, *a.shape[2:])
-        gy = g.reshape(k * b, *g.shape[2:])
-        if one_d:
-            x, gy = x.unsqueeze(-2), gy.unsqueeze(-2)
-            ks, st, pd, dl = (
-                (1, *mod.kernel_size),
-                (1, *mod.stride),
-                (0, *mod.padding),
-                (1, *mod.dilation),
-            )
-        else:
-            ks, st, pd, dl = mod.kernel_size, mod.stride, mod.padding, mod.dilation
-        cols = F.unfold(x, ks, dilation=dl, padding=pd, stride=st)  # [KB, C*kh*kw, L]
-        groups = mod.groups
         n = k * b
-        cols = cols.view(n, groups, -1, cols.shape[-1])
-        gy = gy.reshape(n, groups, -1, cols.shape[-1])
-        w = torch.einsum("ngol,ngil->ngoi", gy, cols).reshape(k, b, *mod.weight.shape)
-        return [w, gy.sum(dim=-1).reshape(k, b, -1)] if has_bias else [w]
+        one_d = isinstance(mod, nn.Conv1d)
+        x = a.reshape(n, *a.shape[2:])
+        gy = g.reshape(n, *g.shape[2:])
+        ks = tuple(mod.kernel_size)
+        st, pd, dl = list(mod.stride), list(mod.padding), list(mod.dilation)
+        out_c, in_per_group = mod.weight.shape[0], mod.weight.shape[1]
+        positions = math.prod(gy.shape[2:])
+        d_in, d_out = in_per_group * math.prod(ks), out_c
+        if mod.groups == 1 and positions * (d_in + d_out) < d_in * d_out:
+            x2 = x.unsqueeze(-2) if one_d else x
+            ks2 = (1, *ks) if one_d else ks
+            lead = ((1,), (0,), (1,)) if one_d else ((), (), ())
+            st2, pd2, dl2 = (tuple(h) + tuple(v) for h, v in zip(lead, (st, pd, dl), strict=True))
+            cols = F.unfold(x2, ks2, dilation=dl2, padding=pd2, stride=st2)  # [n, d_in, L]
+            return _GhostConv(cols.view(k, b, d_in, positions), x, gy, mod, has_bias)
+        groups = n * mod.groups
+        weight = gy.new_empty((n * out_c, in_per_group, *ks))  # only its shape is read
+        w = torch.ops.aten.convolution_backward(
+            gy.reshape(1, n * out_c, *gy.shape[2:]),
+            x.reshape(1, -1, *x.shape[2:]),
+            weight,
+            None,
+            st,
+            pd,
+            dl,
+            False,
+            [0] * len(ks),
+            groups,
+            [False, True, False],
+        )[1].view(k, b, *mod.weight.shape)
+        return [w, gy.flatten(2).sum(dim=-1).reshape(k, b, -1)] if has_bias else [w]
 
     def sq_norms(self, infos: list[Any]) -> Tensor:
         """Per-sample, per-layer squared gradient norms ``[K, B, L]``."""
@@ -485,7 +598,7 @@ class BookkeepingModel(GenericModel):
         r = weights.shape[-1]
         for li, (names, info) in enumerate(zip(self.layer_params, infos, strict=True)):
             w = weights[..., 0 if r == 1 else li]
-            if isinstance(info, _GhostLinear):
+            if isinstance(info, _GhostLinear | _GhostConv):
                 slices = [self.slices[n] for n in names]
                 bufs = [
                     torch.empty(self.k, hi - lo, device=out.device, dtype=out.dtype)

@@ -12,7 +12,7 @@ import workers.training.loop as loop
 from tests.workers.generic.nets import FeatureMixer, ResidualConv, TiedLM, TinyTransformer
 from workers.datasets.records import DatasetSpec
 from workers.engine import per_sample_loss
-from workers.generic import BookkeepingModel, GenericModel, build_pack_model
+from workers.generic import BookkeepingModel, GenericModel, bookkeeping, build_pack_model
 from workers.models import ModelSpec, build_model
 from workers.training.loop import train_pack
 from workers.training.specs import PackSpec, TrialSpec
@@ -119,6 +119,62 @@ def test_sequence_first_and_tied_layers_fall_back() -> None:
     _compare(_seeded(TinyTransformer), ids)
     bk = _compare(_seeded(TiedLM), ids, classes=20)
     assert bk.rules[1] == "linear"
+
+
+class ConvRoutes(nn.Module):
+    """Convolutions that take each of the two conv routes (ghost norm and grouped, see
+    ``BookkeepingModel._conv_grads``), with stride, dilation, groups and a missing bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # 8x8 -> 4x4: L (d_in + d_out) = 16 x 59 > d_in d_out = 864: grouped (materialised).
+        self.stem = nn.Conv2d(3, 32, 3, stride=2, padding=1)
+        # 4x4, 32 -> 32: 16 x 320 < 9216: ghost norm.
+        self.deep = nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        # Conv1d over 16 positions, dilated, two groups: grouped.
+        self.wide = nn.Conv1d(32, 32, 3, padding=2, dilation=2, groups=2)
+        # Conv1d on 4 positions, stride 4: 4 x 128 < 3072: ghost norm.
+        self.narrow = nn.Conv1d(32, 32, 3, stride=4, padding=1)
+        self.head = nn.Linear(128, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.deep(torch.relu(self.stem(x))))  # [B, 32, 4, 4]
+        h = torch.tanh(self.wide(h.flatten(2)))  # [B, 32, 16]
+        return self.head(self.narrow(h).flatten(1))  # [B, 32, 4] -> 128
+
+
+def _routes(bk: BookkeepingModel, x: Tensor) -> list[str]:
+    out, cap = bk.forward(x, capture=True)
+    assert cap is not None
+    y = torch.zeros(x.shape[:2], dtype=torch.long)
+    infos = bk.layer_grads(per_sample_loss(out, y, "classification").sum(), cap)
+    return [type(i).__name__ if not isinstance(i, list) else "materialised" for i in infos]
+
+
+def test_both_conv_routes_match_materialised() -> None:
+    x = torch.randn(K, B, 3, 8, 8)
+    bk = _compare(_seeded(ConvRoutes), x)
+    assert bk.rules == ["conv"] * 4 + ["linear"]
+    assert _routes(bk, x) == [
+        "materialised",
+        "_GhostConv",
+        "materialised",
+        "_GhostConv",
+        "_GhostLinear",  # one position: ghost is exact and cheapest
+    ]
+
+
+def test_linear_gram_route_matches_materialised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linear layers over positions materialise up to a memory bound, and use the Gram
+    matrices beyond it: the Gram route must give the same norms and sums."""
+    monkeypatch.setattr(bookkeeping, "_MATERIALISE_MAX", 0)
+    spec = ModelSpec(
+        "text_classifier", {"vocab_size": 40, "d_model": 16, "heads": 2, "layers": 1, "max_len": 12}
+    )
+    ids = torch.randint(2, 40, (K, B, 12), generator=torch.Generator().manual_seed(3))
+    ids[:, 0, 7:] = 0
+    bk = _compare(lambda i: build_model(spec, input_shape=(12,), num_classes=3, seed=i), ids)
+    assert _routes(bk, ids).count("_GhostLinear") >= 4  # the projections and feed-forward
 
 
 def test_unsupported_layer_falls_back() -> None:
