@@ -44,6 +44,8 @@ _UPGRADE_LOCK = threading.Lock()
 # Set by :func:`one_process`: dpsweep's commands then run in this process, one at a time.
 _IN_PROCESS = threading.Event()
 _COMMAND_LOCK = threading.Lock()
+# Set by :func:`reuse_runs`: a spec whose run is recorded in its directory is read back, not rerun.
+_REUSE = threading.Event()
 # One colour per arm name across every figure of the report.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
@@ -131,6 +133,21 @@ def one_process() -> Iterator[None]:
             _IN_PROCESS.clear()
 
 
+@contextlib.contextmanager
+def reuse_runs() -> Iterator[None]:
+    """Read back the sweeps a kept earlier run recorded (``make_report.py --reuse DIR``).
+
+    Each :func:`run_spec` records its sweep's id and wall time beside its database; inside this
+    context a spec with such a record is exported again instead of being rerun, so the report's
+    text (its readings) can be redrawn from the same sweeps without spending hours again.
+    """
+    _REUSE.set()
+    try:
+        yield
+    finally:
+        _REUSE.clear()
+
+
 def dpsweep(args: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """Run ``dpsweep ARGS`` with extra environment ``env``: its exit code, stdout and stderr.
 
@@ -201,16 +218,22 @@ def run_spec(
     url = f"sqlite:///{work / 'report.db'}"
     with _UPGRADE_LOCK:  # Alembic's command context is process-global: one upgrade at a time.
         upgrade(url)
-    t0 = time.perf_counter()
-    cmd = ["run", str(path), "--db", url, "--new", "--quiet", "--json"]
-    cmd += ["--plots", str(work / "plots")]
-    if workers is not None:
-        cmd += ["--workers", str(workers)]
-    rc, stdout, stderr = dpsweep(cmd, env)
-    seconds = time.perf_counter() - t0
-    if rc != 0:
-        raise RuntimeError(f"dpsweep run {path.name} failed:\n{stderr[-3000:]}")
-    sweep_id = json.loads(stdout[stdout.index("{") :])["id"]
+    record = work / f"{spec['name']}.run.json"
+    if _REUSE.is_set() and record.exists():
+        kept = json.loads(record.read_text())
+        sweep_id, seconds = kept["id"], float(kept["seconds"])
+    else:
+        t0 = time.perf_counter()
+        cmd = ["run", str(path), "--db", url, "--new", "--quiet", "--json"]
+        cmd += ["--plots", str(work / "plots")]
+        if workers is not None:
+            cmd += ["--workers", str(workers)]
+        rc, stdout, stderr = dpsweep(cmd, env)
+        seconds = time.perf_counter() - t0
+        if rc != 0:
+            raise RuntimeError(f"dpsweep run {path.name} failed:\n{stderr[-3000:]}")
+        sweep_id = json.loads(stdout[stdout.index("{") :])["id"]
+        record.write_text(json.dumps({"id": sweep_id, "seconds": seconds}))
     rc, exported, stderr = dpsweep(["export", sweep_id, "--db", url, "--format", "json"])
     if rc != 0:
         raise RuntimeError(f"dpsweep export {sweep_id} failed:\n{stderr[-3000:]}")

@@ -160,7 +160,17 @@ def test_dashboard_open_benchmark_smoke() -> None:
 def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     """`make report`'s pipeline, tiny: every experiment's real sweeps, read back, tables,
     figures and markdown."""
-    p = _script("report/make_report.py", "--scale", "tiny", "--out", str(tmp_path), timeout=900)
+    keep = str(tmp_path / "keep")
+    p = _script(
+        "report/make_report.py",
+        "--scale",
+        "tiny",
+        "--out",
+        str(tmp_path),
+        "--keep",
+        keep,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     facts = json.loads(p.stdout)
     assert list(facts) == ["strategies", "calibration", "clip-bias", "clipless", "tuning-cost"]
@@ -201,6 +211,26 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         assert tc[f"compose_epsilon_{level}"] <= level and tc[f"ps_epsilon_{level}"] <= level
         assert tc[f"naive_epsilon_{level}"] > level
     assert "hidden" in md.split("## 5. ")[1]
+    # Redrawn from the kept sweeps (--reuse): the same numbers and wall times, nothing rerun.
+    again = tmp_path / "again"
+    p = _script(
+        "report/make_report.py",
+        "--scale",
+        "tiny",
+        "--out",
+        str(again),
+        "--reuse",
+        keep,
+        "--only",
+        "tuning-cost",
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout)["tuning-cost"] == tc
+    assert md.split("**Wall time of this report:**")[1].split(",")[0] in (
+        (again / "results.md").read_text()
+    )
+
     figures = (
         "strategies-accuracy",
         "strategies-mnist1d",
