@@ -18,7 +18,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scipy.stats import norm
+# scipy.special's ndtr is the standard normal CDF (what scipy.stats.norm.cdf evaluates), without
+# scipy.stats's import (about 0.4 s of every planning process's start).
+from scipy.special import ndtr
 
 # Calibrated multipliers land within this fraction below their target epsilon (never above).
 CALIBRATION_SLACK = 0.01
@@ -43,7 +45,7 @@ def gdp_guess(
 
     def gdp_delta(mu: float) -> float:
         return float(
-            norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+            ndtr(-epsilon / mu + mu / 2) - math.exp(epsilon) * ndtr(-epsilon / mu - mu / 2)
         )
 
     lo, hi = 1e-6, 50.0

@@ -12,7 +12,12 @@ Mode ``public`` trains on every record and evaluates on another dataset
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import tempfile
+from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +30,10 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
     n_test = round(n * test_fraction)
     if n_test < 1 or n - n_test < 1:
         raise DatasetError(f"{n} examples cannot be split with test_fraction={test_fraction}")
+    path = _split_cache_file(n, y, test_fraction, seed)
+    cached = _read_split(path, n, n_test)
+    if cached is not None:
+        return cached
     from sklearn.model_selection import train_test_split  # deferred: scikit-learn is heavy
 
     idx = np.arange(n)
@@ -34,7 +43,55 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
     train_idx, test_idx = train_test_split(
         idx, test_size=n_test, random_state=seed, shuffle=True, stratify=stratify
     )
-    return np.sort(train_idx), np.sort(test_idx)
+    train, test = np.sort(train_idx), np.sort(test_idx)
+    _write_split(path, train, test)
+    return train, test
+
+
+# The split is a pure function of (n, labels, test_fraction, seed) and scikit-learn's version;
+# it is kept between processes under a digest of exactly those, so a fresh process (the driver
+# that plans, each new worker) need not import scikit-learn (about a second) to redo it. The
+# file lives only in the owner's local data cache; its name is a one-way digest.
+_SPLIT_DIGEST_PERSON = b"dpsweep-splitkey"
+
+
+def _split_cache_file(n: int, y: np.ndarray, test_fraction: float, seed: int) -> Path:
+    from workers.datasets.builtin import data_cache_dir  # deferred: builtin registers loaders
+
+    h = hashlib.blake2b(person=_SPLIT_DIGEST_PERSON, digest_size=20)
+    labels = np.ascontiguousarray(y, dtype=np.int64)
+    h.update(f"{n}|{test_fraction!r}|{int(seed)}|{version('scikit-learn')}|".encode())
+    h.update(labels.tobytes())
+    return data_cache_dir() / "splits" / f"{h.hexdigest()}.npz"
+
+
+def _read_split(path: Path, n: int, n_test: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The cached split, or None when missing or not a partition of ``range(n)`` of the right
+    sizes (then it is recomputed)."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            train, test = f["train"], f["test"]
+    except (OSError, KeyError, ValueError):
+        return None
+    if train.shape != (n - n_test,) or test.shape != (n_test,):
+        return None
+    both = np.concatenate([train, test])
+    if both.dtype.kind not in "iu" or not np.array_equal(np.sort(both), np.arange(n)):
+        return None
+    return train.astype(np.int64), test.astype(np.int64)
+
+
+def _write_split(path: Path, train: np.ndarray, test: np.ndarray) -> None:
+    """Write atomically (a temporary file, then a rename); a cache that cannot be written only
+    costs the recomputation next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
+            np.savez(tmp, train=train, test=test)
+        os.replace(tmp.name, path)
+    except OSError:
+        with contextlib.suppress(OSError, UnboundLocalError):
+            os.unlink(tmp.name)
 
 
 # The keyed split's hash: personalised, so its values are unrelated to any other use of the
