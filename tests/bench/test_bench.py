@@ -182,6 +182,10 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         f"{d}_{k}" for d in ("digits", "mnist1d") for k in ("compose", "basic")
     }
     assert "| fixed | 1 |" in md and "| online | 8 |" in md
+    # The non-private ceiling beside them, on both data sets (trained outside any sweep).
+    ceilings = facts["strategies"]["ceiling"]
+    assert set(ceilings) == {"digits", "mnist1d"} and all(0 < v <= 1 for v in ceilings.values())
+    assert md.count("**Non-private ceiling:**") == 2
     assert "`privacy.accounting: basic`" in md
     # 2: calibration's plan and results tables.
     cal = facts["calibration"]
