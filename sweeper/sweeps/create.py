@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -39,7 +40,7 @@ from sweeper.privacy.ledger.amounts import (
 )
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
-from sweeper.privacy.parallel import pmap
+from sweeper.privacy.parallel import pmap_distinct
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
 from sweeper.sweeps.admission import admit
@@ -49,6 +50,22 @@ from sweeper.sweeps.quota import check_quota, configured_quota_bytes, estimate_i
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
 from sweeper.sweeps.tuning import tuned_arm
 from workers.datasets.loading import dataset_content_sha256
+
+
+def charge_schedules(grids: Sequence[GridPlan]) -> list[ChargeSchedule]:
+    """Each grid's charge schedule; grids whose accounting is the same (fixed and quantile with
+    as many trials at one level) share one computation.
+
+    The key is the whole plan except its labels and the arm's own display figures (its name,
+    strategy, gradient multiplier after a noise split and count noise), none of which
+    :func:`charge_schedule` reads: plans that differ in anything else are scheduled apart.
+    """
+
+    def key(grid: GridPlan) -> str:
+        blank = replace(grid, arm="", strategy="", gradient_noise_multiplier=0.0, count_noise=None)
+        return repr(blank)
+
+    return [schedule for _, schedule in pmap_distinct(charge_schedule, grids, key=key)]
 
 
 def spec_hash(spec: SweepSpec) -> str:
@@ -256,7 +273,7 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
 
     return PreparedSweep(
         plan,
-        list(pmap(charge_schedule, plan.grids)),
+        charge_schedules(plan.grids),
         model_bytes=estimate_if_limited(spec, dataset=dataset),
     )
 
@@ -301,7 +318,7 @@ def create_sweep(
             # dataset and the public datasets arms tune on are looked up in the catalog.
             plan = plan_sweep(spec, dataset=planning_dataset(engine, spec))
 
-        prepared = PreparedSweep(plan, list(pmap(charge_schedule, plan.grids)))
+        prepared = PreparedSweep(plan, charge_schedules(plan.grids))
     plan = prepared.plan
 
     # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.

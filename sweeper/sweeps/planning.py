@@ -16,9 +16,10 @@ from typing import Any
 from dpsweep.errors import ConfigError
 from dpsweep.plan import GridPlan, SweepPlan
 from sweeper.datasets.resolution import resolve, tuning_names, tuning_spec
+from sweeper.privacy.grids import GridRequest
 from sweeper.privacy.limits import HIGH_NOISE_MULTIPLIER, high_noise_warning
 from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
-from sweeper.privacy.parallel import pmap
+from sweeper.privacy.parallel import pmap_distinct
 from sweeper.privacy.planner import grid_requests, plan_accountant_name, plan_grid
 from sweeper.sweeps.checks import check_model_on_data, check_spec
 from sweeper.sweeps.tuning import centred_arm, grid_json, tuning_points
@@ -61,7 +62,10 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     b = spec.training.batch_size
     grids = []
     requests = grid_requests(spec, dataset_size=n, n_train=data.planning_n_train)
-    for req, g in zip(requests, pmap(plan_grid, requests), strict=True):
+    # Grids that differ only in their arm (fixed and quantile with as many trials, at one
+    # level) are one accounting problem: planned and verified once, then labelled per arm.
+    for req, planned in pmap_distinct(plan_grid, requests, key=_accounting_key):
+        g = replace(planned, arm=req.arm, strategy=req.strategy)
         arm = arms[req.arm]
         # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
         # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
@@ -189,3 +193,9 @@ def _public_data(public: Any, data: Any, *, name: str, field: str) -> Any:
             field=field,
         )
     return loaded
+
+
+def _accounting_key(req: GridRequest) -> GridRequest:
+    """A grid request without its labels: what :func:`plan_grid` computes from (the arm's
+    name and strategy only label the plan and name the arm in a refusal)."""
+    return replace(req, arm="", strategy="")
