@@ -18,13 +18,16 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from api.testing.browser import chromium, screenshot
 from api.testing.server import Server, start_server
 from sweeper.store.engine import make_engine
 from sweeper.store.tokens import create_token, revoke_token
+from tests.sweeper.sweeps.test_public_tuning import _spec as tuned_spec
 
 pytestmark = pytest.mark.slow
+
 
 FINISHED_SPEC = """\
 name: dash-finished
@@ -431,6 +434,22 @@ def test_datasets_page_and_upload(page: Any, api: httpx.Client, tmp_path: Path) 
     names = [d["name"] for d in api.get("/api/v1/datasets").json()["items"]]
     assert names.count("toy") == 1
     screenshot(page, "datasets")
+
+
+def test_dry_run_shows_public_pre_tuning(page: Any, api: httpx.Client) -> None:
+    """An arm with tune_on: the dry run's plan says where it was tuned, the best point there
+    and the private grid centred on it, as the API's plan does."""
+    pytest.importorskip("mnist1d")
+    spec = yaml.safe_dump(tuned_spec(tune_on="mnist1d-test"))
+    page.goto("/submit")
+    page.fill("#spec", spec)
+    page.click("#plan-btn")
+    page.wait_for_selector("#plan-result #tuning-table tbody tr")
+    (grid,) = api.post("/api/v1/sweeps:plan", content=spec, headers=YAML).json()["grids"]
+    row = page.inner_text("#tuning-table tbody tr")
+    assert "mnist1d-test" in row
+    assert f"lr={grid['tuned_params']['lr']:.4g}" in row.replace(" ", "")
+    assert "lr:" in row and "clip:" in row  # the centred grid's axes
 
 
 def test_dry_run_shows_the_plan_and_submit_then_cancel(page: Any, api: httpx.Client) -> None:

@@ -37,6 +37,36 @@ export function params(p) {
   return Object.entries(p || {}).map(([k, v]) => `${k}=${num(v)}`).join(", ");
 }
 
+/** A grid axis as the plan stores it: a list, or {logspace|linspace: [a, b], k}. */
+export function axisText(axis) {
+  if (Array.isArray(axis)) return `[${axis.map((v) => num(v)).join(", ")}]`;
+  if (axis && typeof axis === "object") {
+    const kind = axis.logspace ? "logspace" : "linspace";
+    const [a, b] = axis[kind] || [];
+    return `${kind} ${num(a)}…${num(b)}, ${axis.k} points`;
+  }
+  return String(axis);
+}
+
+/**
+ * Public pre-tuning (an arm's tune_on): for each grid tuned first on a public dataset, where,
+ * the best point there and its score, and the private grid centred on it. Nothing when no
+ * grid was tuned. No ε is spent by the tuning: only public records are read.
+ */
+export function tuningCard(grids) {
+  const tuned = (grids || []).filter((g) => g.tuned_on);
+  if (!tuned.length) return "";
+  const cols = ["arm", "ε level", "tuned on (public)", "best there", "its score", "private grid centred on it"];
+  return h("div", { class: "card", id: "tuning-card" }, h("h2", {}, "Public pre-tuning"),
+    h("p", { class: "muted small" }, "These grids were first trained on a dataset declared public, at the grid's σ; no ε is spent. The private grid then centres on the best point there."),
+    h("table", { class: "grid compact", id: "tuning-table" },
+      h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+      h("tbody", {}, tuned.map((g) => h("tr", { "data-arm": g.arm, "data-level": g.epsilon_budget },
+        h("td", {}, g.arm), h("td", {}, num(g.epsilon_budget)), h("td", {}, g.tuned_on),
+        h("td", {}, params(g.tuned_params)), h("td", {}, num(g.tuned_score)),
+        h("td", {}, Object.entries(g.tuned_grid || {}).map(([k, v]) => `${k}: ${axisText(v)}`).join("; ")))))));
+}
+
 export const TERMINAL = new Set(["done", "failed", "cancelled"]);
 
 export function badge(state) {

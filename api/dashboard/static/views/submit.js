@@ -1,5 +1,5 @@
 import { api } from "../api.js";
-import { errorBox, h, navigate, num } from "../ui.js";
+import { errorBox, h, navigate, num, tuningCard } from "../ui.js";
 import { registryHints } from "./registry.js";
 
 const EXAMPLE = `name: my-sweep
@@ -74,5 +74,6 @@ function planTable(p) {
         h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)), h("td", {}, g.trials),
         h("td", {}, num(g.noise_multiplier)), h("td", {}, g.steps_per_trial), h("td", {}, num(g.sample_rate)),
         h("td", {}, num(g.epsilon_per_trial)), h("td", {}, num(g.epsilon_total)),
-        h("td", {}, num(g.epsilon_verified)), h("td", {}, num(g.epsilon_reserved)))))));
+        h("td", {}, num(g.epsilon_verified)), h("td", {}, num(g.epsilon_reserved)))))),
+    tuningCard(p.grids));
 }

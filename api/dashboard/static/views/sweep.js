@@ -2,7 +2,7 @@ import { api, followEvents } from "../api.js";
 import { armStyles, naturalOrder } from "../palette.js";
 import {
   badge, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
-  setQuery, TERMINAL, when,
+  setQuery, TERMINAL, tuningCard, when,
 } from "../ui.js";
 import { auditsPanel } from "./audits.js";
 import { trialsTable } from "./trials-table.js";
@@ -275,6 +275,7 @@ export function sweepView(el, id) {
             h("td", { title: g.verified_by ? `verified by ${g.verified_by}` : "" }, num(g.epsilon_verified),
               g.verified_by ? h("span", { class: "muted small" }, ` (${g.verified_by})`) : ""),
             h("td", {}, g.accounting, g.retries ? ` +${g.retries} retries` : "")))))),
+      tuningCard(s.plan),
       privacyCard(s.privacy),
       h("div", { class: "card" }, h("h2", {}, "Budget"),
         h("dl", { class: "kv", id: "sweep-budget" },
