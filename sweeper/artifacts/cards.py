@@ -223,11 +223,7 @@ def _is_private(strategy: str, grid: GridPlan, single_run_epsilon: float | None)
         strategy_private = bool(get_descriptor(strategy).private)
     except ConfigError:
         strategy_private = False
-    return (
-        strategy_private
-        and math.isfinite(grid.epsilon_total)
-        and single_run_epsilon is not None
-    )
+    return strategy_private and math.isfinite(grid.epsilon_total) and single_run_epsilon is not None
 
 
 def _trial_section(

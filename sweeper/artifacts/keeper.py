@@ -56,10 +56,6 @@ from sweeper.sweeps.stored import grid_key
 log = logging.getLogger(__name__)
 
 
-
-
-
-
 def score(value: Any, *, mode: str) -> float | None:
     """An objective value as a number to maximise (None if it is not a finite number)."""
     if not isinstance(value, int | float) or not math.isfinite(float(value)):

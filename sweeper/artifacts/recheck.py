@@ -233,9 +233,7 @@ def check_model(
         denominator = int(data.planning_n_eval)
         if sigma is None:
             raise ValueError("the card's DP evaluation states no noise multiplier")
-        tol = dp_tolerance(
-            noise_multiplier=float(sigma), n_eval=denominator, releases=releases
-        )
+        tol = dp_tolerance(noise_multiplier=float(sigma), n_eval=denominator, releases=releases)
         notes.append(
             DP_NOTE.format(
                 sigma=float(sigma),

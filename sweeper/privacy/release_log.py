@@ -133,8 +133,6 @@ def record_selected(
     )
 
 
-
-
 def entry_view(r: ReleaseRecord) -> dict[str, Any]:
     """An entry as the API shows it, but with the table's global id (the API shows the
     entry's number in its reader's log instead: never this one to a tenant)."""

@@ -126,6 +126,4 @@ def schedules(sweep: Sweep) -> dict[str, ChargeSchedule]:
 
 def hidden_grids(sweep: Sweep) -> set[str]:
     """Grids that release only their selected trial (papernot-steinke)."""
-    return {
-        str(g.key) for g in SweepPlan.from_stored(sweep.plan) if g.release == "selected-only"
-    }
+    return {str(g.key) for g in SweepPlan.from_stored(sweep.plan) if g.release == "selected-only"}

@@ -231,8 +231,7 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             for arm in typed_spec(sweep).arms
         ],
         "plan": [
-            _plan_row(g) | ({} if g.grid in hidden else {"trials": g.planned_trials})
-            for g in plan
+            _plan_row(g) | ({} if g.grid in hidden else {"trials": g.planned_trials}) for g in plan
         ],
         "trials": counts,
         "privacy": privacy,
