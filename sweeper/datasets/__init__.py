@@ -19,28 +19,75 @@ module; this package re-exports their public functions:
 
 from __future__ import annotations
 
-from sweeper.datasets.access import Viewer, check_access
-from sweeper.datasets.identity import Binding, bind_name, content_identity, ledger_key_of
-from sweeper.datasets.names import (
-    BUILTIN,
-    REGISTER_FORMATS,
-    UPLOAD_FORMATS,
-    UPLOAD_PREFIX,
-    check_registered_name,
-    in_catalog,
-    is_upload,
-)
-from sweeper.datasets.registration import (
-    NameDeletion,
-    delete_name,
-    delete_name_and_models,
-    holding_sweeps,
-    names_of,
-    register_file,
-)
-from sweeper.datasets.resolution import is_public, public_eval_spec, resolve
-from sweeper.datasets.uploads import store_upload
-from sweeper.datasets.views import budget, describe, list_datasets, set_caps
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sweeper.datasets.access import Viewer, check_access
+    from sweeper.datasets.identity import Binding, bind_name, content_identity, ledger_key_of
+    from sweeper.datasets.names import (
+        BUILTIN,
+        REGISTER_FORMATS,
+        UPLOAD_FORMATS,
+        UPLOAD_PREFIX,
+        check_registered_name,
+        in_catalog,
+        is_upload,
+    )
+    from sweeper.datasets.registration import (
+        NameDeletion,
+        delete_name,
+        delete_name_and_models,
+        holding_sweeps,
+        names_of,
+        register_file,
+    )
+    from sweeper.datasets.resolution import is_public, public_eval_spec, resolve
+    from sweeper.datasets.uploads import store_upload
+    from sweeper.datasets.views import budget, describe, list_datasets, set_caps
+
+# The re-exports load on first use (PEP 562): the CLI's parser reads the names' constants
+# (sweeper.datasets.names) on every `dpsweep` call, and importing the whole catalog with it
+# (SQLAlchemy, about half a second) would slow even `dpsweep --help`.
+_EXPORTS: dict[str, str] = {
+    "BUILTIN": "sweeper.datasets.names",
+    "Binding": "sweeper.datasets.identity",
+    "NameDeletion": "sweeper.datasets.registration",
+    "REGISTER_FORMATS": "sweeper.datasets.names",
+    "UPLOAD_FORMATS": "sweeper.datasets.names",
+    "UPLOAD_PREFIX": "sweeper.datasets.names",
+    "Viewer": "sweeper.datasets.access",
+    "bind_name": "sweeper.datasets.identity",
+    "budget": "sweeper.datasets.views",
+    "check_access": "sweeper.datasets.access",
+    "check_registered_name": "sweeper.datasets.names",
+    "content_identity": "sweeper.datasets.identity",
+    "delete_name": "sweeper.datasets.registration",
+    "delete_name_and_models": "sweeper.datasets.registration",
+    "describe": "sweeper.datasets.views",
+    "holding_sweeps": "sweeper.datasets.registration",
+    "in_catalog": "sweeper.datasets.names",
+    "is_public": "sweeper.datasets.resolution",
+    "is_upload": "sweeper.datasets.names",
+    "ledger_key_of": "sweeper.datasets.identity",
+    "list_datasets": "sweeper.datasets.views",
+    "names_of": "sweeper.datasets.registration",
+    "public_eval_spec": "sweeper.datasets.resolution",
+    "register_file": "sweeper.datasets.registration",
+    "resolve": "sweeper.datasets.resolution",
+    "set_caps": "sweeper.datasets.views",
+    "store_upload": "sweeper.datasets.uploads",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "BUILTIN",
