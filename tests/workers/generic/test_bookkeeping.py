@@ -162,6 +162,18 @@ def test_both_conv_routes_match_materialised() -> None:
         "_GhostConv",
         "_GhostLinear",  # one position: ghost is exact and cheapest
     ]
+    # Materialised from the ghost records (BAM's perturbed pass and diagnostics read these):
+    # every example's full gradient, in the layer's own weight shape.
+    ref = GenericModel([ConvRoutes() for _ in range(K)])
+    ref.flat.copy_(bk.flat)
+    y = torch.randint(3, (K, B), generator=torch.Generator().manual_seed(5))
+    grads = []
+    for model in (bk, ref):
+        out, cap = model.forward(x, capture=True)
+        assert cap is not None
+        infos = model.layer_grads(per_sample_loss(out, y, "classification").sum(), cap)
+        grads.append(model.per_sample_grads(infos))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-6)
 
 
 def test_linear_gram_route_matches_materialised(monkeypatch: pytest.MonkeyPatch) -> None:
