@@ -8,10 +8,9 @@ evaluation cadence, accountant and device. Pack size is then capped by a memory 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,26 +18,12 @@ import torch
 from workers.generic.dispatch import packable
 from workers.generic.memory import generic_trial_floats
 from workers.models.registry import build_model
+from workers.pack_keys import pack_key
 from workers.packed.model import PackedModel
 from workers.settings import WorkerSettings
 from workers.strategies import get_descriptor
 from workers.training.evaluation import DIAGNOSTIC_BATCH
 from workers.training.specs import PackSpec
-
-
-def pack_key(spec: PackSpec) -> str:
-    """A canonical string that is equal exactly for specs whose trials may share a pack."""
-    strategy = get_descriptor(spec.strategy)
-    shared = {
-        name: [strategy.validate(t.params)[name] for t in spec.trials]
-        for name in strategy.shared_hyperparameters()
-    }
-    if any(len({json.dumps(v) for v in vals}) > 1 for vals in shared.values()):
-        raise ValueError("a pack spec already mixes trials with different shared hyperparameters")
-    fields = asdict(replace(spec, trials=[]))
-    fields["shared_params"] = {name: vals[0] for name, vals in shared.items() if vals}
-    return json.dumps(fields, sort_keys=True, default=str)
-
 
 # The noise sampler's work buffers per parameter and release, in 4-byte units
 # (workers/polar.py): the keystream words (about 1.28 words of 8 bytes per draw), the accepted

@@ -483,7 +483,13 @@ def _plan_and_run(
 
     try:
         early.ready()
-        outcome = run_sweep(engine, sweep_id, workers=args.workers, on_progress=on_progress)
+        outcome = run_sweep(
+            engine,
+            sweep_id,
+            workers=args.workers,
+            on_progress=on_progress,
+            size_packs_remotely=early.local,
+        )
     except DpsweepError as exc:
         return fail(exc)
     finally:

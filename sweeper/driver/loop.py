@@ -71,8 +71,13 @@ class SweepRunner:
         workers: int | None = None,
         on_progress: Callable[[Snapshot], None] | None = None,
         stop: threading.Event | None = None,
+        size_packs_remotely: bool = False,
     ) -> None:
         self.engine = engine
+        # dpsweep run's own local Ray is idle when the sweep starts: a worker sizes the packs
+        # (importing torch, which it needs anyway), not this driver. A server's shared Ray may
+        # be busy, and a blocking task would wait for a CPU there: its driver sizes them itself.
+        self.size_packs_remotely = size_packs_remotely
         # Set by a server shutting down: submit nothing new, let what runs finish (for at most
         # drain_seconds), then give the sweep up for the next driver.
         self.stop = stop
@@ -144,6 +149,8 @@ class SweepRunner:
             resources = ray_backend.cluster_resources()
             held.workers = self.workers_wanted or max(1, int(resources.get("CPU", 1)))
             held.gpus = float(resources.get("GPU", 0.0)) > 0
+            if self.size_packs_remotely and len(held.pending) > 1:
+                self.packs.size_packs_remotely()
             try:
                 self._loop()
             finally:
@@ -435,8 +442,15 @@ def run_sweep(
     workers: int | None = None,
     on_progress: Callable[[Snapshot], None] | None = None,
     stop: threading.Event | None = None,
+    size_packs_remotely: bool = False,
 ) -> RunOutcome:
     """Run (or resume) a stored sweep to the end; see :class:`SweepRunner`."""
     return SweepRunner(
-        engine, sweep_id, settings=settings, workers=workers, on_progress=on_progress, stop=stop
+        engine,
+        sweep_id,
+        settings=settings,
+        workers=workers,
+        on_progress=on_progress,
+        stop=stop,
+        size_packs_remotely=size_packs_remotely,
     ).run()

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from dpsweep.errors import ConfigError
 from dpsweep.spec import SweepSpec
 from sweeper.datasets.resolution import resolve
-from sweeper.driver import failures
+from sweeper.driver import failures, ray_backend
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
 from sweeper.driver.ray_backend import gpu_request
 from workers.accounting.registry import trial_accountant_for_plan
@@ -209,8 +209,8 @@ class Packer:
 
     def pack_key(self, t: PendingTrial) -> str:
         """Which pack ``t`` may join (trials with one key train as one computation)."""
-        # deferred: workers.packing imports torch, and the API imports this module
-        from workers.packing import pack_key
+        # deferred: the API imports this module; workers.pack_keys itself is torch-free
+        from workers.pack_keys import pack_key
 
         cache_key = f"{t.id}:{sorted(t.params.items())}"
         if cache_key not in self._keys:
@@ -223,7 +223,7 @@ class Packer:
     def pack_cap(self, key: str, t: PendingTrial) -> int:
         """The most trials a pack of ``key`` may hold (memory, ``max_pack_size``)."""
         if key not in self._pack_caps:
-            from workers.packing import max_pack_size  # deferred: torch, as in pack_key
+            from workers.packing import max_pack_size  # deferred: torch (it builds the model)
 
             cap = 1
             if not key.startswith("solo:"):
@@ -238,10 +238,42 @@ class Packer:
                     )
                 except Exception:
                     cap = 1
-            if self.held.settings.max_pack_size:
-                cap = min(cap, self.held.settings.max_pack_size)
-            self._pack_caps[key] = max(1, cap)
+            self._pack_caps[key] = self._bounded(cap)
         return self._pack_caps[key]
+
+    def size_packs_remotely(self) -> None:
+        """Size every pack key of the queue at once, in a Ray worker
+        (:func:`~sweeper.driver.ray_backend.remote_pack_caps`), so that the driver imports no
+        torch; :meth:`pack_cap` then reads the results. On any failure the keys stay unsized
+        and :meth:`pack_cap` sizes them here, as without this call.
+        """
+        firsts: dict[str, PendingTrial] = {}
+        for t in self.held.pending:
+            key = self.pack_key(t)
+            if not key.startswith("solo:") and key not in self._pack_caps:
+                firsts.setdefault(key, t)
+        if not firsts:
+            return
+        try:
+            specs = [self.spec_for([t]) for t in firsts.values()]
+            data = self.current_data(specs[0].dataset)
+            caps = ray_backend.remote_pack_caps(
+                specs, input_shape=data.input_shape, num_classes=data.num_classes
+            )
+        except Exception:
+            log.warning(
+                "sweep %s: a worker could not size the packs; the driver sizes them",
+                self.held.sweep_id,
+                exc_info=True,
+            )
+            return
+        for key, cap in zip(firsts, caps, strict=True):
+            self._pack_caps[key] = self._bounded(cap)
+
+    def _bounded(self, cap: int) -> int:
+        if self.held.settings.max_pack_size:
+            cap = min(cap, self.held.settings.max_pack_size)
+        return max(1, cap)
 
     def next_group(self) -> tuple[str, list[PendingTrial]]:
         """The pack key and queued trials of the group to submit from next."""

@@ -97,6 +97,27 @@ def _pack_task(spec: Any) -> Iterator[dict[str, Any]]:
     thread.join()
 
 
+def _pack_caps_task(specs: list[Any], input_shape: tuple[int, ...], num_classes: int) -> list[int]:
+    """How many trials of each spec fit one pack (:func:`workers.packing.max_pack_size`, with
+    this worker's memory settings); 1 where the estimate fails, as in the driver."""
+    # deferred: torch; the estimate builds the model, in the worker that will train it
+    from workers.packing import max_pack_size
+    from workers.settings import WorkerSettings  # deferred: read in the worker, as above
+
+    settings = WorkerSettings()
+    caps = []
+    for spec in specs:
+        try:
+            caps.append(
+                max_pack_size(
+                    spec, input_shape=input_shape, num_classes=num_classes, settings=settings
+                )
+            )
+        except Exception:  # a model that cannot be built trains alone, and fails alone
+            caps.append(1)
+    return caps
+
+
 def _node_id() -> str:
     """The Ray node this worker runs on (its id's first 12 hex digits), to tell the nodes of
     a cluster apart when several share a host name."""
@@ -262,6 +283,10 @@ class EarlyRay:
         self._settings = settings
         self._workers = workers
         self._error: BaseException | None = None
+        #: Whether the Ray is a local one started here (so this process's sweep has it to
+        #: itself), rather than a cluster joined or a Ray the process already had. Read after
+        #: :meth:`ready`.
+        self.local = False
         self._up = threading.Event()
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="dpsweep-ray", daemon=True)
@@ -279,6 +304,7 @@ class EarlyRay:
                 # never shut down here, as in ray_session.
                 return
             _start_ray(self._settings, workers=self._workers)
+            self.local = not self._settings.ray_address
         except BaseException as exc:  # re-raised in the caller's thread by ready()
             self._error = exc
             return
@@ -310,6 +336,43 @@ def cluster_resources() -> dict[str, float]:
     import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
     return dict(ray.cluster_resources())
+
+
+#: How long the driver waits for a worker to size its packs before sizing them itself.
+PACK_CAPS_TIMEOUT_SECONDS = 120.0
+
+
+def remote_pack_caps(
+    specs: list[Any], *, input_shape: tuple[int, ...], num_classes: int
+) -> list[int]:
+    """:func:`_pack_caps_task` in a Ray worker, waited for (at most
+    :data:`PACK_CAPS_TIMEOUT_SECONDS`).
+
+    Sizing a pack builds its model, so it imports torch: seconds of a sweep's start that the
+    driver would otherwise spend itself, before its first pack; a worker has to import torch
+    anyway, and then starts the first pack warm. Only for a cluster that is idle when it is
+    called (``dpsweep run``'s own local Ray): on a busy one the task would wait for a CPU.
+
+    Raises:
+        Exception: whatever stopped the task (the caller then sizes the packs itself).
+    """
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
+
+    global _CAPS_REMOTE
+    if _CAPS_REMOTE is None:
+        _CAPS_REMOTE = ray.remote(_pack_caps_task)
+    ref = _CAPS_REMOTE.options(num_cpus=1).remote(specs, input_shape, num_classes)
+    try:
+        caps: list[int] = ray.get(ref, timeout=PACK_CAPS_TIMEOUT_SECONDS)
+    except BaseException:
+        ray.cancel(ref, force=True)
+        raise
+    if len(caps) != len(specs):
+        raise RuntimeError("the pack-size task answered for other specs")
+    return [max(1, int(c)) for c in caps]
+
+
+_CAPS_REMOTE: Any = None
 
 
 def submit_pack(spec: Any, *, num_gpus: float) -> Any:
