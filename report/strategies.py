@@ -88,17 +88,6 @@ class Ceiling:
     steps: int
 
 
-def _worker_dataset(spec: dict[str, Any]) -> Any:
-    """The worker-side dataset of a report spec's ``dataset`` and ``eval`` sections (the two
-    forms the report's specs use: a carve-out split, or a public evaluation set)."""
-    from workers.datasets.records import DatasetSpec  # deferred: numpy and the loaders
-
-    d, ev = spec["dataset"], spec.get("eval") or {}
-    if ev.get("mode") == "public":
-        return DatasetSpec(d["name"], evaluation="public", eval_dataset=DatasetSpec(ev["dataset"]))
-    return DatasetSpec(d["name"], test_fraction=float(d.get("test_fraction", 0.2)))
-
-
 def ceiling(spec: dict[str, Any], *, steps: int) -> Ceiling:
     """The non-private ceiling of a report spec: its model, batch size and number of steps
     (the compose plan's), trained by dpsweep's own engine with strategy ``nonprivate`` (plain
@@ -111,22 +100,22 @@ def ceiling(spec: dict[str, Any], *, steps: int) -> Ceiling:
     digits, MNIST-1D), released by nobody but the report.
     """
     # deferred: torch; the report's other experiments only run dpsweep's CLI
-    from dpsweep.spec import ModelConfig, TrainingConfig
+    from dpsweep.spec import Axis, SweepSpec
+    from sweeper.datasets.resolution import resolve
     from workers.datasets.loading import load_dataset
     from workers.training.loop import train_pack
     from workers.training.specs import TrialSpec, training_pack
 
-    fixed = next(a for a in spec["arms"] if a["strategy"] == "fixed")
-    lr_axis = fixed["grid"]["lr"]
-    if isinstance(lr_axis, list):
-        lrs = [float(v) for v in lr_axis]
-    else:
+    typed = SweepSpec.model_validate(spec)
+    lr_axis = next(a for a in typed.arms if a.strategy == "fixed").grid["lr"]
+    if isinstance(lr_axis, Axis):
         # The axis's range at twice its density: a ceiling should not hinge on grid spacing.
-        lo, hi = lr_axis["logspace"]
-        k = 2 * int(lr_axis["k"]) - 1
-        lrs = [10.0 ** (lo + (hi - lo) * i / (k - 1)) for i in range(k)] if k > 1 else [10.0**lo]
-    seeds = int(spec.get("seeds", 1))
-    dataset = _worker_dataset(spec)
+        lrs = lr_axis.model_copy(update={"k": 2 * lr_axis.k - 1}).values()
+    else:
+        lrs = [float(v) for v in lr_axis]
+    seeds = typed.seeds
+    # A loader name with a carve-out or a public evaluation set: no catalog to look up.
+    dataset = resolve(None, typed.dataset, typed.eval)
     data = load_dataset(dataset)
     trials = [
         TrialSpec(lr=lr, seed=seed, noise_multiplier=0.0, target_delta=1e-5, params={})
@@ -134,8 +123,8 @@ def ceiling(spec: dict[str, Any], *, steps: int) -> Ceiling:
         for seed in range(seeds)
     ]
     pack = training_pack(
-        model=ModelConfig(**spec["model"]),
-        training=TrainingConfig(**spec["training"]),
+        model=typed.model,
+        training=typed.training,
         strategy="nonprivate",
         trials=trials,
         dataset=dataset,
