@@ -8,10 +8,7 @@ imports scikit-learn, and mnist1d its package, when called.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
-import tempfile
 import threading
 from importlib.metadata import version
 from pathlib import Path
@@ -20,6 +17,7 @@ import numpy as np
 
 from dpsweep.errors import ConfigError
 from workers.datasets.bundled import read_digits, read_table
+from workers.datasets.data_cache import data_cache_dir, write_npz
 from workers.datasets.descriptors import MNIST1D, MNIST1D_SHAPE, MNIST1D_TEST, SYNTHETIC
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
@@ -99,18 +97,8 @@ def _synthetic(spec: DatasetSpec) -> RawData:
 # ``eval: {mode: public, dataset: mnist1d-test}``). Their sizes, class list and input bounds
 # are declared in their descriptors (workers.datasets.descriptors.MNIST1D), not counted here.
 
-#: Where generated records are kept between processes (every trial of a sweep loads the set):
-#: ``$DPSWEEP_DATA_CACHE`` or ``~/.cache/dpsweep``.
-CACHE_ENV = "DPSWEEP_DATA_CACHE"
 _MNIST1D_PARTS: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 _MNIST1D_LOCK = threading.Lock()
-
-
-def data_cache_dir() -> Path:
-    """The directory of generated built-in records (``$DPSWEEP_DATA_CACHE``, else
-    ``~/.cache/dpsweep``)."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "dpsweep"
 
 
 def _mnist1d_cache_file() -> Path:
@@ -161,20 +149,6 @@ def _read_cache(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return parts
 
 
-def _write_cache(path: Path, parts: tuple[np.ndarray, ...]) -> None:
-    """Write atomically (a temporary file, then a rename): a trial that reads the cache while
-    another writes it sees the whole file or none. A cache that cannot be written (read-only
-    home) only costs a regeneration next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, x=parts[0], y=parts[1], x_test=parts[2], y_test=parts[3])
-        os.replace(tmp.name, path)
-    except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp.name)
-
-
 def mnist1d_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(x, y, x_test, y_test)`` of MNIST-1D: from this process's memory, else the cache
     file, else generated (and cached). Deterministic: the package's default seed."""
@@ -184,7 +158,7 @@ def mnist1d_parts() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             parts = _read_cache(path)
             if parts is None:
                 parts = _generate_mnist1d()
-                _write_cache(path, parts)
+                write_npz(path, x=parts[0], y=parts[1], x_test=parts[2], y_test=parts[3])
             for a in parts:
                 a.setflags(write=False)  # shared by every load of this process
             _MNIST1D_PARTS["default"] = parts

@@ -12,16 +12,14 @@ Mode ``public`` trains on every record and evaluates on another dataset
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 
 from dpsweep.errors import DatasetError
+from workers.datasets.data_cache import data_cache_dir, write_npz
 from workers.datasets.identity import _canonical_records
 from workers.datasets.records import RawData
 
@@ -44,7 +42,7 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
         idx, test_size=n_test, random_state=seed, shuffle=True, stratify=stratify
     )
     train, test = np.sort(train_idx), np.sort(test_idx)
-    _write_split(path, train, test)
+    write_npz(path, train=train, test=test)
     return train, test
 
 
@@ -56,8 +54,6 @@ _SPLIT_DIGEST_PERSON = b"dpsweep-splitkey"
 
 
 def _split_cache_file(n: int, y: np.ndarray, test_fraction: float, seed: int) -> Path:
-    from workers.datasets.builtin import data_cache_dir  # deferred: builtin registers loaders
-
     h = hashlib.blake2b(person=_SPLIT_DIGEST_PERSON, digest_size=20)
     labels = np.ascontiguousarray(y, dtype=np.int64)
     h.update(f"{n}|{test_fraction!r}|{int(seed)}|{version('scikit-learn')}|".encode())
@@ -79,19 +75,6 @@ def _read_split(path: Path, n: int, n_test: int) -> tuple[np.ndarray, np.ndarray
     if both.dtype.kind not in "iu" or not np.array_equal(np.sort(both), np.arange(n)):
         return None
     return train.astype(np.int64), test.astype(np.int64)
-
-
-def _write_split(path: Path, train: np.ndarray, test: np.ndarray) -> None:
-    """Write atomically (a temporary file, then a rename); a cache that cannot be written only
-    costs the recomputation next time."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, train=train, test=test)
-        os.replace(tmp.name, path)
-    except OSError:
-        with contextlib.suppress(OSError, UnboundLocalError):
-            os.unlink(tmp.name)
 
 
 # The keyed split's hash: personalised, so its values are unrelated to any other use of the

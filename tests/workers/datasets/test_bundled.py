@@ -13,7 +13,7 @@ from sklearn.datasets import load_breast_cancer, load_digits, load_wine
 from sklearn.model_selection import train_test_split
 
 from workers.datasets import bundled, splits
-from workers.datasets.builtin import CACHE_ENV
+from workers.datasets.data_cache import CACHE_ENV
 
 
 def test_bundled_tables_equal_scikit_learns_loaders() -> None:

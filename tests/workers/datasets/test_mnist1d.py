@@ -11,7 +11,7 @@ import pytest
 from dpsweep.errors import ConfigError, DatasetError
 from sweeper.datasets.names import BUILTIN
 from sweeper.datasets.resolution import is_public, public_eval_spec, resolve
-from workers.datasets import builtin
+from workers.datasets import builtin, data_cache
 from workers.datasets.descriptors import MNIST1D, MNIST1D_TEST, DatasetDescriptor
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import DatasetSpec
@@ -23,7 +23,7 @@ pytest.importorskip("mnist1d")
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty cache directory and no records in memory, so the set is generated again."""
-    monkeypatch.setenv(builtin.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(data_cache.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(builtin, "_MNIST1D_PARTS", {})
     return tmp_path
 
