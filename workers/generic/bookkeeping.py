@@ -52,6 +52,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from workers.generic.model import GenericCaptured, GenericModel, LayerInfo, _stack, _take
+from workers.packed.conv import per_example_weight_grad
 
 # A Linear layer over positions materialises its per-example gradients up to this many elements
 # (256 MiB in float32); above it, the ghost norm's Gram matrices save the memory.
@@ -572,21 +573,15 @@ class BookkeepingModel(GenericModel):
             st2, pd2, dl2 = (tuple(h) + tuple(v) for h, v in zip(lead, (st, pd, dl), strict=True))
             cols = F.unfold(x2, ks2, dilation=dl2, padding=pd2, stride=st2)  # [n, d_in, L]
             return _GhostConv(cols.view(k, b, d_in, positions), x, gy, mod, has_bias)
-        groups = n * mod.groups
-        weight = gy.new_empty((n * out_c, in_per_group, *ks))  # only its shape is read
-        w = torch.ops.aten.convolution_backward(
-            gy.reshape(1, n * out_c, *gy.shape[2:]),
-            x.reshape(1, -1, *x.shape[2:]),
-            weight,
-            None,
-            st,
-            pd,
-            dl,
-            False,
-            [0] * len(ks),
-            groups,
-            [False, True, False],
-        )[1].view(k, b, *mod.weight.shape)
+        w = per_example_weight_grad(
+            x,
+            gy,
+            weight_shape=(n * out_c, in_per_group, *ks),
+            stride=st,
+            padding=pd,
+            dilation=dl,
+            groups=n * mod.groups,
+        ).view(k, b, *mod.weight.shape)
         return [w, gy.flatten(2).sum(dim=-1).reshape(k, b, -1)] if has_bias else [w]
 
     def sq_norms(self, infos: list[Any]) -> Tensor:

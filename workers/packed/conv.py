@@ -251,18 +251,48 @@ def _weight_grad_call(layer: Any, a: Tensor, g: Tensor, groups: int, *, transpos
     else:
         w_shape = (groups * layer.cout, layer.cin, *layer.kernel)
         out_pad = [0, 0]
+    return per_example_weight_grad(
+        a,
+        g,
+        weight_shape=w_shape,
+        stride=layer.stride,
+        padding=layer.padding,
+        dilation=layer.dilation,
+        groups=groups,
+        transposed=transposed,
+        output_padding=out_pad,
+    )
+
+
+def per_example_weight_grad(
+    a: Tensor,
+    g: Tensor,
+    *,
+    weight_shape: tuple[int, ...],
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    transposed: bool = False,
+    output_padding: Any = None,
+) -> Tensor:
+    """The weight gradient of a convolution whose examples are its groups (see
+    :func:`_grouped_weight_grad`): ``a`` ``[N, C, *S]`` and ``g`` ``[N, O, *S']`` become a
+    batch of one with ``N * C`` and ``N * O`` channels, and the library's weight-gradient
+    kernel returns ``[*weight_shape]``, one block per group. 1-D and 2-D alike."""
     # Only the weight's shape matters when just the weight gradient is requested.
-    w = torch.empty(w_shape, device=a.device, dtype=a.dtype)
+    w = torch.empty(weight_shape, device=a.device, dtype=a.dtype)
+    dims = len(weight_shape) - 2
     _, gw, _ = torch.ops.aten.convolution_backward(
         g.reshape(1, -1, *g.shape[2:]),
         a.reshape(1, -1, *a.shape[2:]),
         w,
         None,
-        list(layer.stride),
-        list(layer.padding),
-        list(layer.dilation),
+        list(stride),
+        list(padding),
+        list(dilation),
         transposed,
-        out_pad,
+        list(output_padding) if output_padding is not None else [0] * dims,
         groups,
         [False, True, False],
     )
