@@ -25,6 +25,11 @@ so ``dpsweep --help`` stays fast on the light client install.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
+import os
+import sys
+import threading
 from collections.abc import Sequence
 
 from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
@@ -61,3 +66,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args.subparser, args) or 0)
+
+
+def entry() -> None:
+    """The ``dpsweep`` console script: :func:`main`, then a quick exit.
+
+    Once a command has returned, its exit handlers have run and its output is flushed, nothing
+    is left to do but tear down the interpreter. With Ray, SQLAlchemy, scipy and dp_accounting
+    loaded that takes about 0.6 s (measured after ``dpsweep run``), so the process ends there
+    instead. A command that left a non-daemon thread running exits the ordinary way, which
+    waits for it. An exception (argparse's exit included) also takes the ordinary way.
+    """
+    code = main()
+    others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+    if any(t.is_alive() and not t.daemon for t in others):
+        sys.exit(code)
+    # Everything the ordinary exit would flush or close: the exit handlers (logging's, Ray's),
+    # then the standard streams.
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        # A closed pipe or stream: nothing more can be written to it anyway.
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)

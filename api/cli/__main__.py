@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
-from api.cli import main
+from api.cli import entry
 
 if __name__ == "__main__":  # not when a tool imports every module of the package
-    sys.exit(main())
+    entry()

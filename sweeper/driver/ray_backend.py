@@ -252,7 +252,48 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
     try:
         yield
     finally:
-        ray.shutdown()
+        _shutdown_ray()
+
+
+def _shutdown_ray() -> None:
+    """``ray.shutdown()``, with the local autoscaler's monitor stopped first
+    (:func:`stop_monitor`)."""
+    import ray  # deferred: sweeper imports no Ray at module level (module doc)
+
+    stop_monitor()
+    ray.shutdown()
+
+
+def stop_monitor() -> bool:
+    """Stop the autoscaler monitor of the local Ray this process started; whether one was
+    running.
+
+    A local Ray of fixed size has no use for its monitor, and ``ray.shutdown`` stops it last:
+    after the GCS, which the monitor's SIGTERM handler then tries to reach, so Ray waits out its
+    one-second grace period before killing it. That second was most of a ``dpsweep run``'s
+    shutdown. Killing the monitor first loses nothing (it holds no state of ours). A joined
+    cluster's monitor is never touched, and any surprise in Ray's internals leaves the monitor
+    to the plain shutdown.
+    """
+    try:
+        from ray._private import ray_constants  # deferred: no Ray at module level, as above
+        from ray._private import worker as ray_worker  # deferred: as above
+
+        node = ray_worker._global_node
+        if node is None or not node.is_head():
+            return False
+        live = [
+            info.process
+            for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, [])
+            if info.process.poll() is None
+        ]
+        for process in live:
+            process.kill()
+            process.wait(timeout=1.0)
+        return bool(live)
+    except Exception:  # the plain shutdown still stops everything
+        log.debug("could not stop Ray's monitor first", exc_info=True)
+        return False
 
 
 class _NoSigtermNotice(logging.Filter):
@@ -311,7 +352,7 @@ class EarlyRay:
         finally:
             self._up.set()
         self._closing.wait()
-        ray.shutdown()
+        _shutdown_ray()
 
     def ready(self) -> None:
         """Wait until Ray is up; re-raise what stopped it from starting."""

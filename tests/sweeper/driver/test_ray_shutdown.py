@@ -1,0 +1,83 @@
+"""A local Ray's shutdown stops its autoscaler monitor first, and leaves no process behind.
+
+``ray.shutdown`` stops the monitor after the GCS, and then waits a second for it (its SIGTERM
+handler tries to reach the GCS); dpsweep kills it first (:func:`stop_monitor`). The cluster must
+not notice (tasks still run), and the shutdown must still end every process Ray started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# In a fresh interpreter: the driver exactly as dpsweep starts it (ray_session).
+_DRIVER = textwrap.dedent(
+    """
+    import json
+
+    import ray
+    from ray._private import worker as ray_worker
+
+    from sweeper.driver.ray_backend import ray_session, stop_monitor
+    from sweeper.settings import SweeperSettings
+
+    with ray_session(SweeperSettings(), workers=1):
+        node = ray_worker._global_node
+        pids = {kind: [i.process.pid for i in infos] for kind, infos in node.all_processes.items()}
+        monitor = node.all_processes["monitor"][0].process
+        gcs = node.all_processes["gcs_server"][0].process
+        stopped = stop_monitor()
+        after = {
+            "monitor_exit": monitor.poll(),
+            "gcs_alive": gcs.poll() is None,
+            "task": ray.get(ray.remote(lambda: 41).remote()) + 1,
+            "again": stop_monitor(),
+        }
+    print(json.dumps({"pids": pids, "stopped": stopped, **after}))
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _DRIVER],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # The monitor was killed, while the GCS was still up, and the cluster kept working.
+    assert got["stopped"] is True
+    assert got["monitor_exit"] is not None
+    assert got["gcs_alive"] is True
+    assert got["task"] == 42
+    assert got["again"] is False  # nothing left to stop: the list holds the dead monitor only
+    assert {"monitor", "gcs_server", "raylet"} <= set(got["pids"])
+    # Every process Ray started is gone once the driver has shut it down and exited.
+    pids = [pid for kind in got["pids"].values() for pid in kind]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], got["pids"]
