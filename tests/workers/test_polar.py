@@ -13,6 +13,10 @@ the draws) to the snapped release of the source's own draws.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,3 +227,52 @@ def test_the_pack_memory_estimate_covers_the_samplers_buffers() -> None:
     held = source._buf.nbytes + sum(b.nbytes for b in source._ws._bufs.values())
     assert held <= 4 * SAMPLER_FLOATS * k * n
     assert held >= 4 * (SAMPLER_FLOATS - 2) * k * n  # and is not far off
+
+
+def test_a_stream_continues_exactly_across_the_two_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker may draw with numpy first and with the compiled kernels later (a small run, then
+    a large one): the stream continues as if one path had drawn everything."""
+    mine, ref = _stream(3), _stream(3)
+    for compiled in (False, True, False, True):
+        monkeypatch.setattr(workers.polar, "USE_JIT", compiled)
+        assert np.array_equal(mine.standard_normal(2001), reference_standard_normal(ref, 2001))
+    source = NoiseSource([_stream(s) for s in range(3)], "cpu")
+    alone = [_stream(s) for s in range(3)]
+    for compiled in (False, True):
+        monkeypatch.setattr(workers.polar, "USE_JIT", compiled)
+        z = source.standard_normal(777).numpy().copy()
+        for row, stream in zip(z, alone, strict=True):
+            assert np.array_equal(row, reference_standard_normal(stream, 777))
+
+
+# In a fresh interpreter, where numba is not loaded yet.
+_LOADING = """
+import sys
+import workers.polar as p
+
+with p.kernels_for(draws=p.JIT_WORTHWHILE_DRAWS - 1):
+    small = p.jit_kernels()
+    numba_after_small = "numba" in sys.modules
+with p.kernels_for(draws=p.JIT_WORTHWHILE_DRAWS):
+    numba_at_large = "numba" in sys.modules
+    large = p.jit_kernels()
+with p.kernels_for(draws=1):
+    after = p.jit_kernels()
+print(small is None, numba_after_small, numba_at_large, large is not None, after is not None)
+"""
+
+
+def test_a_small_run_does_not_load_the_compiled_kernels() -> None:
+    """Loading numba costs a fresh worker about 0.6 s: a run too small to pay for it takes the
+    numpy path; a large run loads the kernels before its first step, and later runs reuse them."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADING],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split() == ["True", "False", "True", "True", "True"]

@@ -31,6 +31,7 @@ from workers.noise_ahead import NoiseAhead
 from workers.optim import PackedOptimizer, WeightAverage
 from workers.packed.model import PackedModel
 from workers.plan_check import check_pack
+from workers.polar import kernels_for
 from workers.randomness import NoiseSource, TrialRandomness
 from workers.schedule import eval_releases
 from workers.seeding import stream_seed
@@ -322,24 +323,27 @@ def train_pack(
             out.append({**results[i], **extra})
         return out
 
-    try:
-        for step in range(1, total_steps + 1):
-            if sync:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            engine.step()
-            if average is not None:
-                average.update(model.flat)
-            if sync:
-                torch.cuda.synchronize(device)
-            step_times.append((time.perf_counter() - t0) * 1000.0)
-            evals = None
-            if step % spec.eval_every == 0 or step == total_steps:
-                evals = evaluate(step)
-            if progress is not None:
-                progress(Progress(step=step, total_steps=total_steps, evals=evals))
-    finally:
-        engine.noise.close()  # joins a read-ahead thread, also when a step or callback raises
+    # Every step draws K x P noise values: a small run takes the sampler's numpy path rather
+    # than pay about 0.6 s to load its compiled kernels (the same draws either way).
+    with kernels_for(draws=model.flat.numel() * total_steps):
+        try:
+            for step in range(1, total_steps + 1):
+                if sync:
+                    torch.cuda.synchronize(device)
+                t0 = time.perf_counter()
+                engine.step()
+                if average is not None:
+                    average.update(model.flat)
+                if sync:
+                    torch.cuda.synchronize(device)
+                step_times.append((time.perf_counter() - t0) * 1000.0)
+                evals = None
+                if step % spec.eval_every == 0 or step == total_steps:
+                    evals = evaluate(step)
+                if progress is not None:
+                    progress(Progress(step=step, total_steps=total_steps, evals=evals))
+        finally:
+            engine.noise.close()  # joins a read-ahead thread, also when a step or callback raises
 
     if dp_eval:
         # The noisy value that won the selection over-states the checkpoint's accuracy (the
