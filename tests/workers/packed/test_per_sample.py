@@ -12,6 +12,12 @@ from torch import nn
 from workers.engine import per_sample_loss
 from workers.models import ModelSpec, build_model, model_names, model_task
 from workers.packed import PackedModel
+from workers.packed.conv import (
+    _PATCH_MAX_POSITIONS,
+    PConv2d,
+    _grouped_weight_grad,
+    _patch_weight_grads,
+)
 
 SHAPES = {
     "logreg": (20,),
@@ -182,3 +188,36 @@ def test_unsupported_layer_is_rejected_with_a_clear_message() -> None:
 
     with pytest.raises(ConfigError, match="BatchNorm1d is not supported"):
         PackedModel([nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))])
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_few_output_positions_take_the_patch_route_with_the_same_gradients(k: int) -> None:
+    """The CNN on digits' 8x8 images: its second convolution has 3x3 outputs, few enough that
+    its per-sample weight gradients come from the input patches (one batched matmul) rather
+    than the grouped weight-gradient call. Both routes give the per-example backward's
+    gradients, the norms and the weighted sums."""
+    torch.manual_seed(5)
+    modules = [
+        build_model(ModelSpec("cnn"), input_shape=(1, 8, 8), num_classes=10, seed=s)
+        for s in range(k)
+    ]
+    model = PackedModel(modules)
+    convs = [layer for layer in model.layers if isinstance(layer, PConv2d)]
+    b = 6
+    x = torch.rand(b, 1, 8, 8)
+    y = torch.randint(10, (b,))
+    infos = packed_infos(model, x, y, "classification")
+    ps = model.per_sample_grads(infos)
+    for t in range(k):
+        torch.testing.assert_close(
+            ps[t], reference_per_sample(modules[t], x, y, "classification"), rtol=1e-4, atol=1e-5
+        )
+    # The second convolution's 3x3 outputs are under the bound; the routes agree directly.
+    second = convs[1]
+    a = torch.randn(b, k * second.cin, 6, 6)
+    g = torch.randn(b, k * second.cout, 3, 3)
+    assert _PATCH_MAX_POSITIONS >= 3 * 3
+    patch = _patch_weight_grads(second, a, g, k)
+    grouped = _grouped_weight_grad(second, a, g, k, transposed=False)
+    for mine, theirs in zip(patch, grouped, strict=True):
+        torch.testing.assert_close(mine, theirs.view(b, second.cout, -1), rtol=1e-5, atol=1e-5)
