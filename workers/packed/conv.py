@@ -3,7 +3,10 @@
 Convolutions materialise exact per-sample gradients with one grouped weight-gradient call
 (each example its own group): as many FLOPs as the ordinary weight gradient, and on the models
 here (few channels, many positions) far cheaper than the ghost form, whose cost grows with the
-square of the number of positions, and about 5x faster than unfold + batched matmul.
+square of the number of positions, and 2-5x faster than unfold + batched matmul. On small
+output maps (at most :data:`_PATCH_MAX_POSITIONS` positions, like the digits CNN's 3x3) the
+grouped call is the slower one on CPU, and the gradients come from the input patches and one
+batched matmul per trial instead.
 
 Convolutions run as grouped convolutions over the trial dimension, in the layout
 ``[B, K*C, H, W]`` ("bk"), so consecutive convolutions never reshuffle memory.
