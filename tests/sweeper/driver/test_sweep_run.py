@@ -445,10 +445,16 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
 
     log = read_log(engine, digits_key(engine), everyone=True)
     stopped = {t.id for t in trials if "while running" in (t.error or "")}
+    # A trial the cancel caught between its claim and its charge was logged as stopped while
+    # running; its charge was then refused and it never ran ("cancelled before it ran"). The
+    # log is append-only and keeps that entry, at the zero it was charged: an over-statement,
+    # never an omission.
+    never_ran = {t.id for t in trials if "before it ran" in (t.error or "")}
     cancelled = {e["trial_id"]: e for e in log if e["kind"] == "trial-cancelled"}
-    assert set(cancelled) == stopped
+    assert set(cancelled) - never_ran == stopped
     for tid, e in cancelled.items():
-        assert Decimal(str(e["epsilon"])) == pytest.approx(exact_sum(charges[tid]))
+        assert Decimal(str(e["epsilon"])) == pytest.approx(exact_sum(charges.get(tid, [])))
+        assert tid not in never_ran or tid not in charges
     engine.dispose()
 
 
