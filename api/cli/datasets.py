@@ -211,7 +211,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
 
     from sweeper.datasets.resolution import public_builtin  # deferred: SQLAlchemy
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
-    from sweeper.privacy.ledger.keys import identity_key  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.keys import scoped_identity_key  # deferred: SQLAlchemy
     from sweeper.store import Dataset  # deferred: SQLAlchemy
 
     ledger = BudgetLedger(engine)
@@ -221,7 +221,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
     for r in rows:
         # Names stored before identities are shown with the ledger still kept under the name;
         # they are bound (and that ledger carried over) when next used, or by `show`.
-        key = identity_key(r.content_sha256) if r.content_sha256 else r.name
+        key = scoped_identity_key(r.content_sha256, owner=r.owner) if r.content_sha256 else r.name
         s = ledger.summary(key)
         out.append(
             {
@@ -271,21 +271,22 @@ def cmd_list(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     """What ``show --json`` prints: a name's records' ledger, with every entry."""
-    from sweeper.datasets.identity import content_identity  # deferred: SQLAlchemy
+    from sweeper.datasets.identity import content_identity, owner_of  # deferred: SQLAlchemy
     from sweeper.datasets.registration import names_of  # deferred: SQLAlchemy
     from sweeper.datasets.resolution import is_public  # deferred: SQLAlchemy
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
-    from sweeper.privacy.ledger.keys import identity_key  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.keys import scoped_identity_key  # deferred: SQLAlchemy
 
     content = content_identity(engine, name)
-    key = identity_key(content)
+    owner = owner_of(engine, name)
+    key = scoped_identity_key(content, owner=owner)
     ledger = BudgetLedger(engine)
     s = ledger.summary(key)
     return {
         "name": name,
         "identity": key,
         "public": is_public(engine, name),
-        "names": names_of(engine, content),
+        "names": names_of(engine, content, owner=owner),
         "epsilon_cap": _num(s.epsilon_cap),
         "delta_cap": _num(s.delta_cap),
         "epsilon_spent": float(s.epsilon_spent),

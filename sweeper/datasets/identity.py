@@ -1,10 +1,13 @@
 """Identity: every dataset name bound to the content of the records it reads.
 
 Every name is bound (``datasets.content_sha256``) to the identity of the records it reads
-(:func:`workers.datasets.content_sha256`), and the budget ledger is keyed by that identity
-(``sha256:<hex>``), not by the name: the same records uploaded twice, registered under two
-names, converted from CSV to NPZ or shuffled share one lifetime cap and one ledger. Deleting
-or re-registering a name touches no ledger. A name first bound after ledgers were keyed by
+(:func:`workers.datasets.content_sha256`), and the budget ledger is keyed by that identity and
+the name's owner (:func:`~sweeper.privacy.ledger.keys.scoped_identity_key`), not by the name:
+the same records uploaded twice by one tenant, registered under two names, converted from CSV
+to NPZ or shuffled share one lifetime cap and one ledger. The same records uploaded by another
+tenant get a ledger of that tenant's own: one tenant's upload never opens, reads or caps
+another's ledger, and nothing in any answer says whether two tenants' records are equal.
+Deleting or re-registering a name touches no ledger. A name first bound after ledgers were keyed by
 name carries its old ledger row over (:func:`bind_name`). The identity is shown to the
 operator (the CLI) only: it is a deterministic function of every record, so someone who knows
 all records but one could test guesses of the last against it; the API and every message
@@ -24,7 +27,7 @@ from dpsweep.errors import ConfigError, DatasetNotFound
 from sweeper.datasets.files import builtin_description, file_spec, worker_spec
 from sweeper.datasets.names import BUILTIN
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.keys import identity_key
+from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.privacy.ledger.records import CarriedOver
 from sweeper.store import Dataset, Sweep
 from sweeper.store.engine import writable
@@ -36,6 +39,8 @@ class Binding:
 
     name: str
     content_sha256: str
+    owner: str | None
+    """The name's owner (None: built-ins, the operator's names, local use): the ledger's scope."""
     previous_sha256: str | None
     """The identity the name was bound to before, when it was another (the file changed)."""
     carried: CarriedOver | None
@@ -43,11 +48,12 @@ class Binding:
     inherited_caps: bool
     """The new identity had no ledger and took the caps of the name's previous identity."""
     shared_with: tuple[str, ...]
-    """Other names bound to the same identity (they share its cap and ledger)."""
+    """Other names of the same owner bound to the same identity (they share its cap and
+    ledger). Never another owner's: that would say whose records equal whose."""
 
     @property
     def ledger_key(self) -> str:
-        return identity_key(self.content_sha256)
+        return scoped_identity_key(self.content_sha256, owner=self.owner)
 
 
 def bind_name(
@@ -82,16 +88,20 @@ def bind_name(
     Returns:
         The binding.
     """
-    key = identity_key(content_sha256)
     engine = writable(engine)
     ledger = BudgetLedger(engine)
     with Session(engine) as session:
-        previous = session.scalars(
-            select(Dataset.content_sha256).where(Dataset.name == name)
+        found = session.execute(
+            select(Dataset.content_sha256, Dataset.owner).where(Dataset.name == name)
         ).first()
+    previous, owner = (found[0], found[1]) if found is not None else (None, None)
+    if found is None:
+        owner = (new_row or {}).get("owner")
+    key = scoped_identity_key(content_sha256, owner=owner)
     inherited = False
     if previous and previous != content_sha256:
-        inherited = ledger.inherit_caps(identity_key(previous), key) is not None
+        old_key = scoped_identity_key(previous, owner=owner)
+        inherited = ledger.inherit_caps(old_key, key) is not None
 
     def bind(session: Session) -> None:
         # Sweeps stored before ledgers were keyed by content reserved under the name; their
@@ -119,14 +129,16 @@ def bind_name(
         # now updating its row.
         carried = ledger.carry_over(name, key, note=note, within=bind)
     with Session(engine) as session:
+        same_owner = Dataset.owner.is_(None) if owner is None else Dataset.owner == owner
         shared = session.scalars(
             select(Dataset.name)
-            .where(Dataset.content_sha256 == content_sha256, Dataset.name != name)
+            .where(Dataset.content_sha256 == content_sha256, Dataset.name != name, same_owner)
             .order_by(Dataset.name)
         ).all()
     return Binding(
         name=name,
         content_sha256=content_sha256,
+        owner=owner,
         previous_sha256=previous if previous and previous != content_sha256 else None,
         carried=carried,
         inherited_caps=inherited,
@@ -186,9 +198,17 @@ def content_identity(engine: Engine, name: str) -> str:
 
 
 def ledger_key_of(engine: Engine, name: str) -> str:
-    """The ledger key (``sha256:<hex>``) of the records a name reads (see
-    :func:`content_identity`)."""
-    return identity_key(content_identity(engine, name))
+    """The ledger key of the records a name reads, in its owner's scope (``sha256:<hex>``,
+    or ``sha256:<hex>/<owner>`` for a tenant's upload; see :func:`content_identity` and
+    :func:`~sweeper.privacy.ledger.keys.scoped_identity_key`)."""
+    content = content_identity(engine, name)
+    return scoped_identity_key(content, owner=owner_of(engine, name))
+
+
+def owner_of(engine: Engine, name: str) -> str | None:
+    """The owner of a stored name (None: built-ins, the operator's names, local use)."""
+    with Session(engine) as session:
+        return session.scalars(select(Dataset.owner).where(Dataset.name == name)).first()
 
 
 def view_key(engine: Engine, name: str) -> str:

@@ -20,7 +20,7 @@ from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import Binding, bind_name
 from sweeper.datasets.names import article, check_registered_name, file_noun, format_of
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.keys import identity_key
+from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.settings import SweeperSettings
 from sweeper.store import Dataset, ModelArtifact, Sweep, SweepState
 from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
@@ -136,24 +136,28 @@ def _size_bytes(file: Path) -> int:
     return sum(f.stat().st_size for f in file.rglob("*") if f.is_file())
 
 
-def names_of(engine: Engine, content_sha256: str) -> list[str]:
-    """Every name bound to an identity, sorted."""
+def names_of(engine: Engine, content_sha256: str, *, owner: str | None = None) -> list[str]:
+    """Every name of ``owner`` (None: the operator's names, built-ins, local use) bound to an
+    identity, sorted: the names that share one ledger."""
+    same_owner = Dataset.owner.is_(None) if owner is None else Dataset.owner == owner
     with Session(engine) as session:
         return list(
             session.scalars(
                 select(Dataset.name)
-                .where(Dataset.content_sha256 == content_sha256)
+                .where(Dataset.content_sha256 == content_sha256, same_owner)
                 .order_by(Dataset.name)
             )
         )
 
 
-def holding_sweeps(engine: Engine, name: str, content_sha256: str | None) -> list[str]:
-    """Ids of unfinished sweeps on a name's records (under any name), oldest first: each
-    holds (or is about to hold) a reservation on them."""
+def holding_sweeps(
+    engine: Engine, name: str, content_sha256: str | None, *, owner: str | None = None
+) -> list[str]:
+    """Ids of unfinished sweeps on a name's records (under any name of its ledger), oldest
+    first: each holds (or is about to hold) a reservation on them."""
     terms: list[Any] = [(Sweep.ledger_key.is_(None)) & (Sweep.dataset == name)]
     if content_sha256:
-        terms.append(Sweep.ledger_key == identity_key(content_sha256))
+        terms.append(Sweep.ledger_key == scoped_identity_key(content_sha256, owner=owner))
     with Session(engine) as session:
         return list(
             session.scalars(
@@ -208,8 +212,8 @@ def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> N
     if row is None:
         raise DatasetNotFound(f"no dataset named {name!r}; `dpsweep datasets list` lists them")
     content = row.content_sha256
-    holders = holding_sweeps(engine, name, content)
-    key = identity_key(content) if content else name
+    holders = holding_sweeps(engine, name, content, owner=row.owner)
+    key = scoped_identity_key(content, owner=row.owner) if content else name
     summary = BudgetLedger(engine).summary(key)
     if holders or summary.epsilon_reserved > 0 or summary.delta_reserved > 0:
         which = (
@@ -229,7 +233,7 @@ def delete_name_and_models(engine: Engine, name: str, *, store: Any = None) -> N
         stored = session.scalars(select(Dataset).where(Dataset.name == name)).first()
         if stored is not None:
             session.delete(stored)
-    others = [n for n in names_of(engine, content) if n != name] if content else []
+    others = [n for n in names_of(engine, content, owner=row.owner) if n != name] if content else []
     return NameDeletion(others=others, models_deleted=models)
 
 

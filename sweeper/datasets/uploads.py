@@ -60,10 +60,12 @@ def store_upload(
     and stored in the row's ``config["classes"]``: every later load encodes labels by it,
     never by the labels the records hold (:func:`sweeper.datasets.files.load_declared`).
 
-    The upload is bound to the identity of its records (:func:`bind_name`): records uploaded
-    before (under any id, name or format) keep their ledger and cap. Caps given here can only
-    tighten that cap, never lift it: otherwise uploading the same records again with a larger
-    cap would buy a fresh budget.
+    The upload is bound to the identity of its records in its owner's scope
+    (:func:`bind_name`): records the same owner uploaded before (under any id, label or
+    format) keep their ledger and cap. Caps given here can only tighten that cap, never lift
+    it: otherwise uploading the same records again with a larger cap would buy a fresh
+    budget. Records another tenant uploaded are another ledger: nothing here reads, caps or
+    says anything of it (equal records are a fact about private data).
 
     Returns:
         The dataset's description (as :func:`sweeper.datasets.views.describe`).

@@ -28,12 +28,11 @@ from sweeper.datasets.analyst_views import (
 )
 from sweeper.datasets.files import builtin_description
 from sweeper.datasets.grants import sees_sweep
-from sweeper.datasets.identity import content_identity, view_key
+from sweeper.datasets.identity import ledger_key_of, owner_of, view_key
 from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
 from sweeper.privacy.charges import EXACT, exact_sum
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.keys import identity_key
 from sweeper.privacy.ledger.records import BudgetSummary, SweepBalance
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals
 from sweeper.store import Dataset, Sweep, iso
@@ -290,14 +289,15 @@ def set_caps(
 ) -> dict[str, Any]:
     """Set an upload's lifetime caps (its owner or an admin), or a built-in's (admins only).
 
-    The caps are those of the dataset's records: they apply to every name of the same
-    records. So a user may set them only if every such name is an upload of their own; the
-    records of anyone else's dataset are capped by an admin (a re-upload must not be a way
-    to lift someone else's cap).
+    The caps are those of the owner's ledger of the records (:mod:`sweeper.datasets.identity`):
+    they apply to every name of the same records *of the same owner*, and to nobody else's.
+    Another tenant's upload of the same records has a ledger of its own, so nothing here
+    depends on, or says, whether other tenants hold equal records.
 
     Raises:
         DatasetNotFound: not visible to the viewer.
-        PermissionDenied: a built-in, or records that other datasets share, set by a non-admin.
+        PermissionDenied: a built-in set by a non-admin, or a dataset the viewer is only an
+            analyst of.
         ConfigError: a cap below what is committed.
     """
     describe(engine, dataset_id, viewer)
@@ -306,21 +306,13 @@ def set_caps(
         raise PermissionDenied(
             f"the budget of the shared dataset {dataset_id!r} is set by an admin"
         )
-    content = content_identity(engine, dataset_id)
-    if not admin:
-        with Session(engine) as session:
-            owners = set(
-                session.scalars(select(Dataset.owner).where(Dataset.content_sha256 == content))
-            )
-        if owners != {viewer.owner}:
-            raise PermissionDenied(
-                f"the records of dataset {dataset_id!r} are also another dataset's; their "
-                "lifetime budget is set by an admin"
-            )
-    try:
-        BudgetLedger(engine).set_cap(
-            identity_key(content), epsilon_cap=epsilon_cap, delta_cap=delta_cap
+    if not admin and owner_of(engine, dataset_id) != viewer.owner:
+        raise PermissionDenied(
+            f"the lifetime budget of dataset {dataset_id!r} is set by its owner; ask them"
         )
+    key = ledger_key_of(engine, dataset_id)
+    try:
+        BudgetLedger(engine).set_cap(key, epsilon_cap=epsilon_cap, delta_cap=delta_cap)
     except ConfigError as exc:
         raise ConfigError(f"{dataset_id}: {exc}", field=exc.field) from None
     return budget(engine, dataset_id, viewer)

@@ -11,6 +11,7 @@ __all__ = [
     "checked_note",
     "dataset_label",
     "identity_key",
+    "scoped_identity_key",
 ]
 
 #: Longest dataset key, sweep id or trial id accepted (the columns are ``VARCHAR(200)``).
@@ -47,6 +48,35 @@ def identity_key(content_sha256: str) -> str:
     ):
         raise ConfigError("a content identity is 64 lowercase hex digits", field="content_sha256")
     return IDENTITY_PREFIX + content_sha256
+
+
+#: Separates a content identity from the tenant that owns the records under it. Token names
+#: (the tenants) are letters, digits, ``. _ @ -`` (:func:`sweeper.store.tokens.check_name`),
+#: so the separator never occurs in either part.
+TENANT_SEPARATOR = "/"
+
+
+def scoped_identity_key(content_sha256: str, *, owner: str | None) -> str:
+    """The ledger key of a dataset's records *as one tenant holds them*.
+
+    Names without an owner (built-ins, names the operator registered, loader names and paths
+    of local use) share the identity's ledger, ``sha256:<hex>``. A tenant's uploads get a
+    ledger of the tenant's own, ``sha256:<hex>/<owner>``: the same records uploaded by
+    another tenant must not open, read or cap the first tenant's ledger (whether two
+    tenants' records are equal is itself a fact about private records: with every record
+    but one known, it is a membership test). One owner's re-uploads of the same records keep
+    sharing one ledger, so a re-upload never resets a budget.
+
+    Raises:
+        ConfigError: If ``content_sha256`` is not 64 lowercase hex digits, or ``owner`` is
+            empty or contains the separator.
+    """
+    key = identity_key(content_sha256)
+    if owner is None:
+        return key
+    if not owner or TENANT_SEPARATOR in owner:
+        raise ConfigError(f"not a tenant name: {owner!r}", field="owner")
+    return checked_key(f"{key}{TENANT_SEPARATOR}{owner}", "owner")
 
 
 def dataset_label(key: str) -> str:

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from api.cli import main
-from dpsweep.errors import ConfigError, IllegalState, PermissionDenied
+from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState, PermissionDenied
 from sweeper import datasets as catalog
 from sweeper.datasets.access import Viewer
 from sweeper.privacy.charges import exact_sum
@@ -303,12 +303,26 @@ def test_reuploading_the_same_records_keeps_the_cap(engine: Any, tmp_path: Path)
     )
     key = catalog.ledger_key_of(engine, first["id"])
     assert key.removeprefix("sha256:") not in shown
-    # Records shared with someone else's upload are capped by an admin.
-    catalog.store_upload(
-        engine, owner="bob", content=content, fmt="csv", data_dir=tmp_path, label_column="label"
+    # Another tenant's upload of the same records is a ledger of their own: it neither reads
+    # nor caps alice's, and alice still sets her own caps.
+    bobs = catalog.store_upload(
+        engine,
+        owner="bob",
+        content=content,
+        fmt="csv",
+        data_dir=tmp_path,
+        label_column="label",
+        epsilon_cap=0.01,
     )
-    with pytest.raises(PermissionDenied, match="set by an admin"):
-        catalog.set_caps(engine, first["id"], viewer, epsilon_cap=50.0, delta_cap=None)
+    assert catalog.ledger_key_of(engine, bobs["id"]) != key
+    bob_budget = catalog.budget(engine, bobs["id"], Viewer("bob"))
+    assert bob_budget["epsilon_cap"] == 0.01 and bob_budget["epsilon_committed"] == 0
+    assert catalog.budget(engine, first["id"], viewer)["epsilon_cap"] == 0.5
+    catalog.set_caps(engine, first["id"], viewer, epsilon_cap=0.4, delta_cap=None)
+    assert float(BudgetLedger(engine).summary(key).epsilon_cap or 0) == 0.4
+    # Nobody but the owner (or an admin) sets a dataset's caps.
+    with pytest.raises((PermissionDenied, DatasetNotFound)):
+        catalog.set_caps(engine, first["id"], Viewer("bob"), epsilon_cap=50.0, delta_cap=None)
     catalog.set_caps(
         engine, first["id"], Viewer("root", admin=True), epsilon_cap=2.0, delta_cap=None
     )

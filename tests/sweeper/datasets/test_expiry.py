@@ -96,7 +96,7 @@ def test_old_keys_and_unused_uploads_expire_and_ledgers_stay(engine: Any, tmp_pa
     # (and cap) are kept for the same records uploaded again.
     assert {used["id"], granted["id"], fresh["id"]} <= names and unused["id"] not in names
     assert keys == {"new"} and not Path(path).exists()
-    assert BudgetLedger(engine).summary(f"sha256:{key}").epsilon_cap == 10
+    assert BudgetLedger(engine).summary(f"sha256:{key}/olga").epsilon_cap == 10
     # Unset: uploads never expire.
     _age(engine, fresh["id"], 400)
     again = expire(engine, idempotency_ttl=timedelta(hours=24), upload_ttl=None)
