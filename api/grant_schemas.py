@@ -101,10 +101,19 @@ class DatasetViewOut(_Out):
     input_bounds: list[float] | None = Field(description="declared bounds of every input")
     feature_clip: float = Field(description="the clip of features scaled by public statistics")
     n_examples: int | None = Field(
-        description="the number of records, declared public: plans take N, q and T from it"
+        description="the number of records: plans take N, q and T from it (to an analyst: "
+        "only when declared, else null)"
     )
     classes: list[str] | None = Field(
         default=None, description="the class list in encoding order (sizes the model's output)"
+    )
+    input_shape: list[int] | None = Field(
+        default=None, description="the shape of one record's features (sizes the model's input)"
+    )
+    declared: list[Literal["n_examples", "classes", "input_shape"]] = Field(
+        default_factory=list,
+        description="the facts its owner declared public; an analyst sees and plans with these "
+        "only, and a dataset is granted to analysts once all three are declared",
     )
 
 
@@ -118,6 +127,9 @@ class DatasetViewIn(_Out):
     n_examples: int | None = Field(default=None, ge=2, lt=2**53)
     classes: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] | None = Field(
         default=None, min_length=2, max_length=10000
+    )
+    input_shape: list[Annotated[int, Field(gt=0, lt=2**31)]] | None = Field(
+        default=None, min_length=1, max_length=4, description="declared shape of the features"
     )
 
 
@@ -151,5 +163,12 @@ class PolicyIn(_Out):
     view: DatasetViewIn | None = Field(
         default=None,
         description="each setting given replaces the owner's view of the records (every later "
-        "sweep, the owner's and the analysts', reads them so); settings left out are kept",
+        "sweep, the owner's and the analysts', reads them so); settings left out are kept. "
+        "n_examples, classes and input_shape given declare those facts public (null "
+        "withdraws the declaration)",
+    )
+    declare_counted: bool = Field(
+        default=False,
+        description="declare the counted number of records, class list and feature shape "
+        "public as they are (the owner's choice: analysts then see them exactly)",
     )

@@ -213,8 +213,14 @@ class Client(HttpTransport):
         format: str | None = None,
         epsilon_cap: float | None = None,
         delta_cap: float | None = None,
+        declare_counted: bool = False,
     ) -> dict[str, Any]:
         """Upload a CSV (with a ``label`` column) or an NPZ (arrays ``x``, ``y``).
+
+        ``declare_counted=True`` declares the counted number of records, class list and
+        feature shape public: analysts of the dataset see and plan with those, and no
+        analyst can be granted before they are declared (here, or by
+        :meth:`set_dataset_policy`).
 
         Returns:
             The stored dataset; name it in a spec by its ``id`` (``dataset: {name: ds_...}``).
@@ -226,6 +232,7 @@ class Client(HttpTransport):
             "format": format,
             "epsilon_cap": None if epsilon_cap is None else repr(float(epsilon_cap)),
             "delta_cap": None if delta_cap is None else repr(float(delta_cap)),
+            "declare_counted": "true" if declare_counted else None,
         }
         with p.open("rb") as fh:
             # Not retried on a dropped connection: the upload may have been stored.
@@ -312,6 +319,7 @@ class Client(HttpTransport):
         label_names: list[str] | None = None,
         description: str | None = None,
         view: dict[str, Any] | None = None,
+        declare_counted: bool = False,
     ) -> dict[str, Any]:
         """Change what analysts may use and see of your dataset; what is not given stays.
 
@@ -322,7 +330,11 @@ class Client(HttpTransport):
             description: A public description.
             view: How every later sweep reads the records: any of ``test_fraction``,
                 ``split_seed``, ``input_bounds`` (``[lo, hi]``, or None to withdraw them) and
-                ``feature_clip``. Analysts' specs cannot change them.
+                ``feature_clip``. Analysts' specs cannot change them. ``n_examples``,
+                ``classes`` and ``input_shape`` given declare those facts public: an analyst
+                sees and plans with declared facts only, and is granted once all three are.
+            declare_counted: Declare the counted number of records, class list and feature
+                shape public, as they are.
 
         Raises:
             PermissionDenied: you are an analyst of the dataset, not its owner.
@@ -339,6 +351,8 @@ class Client(HttpTransport):
             body["public_info"] = info
         if view:
             body["view"] = dict(view)
+        if declare_counted:
+            body["declare_counted"] = True
         return dict(self._json("PUT", f"/datasets/{dataset}/policy", json=body, safe=True))
 
 

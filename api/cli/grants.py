@@ -102,6 +102,18 @@ def add_parsers(dsub: Any) -> None:
         type=int,
         help="the view: the number of records, declared public (plans take N, q and T from it)",
     )
+    p.add_argument(
+        "--classes", help="the view: the class list in encoding order, comma-separated, declared"
+    )
+    p.add_argument(
+        "--input-shape", help="the view: the shape of one record's features, e.g. 64 or 1,28,28"
+    )
+    p.add_argument(
+        "--declare-counted",
+        action="store_true",
+        help="declare the counted number of records, class list and feature shape public as "
+        "they are (analysts see and plan with declared facts only; a grant needs all three)",
+    )
 
 
 def _local() -> Any:
@@ -248,11 +260,15 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     for key in ("test_fraction", "split_seed", "feature_clip", "n_examples"):
         if getattr(args, key) is not None:
             settings[key] = getattr(args, key)
+    if args.classes is not None:
+        settings["classes"] = _split(args.classes)
     try:
         if args.input_bounds is not None:
             settings["input_bounds"] = _bounds(args.input_bounds)
+        if args.input_shape is not None:
+            settings["input_shape"] = _shape(args.input_shape)
         engine = open_engine(args.db, migrate=True)
-        if modes is not None or info or settings:
+        if modes is not None or info or settings or args.declare_counted:
             view = update_policy(
                 engine,
                 args.name,
@@ -260,6 +276,7 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
                 analyst_eval_modes=modes,
                 public_info=info or None,
                 view=settings or None,
+                declare_counted=args.declare_counted,
             )
         else:
             view = dataset_policy(engine, args.name, _local())
@@ -280,10 +297,35 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         bounds = fixed["input_bounds"]
         out.print(
             f"view: test fraction {fixed['test_fraction']}, split seed {fixed['split_seed']}, "
-            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}, "
-            f"declared records {fixed.get('n_examples')}"
+            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}"
         )
+        declared = set(fixed.get("declared") or ())
+        for fact, label in (
+            ("n_examples", "records"),
+            ("classes", "classes"),
+            ("input_shape", "feature shape"),
+        ):
+            value = fixed.get(fact)
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+            state = "declared public" if fact in declared else "not declared: analysts see none"
+            out.print(f"{label}: {shown} ({state})")
+        if declared != {"n_examples", "classes", "input_shape"}:
+            out.print(
+                "analysts can be granted once all three are declared: --declare-counted, or "
+                "--n-examples, --classes, --input-shape"
+            )
     return 0
+
+
+def _shape(text: str) -> list[int]:
+    """``64`` or ``1,28,28`` as a list of integers."""
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"--input-shape takes integers separated by commas (e.g. 64 or 1,28,28); got {text!r}",
+            field="--input-shape",
+        ) from None
 
 
 def _bounds(text: str) -> list[float] | None:

@@ -59,12 +59,27 @@ UPLOAD_BODY = {
                         "name": {"type": "string"},
                         "epsilon_cap": {"type": "number", "minimum": 0},
                         "delta_cap": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+                        "declare_counted": {
+                            "type": "boolean",
+                            "description": "declare the counted number of records, class "
+                            "list and feature shape public (needed before granting analysts; "
+                            "or later, with PUT .../policy)",
+                        },
                     },
                 }
             }
         },
     }
 }
+
+
+def _flag(form: Any, name: str) -> bool:
+    raw = str(form.get(name) or "").strip().lower()
+    if raw in ("", "false", "0"):
+        return False
+    if raw in ("true", "1"):
+        return True
+    raise ConfigError(f"{name} must be true or false; got {raw!r}", field=name)
 
 
 def _float(form: Any, name: str) -> float | None:
@@ -151,6 +166,7 @@ async def upload(
         label_column = form.get("label_column")
         name = form.get("name")
         eps_cap, delta_cap = _float(form, "epsilon_cap"), _float(form, "delta_cap")
+        declare = _flag(form, "declare_counted")
     finally:
         await form.close()
     out = await run_in_threadpool(
@@ -165,6 +181,7 @@ async def upload(
             label_column=str(label_column) if label_column else None,
             epsilon_cap=eps_cap,
             delta_cap=delta_cap,
+            declare_counted=declare,
         )
     )
     return JSONResponse(out, status_code=201, headers={"Location": f"/api/v1/datasets/{out['id']}"})
@@ -323,5 +340,6 @@ def put_policy(
             else list(body.analyst_eval_modes),
             public_info=info,
             view=body.view.model_dump(exclude_unset=True) if body.view else None,
+            declare_counted=body.declare_counted,
         )
     )

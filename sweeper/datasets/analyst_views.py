@@ -97,9 +97,10 @@ def allowance_view(engine: Engine, g: DatasetGrant, ledger_key: str) -> dict[str
 def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[str, Any]:
     """A dataset as its analyst sees it: the public description and their allowance."""
     cfg = dict(row.config or {})
-    # Sizes as the owner declared them (the view), never counted from the records: the
-    # training share is the one every plan with a held-out split uses.
-    view = view_of(row)
+    # Sizes, classes and shape as the owner declared them (the view), never counted from the
+    # records (an undeclared one is null): the training share is the one every plan with a
+    # held-out split uses.
+    view = view_of(row).public()
     n = view.n_examples
     n_train = None if n is None else max(1, n - max(1, round(n * view.test_fraction)))
     return {
@@ -111,8 +112,8 @@ def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[s
         "label_column": cfg.get("label_column"),
         "n_examples": n,
         "n_train": n_train,
-        "input_shape": cfg.get("input_shape"),
-        "num_classes": cfg.get("num_classes"),
+        "input_shape": None if view.input_shape is None else list(view.input_shape),
+        "num_classes": None if view.classes is None else len(view.classes),
         "kind_of_data": cfg.get("kind"),
         **_policy_fields(row),
         "allowance": allowance_view(engine, g, view_key(engine, row.name)),
@@ -255,12 +256,12 @@ def dataset_policy(engine: Engine, name: str, viewer: Viewer) -> dict[str, Any]:
     Raises:
         DatasetNotFound: no such dataset, or one the viewer has no part in.
     """
-    role_of(engine, name, viewer)
+    role, _ = role_of(engine, name, viewer)
     with Session(engine) as session:
         row = dataset_row(session, name)
         if row is None:
             raise _not_found(name)
-        return policy_view(row)
+        return policy_view(row, analyst=role == ANALYST)
 
 
 def update_policy(
@@ -271,6 +272,7 @@ def update_policy(
     analyst_eval_modes: list[str] | None = None,
     public_info: dict[str, Any] | None = None,
     view: dict[str, Any] | None = None,
+    declare_counted: bool = False,
 ) -> dict[str, Any]:
     """Change the policy (owner or admin): the evaluation modes when given, each
     ``public_info`` field given (a field set to None is withdrawn; one left out is kept), and
@@ -294,4 +296,5 @@ def update_policy(
         analyst_eval_modes=analyst_eval_modes,
         public_info=info,
         view=view,
+        declare_counted_facts=declare_counted,
     )

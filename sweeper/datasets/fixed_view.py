@@ -15,6 +15,16 @@ it uses unless its owner's own spec says otherwise:
   datasets under one declaration get the same plan, the same q and the same sigma: the size
   of the data is the owner's declaration, not a count an analyst can read.
 
+**Declared facts.** Three facts about the records size what an analyst plans and sees: the
+number of records (N, hence q and every DP denominator), the class list (the model's output
+and the label encoding) and the feature shape (the model's input). Counted from the records
+they would tell an analyst how many records there are and which classes occur, so an analyst
+sees, and plans with, only what the owner *declared* (``declared`` lists them): set by value
+(``view.n_examples``, ``view.classes``, ``view.input_shape``) or by publishing the counts as
+they are (``declare_counted``). A grant on a dataset with a fact undeclared is refused, and
+an analyst's sweep on one is refused (409) before anything is reserved
+(:func:`require_declared`). The owner's own views and plans may use the counts.
+
 They are part of the dataset's registered description: set at upload or registration (the
 defaults, 0.2, 0, none, 5) and changed later by the owner only
 (``PUT /api/v1/datasets/{id}/policy`` with ``view``, ``dpsweep datasets policy``).
@@ -32,21 +42,23 @@ carries the owner's values (:func:`apply_view`).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import ConfigError
+from dpsweep.errors import ConfigError, IllegalState
 from dpsweep.spec import DatasetConfig, SweepSpec
 from sweeper.datasets.catalog import dataset_row
 from sweeper.store import Dataset
 
 #: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
 SPEC_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
+#: The facts that size an analyst's plan and view, which only the owner's declaration sets.
+DECLARED_FACTS: tuple[str, ...] = ("n_examples", "classes", "input_shape")
 #: Everything of the view an owner may change.
-VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, "n_examples", "classes")
+VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, *DECLARED_FACTS)
 #: What reads the file itself: fixed at upload or registration, never chosen by an analyst.
 FILE_FIELDS: tuple[str, ...] = ("path", "labels_path", "label_column", "options")
 
@@ -63,12 +75,27 @@ class DatasetView:
     #: The class list in encoding order (stored as the row's ``config["classes"]``, declared at
     #: upload or registration); None for rows stored before classes were declared.
     classes: tuple[str, ...] | None = None
+    #: The shape of one record's features (counted at upload, or declared).
+    input_shape: tuple[int, ...] | None = None
+    #: Which of :data:`DECLARED_FACTS` the owner declared public.
+    declared: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["input_bounds"] = None if self.input_bounds is None else list(self.input_bounds)
         out["classes"] = None if self.classes is None else list(self.classes)
+        out["input_shape"] = None if self.input_shape is None else list(self.input_shape)
+        out["declared"] = list(self.declared)
         return out
+
+    def undeclared(self) -> list[str]:
+        """The facts of :data:`DECLARED_FACTS` the owner has not declared."""
+        return [f for f in DECLARED_FACTS if f not in self.declared]
+
+    def public(self) -> DatasetView:
+        """The view as an analyst may see it: the undeclared facts withdrawn (never a count)."""
+        hidden = {f: None for f in self.undeclared()}
+        return replace(self, **hidden)  # type: ignore[arg-type]
 
 
 def view_of(row: Dataset) -> DatasetView:
@@ -82,7 +109,55 @@ def view_of(row: Dataset) -> DatasetView:
         feature_clip=float(raw.get("feature_clip", 5.0)),
         n_examples=int(raw.get("n_examples") or row.n_examples or 0) or None,
         classes=_classes_of(row),
+        input_shape=_shape_of(raw.get("input_shape") or dict(row.config or {}).get("input_shape")),
+        declared=tuple(f for f in DECLARED_FACTS if f in (raw.get("declared") or ())),
     )
+
+
+def _shape_of(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(v) for v in value)
+
+
+def require_declared(row: Dataset) -> None:
+    """Refuse analyst use of a dataset whose owner has not declared every fact that sizes an
+    analyst's plan and view (a grant, or an analyst's sweep under an older grant).
+
+    Raises:
+        IllegalState: naming the facts to declare and how (409; nothing is reserved).
+    """
+    missing = view_of(row).undeclared()
+    if missing:
+        body = '{"view": {"n_examples": N, "classes": [...], "input_shape": [...]}}'
+        raise IllegalState(
+            f"dataset {row.name!r} is not ready for analysts: its owner has not declared "
+            f"{', '.join(missing)} public (an analyst's plan is sized by what the owner "
+            "declares, never by counting the records). The owner declares them with PUT "
+            f'/api/v1/datasets/{row.name}/policy and {body}, or {{"declare_counted": '
+            "true} to publish the counts as they are; on the command line `dpsweep datasets "
+            f"policy {row.name} --declare-counted` (or --n-examples, --classes, --input-shape)"
+        )
+
+
+def declare_counted(config: dict[str, Any], n_examples: int | None) -> dict[str, Any]:
+    """``config`` with the counted size, class list and feature shape declared public (the
+    owner's choice: they publish the counts as they are)."""
+    view = dict(config.get("view") or {})
+    counted: dict[str, Any] = {
+        "n_examples": view.get("n_examples") or n_examples,
+        "classes": config.get("classes"),
+        "input_shape": view.get("input_shape") or config.get("input_shape"),
+    }
+    missing = [f for f, v in counted.items() if v is None]
+    if missing:
+        raise ConfigError(
+            f"the records' {', '.join(missing)} were never counted; declare them by value "
+            "(view.n_examples, view.classes, view.input_shape)",
+            field="declare_counted",
+        )
+    view["n_examples"] = int(counted["n_examples"])
+    view["input_shape"] = [int(v) for v in counted["input_shape"]]
+    view["declared"] = list(DECLARED_FACTS)
+    return {**config, "view": view}
 
 
 def _classes_of(row: Dataset) -> tuple[str, ...] | None:
@@ -104,6 +179,9 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
             field=f"view.{sorted(unknown)[0]}",
         )
     merged = {**asdict(current), **changes}
+    declared = _declared_after(current.declared, changes)
+    merged.pop("declared")
+    shape = _checked_shape(merged.pop("input_shape"))
     for name in ("test_fraction", "split_seed", "feature_clip"):
         if merged[name] is None:
             merged[name] = getattr(DatasetView(), name)
@@ -145,7 +223,35 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
         feature_clip=d.feature_clip,
         n_examples=size,
         classes=None if classes is None else tuple(classes),
+        input_shape=shape,
+        declared=declared,
     )
+
+
+def _declared_after(before: tuple[str, ...], changes: dict[str, Any]) -> tuple[str, ...]:
+    """The declared facts once ``changes`` apply: a fact given a value is declared, one given
+    None is withdrawn (its count stays the owner's alone)."""
+    now = set(before)
+    for fact in DECLARED_FACTS:
+        if fact in changes:
+            (now.add if changes[fact] is not None else now.discard)(fact)
+    return tuple(f for f in DECLARED_FACTS if f in now)
+
+
+def _checked_shape(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (list, tuple))
+        or not 1 <= len(value) <= 4
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**31 for v in value)
+    ):
+        raise ConfigError(
+            f"view.input_shape is the shape of one record's features: 1-4 positive integers "
+            f"(e.g. [64] or [1, 28, 28]); got {value!r}",
+            field="view.input_shape",
+        )
+    return tuple(value)
 
 
 def _same(a: Any, b: Any) -> bool:

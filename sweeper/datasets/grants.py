@@ -32,7 +32,12 @@ from dpsweep.spec import EVAL_MODES
 
 # dataset_row is re-exported: callers above this layer read the catalog row through here.
 from sweeper.datasets.catalog import dataset_row as dataset_row
-from sweeper.datasets.fixed_view import checked_view, view_of
+from sweeper.datasets.fixed_view import (
+    checked_view,
+    declare_counted,
+    require_declared,
+    view_of,
+)
 from sweeper.datasets.identity import view_key
 from sweeper.datasets.viewer import Viewer
 from sweeper.privacy.ledger.amounts import epsilon_amount
@@ -138,6 +143,8 @@ def grant(
         # Checked only for the dataset's owner (above): no one else learns which names exist.
         if not confirm:
             _check_tenant(session, analyst)
+        # An analyst sees and plans with declared facts only: none declared, no analysts.
+        require_declared(row)
         now = _now()
         old = _active(session, name, analyst)
         if old is not None:
@@ -328,6 +335,7 @@ def set_policy(
     analyst_eval_modes: list[str] | None = None,
     public_info: dict[str, Any] | None = None,
     view: dict[str, Any] | None = None,
+    declare_counted_facts: bool = False,
 ) -> dict[str, Any]:
     """Set what analysts may use and see of a dataset (owner or admin).
 
@@ -338,7 +346,11 @@ def set_policy(
             ``description`` (text). Never computed from the records.
         view: Settings of the dataset's view to change (``test_fraction``, ``split_seed``,
             ``input_bounds``, ``feature_clip``: :mod:`sweeper.datasets.fixed_view`); the
-            others stay. Every later sweep on the dataset reads it this way.
+            others stay. Every later sweep on the dataset reads it this way. ``n_examples``,
+            ``classes`` and ``input_shape`` given declare those facts public (None withdraws
+            the declaration).
+        declare_counted_facts: Declare the counted number of records, class list and
+            feature shape public as they are (after ``view``).
 
     Raises:
         DatasetNotFound / PermissionDenied: as :func:`_owned_row`.
@@ -347,21 +359,16 @@ def set_policy(
     """
     with Session(engine) as session, session.begin():
         row = _owned_row(session, name, viewer)
-        if view:
+        if view or declare_counted_facts:
             if not row.storage_path:
                 raise ConfigError(
                     f"dataset {name!r} is not a stored file; only uploads and registered "
                     "names have a view",
                     field="view",
                 )
-            new_view = checked_view(view_of(row), view)
-            stored = new_view.to_json()
-            classes = stored.pop("classes")
-            config = {**dict(row.config or {}), "view": stored}
-            if classes is not None:
-                # Where every load reads the class list (sweeper.datasets.files.file_spec).
-                config["classes"] = classes
-                config["num_classes"] = len(classes)
+            config = _with_view(row, view or {})
+            if declare_counted_facts:
+                config = declare_counted(config, row.n_examples)
             # A new dict: SQLAlchemy's JSON column notices a replaced value, not a mutation.
             row.config = config
         if analyst_eval_modes is not None:
@@ -377,19 +384,50 @@ def set_policy(
         return policy_view(row)
 
 
+def _with_view(row: Dataset, view: dict[str, Any]) -> dict[str, Any]:
+    """``row``'s config with the view changes applied (checked).
+
+    Raises:
+        ConfigError: a setting out of range, or a declared feature shape that is not the
+            records' (the model is built from the records' shape: the owner learns it here).
+    """
+    new_view = checked_view(view_of(row), view)
+    counted = dict(row.config or {}).get("input_shape")
+    if (
+        view.get("input_shape") is not None
+        and counted is not None
+        and list(new_view.input_shape or ()) != [int(v) for v in counted]
+    ):
+        raise ConfigError(
+            f"view.input_shape {list(view['input_shape'])} is not the shape of the records' "
+            f"features, {list(counted)}; declare that shape",
+            field="view.input_shape",
+        )
+    stored = new_view.to_json()
+    classes = stored.pop("classes")
+    config = {**dict(row.config or {}), "view": stored}
+    if classes is not None:
+        # Where every load reads the class list (sweeper.datasets.files.file_spec).
+        config["classes"] = classes
+        config["num_classes"] = len(classes)
+    return config
+
+
 def analyst_modes(row: Dataset) -> tuple[str, ...]:
     """The evaluation modes analysts may use on ``row``'s dataset (an empty list: none)."""
     modes = row.analyst_eval_modes
     return DEFAULT_ANALYST_EVAL_MODES if modes is None else tuple(modes)
 
 
-def policy_view(row: Dataset) -> dict[str, Any]:
-    """A dataset's analyst policy as the API shows it."""
+def policy_view(row: Dataset, *, analyst: bool = False) -> dict[str, Any]:
+    """A dataset's analyst policy as the API shows it: to an analyst, the view's declared
+    facts only (an undeclared one is null, never the count)."""
+    view = view_of(row)
     return {
         "dataset": row.name,
         "analyst_eval_modes": list(analyst_modes(row)),
         "public_info": dict(row.public_info or {}),
-        "view": view_of(row).to_json() if row.storage_path else None,
+        "view": (view.public() if analyst else view).to_json() if row.storage_path else None,
     }
 
 

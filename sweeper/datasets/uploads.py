@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from dpsweep.errors import ConfigError, DpsweepError
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.files import load_declared, worker_spec
+from sweeper.datasets.fixed_view import declare_counted as declared_counts
 from sweeper.datasets.identity import bind_name
 from sweeper.datasets.names import (
     UPLOAD_FORMATS,
@@ -49,6 +50,7 @@ def store_upload(
     label_column: str | None = None,
     epsilon_cap: float | None = None,
     delta_cap: float | None = None,
+    declare_counted: bool = False,
 ) -> dict[str, Any]:
     """Validate and store an uploaded file of an uploadable format (CSV, NPZ, a plug-in's:
     :data:`~sweeper.datasets.names.UPLOAD_FORMATS`), optionally with lifetime caps.
@@ -66,6 +68,10 @@ def store_upload(
     it: otherwise uploading the same records again with a larger cap would buy a fresh
     budget. Records another tenant uploaded are another ledger: nothing here reads, caps or
     says anything of it (equal records are a fact about private data).
+
+    With ``declare_counted``, the counted number of records, class list and feature shape
+    are declared public at once (:mod:`sweeper.datasets.fixed_view`): the owner's choice,
+    needed before any analyst is granted.
 
     Returns:
         The dataset's description (as :func:`sweeper.datasets.views.describe`).
@@ -111,6 +117,9 @@ def store_upload(
             label_column=label_column,
         )
         spec, info, identity = load_declared(spec, filename)
+        config = {"label_column": label_column, **info, "classes": list(spec.classes)}
+        if declare_counted:
+            config = declared_counts(config, info["n_examples"])
         binding = bind_name(
             engine,
             uid,
@@ -123,11 +132,7 @@ def store_upload(
                 "sha256": hashlib.sha256(content).hexdigest(),
                 "storage_path": str(path.resolve()),
                 "n_examples": info["n_examples"],
-                "config": {
-                    "label_column": label_column,
-                    **info,
-                    "classes": list(spec.classes),
-                },
+                "config": config,
             },
         )
         if epsilon_cap is not None or delta_cap is not None:

@@ -28,7 +28,7 @@ from sqlalchemy import Engine
 from dpsweep.errors import ConfigError, DatasetError, PermissionDenied
 from dpsweep.spec import SweepSpec
 from sweeper.datasets.access import Viewer, check_access
-from sweeper.datasets.fixed_view import apply_view, stored_row
+from sweeper.datasets.fixed_view import apply_view, require_declared, stored_row
 from sweeper.datasets.grants import AnalystTerms, analyst_terms, check_eval_mode
 from sweeper.datasets.names import in_catalog
 
@@ -64,6 +64,8 @@ def admit(engine: Engine, spec: SweepSpec, viewer: Viewer) -> Admission:
             allow analysts, or a setting of the owner's view changed by an analyst (each
             naming its field).
         PermissionDenied: an analyst asks for reproducible mode.
+        IllegalState: an analyst's dataset whose owner has not declared its size, classes
+            and feature shape.
     """
     check_access(engine, spec.dataset, viewer)
     name = spec.dataset.name
@@ -77,6 +79,10 @@ def admit(engine: Engine, spec: SweepSpec, viewer: Viewer) -> Admission:
                 "are not private against whoever reads them. Leave privacy.reproducible out"
             )
     row = stored_row(engine, name) if in_catalog(name) else None
+    if row is not None and terms is not None:
+        # A grant made before declarations were required admits nothing until the owner
+        # declares what sizes the analyst's plan (409, before anything is planned or reserved).
+        require_declared(row)
     if row is not None:
         spec = apply_view(spec, row, analyst=terms is not None)
     return Admission(spec, terms)

@@ -98,7 +98,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
         r = c["olga"].post(
             f"{V1}/datasets",
             files={"file": (f"points.{fmt}", content, "application/octet-stream")},
-            data={"format": fmt, "epsilon_cap": "20", **data},
+            data={"format": fmt, "epsilon_cap": "20", "declare_counted": "true", **data},
         )
         assert r.status_code == 201, r.text
         ids[fmt] = r.json()["id"]
@@ -106,6 +106,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
         f"{V1}/datasets/{ids['csv']}/policy", json={"view": {"input_bounds": [-4.0, 4.0]}}
     )
     assert r.status_code == 200 and r.json()["view"]["input_bounds"] == [-4.0, 4.0], r.text
+    # The operator publishes the folder's counts before granting anyone.
+    r = admin.put(f"{V1}/datasets/scans/policy", json={"declare_counted": True})
+    assert r.status_code == 200 and len(r.json()["view"]["declared"]) == 3, r.text
     grants = [(c["olga"], ids["csv"]), (c["olga"], ids["npz"]), (admin, "scans")]
     for who, ds in grants:
         r = who.post(
@@ -219,7 +222,7 @@ def test_loader_options_cannot_buy_a_fresh_ledger_and_no_sweep_repoints_a_name(
         sweep = s.get(Sweep, sid)
         assert sweep is not None and sweep.ledger_key == key
         bound = s.scalars(select(Dataset.content_sha256).where(Dataset.name == ds)).one()
-    assert f"sha256:{bound}" == key == ledger_key_of(engine, ds)
+    assert f"sha256:{bound}/olga" == key == ledger_key_of(engine, ds)
     budget = olga.get(f"{V1}/datasets/{ds}/budget").json()
     assert sid in {s["sweep"] for s in budget["sweeps"]}
 

@@ -67,7 +67,12 @@ def world(server: Server) -> dict[str, Any]:
     r = c["olga"].post(
         f"{V1}/datasets",
         files={"file": ("points.csv", _records(), "text/csv")},
-        data={"format": "csv", "label_column": "label", "epsilon_cap": "50"},
+        data={
+            "format": "csv",
+            "label_column": "label",
+            "epsilon_cap": "50",
+            "declare_counted": "true",
+        },
     )
     assert r.status_code == 201, r.text
     ds = r.json()["id"]

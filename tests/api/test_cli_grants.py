@@ -38,6 +38,7 @@ def setup(tmp_path: Path) -> Any:
         fmt="csv",
         data_dir=tmp_path,
         label_column="label",
+        declare_counted=True,
     )["id"]
     yield engine, url, ds
     engine.dispose()
@@ -80,7 +81,14 @@ def test_grant_list_policy_audit_and_revoke(setup: Any, capsys: pytest.CaptureFi
         "feature_clip": 5.0,
         "n_examples": 250,
         "classes": ["0", "1"],
+        "input_shape": [3],
+        "declared": ["n_examples", "classes", "input_shape"],
     }
+    # Declared by value: a shape that is not the records' is refused, saying which it is.
+    assert main(["datasets", "policy", ds, "--input-shape", "4", *db]) == 1
+    assert "[3]" in capsys.readouterr().err
+    p = _json(capsys, *policy, "--classes", "0,1,2", "--input-shape", "3")
+    assert p["view"]["classes"] == ["0", "1", "2"] and len(p["view"]["declared"]) == 3
     assert main(["datasets", "policy", ds, "--input-bounds", "lo,hi", *db]) == 1
     assert "--input-bounds takes LO,HI" in capsys.readouterr().err
     assert main(["datasets", "policy", ds, "--n-examples", "1", *db]) == 1

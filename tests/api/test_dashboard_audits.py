@@ -119,7 +119,12 @@ def analyst_trial(server: Server, api: httpx.Client) -> Iterator[tuple[str, str]
     r = api.post(
         "/api/v1/datasets",
         files={"file": ("owned.csv", "\n".join(lines) + "\n", "text/csv")},
-        data={"label_column": "label", "epsilon_cap": "20", "name": "audit-owned"},
+        data={
+            "label_column": "label",
+            "epsilon_cap": "20",
+            "name": "audit-owned",
+            "declare_counted": "true",
+        },
     )
     assert r.status_code == 201, r.text
     ds = r.json()["id"]

@@ -47,7 +47,12 @@ def dataset(api: httpx.Client) -> str:
     r = api.post(
         "/api/v1/datasets",
         files={"file": ("owned.csv", "\n".join(lines) + "\n", "text/csv")},
-        data={"label_column": "label", "epsilon_cap": "20", "name": "owned"},
+        data={
+            "label_column": "label",
+            "epsilon_cap": "20",
+            "name": "owned",
+            "declare_counted": "true",
+        },
     )
     assert r.status_code == 201, r.text
     return str(r.json()["id"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import ConfigError, DatasetNotFound, PermissionDenied
+from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState, PermissionDenied
 from sweeper.datasets import grants
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.analyst_views import audit_page, dataset_policy, update_policy
@@ -50,6 +50,7 @@ def _upload(engine: Any, tmp_path: Path, owner: str) -> str:
             fmt="csv",
             data_dir=tmp_path / owner,
             label_column="label",
+            declare_counted=True,
         )["id"]
     )
     # DP evaluation scales by declared bounds only: the owner declares them in the view.
@@ -164,6 +165,8 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
             "feature_clip": 5.0,
             "n_examples": 200,
             "classes": ["0", "1"],
+            "input_shape": [3],
+            "declared": ["n_examples", "classes", "input_shape"],
         },
     }
     assert dataset_policy(engine, ds, ANA) == p
@@ -176,7 +179,22 @@ def test_the_policy_merges_what_is_given_and_only_the_owner_sets_it(
         "feature_clip": 5.0,
         "n_examples": 200,
         "classes": ["0", "1"],
+        "input_shape": [3],
+        "declared": ["n_examples", "classes", "input_shape"],
     }
+    # A declaration withdrawn: the owner still sees the count, the analyst sees none, and
+    # their sweeps are refused (409) before anything is planned or reserved.
+    p = update_policy(engine, ds, OLGA, view={"n_examples": None})
+    assert p["view"]["n_examples"] == 200 and p["view"]["declared"] == ["classes", "input_shape"]
+    assert dataset_policy(engine, ds, ANA)["view"]["n_examples"] is None
+    seen = describe(engine, ds, ANA)
+    assert seen["n_examples"] is None and seen["n_train"] is None and seen["num_classes"] == 2
+    held = budget(engine, ds, OLGA)
+    with pytest.raises(IllegalState, match="not declared n_examples"):
+        _sweep(engine, ds, "ana")
+    assert budget(engine, ds, OLGA) == held
+    update_policy(engine, ds, OLGA, view={"n_examples": 180})
+    assert describe(engine, ds, ANA)["n_examples"] == 180
     with pytest.raises(ConfigError) as refused:
         update_policy(engine, ds, OLGA, view={"test_fraction": 0})
     assert refused.value.field == "view.test_fraction"

@@ -58,6 +58,7 @@ def test_old_keys_and_unused_uploads_expire_and_ledgers_stay(engine: Any, tmp_pa
             data_dir=tmp_path,
             label_column="label",
             epsilon_cap=10.0,
+            declare_counted=True,
         )
 
     unused, used, granted, fresh = upload(1), upload(2), upload(3), upload(4)

@@ -11,7 +11,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import ConfigError, DatasetNotFound, NotFound, PermissionDenied, SweepNotFound
+from dpsweep.errors import (
+    ConfigError,
+    DatasetNotFound,
+    IllegalState,
+    NotFound,
+    PermissionDenied,
+    SweepNotFound,
+)
 from sweeper.datasets import grants
 from sweeper.datasets.access import Viewer, check_access
 from sweeper.datasets.uploads import store_upload
@@ -50,6 +57,7 @@ def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0) -> str:
         data_dir=tmp_path,
         label_column="label",
         epsilon_cap=cap,
+        declare_counted=True,
     )
     # DP evaluation scales by declared bounds only: the owner declares them in the view.
     grants.set_policy(engine, str(desc["id"]), OWNER, view={"input_bounds": [-5.0, 5.0]})
@@ -254,3 +262,35 @@ def test_an_analyst_refused_by_the_cap_learns_no_totals(engine: Any, tmp_path: P
     grants.set_policy(engine, ds, OWNER, analyst_eval_modes=[])
     terms = grants.analyst_terms(engine, ds, "ana")
     assert terms is not None and terms.eval_modes == ()
+
+
+def test_a_dataset_is_granted_once_its_owner_declared_what_sizes_an_analysts_plan(
+    engine: Any, tmp_path: Path
+) -> None:
+    """Counted from the records, N and the class list would tell analysts how many records
+    there are and which classes occur: undeclared, no grant is made."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.normal(size=(60, 2)), 3)
+    lines = ["a,b,label"] + [f"{a!r},{b!r},{int(a > 0)}" for a, b in x.tolist()]
+    ds = str(
+        store_upload(
+            engine,
+            owner=OWNER.owner,
+            content=("\n".join(lines) + "\n").encode(),
+            fmt="csv",
+            data_dir=tmp_path,
+            label_column="label",
+        )["id"]
+    )
+    with pytest.raises(IllegalState) as refused:
+        grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OWNER, confirm=True)
+    for how in ("n_examples, classes, input_shape", "declare_counted", "--declare-counted"):
+        assert how in str(refused.value)
+    assert grants.list_grants(engine, ds, OWNER) == []
+    # Declared by value (N need not be the count), the grant is made.
+    grants.set_policy(
+        engine, ds, OWNER, view={"n_examples": 100, "classes": ["0", "1"], "input_shape": [2]}
+    )
+    assert grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OWNER, confirm=True)[
+        "active"
+    ]
