@@ -138,7 +138,9 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         if mode == "dp":
             train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
         else:
-            train_idx, test_idx = _split(len(x), y, spec.test_fraction, spec.split_seed)
+            train_idx, test_idx = _split(
+                len(x), y, spec.test_fraction, spec.split_seed, scope=str(spec.path or spec.name)
+            )
         x_fit, y_fit = x[train_idx], y[train_idx]
         x_eval, y_eval = x[test_idx], y[test_idx]
     x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)

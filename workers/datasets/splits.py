@@ -24,11 +24,13 @@ from workers.datasets.identity import _canonical_records
 from workers.datasets.records import RawData
 
 
-def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _split(
+    n: int, y: np.ndarray, test_fraction: float, seed: int, *, scope: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     n_test = round(n * test_fraction)
     if n_test < 1 or n - n_test < 1:
         raise DatasetError(f"{n} examples cannot be split with test_fraction={test_fraction}")
-    path = _split_cache_file(n, y, test_fraction, seed)
+    path = _split_cache_file(n, y, test_fraction, seed, scope)
     cached = _read_split(path, n, n_test)
     if cached is not None:
         return cached
@@ -49,14 +51,17 @@ def _split(n: int, y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.n
 # The split is a pure function of (n, labels, test_fraction, seed) and scikit-learn's version;
 # it is kept between processes under a digest of exactly those, so a fresh process (the driver
 # that plans, each new worker) need not import scikit-learn (about a second) to redo it. The
-# file lives only in the owner's local data cache; its name is a one-way digest.
+# file lives only in the owner's local data cache; its name is a one-way digest. The digest
+# also takes the file the records were read from (``scope``): a server's tenants share one
+# cache, and a tenant whose upload of a guess found another tenant's cached split would time
+# it (a hit skips the computation), a test of whether their guess equals the other's records.
 _SPLIT_DIGEST_PERSON = b"dpsweep-splitkey"
 
 
-def _split_cache_file(n: int, y: np.ndarray, test_fraction: float, seed: int) -> Path:
+def _split_cache_file(n: int, y: np.ndarray, test_fraction: float, seed: int, scope: str) -> Path:
     h = hashlib.blake2b(person=_SPLIT_DIGEST_PERSON, digest_size=20)
     labels = np.ascontiguousarray(y, dtype=np.int64)
-    h.update(f"{n}|{test_fraction!r}|{int(seed)}|{version('scikit-learn')}|".encode())
+    h.update(f"{scope}|{n}|{test_fraction!r}|{int(seed)}|{version('scikit-learn')}|".encode())
     h.update(labels.tobytes())
     return data_cache_dir() / "splits" / f"{h.hexdigest()}.npz"
 

@@ -66,13 +66,18 @@ def test_split_is_scikit_learns_and_is_kept(
         splits._split(200, y2, 0.2, 7)[1], _sklearn_split(200, y2, 40, 7)[1]
     )
     assert len(list((tmp_path / "splits").glob("*.npz"))) == 3
+    # Another file of the same labels (another tenant's upload of a guess): the same split,
+    # computed again, never read from the first file's entry (a hit would be timeable).
+    scoped = splits._split(200, y, 0.2, 7, scope="/uploads/ds_other.csv")
+    np.testing.assert_array_equal(scoped[1], want[1])
+    assert len(list((tmp_path / "splits").glob("*.npz"))) == 4
 
 
 def test_a_bad_split_file_is_recomputed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     y = np.arange(100) % 5
     want = _sklearn_split(100, y, 20, 3)
-    path = splits._split_cache_file(100, y, 0.2, 3)
+    path = splits._split_cache_file(100, y, 0.2, 3, "")
     path.parent.mkdir(parents=True)
     # Not a partition: an index twice (a record both trained on and evaluated in the clear).
     np.savez(path, train=np.arange(80), test=np.arange(60, 80))
