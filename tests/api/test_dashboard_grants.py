@@ -47,12 +47,7 @@ def dataset(api: httpx.Client) -> str:
     r = api.post(
         "/api/v1/datasets",
         files={"file": ("owned.csv", "\n".join(lines) + "\n", "text/csv")},
-        data={
-            "label_column": "label",
-            "epsilon_cap": "20",
-            "name": "owned",
-            "declare_counted": "true",
-        },
+        data={"label_column": "label", "epsilon_cap": "20", "name": "owned"},
     )
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
@@ -95,10 +90,25 @@ def test_owner_grants_sets_policy_reads_the_audit_log_and_revokes_analyst_sees_a
     page.wait_for_selector("#dataset-detail[data-role=owner] #grant-form")
     page.wait_for_selector("#grants-empty")  # loaded after the panel appears
 
-    # Grant through the form: the row shows the allowance, nothing used yet.
+    # Nothing declared yet: the grant is refused, saying what to declare; the policy panel
+    # shows the counts as undeclared and declares them in one click.
     page.fill("#grant-analyst", ANALYST)
     page.fill("#grant-eps", "3")
     page.fill("#grant-note", "pilot study")
+    page.click("#grant-form button[type=submit]")
+    page.wait_for_selector("#grant-result .error")
+    assert "declare" in page.inner_text("#grant-result")
+    page.wait_for_selector("#declared-facts tr[data-fact=n_examples][data-declared=false]")
+    assert "300" in page.inner_text("#declared-facts tr[data-fact=n_examples]")
+    page.click("#declare-counted")
+    page.wait_for_selector("#facts-declared")
+    assert page.locator("#declared-facts tr[data-declared=true]").count() == 3
+    assert api.get(f"/api/v1/datasets/{dataset}/policy").json()["view"]["declared"] == [
+        "n_examples",
+        "classes",
+        "input_shape",
+    ]
+    # Grant through the form: the row shows the allowance, nothing used yet.
     page.click("#grant-form button[type=submit]")
     row = page.locator(f"#grants-table tr[data-analyst={ANALYST}][data-active=true]")
     row.wait_for()

@@ -145,7 +145,9 @@ function policyPanel(parent, id, live) {
     help ? h("span", { class: "muted small" }, ` ${help}`) : h("span", { class: "small warn-text" }, " Raw metrics on private records: see below.")));
   const labels = h("input", { type: "text", id: "policy-labels", placeholder: "e.g. benign, malignant" });
   const desc = h("textarea", { id: "policy-description", rows: "3" });
+  const facts = h("div", { id: "declared-facts" });
   const form = h("form", { id: "policy-form" },
+    facts,
     h("fieldset", { class: "modes" }, h("legend", {}, "Evaluation modes analysts may use"), boxes),
     warn,
     h("div", { class: "form-grid" },
@@ -156,7 +158,33 @@ function policyPanel(parent, id, live) {
   const syncWarning = () => warn.classList.toggle("emphasis", carve().checked);
   form.addEventListener("change", syncWarning);
 
+  // Size, classes and feature shape: an analyst sees and plans with these only once declared.
+  function showFacts(view) {
+    if (!view) { facts.replaceChildren(); return; }
+    const declared = new Set(view.declared || []);
+    const shown = (v) => (Array.isArray(v) ? v.join(", ") : v == null ? "—" : String(v));
+    const rows = [["n_examples", "Records"], ["classes", "Classes"], ["input_shape", "Feature shape"]].map(([k, label]) =>
+      h("tr", { "data-fact": k, "data-declared": String(declared.has(k)) },
+        h("td", {}, label), h("td", {}, shown(view[k])),
+        h("td", {}, declared.has(k) ? "declared public" : h("span", { class: "warn-text" }, "not declared: analysts see none"))));
+    const all = declared.size === 3;
+    const declare = h("button", { type: "button", id: "declare-counted" }, "Declare these counts public");
+    declare.addEventListener("click", async () => {
+      try {
+        const p = await api(`/datasets/${enc(id)}/policy`, { method: "PUT", body: { declare_counted: true } });
+        fill(p);
+        msg.replaceChildren(h("div", { class: "info", id: "facts-declared" }, "Declared: analysts now see and plan with these figures."));
+      } catch (e) { msg.replaceChildren(errorBox(e)); }
+    });
+    facts.replaceChildren(
+      h("fieldset", { class: "facts" }, h("legend", {}, "What sizes an analyst's plan"),
+        h("table", { class: "grid compact" }, h("tbody", {}, rows)),
+        all ? h("p", { class: "muted small" }, "All declared: analysts may be granted.")
+          : h("p", { class: "small" }, "Analysts are granted once all three are declared (counted from the records, they would say how many records there are). ", declare)));
+  }
+
   function fill(p) {
+    showFacts(p.view);
     for (const box of form.querySelectorAll("input[name=mode]")) box.checked = p.analyst_eval_modes.includes(box.value);
     labels.value = (p.public_info?.label_names || []).join(", ");
     desc.value = p.public_info?.description || "";
