@@ -239,6 +239,11 @@ def test_the_audit_log_lists_each_release_to_whom_it_went(world: dict[str, Any])
     assert all(
         position[("model", m["trial_id"])] > position[("trial", m["trial_id"])] for m in models
     )
+    # A kept model of the analyst's: theirs and the dataset owner's (who sees every sweep on
+    # her records) to download, nobody else's (404, as for the trial).
+    kept = models[0]["trial_id"]
+    for who, status in ((ana, 200), (olga, 200), (bea, 404)):
+        assert who.get(f"{V1}/trials/{kept}/model").status_code == status
     charged = ana.get(f"{V1}/sweeps/{world['sweeps']['ana']}").json()["budget"]
     assert sum(e["epsilon"] for e in trial_entries) == pytest.approx(charged["epsilon_charged"])
     assert {e["principal"] for e in entries} == {"ana", "bea"}
