@@ -42,7 +42,7 @@ def engine(both_engines: Any) -> Any:
     return both_engines
 
 
-def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0) -> str:
+def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0, declare: bool = True) -> str:
     rng = np.random.default_rng(0)
     x = np.round(rng.normal(size=(400, 4)), 3)
     y = (x[:, 0] > 0).astype(int)
@@ -57,7 +57,7 @@ def _upload(engine: Any, tmp_path: Path, *, cap: float | None = 20.0) -> str:
         data_dir=tmp_path,
         label_column="label",
         epsilon_cap=cap,
-        declare_counted=True,
+        declare_counted=declare,
     )
     # DP evaluation scales by declared bounds only: the owner declares them in the view.
     grants.set_policy(engine, str(desc["id"]), OWNER, view={"input_bounds": [-5.0, 5.0]})
@@ -269,19 +269,7 @@ def test_a_dataset_is_granted_once_its_owner_declared_what_sizes_an_analysts_pla
 ) -> None:
     """Counted from the records, N and the class list would tell analysts how many records
     there are and which classes occur: undeclared, no grant is made."""
-    rng = np.random.default_rng(5)
-    x = np.round(rng.normal(size=(60, 2)), 3)
-    lines = ["a,b,label"] + [f"{a!r},{b!r},{int(a > 0)}" for a, b in x.tolist()]
-    ds = str(
-        store_upload(
-            engine,
-            owner=OWNER.owner,
-            content=("\n".join(lines) + "\n").encode(),
-            fmt="csv",
-            data_dir=tmp_path,
-            label_column="label",
-        )["id"]
-    )
+    ds = _upload(engine, tmp_path, declare=False)
     with pytest.raises(IllegalState) as refused:
         grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OWNER, confirm=True)
     for how in ("n_examples, classes, input_shape", "declare_counted", "--declare-counted"):
@@ -289,7 +277,7 @@ def test_a_dataset_is_granted_once_its_owner_declared_what_sizes_an_analysts_pla
     assert grants.list_grants(engine, ds, OWNER) == []
     # Declared by value (N need not be the count), the grant is made.
     grants.set_policy(
-        engine, ds, OWNER, view={"n_examples": 100, "classes": ["0", "1"], "input_shape": [2]}
+        engine, ds, OWNER, view={"n_examples": 100, "classes": ["0", "1"], "input_shape": [4]}
     )
     assert grants.grant(engine, ds, "ana", epsilon_allowance=1, viewer=OWNER, confirm=True)[
         "active"
