@@ -302,7 +302,7 @@ def test_reuploading_the_same_records_keeps_the_cap(engine: Any, tmp_path: Path)
         [catalog.budget(engine, first["id"], viewer), catalog.describe(engine, first["id"], viewer)]
     )
     key = catalog.ledger_key_of(engine, first["id"])
-    assert key.removeprefix("sha256:") not in shown
+    assert key.removeprefix("sha256:").split("/")[0] not in shown
     # Another tenant's upload of the same records is a ledger of their own: it neither reads
     # nor caps alice's, and alice still sets her own caps.
     bobs = catalog.store_upload(
