@@ -12,7 +12,9 @@ with every event, so caching its pages would only cost memory.
 
 What a page shows (release policy, visibility) is still decided by
 :func:`sweeper.sweeps.trial_pages.page_trials` for every cached body; the cache is keyed by
-the query too, and who may read it is checked by ``sweep_head`` on every request.
+the query too and by whether its reader is the sweep's analyst (whose page has coarse times,
+:mod:`sweeper.datasets.analyst_clock`), and who may read it is checked by ``sweep_head`` on
+every request.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ class PageCache:
         ended, otherwise ``make()`` encoded."""
         if head.state not in TERMINAL:
             return encode(make())
-        key = (sweep_id, head.version, head.models, query)
+        # An analyst's page and its dataset owner's differ (worker, times): never shared.
+        key = (sweep_id, head.version, head.models, head.analyst, query)
         with self._lock:
             body = self._items.get(key)
             if body is not None:

@@ -32,8 +32,10 @@ class SweepItem(_Out):
     state: str
     owner: str | None
     created_at: str
-    started_at: str | None
-    finished_at: str | None
+    started_at: str | None = Field(description="rounded down to 10 s for an analyst")
+    finished_at: str | None = Field(
+        description="for an analyst, the rounded start plus the duration rounded down to 10 s"
+    )
     error: str | None
     randomness: str = Field(
         description="secret: each trial drew its batches and noise from a fresh OS secret; "
@@ -67,8 +69,10 @@ class SweepOut(_Out):
     owner: str | None
     error: str | None
     created_at: str
-    started_at: str | None
-    finished_at: str | None
+    started_at: str | None = Field(description="rounded down to 10 s for an analyst")
+    finished_at: str | None = Field(
+        description="for an analyst, the rounded start plus the duration rounded down to 10 s"
+    )
     randomness: str = Field(
         description="secret: each trial drew its batches and noise from a fresh OS secret; "
         "reproducible: from the public seed, so NOT private against anyone who knows the seed"
@@ -232,9 +236,17 @@ class TrialItem(_Out):
     delta: float | None
     steps: int | None
     best_step: int | None
-    started_at: str | None = Field(description="null for papernot-steinke trials")
-    finished_at: str | None = Field(description="null for papernot-steinke trials")
-    train_seconds: float | None = Field(description="null for papernot-steinke trials")
+    started_at: str | None = Field(
+        description="null for papernot-steinke trials; rounded down to 10 s for the analyst "
+        "of another tenant's dataset (how long runs take follows the realised batches)"
+    )
+    finished_at: str | None = Field(
+        description="null for papernot-steinke trials; for an analyst, the rounded start plus "
+        "the duration rounded down to 10 s"
+    )
+    train_seconds: float | None = Field(
+        description="null for papernot-steinke trials; rounded down to 10 s for an analyst"
+    )
     randomness: str = Field(
         description="secret: each trial drew its batches and noise from a fresh OS secret; "
         "reproducible: from the public seed, so NOT private against anyone who knows the seed"
@@ -261,13 +273,18 @@ class TrialPrivacy(_Out):
 
 class TrialDetail(TrialItem):
     target_delta: float | None
-    worker: str | None
+    worker: str | None = Field(
+        description="the process that ran it; null for papernot-steinke trials and analysts"
+    )
     planned: dict[str, Any]
     final_metrics: dict[str, Any]
     accountant: str | None
     reliability: list[dict[str, Any]]
     trajectories: dict[str, Any]
-    step_time_ms_median: float | None
+    step_time_ms_median: float | None = Field(
+        description="null for papernot-steinke trials and analysts (a step's time follows its "
+        "realised Poisson batch)"
+    )
     diverged_at: int | None
     engine_path: str | None = Field(
         default=None, description="the engine path that trained it: packed or generic"

@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_clock import for_analyst
 from sweeper.store import Sweep
 from sweeper.sweeps.results import best_per_arm_level, epsilon_front, pareto_mask
 from sweeper.sweeps.stored import TERMINAL_SWEEPS, load_sweep
@@ -100,6 +101,16 @@ class Entry:
         if self.etag is None:
             return None
         return opaque_tag(self.etag, viewer.owner, viewer.admin)
+
+    def summary_for(self, *, analyst: bool) -> tuple[dict[str, Any], bytes]:
+        """The summary and its encoded body as a viewer receives them: an analyst (the
+        viewer's ``SweepHead.analyst``) gets the sweep's times rounded to 10 s, which the sum
+        of its trials' durations would otherwise tell (:mod:`sweeper.datasets.analyst_clock`).
+        """
+        if not analyst:
+            return self.summary, self.summary_body
+        shown = for_analyst(self.summary)
+        return shown, self.body(("summary", "analyst"), lambda: shown)
 
     def body(self, key: tuple[str, str | None], make: Any) -> bytes:
         """The encoded body for ``key``, made once per version (made each time, not kept,

@@ -93,8 +93,12 @@ def _prepare(
 
 
 def _summary(request: Request, engine: Any, sweep_id: str, viewer: Any) -> dict[str, Any]:
-    # After a create: the new sweep's summary (and its entry in the cache).
-    return request.app.state.summaries.get(engine, sweep_id, viewer).summary
+    # After a create: the new sweep's summary (and its entry in the cache), as the viewer
+    # receives it (an analyst's times are coarse).
+    head = sweep_head(engine, sweep_id, viewer)
+    entry = request.app.state.summaries.get_for(engine, sweep_id, head)
+    summary: dict[str, Any] = entry.summary_for(analyst=head.analyst)[0]
+    return summary
 
 
 @router.post(
@@ -276,8 +280,9 @@ async def get_sweep(
 ) -> Response:
     # The reads of a route go to one worker thread together (one hop per request).
     def work() -> Response:
-        entry = request.app.state.summaries.get(engine, sweep_id, viewer)
-        return _cached(request, entry, entry.summary_body, viewer)
+        head = sweep_head(engine, sweep_id, viewer)
+        entry = request.app.state.summaries.get_for(engine, sweep_id, head)
+        return _cached(request, entry, entry.summary_for(analyst=head.analyst)[1], viewer)
 
     return await run_in_threadpool(work)
 

@@ -23,7 +23,9 @@ the records. In particular:
   would cost; the grid's epsilon is what its release spent;
 * a papernot-steinke grid's card is that of its selected trial only (anything else is
   refused) and carries no position, timestamp or duration: each would bound the secret number
-  of runs (:mod:`sweeper.sweeps.released`).
+  of runs (:mod:`sweeper.sweeps.released`);
+* an analyst's card (their sweep on another tenant's data) has its times and duration rounded
+  to 10 s, as the analyst reads them everywhere (:mod:`sweeper.datasets.analyst_clock`).
 
 This module imports no torch: the weights arrive as a hash and a size.
 """
@@ -43,6 +45,7 @@ from sqlalchemy.orm import Session, selectinload
 from dpsweep import __version__
 from dpsweep.errors import ConfigError, IllegalState
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.datasets.analyst_clock import analyst_names, coarse_time, for_analyst
 from sweeper.datasets.grants import dataset_row
 from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release_of
 from sweeper.store import Sweep, Trial, TrialState
@@ -130,6 +133,7 @@ def model_card(
         _check_selected(session, trial, metric=metric, mode=mode)
     randomness = randomness_fields(sweep.spec or {})
     private = _is_private(trial.strategy, grid, result.epsilon)
+    analyst = bool(analyst_names(session, sweep.owner, [sweep.dataset]))
 
     warnings = [w for w in (randomness["warning"],) if w]
     if not private:
@@ -138,7 +142,7 @@ def model_card(
         "format": CARD_FORMAT,
         "card_version": CARD_VERSION,
         "dpsweep_version": dpsweep_version(),
-        "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only),
+        "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only, analyst),
         "dataset": _dataset_section(session, sweep, grid),
         "model": dict(model)
         | {
@@ -166,7 +170,8 @@ def model_card(
         "warnings": warnings,
     }
     if not selected_only:
-        card["created_at"] = datetime.now(UTC).isoformat()
+        now = datetime.now(UTC)
+        card["created_at"] = coarse_time(now) if analyst else now.isoformat()
     return _clean(card)
 
 
@@ -227,10 +232,12 @@ def _is_private(strategy: str, grid: GridPlan, single_run_epsilon: float | None)
 
 
 def _trial_section(
-    trial: Trial, sweep: Sweep, randomness: str, selected_only: bool
+    trial: Trial, sweep: Sweep, randomness: str, selected_only: bool, analyst: bool
 ) -> dict[str, Any]:
-    """The trial as its released record shows it, without its metrics (see ``metrics``)."""
+    """The trial as its released record shows it (to its analyst, ``analyst``: coarse
+    times), without its metrics (see ``metrics``)."""
     rec = trial_record(trial, selected_only=selected_only)
+    rec = for_analyst(rec) if analyst else rec
     out: dict[str, Any] = {
         "id": trial.id,
         "sweep": sweep.id,

@@ -13,6 +13,7 @@ it: its owner reads every entry, an analyst their own, an admin (and local use) 
 the records under any name. Nothing here writes to the log. An entry's ``id`` is its number in
 the log its reader reads (1, 2, ... in the order of the releases), never the table's id: that
 one is global, and the gaps between an analyst's ids would count everyone else's releases.
+An analyst reads each entry's time rounded down to 10 s.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_clock import coarse_time
 from sweeper.datasets.fixed_view import view_of
 from sweeper.datasets.grants import (
     analyst_modes,
@@ -243,6 +245,10 @@ def audit_page(
     with Session(engine) as session:
         rows = list(session.execute(stmt.order_by(numbered.c.number).limit(limit + 1)))
         items = [entry_view(r) | {"id": int(n)} for r, n in rows[:limit]]
+    if role == ANALYST:
+        # A release's time is its trial's end: the gaps between them would time the trials
+        # (sweeper.datasets.analyst_clock).
+        items = [i | {"at": coarse_time(i["at"])} for i in items]
     more = len(rows) > limit
     return Page(items, encode_cursor([items[-1]["id"]]) if more else None)
 

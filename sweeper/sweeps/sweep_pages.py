@@ -2,7 +2,8 @@
 
 Visibility: a viewer sees its own objects (admins and local use see all); anything else is
 "not found", so ids of other owners do not leak. A papernot-steinke sweep's list entry shows no
-trial counts and no bests: how many trials ran is its secret number of runs.
+trial counts and no bests: how many trials ran is its secret number of runs. An analyst's sweep
+shows its analyst its times rounded to 10 s (:mod:`sweeper.datasets.analyst_clock`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dpsweep.errors import ConfigError, PermissionDenied, SweepNotFound
 from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_clock import analyst_names, for_analyst, reads_as_analyst
 from sweeper.datasets.grants import owned_dataset_names, sees_sweep
 from sweeper.privacy.ledger.rows import LedgerEntry
 from sweeper.store import (
@@ -49,6 +51,9 @@ class SweepHead:
     # (count, newest ``created_at``) of its kept models: changes whenever a model is added,
     # replaced (the new row is newer) or deleted, which happens without an event.
     models: tuple[int, str | None] = (0, None)
+    # The viewer reads it as the analyst of its dataset: no worker, no per-step times, times
+    # rounded to 10 s (sweeper.datasets.analyst_clock).
+    analyst: bool = False
 
 
 def _head_statement() -> Any:
@@ -96,10 +101,12 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
     with engine.connect() as conn:
         row = conn.execute(_HEAD, {"sweep_id": sweep_id}).first()
         visible = row is not None and viewer.sees(row[0])
-        if row is not None and not visible:
-            # The owner of its dataset sees every sweep on their data.
+        analyst = False
+        if row is not None and not (viewer.admin or viewer.owner is None):
             with Session(bind=conn) as session:
-                visible = sees_sweep(session, viewer, owner=row[0], dataset=row[5])
+                # The owner of its dataset sees every sweep on their data.
+                visible = visible or sees_sweep(session, viewer, owner=row[0], dataset=row[5])
+                analyst = visible and reads_as_analyst(session, viewer, row[5])
     if row is None or not visible:
         raise SweepNotFound(f"no sweep {sweep_id!r}; GET /api/v1/sweeps lists yours")
     spec = typed_spec(row[2])
@@ -114,6 +121,7 @@ def sweep_head(engine: Engine, sweep_id: str, viewer: Viewer) -> SweepHead:
         # From the stored JSON: a spec stored before the field existed is reproducible.
         randomness_label(row[2]),
         (int(row[6] or 0), iso(row[7])),
+        analyst,
     )
 
 
@@ -192,8 +200,18 @@ def page_sweeps(
         more = len(rows) > limit
         rows = rows[:limit]
         progress = _progress(session, rows)
+        # The viewer's own sweeps on others' data, read as their analyst: coarse times.
+        mine = {r.dataset for r in rows if r.owner == viewer.owner}
+        coarse = set() if viewer.admin else analyst_names(session, viewer.owner, mine)
     nxt = encode_cursor([rows[-1].created_at.isoformat(), rows[-1].id]) if more else None
-    return Page([sweep_item(r) | progress[r.id] for r in rows], nxt)
+    items = [sweep_item(r) | progress[r.id] for r in rows]
+    return Page(
+        [
+            for_analyst(i) if i["owner"] == viewer.owner and i["dataset"] in coarse else i
+            for i in items
+        ],
+        nxt,
+    )
 
 
 def _progress(session: Session, sweeps: list[Sweep]) -> dict[str, dict[str, Any]]:

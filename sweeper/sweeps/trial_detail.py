@@ -3,7 +3,9 @@
 A trial exists for a viewer only if the viewer sees its sweep and the trial is released: a
 papernot-steinke grid's other trials are "not found". The released trial shows no position,
 timestamps, durations or worker, and its privacy charges are the grid's one whole-search charge:
-each of those could tell how many runs went before or beside it.
+each of those could tell how many runs went before or beside it. An analyst's trial shows no
+worker and no per-step time, and its times (charges' included) rounded to 10 s: they follow the
+realised batches (:mod:`sweeper.datasets.analyst_clock`).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from dpsweep.errors import TrialNotFound
 from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_clock import coarse_time, for_analyst, reads_as_analyst
 from sweeper.datasets.grants import sees_sweep
 from sweeper.privacy.charges import exact_sum, ps_charge_note
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.records import LedgerRecord
 from sweeper.privacy.ledger.rows import EntryKind
 from sweeper.store import MetricPoint, Sweep, Trial, iso
 from sweeper.store.model_refs import model_refs
@@ -77,6 +81,7 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         trial, selected_only = released_trial(session, trial_id, viewer)
         sweep = session.get(Sweep, trial.sweep_id)
         assert sweep is not None
+        analyst = reads_as_analyst(session, viewer, sweep.dataset)
         r = trial.result
         refs = model_refs(session, [trial_id])
         out = trial_item(trial, selected_only=selected_only, model=refs.get(trial_id))
@@ -127,37 +132,16 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
             # Results stored before the generic path existed were all trained packed.
             "engine_path": (r.engine_path or "packed") if r is not None else None,
         }
-    entries = BudgetLedger(engine).entries(dataset, trial.sweep_id)
-    if selected_only:
-        # The grid's whole-search charge, whoever holds it, without its time (the time of
-        # the grid's first run). Summed, so that sweeps stored when every run wrote an entry
-        # (zero after the first) still show one.
-        mine = [e for e in entries if e.kind == EntryKind.CHARGE and e.trial_id in grid_trials]
-        charges = (
-            [
-                {
-                    "kind": EntryKind.CHARGE.value,
-                    "epsilon": float(exact_sum([e.epsilon for e in mine])),
-                    "delta": float(exact_sum([e.delta for e in mine])),
-                    "at": None,
-                    "note": ps_charge_note(grid),
-                }
-            ]
-            if mine
-            else []
-        )
-    else:
-        charges = [
-            {
-                "kind": e.kind.value,
-                "epsilon": float(e.epsilon),
-                "delta": float(e.delta),
-                "at": iso(e.created_at),
-                "note": e.note,
-            }
-            for e in entries
-            if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
-        ]
+    charges = _charges(
+        BudgetLedger(engine).entries(dataset, trial.sweep_id),
+        trial_id,
+        grid=grid if selected_only else None,
+        grid_trials=grid_trials,
+    )
+    if analyst:
+        # A charge's time is its trial's claim: the gaps between them time the packs before.
+        out = for_analyst(out)
+        charges = [c | {"at": coarse_time(c["at"])} for c in charges]
     out["privacy"] = {
         "charges": charges,
         "epsilon_charged": sum(c["epsilon"] for c in charges),
@@ -165,6 +149,40 @@ def trial_detail(engine: Engine, trial_id: str, viewer: Viewer) -> dict[str, Any
         "single_run_epsilon": out["single_run_epsilon"],
     }
     return _clean(out)
+
+
+def _charges(
+    entries: list[LedgerRecord], trial_id: str, *, grid: str | None, grid_trials: set[str]
+) -> list[dict[str, Any]]:
+    """The trial's privacy charges from its sweep's ledger ``entries``; ``grid``: the
+    papernot-steinke grid whose selected trial it is (``grid_trials``: that grid's trials)."""
+    if grid is not None:
+        # The grid's whole-search charge, whoever holds it, without its time (the time of
+        # the grid's first run). Summed, so that sweeps stored when every run wrote an entry
+        # (zero after the first) still show one.
+        mine = [e for e in entries if e.kind == EntryKind.CHARGE and e.trial_id in grid_trials]
+        if not mine:
+            return []
+        return [
+            {
+                "kind": EntryKind.CHARGE.value,
+                "epsilon": float(exact_sum([e.epsilon for e in mine])),
+                "delta": float(exact_sum([e.delta for e in mine])),
+                "at": None,
+                "note": ps_charge_note(grid),
+            }
+        ]
+    return [
+        {
+            "kind": e.kind.value,
+            "epsilon": float(e.epsilon),
+            "delta": float(e.delta),
+            "at": iso(e.created_at),
+            "note": e.note,
+        }
+        for e in entries
+        if e.kind == EntryKind.CHARGE and e.trial_id == trial_id
+    ]
 
 
 def metric_history(

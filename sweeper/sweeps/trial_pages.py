@@ -3,7 +3,8 @@
 Release policy: a papernot-steinke sweep shows only each grid's selected trial, once the grid's
 search has completed without a cancel (:func:`sweeper.sweeps.released.released_records`); its
 other trials are not listed, and their number is never shown. The released trial itself shows
-no position, timestamps or durations (see :func:`sweeper.sweeps.released.trial_record`).
+no position, timestamps or durations (see :func:`sweeper.sweeps.released.trial_record`). An
+analyst's page shows times rounded to 10 s (:mod:`sweeper.datasets.analyst_clock`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError
 from sweeper.datasets.access import Viewer
+from sweeper.datasets.analyst_clock import for_analyst
 from sweeper.store import ModelArtifact, Trial, TrialResultRow, TrialState, iso
 from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 from sweeper.store.model_refs import REF_COLUMNS, model_refs, row_ref
@@ -120,12 +122,15 @@ def page_trials(
             "interrupted, cancelled",
             field="state",
         )
+    # An analyst's trials: how long they took depends on the realised batches (coarse times).
+    shown = for_analyst if head.analyst else dict
     if hidden:
         page = _page_released(
             engine, sweep_id, arm=arm, level=level, state=state, sort=sort, limit=limit,
             cursor=cursor, metric=metric, mode=mode,
         )  # fmt: skip
-        return Page([i | {"randomness": head.randomness} for i in page.items], page.next_cursor)
+        items = [shown(i) | {"randomness": head.randomness} for i in page.items]
+        return Page(items, page.next_cursor)
     sign = -1.0 if mode == "max" else 1.0
     missing = case((TrialResultRow.objective.is_(None), 1), else_=0)
     value = func.coalesce(TrialResultRow.objective * sign, 0.0)
@@ -153,7 +158,7 @@ def page_trials(
     with Session(engine) as session:
         rows = session.execute(stmt).all()
     more = len(rows) > limit
-    items = [_row_record(r) | {"randomness": head.randomness} for r in rows[:limit]]
+    items = [shown(_row_record(r)) | {"randomness": head.randomness} for r in rows[:limit]]
     nxt = None
     if more:
         last = items[-1]

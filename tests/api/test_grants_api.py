@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from api.testing.server import Server, start_server
 from dpsweep import Client
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied
+from sweeper.datasets.analyst_clock import coarse_time
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.store import Dataset
 from sweeper.store.engine import make_engine
@@ -247,16 +248,16 @@ def test_the_audit_log_lists_each_release_to_whom_it_went(world: dict[str, Any])
     charged = ana.get(f"{V1}/sweeps/{world['sweeps']['ana']}").json()["budget"]
     assert sum(e["epsilon"] for e in trial_entries) == pytest.approx(charged["epsilon_charged"])
     assert {e["principal"] for e in entries} == {"ana", "bea"}
-    # Each analyst reads their own entries only, numbered in their own log; the owner may
-    # filter by analyst (keeping the numbers of hers).
-    assert _unnumbered(ana.get(f"{V1}/datasets/{ds}/audit").json()["items"]) == _unnumbered(
+    # Each analyst reads their own entries only, numbered in their own log, with their times
+    # rounded down to 10 s; the owner may filter by analyst (keeping the numbers of hers).
+    assert _unnumbered(ana.get(f"{V1}/datasets/{ds}/audit").json()["items"]) == _as_analyst(
         ana_entries
     )
     bea_entries = bea.get(f"{V1}/datasets/{ds}/audit").json()["items"]
     assert bea_entries and {e["principal"] for e in bea_entries} == {"bea"}
     assert ana.get(f"{V1}/datasets/{ds}/audit?analyst=bea").json()["items"] == []
     filtered = olga.get(f"{V1}/datasets/{ds}/audit", params={"analyst": "bea"}).json()
-    assert _unnumbered(filtered["items"]) == _unnumbered(bea_entries)
+    assert _as_analyst(filtered["items"]) == _unnumbered(bea_entries)
     assert [e["id"] for e in filtered["items"]] == [
         e["id"] for e in entries if e["principal"] == "bea"
     ]
@@ -282,6 +283,12 @@ def test_the_audit_log_lists_each_release_to_whom_it_went(world: dict[str, Any])
 def _unnumbered(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Audit entries without their ids (each reader numbers their own log)."""
     return [{k: v for k, v in e.items() if k != "id"} for e in entries]
+
+
+def _as_analyst(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The owner's audit entries as their analyst reads them (:func:`_unnumbered`): each
+    release's time rounded down to 10 s (a release's time is its trial's end)."""
+    return [e | {"at": coarse_time(e["at"])} for e in _unnumbered(entries)]
 
 
 def _forbidden(world: dict[str, Any]) -> list[tuple[str, re.Pattern[str]]]:
@@ -399,7 +406,7 @@ def test_the_sdk_grants_revokes_reads_the_log_and_sets_the_policy(
         # Every page of the log, as the REST list gives it in one.
         log = list(olga.audit_log(ds, page_size=1))
         assert log == world["c"]["olga"].get(f"{V1}/datasets/{ds}/audit").json()["items"]
-        assert _unnumbered(list(olga.audit_log(ds, analyst="ana"))) == _unnumbered(
+        assert _as_analyst(list(olga.audit_log(ds, analyst="ana"))) == _unnumbered(
             list(ana.audit_log(ds))
         )
         assert ana.budget(ds)["role"] == "analyst"
