@@ -4,7 +4,10 @@ A trial is claimed (``running``, in one transaction that checks the sweep is sti
 this process still drives it), then **charged** in the ledger (its grid's next run,
 :mod:`sweeper.privacy.charges`), and only then submitted. A trial whose charge is refused never
 runs:
-it ends ``failed``, "not run, and not charged", with its attempt taken back.
+it ends ``failed``, "not run, and not charged", with its attempt taken back. A charge refused
+because the sweep ended (a cancel released its reservation between the claim and the charge:
+:class:`~sweeper.privacy.ledger.errors.SweepEnded`) is no failure: the trial ends ``cancelled``,
+never run, never charged, and nothing of it is released.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
 from sweeper.privacy import release_log
 from sweeper.privacy.charges import ps_charge_note
-from sweeper.privacy.ledger.errors import ReservationExceeded
+from sweeper.privacy.ledger.errors import ReservationExceeded, SweepEnded
 from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.sweeps import events
+from sweeper.sweeps.lifecycle import NEVER_RAN
 
 
 class Claims:
@@ -116,6 +120,11 @@ class Claims:
                         note=ps_charge_note(t.grid),
                     )
                     self.progress.search_t0.setdefault(t.grid, time.monotonic())
+            except SweepEnded:
+                # Cancelled (or failed) since the claim: the ledger ended the sweep, so this
+                # trial must not run. Not a crash, not a failure of the trial.
+                self.end(t, TrialState.cancelled, NEVER_RAN, uncharged=True)
+                continue
             except (PrivacyError, ReservationExceeded) as exc:
                 self.end(
                     t,
@@ -149,14 +158,19 @@ class Claims:
             )
             changed = bool(res.rowcount)  # type: ignore[attr-defined]
             if uncharged and not changed:
-                # Cancelled between its claim and its charge: the cancel marked it "running,
-                # stays charged", but its charge was refused and it never ran. Its books say so.
+                # Cancelled between its claim and its charge, by a cancel that took it for a
+                # charged one; its charge was refused and it never ran: its books say so. (A
+                # cancel that knew, NEVER_RAN, took its attempt back itself.)
                 session.execute(
                     update(Trial)
-                    .where(Trial.id == t.id, Trial.state == TrialState.cancelled)
+                    .where(
+                        Trial.id == t.id,
+                        Trial.state == TrialState.cancelled,
+                        Trial.error.is_distinct_from(NEVER_RAN),
+                    )
                     .values(
                         attempts=Trial.attempts - 1,
-                        error="cancelled before it ran (never charged)",
+                        error=NEVER_RAN,
                     )
                 )
             if changed and held.shows(t.grid):

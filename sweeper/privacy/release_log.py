@@ -11,7 +11,9 @@ What counts as a release (each reaches the sweep's owner, and its dataset's owne
 * ``trial``: a trial's metrics, when it finishes; ε is what the trial was charged.
 * ``trial-failed``: a charged trial's failure (its error is shown); ε is its charge.
 * ``trial-cancelled``: a charged trial stopped by a cancel (its streamed history was shown);
-  ε is its charge.
+  ε is its charge. The cancel releases the sweep's reservation first, so the ledger takes no
+  charge after it, and logs only the trials charged by then: a trial it caught between its
+  claim and its charge never runs and is never logged.
 * ``selected-trial``: a papernot-steinke grid's one release, when its search completes; ε is
   the grid's one whole-search charge. Its runs are never logged one by one (their number is
   secret).
@@ -51,6 +53,25 @@ def charged(session: Session, sweep: Sweep, trial_ids: list[str]) -> tuple[Decim
     for e, d in rows:
         eps, dlt = add_exact(eps, e), add_exact(dlt, d)
     return eps, dlt
+
+
+def charged_trials(session: Session, sweep: Sweep, trial_ids: list[str]) -> set[str]:
+    """Which of ``trial_ids`` the ledger charged (at any ε, zero included): the trials that
+    touched data. Once the sweep is released the ledger takes no more charges, so this is
+    final: a trial not in it never ran."""
+    if not trial_ids:
+        return set()
+    rows = session.scalars(
+        select(LedgerEntry.trial_id)
+        .where(
+            LedgerEntry.dataset == sweep_ledger_key(sweep),
+            LedgerEntry.sweep_id == sweep.id,
+            LedgerEntry.kind == EntryKind.CHARGE,
+            LedgerEntry.trial_id.in_(trial_ids),
+        )
+        .distinct()
+    )
+    return {tid for tid in rows if tid is not None}
 
 
 def record(

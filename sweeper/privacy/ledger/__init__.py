@@ -10,7 +10,10 @@ A dataset may carry a lifetime cap on ε (and on δ). Money-like bookkeeping fol
   fails or is cancelled. Charging more than the sweep still holds raises
   :class:`ReservationExceeded` and changes nothing (fail closed).
 * **release** — when the sweep ends, whatever it reserved but never charged (trials that never
-  started) goes back to the dataset.
+  started) goes back to the dataset. The release also ends the sweep on that dataset key: the
+  ledger refuses every later charge of it, zero included, and every later reservation
+  (:class:`SweepEnded`, a :class:`ReservationExceeded`), so a trial whose charge lands after
+  the release never runs.
 
 The invariant ``spent + reserved <= cap`` holds after every committed operation, and ``spent``
 never decreases. Every operation writes one row to the entries table, so the running totals on
@@ -59,7 +62,12 @@ base (:mod:`sweeper.store.base`) and come from the Alembic migrations;
 from __future__ import annotations
 
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted, ReservationExceeded
+from sweeper.privacy.ledger.errors import (
+    AllowanceExhausted,
+    BudgetExhausted,
+    ReservationExceeded,
+    SweepEnded,
+)
 from sweeper.privacy.ledger.keys import IDENTITY_PREFIX, KEY_MAX_LENGTH, identity_key
 from sweeper.privacy.ledger.records import (
     BudgetSummary,
@@ -88,6 +96,7 @@ __all__ = [
     "Reservation",
     "ReservationExceeded",
     "SweepBalance",
+    "SweepEnded",
     "create_ledger_tables",
     "identity_key",
     "summed_entries",

@@ -1,4 +1,5 @@
-"""The ledger's refusals: a reservation past a cap, a charge past a reservation."""
+"""The ledger's refusals: a reservation past a cap, a charge past a reservation, an operation
+on a sweep that already ended."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from decimal import Decimal
 
 from dpsweep.errors import PrivacyError
 
-__all__ = ["AllowanceExhausted", "BudgetExhausted", "ReservationExceeded"]
+__all__ = ["AllowanceExhausted", "BudgetExhausted", "ReservationExceeded", "SweepEnded"]
 
 
 class BudgetExhausted(PrivacyError):
@@ -61,3 +62,13 @@ class ReservationExceeded(PrivacyError):
         self.quantity = quantity
         self.requested = requested
         self.outstanding = outstanding
+
+
+class SweepEnded(ReservationExceeded):
+    """The sweep's reservation was released (it ended on this dataset key): the ledger takes
+    no charge for it, zero included, and no new reservation; nothing was recorded.
+
+    A :class:`ReservationExceeded` (the sweep holds nothing any more), so every caller that
+    refuses to run a trial whose charge failed refuses this one too. The sweep driver reads it
+    as "the sweep ended: do not run this trial", never as a crash.
+    """

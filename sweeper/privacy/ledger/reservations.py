@@ -23,6 +23,7 @@ from sweeper.privacy.ledger.errors import (
     AllowanceExhausted,
     BudgetExhausted,
     ReservationExceeded,
+    SweepEnded,
 )
 from sweeper.privacy.ledger.keys import checked_key, checked_note, dataset_label
 from sweeper.privacy.ledger.records import LedgerRecord, Reservation, SweepBalance
@@ -30,6 +31,7 @@ from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry, SweepTotals
 from sweeper.privacy.ledger.statements import (
     TOTAL_COLUMNS,
     TOTALS,
+    has_release,
     lock_and_read,
 )
 
@@ -52,7 +54,7 @@ class ReservationOperations(LedgerCore):
     ) -> Reservation:
         """Reserve a sweep's cost against a dataset's caps, atomically.
 
-        A sweep may reserve more than once (the reservations add up).
+        A sweep may reserve more than once (the reservations add up), until it is released.
 
         Args:
             dataset: The dataset key.
@@ -73,6 +75,7 @@ class ReservationOperations(LedgerCore):
             BudgetExhausted: If ``spent + reserved + epsilon`` would exceed the ε cap, or the same
                 for δ; nothing is recorded.
             AllowanceExhausted: If ``principal``'s sweeps would hold more than ``allowance``.
+            SweepEnded: If the sweep was released (it ended); nothing is recorded.
             ConfigError: If an argument is invalid.
         """
         dataset = checked_key(dataset, "dataset")
@@ -83,6 +86,8 @@ class ReservationOperations(LedgerCore):
         with self._transaction() as conn:
             budget, totals = lock_and_read(conn, dataset, sweep_id, create=True)
             assert budget is not None
+            # An ended sweep takes no charge, so a new reservation would hold budget for nothing.
+            _refuse_if_ended(conn, dataset, sweep_id, totals, eps, "it cannot reserve again")
             for quantity, asked, cap, spent, reserved in (
                 ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
                 ("delta", dlt, budget.delta_cap, budget.delta_spent, budget.delta_reserved),
@@ -157,7 +162,8 @@ class ReservationOperations(LedgerCore):
 
         Charge *before* the trial touches data: the charge is permanent, so a trial that then
         fails, crashes or is cancelled stays charged, as it must. Charging the same trial again
-        (a retry touches the data again) adds a second charge.
+        (a retry touches the data again) adds a second charge. A sweep that was released (it
+        ended) takes no charge at all, zero included: a trial refused here must not run.
 
         Args:
             dataset: The dataset key.
@@ -171,6 +177,8 @@ class ReservationOperations(LedgerCore):
             The recorded ``charge`` entry.
 
         Raises:
+            SweepEnded: If the sweep's reservation was released (any amount, zero included);
+                nothing is recorded.
             ReservationExceeded: If the sweep's outstanding reservation (reserved, minus charged,
                 minus released) is smaller than the charge; nothing is recorded.
             ConfigError: If an argument is invalid.
@@ -183,6 +191,10 @@ class ReservationOperations(LedgerCore):
         note = checked_note(note)
         with self._transaction() as conn:
             budget, totals = lock_and_read(conn, dataset, sweep_id, create=False)
+            # Checked under the lock the release takes: a charge either commits before the
+            # release (and the release gives back only what is left) or is refused.
+            refused = f"trial {trial_id!r} cannot be charged and must not run"
+            _refuse_if_ended(conn, dataset, sweep_id, totals, eps, refused)
             if budget is None or totals is None or totals.reservations == 0:
                 # Even a zero charge is refused: a sweep that never reserved was never
                 # accepted against this dataset, so its trials must not run.
@@ -195,26 +207,7 @@ class ReservationOperations(LedgerCore):
                     requested=eps,
                     outstanding=ZERO,
                 )
-            balance = totals
-            for quantity, asked, outstanding in (
-                ("epsilon", eps, balance.epsilon_outstanding),
-                ("delta", dlt, balance.delta_outstanding),
-            ):
-                if asked > outstanding:
-                    shown_asked, shown_left = show_amounts(asked, outstanding)
-                    raise ReservationExceeded(
-                        f"{dataset_label(dataset)}: trial {trial_id!r} of sweep {sweep_id!r} "
-                        f"would be charged {quantity}={shown_asked} but the sweep holds only "
-                        f"{shown_left} in reservation (reserved "
-                        f"{show_amount(_reserved(balance, quantity))}, already charged "
-                        f"{show_amount(_charged(balance, quantity))}, released "
-                        f"{show_amount(_released(balance, quantity))}); the trial must not run",
-                        dataset=dataset,
-                        sweep_id=sweep_id,
-                        quantity=quantity,
-                        requested=asked,
-                        outstanding=outstanding,
-                    )
+            _check_outstanding(totals, trial_id, eps, dlt)
             budget.epsilon_reserved = sub_exact(budget.epsilon_reserved, eps)
             budget.delta_reserved = sub_exact(budget.delta_reserved, dlt)
             budget.epsilon_spent = add_exact(budget.epsilon_spent, eps)
@@ -232,10 +225,14 @@ class ReservationOperations(LedgerCore):
             )
 
     def release(self, dataset: str, *, sweep_id: str, note: str = "") -> LedgerRecord | None:
-        """Give back what a sweep reserved but never charged (call it when the sweep ends).
+        """Give back what a sweep reserved but never charged, and end it on ``dataset``.
 
-        Charges stay: only the outstanding part returns to the dataset. Releasing again
-        releases nothing more, and so does releasing a sweep that holds nothing.
+        Call it when the sweep ends. Charges stay: only the outstanding part returns to the
+        dataset. The release entry marks the sweep ended: from its commit on, the ledger
+        refuses every charge (zero included) and reservation of the sweep
+        (:class:`SweepEnded`), so the charges the sweep will ever have are those committed
+        before it. Releasing again releases nothing more, and so does releasing a sweep that
+        holds nothing.
 
         Args:
             dataset: The dataset key.
@@ -272,6 +269,73 @@ class ReservationOperations(LedgerCore):
                 epsilon=eps,
                 delta=dlt,
                 note=note,
+            )
+
+
+def _refuse_if_ended(
+    conn: Connection,
+    dataset: str,
+    sweep_id: str,
+    totals: SweepBalance | None,
+    requested: Decimal,
+    refused: str,
+) -> None:
+    """Raise :class:`SweepEnded` if the sweep has a release entry on ``dataset``.
+
+    Called under the dataset's lock. The totals answer without a query in every common case:
+    what was released is non-zero, or the sweep still holds something (a release gives back
+    everything outstanding, and nothing is reserved or charged after it, so a sweep that
+    holds something was never released). Only a sweep holding nothing, with nothing released,
+    has its entries looked up (:func:`~sweeper.privacy.ledger.statements.has_release`): a
+    zero release leaves no other trace in the totals. So a charge stays one totals row read,
+    whatever the number of the sweep's entries.
+
+    Args:
+        conn: The operation's connection (its transaction holds the dataset's lock).
+        dataset: The dataset key.
+        sweep_id: The sweep.
+        totals: The sweep's totals as read under the lock (``None``: no entry yet).
+        requested: The ε the refused operation asked for.
+        refused: What is refused, for the message.
+    """
+    if totals is None:
+        return
+    if not (totals.epsilon_released or totals.delta_released):
+        if totals.epsilon_outstanding or totals.delta_outstanding:
+            return
+        if not has_release(conn, dataset, sweep_id):
+            return
+    raise SweepEnded(
+        f"{dataset_label(dataset)}: sweep {sweep_id!r} has ended (its reservation was "
+        f"released), so {refused}",
+        dataset=dataset,
+        sweep_id=sweep_id,
+        quantity="epsilon",
+        requested=requested,
+        outstanding=ZERO,
+    )
+
+
+def _check_outstanding(balance: SweepBalance, trial_id: str, eps: Decimal, dlt: Decimal) -> None:
+    """Raise :class:`ReservationExceeded` if the sweep holds less than ``trial_id``'s charge."""
+    for quantity, asked, outstanding in (
+        ("epsilon", eps, balance.epsilon_outstanding),
+        ("delta", dlt, balance.delta_outstanding),
+    ):
+        if asked > outstanding:
+            shown_asked, shown_left = show_amounts(asked, outstanding)
+            raise ReservationExceeded(
+                f"{dataset_label(balance.dataset)}: trial {trial_id!r} of sweep "
+                f"{balance.sweep_id!r} would be charged {quantity}={shown_asked} but the sweep "
+                f"holds only {shown_left} in reservation (reserved "
+                f"{show_amount(_reserved(balance, quantity))}, already charged "
+                f"{show_amount(_charged(balance, quantity))}, released "
+                f"{show_amount(_released(balance, quantity))}); the trial must not run",
+                dataset=balance.dataset,
+                sweep_id=balance.sweep_id,
+                quantity=quantity,
+                requested=asked,
+                outstanding=outstanding,
             )
 
 

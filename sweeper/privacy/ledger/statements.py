@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, cast
 
-from sqlalchemy import Connection, Table, bindparam, select
+from sqlalchemy import Connection, Table, bindparam, exists, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -34,6 +34,7 @@ __all__ = [
     "TOTAL_AMOUNTS",
     "TOTAL_COLUMNS",
     "BudgetState",
+    "has_release",
     "lock_and_read",
     "read_totals",
     "write_operation",
@@ -153,6 +154,17 @@ _INSERT_ENTRY = ENTRIES.insert().values(
 )
 
 
+# Whether a sweep has a release entry: the mark that it ended on this key. Read only when the
+# totals cannot tell (see has_release), so the hot path stays one row whatever the number of
+# the sweep's entries.
+_RELEASED = select(
+    exists().where(
+        ENTRIES.c.dataset == bindparam("k_dataset"),
+        ENTRIES.c.sweep_id == bindparam("k_sweep"),
+        ENTRIES.c.kind == bindparam("k_kind", type_=ENTRIES.c.kind.type),
+    )
+)
+
 # The same statements, run on the driver's cursor (see driver_sql).
 _LOCK_BUDGET_D = DriverStatement(_LOCK_BUDGET)
 _READ_TOTALS_D = DriverStatement(_READ_TOTALS)
@@ -160,6 +172,7 @@ _STORE_BUDGET_D = DriverStatement(_STORE_BUDGET)
 _INSERT_ENTRY_D = DriverStatement(_INSERT_ENTRY)
 _NEW_TOTALS_D = DriverStatement(_NEW_TOTALS)
 _UPDATE_TOTALS_D = {kind: DriverStatement(stmt) for kind, stmt in _UPDATE_TOTALS.items()}
+_RELEASED_D = DriverStatement(_RELEASED)
 
 
 def lock_and_read(
@@ -192,6 +205,23 @@ def lock_and_read(
         return None, None
     amounts = totals.first()
     return BudgetState(*row), None if amounts is None else SweepBalance(dataset, sweep_id, *amounts)
+
+
+def has_release(conn: Connection, dataset: str, sweep_id: str) -> bool:
+    """Whether the sweep has a ``release`` entry on ``dataset``: it ended there.
+
+    Run under the dataset's lock (after :func:`lock_and_read`), so a release committed by an
+    earlier lock holder is seen, and none can commit before this operation does.
+
+    Args:
+        conn: A connection inside the operation's transaction.
+        dataset: The dataset key.
+        sweep_id: The sweep.
+    """
+    keys = {"k_dataset": dataset, "k_sweep": sweep_id, "k_kind": EntryKind.RELEASE}
+    (found,) = run(conn, [(_RELEASED_D, keys)])
+    row = found.first()
+    return row is not None and bool(row[0])
 
 
 def _create_budget_row(conn: Connection, dataset: str) -> None:

@@ -440,21 +440,17 @@ def test_cancel_mid_sweep_releases_the_unstarted_reservation(tmp_path: Path) -> 
         if t.state == TrialState.cancelled and "before it started" in (t.error or ""):
             assert t.id not in charges
     # The release log: every trial stopped while running is a release at its charge; the
-    # ones that never started are not.
+    # ones that never ran are not: never started, or caught by the cancel between their claim
+    # and their charge (the cancel's release came first, so the ledger refused that charge).
     from sweeper.privacy.release_log import read_log
 
     log = read_log(engine, digits_key(engine), everyone=True)
     stopped = {t.id for t in trials if "while running" in (t.error or "")}
-    # A trial the cancel caught between its claim and its charge was logged as stopped while
-    # running; its charge was then refused and it never ran ("cancelled before it ran"). The
-    # log is append-only and keeps that entry, at the zero it was charged: an over-statement,
-    # never an omission.
-    never_ran = {t.id for t in trials if "before it ran" in (t.error or "")}
     cancelled = {e["trial_id"]: e for e in log if e["kind"] == "trial-cancelled"}
-    assert set(cancelled) - never_ran == stopped
+    assert set(cancelled) == stopped
     for tid, e in cancelled.items():
-        assert Decimal(str(e["epsilon"])) == pytest.approx(exact_sum(charges.get(tid, [])))
-        assert tid not in never_ran or tid not in charges
+        assert Decimal(str(e["epsilon"])) == pytest.approx(exact_sum(charges[tid]))
+    assert {e["trial_id"] for e in log} <= set(charges)
     engine.dispose()
 
 
@@ -484,6 +480,10 @@ def test_cancel_between_claim_and_charge_leaves_exact_books(
     assert never_ran and all(t.attempts == 0 for t in never_ran)
     assert all(t.state == TrialState.cancelled for t in trials)
     assert _charges(engine, digits_key(engine), sid) == {}
+    # Nothing of them was released: the release log has no entry for a trial that never ran.
+    from sweeper.privacy.release_log import read_log
+
+    assert read_log(engine, digits_key(engine), everyone=True) == []
     _check_books(engine, sid)
     bal = BudgetLedger(engine).sweep_balance(digits_key(engine), sweep_id=sid)
     assert bal.epsilon_charged == 0 and bal.epsilon_released == bal.epsilon_reserved

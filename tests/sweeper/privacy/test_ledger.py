@@ -36,6 +36,7 @@ from sweeper.privacy.ledger import (
     EntryKind,
     LedgerEntry,
     ReservationExceeded,
+    SweepEnded,
     create_ledger_tables,
     summed_entries,
 )
@@ -643,6 +644,7 @@ class LedgerMachine(RuleBasedStateMachine):
         # The model: (sweep, quantity) -> [reserved, charged, released], all exact.
         self.model: dict[tuple[str, str], list[Decimal]] = {}
         self.reserved_sweeps: set[str] = set()
+        self.ended: set[str] = set()  # released: the ledger takes nothing more for them
         self.trials = 0
 
     @initialize(
@@ -678,11 +680,15 @@ class LedgerMachine(RuleBasedStateMachine):
         before = self.ledger.summary(DS)
         try:
             self.ledger.reserve(DS, sweep_id=sweep, epsilon=epsilon, delta=delta)
+        except SweepEnded:
+            assert sweep in self.ended
+            assert self.ledger.summary(DS) == before
+            return
         except BudgetExhausted:
             assert not fits
             assert self.ledger.summary(DS) == before
             return
-        assert fits
+        assert fits and sweep not in self.ended
         for quantity in asked:
             self._entry(sweep, quantity)[0] += asked[quantity]
         self.reserved_sweeps.add(sweep)
@@ -691,16 +697,19 @@ class LedgerMachine(RuleBasedStateMachine):
     def charge(self, sweep: str, epsilon: float | Decimal, delta: float) -> None:
         self.trials += 1
         asked = {"epsilon": D(epsilon), "delta": D(delta)}
-        allowed = sweep in self.reserved_sweeps and all(
-            asked[quantity] <= self._outstanding(sweep, quantity) for quantity in asked
+        allowed = (
+            sweep in self.reserved_sweeps
+            and sweep not in self.ended
+            and all(asked[quantity] <= self._outstanding(sweep, quantity) for quantity in asked)
         )
         before = self.ledger.summary(DS)
         try:
             self.ledger.charge(
                 DS, sweep_id=sweep, trial_id=f"t{self.trials}", epsilon=epsilon, delta=delta
             )
-        except ReservationExceeded:
+        except ReservationExceeded as exc:
             assert not allowed
+            assert isinstance(exc, SweepEnded) == (sweep in self.ended)
             assert self.ledger.summary(DS) == before
             return
         assert allowed
@@ -715,6 +724,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert (record.epsilon, record.delta) == (expected["epsilon"], expected["delta"])
         for quantity, amount in expected.items():
             self._entry(sweep, quantity)[2] += amount
+        self.ended.add(sweep)
 
     @invariant()
     def within_caps_and_spent_only_grows(self) -> None:

@@ -20,6 +20,7 @@ from sweeper.privacy.ledger import (
     BudgetLedger,
     EntryKind,
     ReservationExceeded,
+    SweepEnded,
 )
 from sweeper.privacy.ledger.driver_sql import run
 from sweeper.privacy.ledger.rows import utcnow
@@ -56,18 +57,31 @@ def test_random_reserve_charge_release_sequences_keep_the_books_exact(engine: En
     ledger.set_cap(DS, epsilon_cap=D(6), delta_cap=D("1e-4"))
     model: dict[str, list[Decimal]] = {}  # sweep -> [reserved, charged, released] of ε
     reserved_sweeps: set[str] = set()
+    ended: set[str] = set()  # released: no charge nor reservation after that
+    # Each slot's sweep is followed by a new one once released; now and then an operation
+    # goes to the slot's previous, released sweep (and must be refused).
+    generation = dict.fromkeys(["s1", "s2", "s3", "s4"], 0)
+    refused_ended = 0
     for step in range(70):
-        sweep = rng.choice(["s1", "s2", "s3", "s4"])
+        slot = rng.choice(sorted(generation))
         op = rng.choice(["reserve", "charge", "charge", "charge", "release"])
         eps, dlt = rng.choice(AMOUNTS), rng.choice([D(0), D("1e-6"), D(1e-7)])
+        late = generation[slot] > 0 and rng.random() < 0.25
+        sweep = f"{slot}.{generation[slot] - late}"
         books = model.setdefault(sweep, [D(0), D(0), D(0)])
         before = (ledger.summary(DS), len(ledger.entries(DS)))
         if op == "reserve":
             try:
                 ledger.reserve(DS, sweep_id=sweep, epsilon=eps, delta=dlt)
+            except SweepEnded:
+                assert sweep in ended
+                assert (ledger.summary(DS), len(ledger.entries(DS))) == before
+                refused_ended += 1
+                continue
             except BudgetExhausted:
                 assert (ledger.summary(DS), len(ledger.entries(DS))) == before
                 continue
+            assert sweep not in ended
             books[0] += eps
             reserved_sweeps.add(sweep)
         elif op == "charge":
@@ -77,6 +91,11 @@ def test_random_reserve_charge_release_sequences_keep_the_books_exact(engine: En
                 record = ledger.charge(
                     DS, sweep_id=sweep, trial_id=f"t{step}", epsilon=eps, delta=dlt
                 )
+            except SweepEnded:
+                assert sweep in ended  # any amount, zero included
+                assert (ledger.summary(DS), len(ledger.entries(DS))) == before
+                refused_ended += 1
+                continue
             except ReservationExceeded:
                 # Refused exactly when the sweep never reserved, or holds less than asked.
                 assert (
@@ -86,7 +105,7 @@ def test_random_reserve_charge_release_sequences_keep_the_books_exact(engine: En
                 )
                 assert (ledger.summary(DS), len(ledger.entries(DS))) == before
                 continue
-            assert sweep in reserved_sweeps and eps <= outstanding
+            assert sweep in reserved_sweeps and sweep not in ended and eps <= outstanding
             assert dlt <= balance.delta_outstanding
             # What charge returns is what was stored.
             assert ledger.entries(DS, sweep)[-1] == record
@@ -96,6 +115,8 @@ def test_random_reserve_charge_release_sequences_keep_the_books_exact(engine: En
             rec = ledger.release(DS, sweep_id=sweep)
             assert rec is not None and rec.epsilon == books[0] - books[1] - books[2]
             books[2] += rec.epsilon
+            ended.add(sweep)
+            generation[slot] += not late
         assert_books(ledger)
         balance = ledger.sweep_balance(DS, sweep_id=sweep)
         assert (balance.epsilon_reserved, balance.epsilon_charged, balance.epsilon_released) == (
@@ -106,6 +127,8 @@ def test_random_reserve_charge_release_sequences_keep_the_books_exact(engine: En
     summary = ledger.summary(DS)
     assert summary.epsilon_spent == sum((b[1] for b in model.values()), D(0))
     assert summary.epsilon_spent + summary.epsilon_reserved <= 6
+    # The sequence charged, ended sweeps, and tried them after their end.
+    assert summary.epsilon_spent > 0 and refused_ended > 0 and len(ended) > 1
 
 
 def test_racing_charges_take_exactly_what_was_reserved(engine: Engine) -> None:
