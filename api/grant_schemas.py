@@ -80,7 +80,9 @@ class AuditEntry(_Out):
     dataset: str
     sweep_id: str
     trial_id: str | None
-    kind: str = Field(description="trial, trial-failed, selected-trial or model")
+    kind: str = Field(
+        description="trial, trial-failed, trial-cancelled, selected-trial, model, audit or train"
+    )
     grid: str | None
     epsilon: float = Field(description="the ε charged for what it covers (0 for a model)")
     delta: float

@@ -389,10 +389,18 @@ class DatasetList(_Out):
 
 
 class BudgetSweep(_Out):
-    sweep: str
-    name: str
-    state: str
-    owner: str | None = Field(default=None, description="whose sweep (an analyst's, for owners)")
+    """One run that reserved or spent ε on the records: the rows add up to what is
+    committed."""
+
+    sweep: str = Field(
+        description="the run's id on the ledger (a sweep's id, audit_<id>, train_<id>)"
+    )
+    kind: Literal["sweep", "audit", "train"] = Field(
+        default="sweep", description="a sweep, a canary audit or a dpsweep train run"
+    )
+    name: str | None = Field(description="its name (null: a deleted sweep's)")
+    state: str = Field(description="its state (deleted: a sweep whose rows were deleted)")
+    owner: str | None = Field(default=None, description="whose run (an analyst's, for owners)")
     epsilon_charged: float
     epsilon_reserved: float
     delta_charged: float

@@ -450,6 +450,7 @@ def _charge_training_run(
     """
     from sweeper.datasets.identity import bind_name, ledger_key_of  # deferred: SQLAlchemy
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
+    from sweeper.privacy.release_log import record_run  # deferred: SQLAlchemy
     from sweeper.store import new_id  # deferred: SQLAlchemy
     from workers.accounting import compute_epsilon  # deferred: scipy
 
@@ -490,6 +491,19 @@ def _charge_training_run(
         ledger.reserve(key, sweep_id=run_id, epsilon=epsilon, delta=args.delta, note=note)
         ledger.charge(
             key, sweep_id=run_id, trial_id=run_id, epsilon=epsilon, delta=args.delta, note=note
+        )
+        # Attributable: the charge is in the release log (kind train) before anything of the
+        # run is shown.
+        record_run(
+            engine,
+            ledger_key=key,
+            dataset_name=name,
+            principal=None,
+            run_id=run_id.removeprefix("train_"),
+            kind="train",
+            epsilon=epsilon,
+            delta=args.delta,
+            detail={"released": ["model", "metrics"], "strategy": args.strategy},
         )
         return {
             "run": run_id,

@@ -28,6 +28,7 @@ from sweeper.datasets.access import Viewer
 from sweeper.datasets.identity import bind_name
 from sweeper.driver.failures import log_failure
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.release_log import record_run
 from sweeper.store import Audit, AuditState, iso, new_id
 from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 
@@ -41,9 +42,12 @@ class AuditNotFound(NotFound):
     """No such audit, or someone else's."""
 
 
-def charge_audit(engine: Engine, prepared: PreparedAudit, audit_id: str) -> dict[str, Any] | None:
+def charge_audit(
+    engine: Engine, prepared: PreparedAudit, audit_id: str, *, principal: str | None = None
+) -> dict[str, Any] | None:
     """Reserve and charge a private dataset's ledger the audit's claimed epsilon, before
-    anything trains (``dpsweep train``'s path: reserve, then charge, one run's key).
+    anything trains (``dpsweep train``'s path: reserve, then charge, one run's key), and log
+    the charge in the release log (kind ``audit``), so every ε committed is attributable.
 
     Public data (a shared set or one declared public) is charged nothing (returns None).
 
@@ -69,8 +73,19 @@ def charge_audit(engine: Engine, prepared: PreparedAudit, audit_id: str) -> dict
     )
     ledger = BudgetLedger(engine)
     eps, delta = prepared.epsilon_claimed, prepared.delta
-    ledger.reserve(key, sweep_id=run, epsilon=eps, delta=delta, note=note)
+    ledger.reserve(key, sweep_id=run, epsilon=eps, delta=delta, note=note, principal=principal)
     ledger.charge(key, sweep_id=run, trial_id=run, epsilon=eps, delta=delta, note=note)
+    record_run(
+        engine,
+        ledger_key=key,
+        dataset_name=prepared.dataset,
+        principal=principal,
+        run_id=audit_id,
+        kind="audit",
+        epsilon=eps,
+        delta=delta,
+        detail={"released": ["epsilon_lower_bound"], "setting": prepared.request.setting},
+    )
     return {
         "run": run,
         "dataset": prepared.dataset,
@@ -97,7 +112,7 @@ def start_audit(
     """
     prepared = prepare_audit(engine, request, viewer, device=device, threads=threads)
     audit_id = new_id()
-    charge = charge_audit(engine, prepared, audit_id)
+    charge = charge_audit(engine, prepared, audit_id, principal=viewer.owner)
     with Session(engine) as session, session.begin():
         session.add(
             Audit(

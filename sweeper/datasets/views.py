@@ -26,11 +26,10 @@ from sweeper.datasets.analyst_views import (
     latest_grant,
     owner_fields,
 )
+from sweeper.datasets.budget_rows import budget_rows
 from sweeper.datasets.files import builtin_description
-from sweeper.datasets.grants import sees_sweep
 from sweeper.datasets.identity import ledger_key_of, owner_of, view_key
 from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
-from sweeper.privacy.charges import EXACT, exact_sum
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.records import BudgetSummary, SweepBalance
@@ -178,65 +177,6 @@ def _num(value: Decimal | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _left_of(acc: dict[str, Decimal], reserved: str, charged: str, released: str) -> Decimal:
-    """What a sweep still holds: reserved - charged - released, exactly."""
-    return EXACT.subtract(acc[reserved], exact_sum((acc[charged], acc[released])))
-
-
-def _per_sweep(ledger: BudgetLedger, key: str) -> dict[str, dict[str, Decimal]]:
-    """Per sweep with entries on ``key``: its reserved, charged and released ε and δ."""
-    per_sweep: dict[str, dict[str, Decimal]] = {}
-    for e in ledger.entries(key):
-        acc = per_sweep.setdefault(
-            e.sweep_id,
-            {k: Decimal(0) for k in ("er", "ec", "erel", "dr", "dc", "drel")},
-        )
-        # Exact sums (the ledger's own context): Decimal's default 28 digits would round, and
-        # a fully released sweep would show -7e-26 reserved.
-        e_key, d_key = {
-            EntryKind.RESERVE: ("er", "dr"),
-            EntryKind.CHARGE: ("ec", "dc"),
-        }.get(e.kind, ("erel", "drel"))
-        acc[e_key] = exact_sum((acc[e_key], e.epsilon))
-        acc[d_key] = exact_sum((acc[d_key], e.delta))
-    return per_sweep
-
-
-def _sweep_rows(
-    engine: Engine, key: str, viewer: Viewer, *, own_only: bool
-) -> list[dict[str, Any]]:
-    """The sweeps that spent or reserved ε on ``key`` and that the viewer sees: their own, and
-    (unless ``own_only``) the analysts' sweeps on the datasets they own."""
-    per_sweep = _per_sweep(BudgetLedger(engine), key)
-    out = []
-    with Session(engine) as session:
-        rows = {
-            r.id: r for r in session.scalars(select(Sweep).where(Sweep.id.in_(list(per_sweep))))
-        }
-        for sid, acc in per_sweep.items():
-            row = rows.get(sid)
-            if row is None:
-                continue
-            if own_only:
-                if row.owner != viewer.owner:
-                    continue
-            elif not sees_sweep(session, viewer, owner=row.owner, dataset=row.dataset):
-                continue
-            out.append(
-                {
-                    "sweep": sid,
-                    "name": row.name,
-                    "state": row.state.value,
-                    "owner": row.owner,
-                    "epsilon_charged": float(acc["ec"]),
-                    "epsilon_reserved": float(_left_of(acc, "er", "ec", "erel")),
-                    "delta_charged": float(acc["dc"]),
-                    "delta_reserved": float(_left_of(acc, "dr", "dc", "drel")),
-                }
-            )
-    return out
-
-
 def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
     """A dataset's lifetime budget: caps, committed (charged), reserved, remaining, and the
     sweeps that spent or reserved it (the viewer's own and their analysts', unless an admin).
@@ -260,7 +200,7 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
             "dataset": dataset_id,
             "role": ANALYST,
             **desc["allowance"],
-            "sweeps": _sweep_rows(engine, key, viewer, own_only=True),
+            "sweeps": budget_rows(engine, key, viewer, own_only=True),
         }
     s, scope = _budget_summary(engine, dataset_id, viewer)
     rem = s.remaining
@@ -275,7 +215,7 @@ def budget(engine: Engine, dataset_id: str, viewer: Viewer) -> dict[str, Any]:
         "delta_reserved": float(s.delta_reserved),
         "epsilon_remaining": _num(rem.epsilon),
         "delta_remaining": _num(rem.delta),
-        "sweeps": _sweep_rows(engine, key, viewer, own_only=scope == "yours"),
+        "sweeps": budget_rows(engine, key, viewer, own_only=scope == "yours"),
     }
 
 

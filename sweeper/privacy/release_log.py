@@ -18,6 +18,10 @@ What counts as a release (each reaches the sweep's owner, and its dataset's owne
   the grid's one whole-search charge. Its runs are never logged one by one (their number is
   secret).
 * ``model``: a kept model (:mod:`sweeper.artifacts`), covered by its trial's release (ε 0).
+* ``audit``: a canary audit of the records (its bound reaches whoever asked for it); ε is
+  what it was charged, logged with the charge. ``sweep_id`` is the audit's id.
+* ``train``: a one-off ``dpsweep train`` run (its model and metrics reach its user); ε is
+  its charge, logged with it. ``sweep_id`` is the run's id.
 
 The dataset's owner reads every entry on its records; an analyst reads their own. The table's
 ids are global (every tenant's releases share them), so readers are shown each entry's number
@@ -36,7 +40,7 @@ from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.rows import EntryKind, LedgerEntry
 from sweeper.store import ReleaseRecord, Sweep, iso, sweep_ledger_key
 
-KINDS = ("trial", "trial-failed", "trial-cancelled", "selected-trial", "model")
+KINDS = ("trial", "trial-failed", "trial-cancelled", "selected-trial", "model", "audit", "train")
 
 
 def charged(session: Session, sweep: Sweep, trial_ids: list[str]) -> tuple[Decimal, Decimal]:
@@ -117,6 +121,52 @@ def record(
     )
     session.flush()
     return True
+
+
+def record_run(
+    engine: Engine,
+    *,
+    ledger_key: str,
+    dataset_name: str,
+    principal: str | None,
+    run_id: str,
+    kind: str,
+    epsilon: float | Decimal,
+    delta: float | Decimal,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """Log a charge that belongs to no sweep: an audit's or a ``dpsweep train`` run's.
+
+    Written right after the run's charge commits, before anything of it is released (an
+    audit's bound, a trained model): a crash between the two leaves the charge without its
+    entry, never a release without its charge. Writing it twice is a no-op.
+    """
+    if kind not in ("audit", "train"):
+        raise ValueError(f"not a run's release kind: {kind!r}")
+    with Session(engine) as session, session.begin():
+        exists = session.scalar(
+            select(ReleaseRecord.id).where(
+                ReleaseRecord.sweep_id == run_id,
+                ReleaseRecord.trial_id == "",
+                ReleaseRecord.kind == kind,
+            )
+        )
+        if exists is not None:
+            return
+        session.add(
+            ReleaseRecord(
+                dataset=ledger_key,
+                dataset_name=dataset_name,
+                principal=principal,
+                sweep_id=run_id,
+                trial_id="",
+                kind=kind,
+                grid=None,
+                epsilon=Decimal(str(epsilon)) if isinstance(epsilon, float) else epsilon,
+                delta=Decimal(str(delta)) if isinstance(delta, float) else delta,
+                detail=detail or {},
+            )
+        )
 
 
 def record_trial(
