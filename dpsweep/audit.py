@@ -8,6 +8,10 @@ params, sigma, q, T and dataset it re-uses.
 
 Light: pydantic only (the client install has no torch). :meth:`AuditRequest.check` is the
 check that spans fields; the server runs it at the edge, before any budget is reserved.
+
+The verdict's words live here too (:func:`audit_verdict`), so that the stored result, the CLI,
+the API and the dashboard say the same thing, and an audit stored before the bound became
+assumption-free reads in today's terms (:func:`result_view`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dpsweep.errors import ConfigError
 
-__all__ = ["DEFAULT_DATASET", "MAX_TRIALS", "TRIAL_FIELDS", "AuditRequest"]
+__all__ = [
+    "DEFAULT_DATASET",
+    "MAX_TRIALS",
+    "TRIAL_FIELDS",
+    "AuditRequest",
+    "audit_verdict",
+    "result_view",
+]
 
 #: The dataset of an audit that names none: public records, so it spends no one's budget.
 DEFAULT_DATASET = "synthetic"
@@ -115,3 +126,80 @@ class AuditRequest(BaseModel):
             if not lr > 0 or lr != lr or lr == float("inf"):
                 raise ConfigError("every learning rate must be a finite number > 0", field="lrs")
         return self
+
+
+def _percent(rate: float) -> str:
+    return f"{100.0 * rate:.3g} %"
+
+
+def audit_verdict(
+    *, bound: float | None, claimed: float, confidence: float, estimate: float | None = None
+) -> dict[str, Any]:
+    """Whether the bound exceeds the claim, the chance of that for an honest run, in words.
+
+    The lower bound holds at ``confidence`` for any mechanism, so a run that honours its claim
+    shows a bound above it with probability at most ``1 - confidence`` (the false-alarm rate).
+    The estimate (a model's, None where its check refused the model) is named in the verdict
+    only when it exceeds the claim and the bound does not: it is evidence under its model,
+    never a guarantee.
+
+    Returns:
+        ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate`` and
+        ``verdict`` (the words the CLI, the API and the dashboard show).
+    """
+    rate = 1.0 - confidence
+    exceeds = bound is not None and bound > claimed
+    estimate_exceeds = estimate is not None and estimate > claimed
+    if exceeds:
+        text = (
+            "The lower bound exceeds the claimed epsilon. An honest run shows this with "
+            f"probability at most {_percent(rate)}: repeat the audit on public data before "
+            "calling it a bug; a bound above the claim again means the run leaks more than it "
+            "claims."
+        )
+    elif estimate_exceeds:
+        text = (
+            "The lower bound does not exceed the claimed epsilon, but the Gaussian estimate "
+            "does: if its model holds, the run leaks more than it claims. The estimate is no "
+            "guarantee: repeat the audit on public data before calling it a bug."
+        )
+    else:
+        text = (
+            "The lower bound does not exceed the claimed epsilon: no evidence of a leak. A "
+            "lower bound below the claim proves nothing about the claim (it is not an upper "
+            "bound)."
+        )
+    return {
+        "exceeds_claim": exceeds,
+        "estimate_exceeds_claim": estimate_exceeds,
+        "false_alarm_rate": rate,
+        "verdict": text,
+    }
+
+
+def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored audit result in today's terms (None stays None).
+
+    Results stored before issue 49 reported the larger of the one-run and the Gaussian bound,
+    the Gaussian one unchecked: their ``epsilon_lower_bound`` becomes the one-run bound (stored
+    at 1 - (1 - confidence) / 2, so it holds at ``confidence`` a fortiori), the unchecked
+    Gaussian figure is withheld, and the verdict is added.
+    """
+    if result is None or "verdict" in result:
+        return result
+    out = dict(result)
+    if "epsilon_lower_bound_one_run" in out:
+        out["epsilon_lower_bound"] = out.pop("epsilon_lower_bound_one_run")
+        out.pop("epsilon_lower_bound_gaussian", None)
+        out["method"] = "one-run"
+    out.setdefault("epsilon_estimate", None)
+    claimed, bound = out.get("epsilon_claimed"), out.get("epsilon_lower_bound")
+    if isinstance(claimed, int | float):
+        out.update(
+            audit_verdict(
+                bound=bound if isinstance(bound, int | float) else None,
+                claimed=float(claimed),
+                confidence=float(out.get("confidence", 0.95)),
+            )
+        )
+    return out

@@ -125,6 +125,9 @@ class GradientCanaries:
         self.mu: list[Tensor] = []  # per step: [K] mean shift of a sampled canary
         self._factor: Tensor | None = None
         self._contribution: Tensor | None = None
+        # How many canary slots entered a release (checked after training: an audit whose
+        # canaries never entered proves nothing).
+        self.entered = 0
 
     @property
     def n_included(self) -> int:
@@ -188,6 +191,7 @@ class GradientCanaries:
             where = slots[k].nonzero().flatten()
             if where.numel() == 0:
                 continue
+            self.entered += int(where.numel())
             u = self.directions.index_select(0, canary_ids[k, where])  # [c, P]
             w = weights[k, where]  # [c, R]
             if w.shape[-1] == 1:

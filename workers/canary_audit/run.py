@@ -11,7 +11,10 @@ the code every sweep runs (every strategy, both engine paths, packs of K > 1), w
 
 The claim beside the bound is the epsilon of everything the adversary saw: the K trials'
 T steps each (the pack's K T compositions of the same Poisson-subsampled Gaussian), at the
-trials' delta. Nothing here is a user-facing fault switch: tests inject faults by patching.
+trials' delta. The bound is the one-run bound (:mod:`workers.canary_audit.bounds`), which
+holds for any mechanism; the Gaussian estimate (:mod:`workers.canary_audit.estimate`) is
+shown beside it only where its normality check passes, and never replaces it. Nothing here is
+a user-facing fault switch: tests inject faults by patching.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from dpsweep.audit import audit_verdict
 from dpsweep.errors import ConfigError
 from workers.accounting import compute_epsilon
-from workers.canary_audit.bounds import gaussian_bound, one_run_bound
+from workers.canary_audit.bounds import one_run_bound
 from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
+from workers.canary_audit.estimate import ASSUMPTION, gaussian_estimate
 from workers.canary_audit.scores import black_box_scores, white_box_scores
 from workers.checkpoints import build_trained
 from workers.datasets.loading import load_dataset
@@ -64,11 +69,20 @@ class AuditResult:
     noise_multiplier: float
     guesses: int
     correct: int
-    # Which bound is reported ("one-run" or "gaussian"), and both, each at confidence
-    # 1 - (1 - confidence) / 2 so that their maximum holds at ``confidence`` (a union bound).
+    # The bound's method: the one-run bound, which holds for any mechanism.
     method: str
-    epsilon_lower_bound_one_run: float
-    epsilon_lower_bound_gaussian: float
+    # The verdict (dpsweep.audit.audit_verdict): whether the bound exceeds the claim, and the
+    # chance of that for a run that honours its claim (1 - confidence), in words.
+    exceeds_claim: bool
+    estimate_exceeds_claim: bool
+    false_alarm_rate: float
+    verdict: str
+    # An estimate under a model of the scores, never the bound: None unless the model's
+    # normality test passed on both groups (workers.canary_audit.estimate).
+    epsilon_estimate: float | None
+    estimate_assumption: str
+    normality_p_in: float
+    normality_p_out: float
     direction: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,11 +90,12 @@ class AuditResult:
 
 
 def check_audit_pack(spec: PackSpec, *, setting: str, canaries: int) -> None:
-    """Refuse what an audit cannot run, before anything is trained (field named).
+    """Refuse what an audit cannot run, before anything is trained or charged (field named).
 
     Raises:
-        ConfigError: a non-private strategy, mixed noise multipliers or deltas, too many
-            trials, DP evaluation, or a bad setting or canary count.
+        ConfigError: a non-private strategy, a white-box audit of a strategy the canaries
+            cannot enter, mixed noise multipliers or deltas, too many trials, DP evaluation,
+            or a bad setting or canary count.
     """
     if setting not in SETTINGS:
         raise ConfigError(
@@ -88,9 +103,20 @@ def check_audit_pack(spec: PackSpec, *, setting: str, canaries: int) -> None:
         )
     if not 2 <= canaries <= 100_000:
         raise ConfigError("canaries must be between 2 and 100000", field="canaries")
-    if not get_strategy(spec.strategy).private:
+    strategy = get_strategy(spec.strategy)
+    if not strategy.private:
         raise ConfigError(
             f"strategy {spec.strategy!r} is not private: there is no epsilon to audit",
+            field="strategy",
+        )
+    if setting == "white-box" and not strategy.needs_norms:
+        # Gradient canaries enter a release through the per-example norms the strategy
+        # weighs them by; a strategy that reads none would train without them, and its audit
+        # would pass with a bound of 0 whatever the code does.
+        raise ConfigError(
+            f"strategy {spec.strategy!r} reads no per-example gradient norms, so white-box "
+            "gradient canaries cannot enter its releases and its audit would prove nothing: "
+            "audit it with setting 'black-box' (input canaries, trained as records)",
             field="strategy",
         )
     if not 1 <= len(spec.trials) <= MAX_AUDIT_TRIALS:
@@ -161,6 +187,7 @@ def run_audit(
         # One evaluation at the end only: the adversary sees the releases, not the metrics.
         run = dataclasses.replace(spec, eval_every=10**9, keep_weights=False)
         results = train_pack(run, dataset=data, canaries=make)
+        _check_canaries_entered(holder[0], results)
         z, mu, included = holder[0].scored_inputs()
         wb = white_box_scores(z, mu, sample_rate=results[0].sample_rate, data_removed=public_data)
         scores, gauss_scores = wb.llr, wb.linear
@@ -178,13 +205,18 @@ def run_audit(
         target_delta=delta,
         accountant=spec.accountant,
     )
-    each = 1.0 - (1.0 - confidence) / 2.0
-    one_run = one_run_bound(scores, included, delta=delta, confidence=each)
-    gauss = gaussian_bound(gauss_scores, included, delta=delta, confidence=each)
-    use_gauss = gauss.epsilon_lower_bound > one_run.epsilon_lower_bound
+    # The bound alone carries the confidence: the estimate is no bound, so no union is paid.
+    bound = one_run_bound(scores, included, delta=delta, confidence=confidence)
+    estimate = gaussian_estimate(gauss_scores, included, delta=delta, confidence=confidence)
+    verdict = audit_verdict(
+        bound=bound.epsilon_lower_bound,
+        claimed=float(claimed),
+        confidence=confidence,
+        estimate=estimate.epsilon_estimate,
+    )
     return AuditResult(
         epsilon_claimed=float(claimed),
-        epsilon_lower_bound=float(max(one_run.epsilon_lower_bound, gauss.epsilon_lower_bound)),
+        epsilon_lower_bound=float(bound.epsilon_lower_bound),
         confidence=confidence,
         canaries=canaries,
         setting=setting,
@@ -196,13 +228,37 @@ def run_audit(
         steps=first.steps,
         sample_rate=first.sample_rate,
         noise_multiplier=sigma,
-        guesses=one_run.guesses,
-        correct=one_run.correct,
-        method="gaussian" if use_gauss else "one-run",
-        epsilon_lower_bound_one_run=float(one_run.epsilon_lower_bound),
-        epsilon_lower_bound_gaussian=float(gauss.epsilon_lower_bound),
+        guesses=bound.guesses,
+        correct=bound.correct,
+        method="one-run",
+        exceeds_claim=bool(verdict["exceeds_claim"]),
+        estimate_exceeds_claim=bool(verdict["estimate_exceeds_claim"]),
+        false_alarm_rate=float(verdict["false_alarm_rate"]),
+        verdict=str(verdict["verdict"]),
+        epsilon_estimate=estimate.epsilon_estimate,
+        estimate_assumption=ASSUMPTION,
+        normality_p_in=estimate.normality_p_in,
+        normality_p_out=estimate.normality_p_out,
         direction=direction if setting == "white-box" else None,
     )
+
+
+def _check_canaries_entered(can: GradientCanaries, results: list[TrialResult]) -> None:
+    """Fail an audit whose gradient canaries never entered a release, where they should have.
+
+    :func:`check_audit_pack` refuses the strategies known to leave them out before anything is
+    charged; this catches any other way (a plug-in's engine hook, a bug) after training, so
+    that such an audit fails instead of passing with a bound of 0.
+    """
+    first = results[0]
+    expected = can.n_included * first.sample_rate * first.steps * len(results)
+    # At 20 expected entries, none at all has probability e^-20 for a working engine.
+    if expected >= 20 and can.entered == 0:
+        raise ConfigError(
+            f"the gradient canaries never entered a release of strategy {first.strategy!r}: "
+            "it cannot be audited white-box",
+            field="strategy",
+        )
 
 
 def _with_input_canaries(

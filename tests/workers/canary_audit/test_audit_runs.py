@@ -1,13 +1,15 @@
 """Audits of real training runs: the real mechanism never shows more than it claims, and each
-injected fault does (issue 38).
+injected fault does (issues 38 and 49).
 
 Every audit trains through the sweeps' own code (:func:`workers.training.loop.train_pack`):
 every strategy, both engine paths, packs of one and of two. The faults are test fixtures that
 patch the engine (:mod:`tests.workers.canary_audit.faults`), never options a user could set.
 
-Sizes are chosen so that each audit takes a few seconds on a CPU and the honest bounds sit
-well below their claims (a 95 % lower bound is above the truth 5 % of the time at most, and the
-claim is an upper bound on the truth).
+The honest runs are audited where the bound comes nearest the truth: full batches (q = 1) and
+few steps, at a claimed epsilon of 8 (the bound reaches about 0.3 of it there; at q 0.045 every
+bound is near 0 and proves nothing about soundness). A 95 % lower bound is above the truth 5 %
+of the time at most, and the claim is an upper bound on the truth; the thousands-of-runs
+soundness tests on simulated mechanisms are in ``test_soundness.py``.
 """
 
 from __future__ import annotations
@@ -101,29 +103,44 @@ HONEST = [
 def test_the_real_mechanism_never_shows_more_than_it_claims(
     digits: Dataset, strategy: str, params: dict[str, Any], model: ModelSpec | None, trials: int
 ) -> None:
-    # q = 64/1437 and 60 steps: a regime where the bounds sit well below the claim of 2.
+    # Full batches, 10 steps, a claim of 8: where the bound comes nearest the truth.
     result = audit(
         digits,
         strategy=strategy,
         params=params,
         model=model,
         trials=trials,
-        batch_size=64,
-        steps=60,
+        epsilon=8.0,
+        batch_size=int(digits.x_train.shape[0]),
+        steps=10,
     )
     assert result.strategy == strategy and result.trials == trials
     assert result.engine_path == ("generic" if model and model.name == "res_cnn" else "packed")
+    assert result.epsilon_claimed == pytest.approx(8.0, rel=0.02)
+    assert 0.0 < result.epsilon_lower_bound <= result.epsilon_claimed
+    assert result.method == "one-run" and not result.exceeds_claim
+    assert "no evidence of a leak" in result.verdict
+    # The Gaussian estimate, where its check passed, does not exceed the claim either.
+    assert not result.estimate_exceeds_claim, result
+
+
+def test_the_default_sampling_rate_stays_below_the_claim(digits: Dataset) -> None:
+    """Where users train (q 64/1437, 60 steps): the bound is small, and below the claim."""
+    result = audit(digits, batch_size=64, steps=60)
     assert result.epsilon_claimed == pytest.approx(2.0, rel=0.02)
     assert 0.0 <= result.epsilon_lower_bound <= result.epsilon_claimed
-    assert result.epsilon_lower_bound == max(
-        result.epsilon_lower_bound_one_run, result.epsilon_lower_bound_gaussian
-    )
+    assert not result.exceeds_claim and result.false_alarm_rate == pytest.approx(0.05)
 
 
 def test_white_box_detects_the_canaries_of_an_honest_run(digits: Dataset) -> None:
-    """Not vacuous: full-batch white-box auditing finds most of a claimed epsilon of 8."""
+    """Not vacuous: full-batch white-box auditing finds a part of a claimed epsilon of 8 with
+    no assumption (at m = 1000 the one-run bound sees about 0.3 of a Gaussian mechanism's
+    epsilon), and the Gaussian estimate, whose check passes on these scores, most of it."""
     result = audit(digits, epsilon=8.0, batch_size=int(digits.x_train.shape[0]), steps=10)
-    assert 3.0 < result.epsilon_lower_bound <= result.epsilon_claimed
+    assert 1.5 < result.epsilon_lower_bound <= result.epsilon_claimed
+    assert result.epsilon_estimate is not None
+    assert result.epsilon_lower_bound < result.epsilon_estimate <= result.epsilon_claimed
+    assert "Gaussian scores" in result.estimate_assumption
     assert set(result.to_dict()) >= {
         "epsilon_claimed",
         "epsilon_lower_bound",
@@ -133,6 +150,11 @@ def test_white_box_detects_the_canaries_of_an_honest_run(digits: Dataset) -> Non
         "strategy",
         "engine_path",
         "seconds",
+        "exceeds_claim",
+        "false_alarm_rate",
+        "verdict",
+        "epsilon_estimate",
+        "estimate_assumption",
     }
 
 
@@ -140,6 +162,7 @@ def test_black_box_runs_and_stays_below_the_claim(digits: Dataset) -> None:
     result = audit(digits, epsilon=8.0, setting="black-box", canaries=200, steps=40)
     assert result.setting == "black-box" and result.direction is None
     assert 0.0 <= result.epsilon_lower_bound <= result.epsilon_claimed
+    assert not result.exceeds_claim
 
 
 # -- injected faults -------------------------------------------------------------------------
@@ -169,26 +192,37 @@ def doubled_rate(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-# Each fault is audited where the default m = 1000 canaries resolve it: full batches (where
-# white-box audits are nearly tight) for the noise; a moderate rate and many steps (where the
-# privacy loss grows with q) for the sampling; many steps for one unclipped example per step.
+# Each fault is audited where the default m = 1000 canaries resolve it: full batches for the
+# noise; a moderate rate and many steps (where the privacy loss grows with q) for the
+# sampling; many steps for one unclipped example per step.
+#
+# Shared noise and an unclipped example make some canaries stand out without noise: the
+# bound, which assumes nothing, exceeds the claim. Halved noise and a doubled rate leave the
+# mechanism Gaussian-shaped at about twice its claimed epsilon, and at m = 1000 the one-run
+# bound sees only about 0.3 of a Gaussian mechanism's epsilon (docs/auditing.md): the bound
+# stays below the claim, and the Gaussian estimate, whose normality check passes on these
+# scores, exceeds it. The verdict says so, and that the estimate is no guarantee.
 
 
 def test_halved_noise_is_caught(digits: Dataset, halved_noise: None) -> None:
     result = audit(digits, epsilon=4.0, batch_size=int(digits.x_train.shape[0]), steps=10)
-    assert result.epsilon_lower_bound > result.epsilon_claimed, result
+    assert result.estimate_exceeds_claim, result
+    assert result.epsilon_estimate is not None and result.epsilon_estimate > 1.3 * 4.0
+    assert "the Gaussian estimate does" in result.verdict
 
 
 def test_noise_shared_between_trials_is_caught(digits: Dataset, shared_noise: None) -> None:
     result = audit(digits, epsilon=1.0, trials=2, batch_size=700, steps=20)
-    assert result.epsilon_lower_bound > result.epsilon_claimed, result
+    assert result.exceeds_claim and result.epsilon_lower_bound > result.epsilon_claimed, result
+    assert "exceeds the claimed epsilon" in result.verdict and "public data" in result.verdict
 
 
 def test_an_unclipped_example_is_caught(digits: Dataset, unclipped_example: None) -> None:
     result = audit(digits, epsilon=1.0, batch_size=128, steps=300)
-    assert result.epsilon_lower_bound > result.epsilon_claimed, result
+    assert result.exceeds_claim and result.epsilon_lower_bound > result.epsilon_claimed, result
 
 
 def test_sampling_at_twice_the_rate_is_caught(digits: Dataset, doubled_rate: None) -> None:
     result = audit(digits, epsilon=4.0, batch_size=256, steps=100)
-    assert result.epsilon_lower_bound > result.epsilon_claimed, result
+    assert result.estimate_exceeds_claim, result
+    assert result.epsilon_estimate is not None and result.epsilon_estimate > 1.2 * 4.0
