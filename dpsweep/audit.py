@@ -97,7 +97,13 @@ class AuditRequest(BaseModel):
     setting: Literal["white-box", "black-box"] = "white-box"
     canaries: int = Field(default=1000, ge=2, le=100_000)
     direction: Literal["random", "dirac"] = "random"
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    confidence: float = Field(
+        default=0.95,
+        gt=0.5,
+        lt=1,
+        description="of the lower bound: an honest run's bound exceeds its claim with "
+        "probability at most 1 - confidence",
+    )
 
     def check(self) -> AuditRequest:
         """Refuse combinations no single field shows (the error names the field).

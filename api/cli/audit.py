@@ -1,5 +1,9 @@
 """``dpsweep audit``: train once with canaries and bound the run's epsilon from below.
 
+The bound holds for any mechanism at ``--confidence``; the verdict below the table (the API's
+and the dashboard's words, :func:`dpsweep.audit.audit_verdict`) says whether it exceeds the
+claim and how often an honest run's would.
+
 The run is described by flags (as ``dpsweep train``'s) or is a finished trial's (``--trial``).
 Public data (a built-in set such as ``digits`` or ``synthetic``, or a registered name its
 owner declared public) spends no budget; a private dataset of ``--db`` is charged the claimed
@@ -29,9 +33,10 @@ def add_parsers(sub: Any) -> None:
         "audit",
         help="train once with canaries and report an epsilon lower bound beside the claim",
         description="Audit a DP run empirically: train once with m canaries and report a "
-        "lower bound on epsilon (at --confidence) beside the epsilon the run claims. Give "
-        "--epsilon or --noise-multiplier, or --trial TRIAL_ID to audit a finished trial's "
-        "configuration.",
+        "lower bound on epsilon (at --confidence, for any mechanism) beside the epsilon the run "
+        "claims, with a verdict that says its error rate; a Gaussian estimate is shown beside "
+        "the bound where the scores pass a normality test. Give --epsilon or "
+        "--noise-multiplier, or --trial TRIAL_ID to audit a finished trial's configuration.",
     )
     d = a.add_argument_group("what to audit")
     d.add_argument(
@@ -172,7 +177,7 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _print_result(console: Any, audit: dict[str, Any]) -> None:
-
+    """The result as a table, then the verdict in the words the API and the dashboard use."""
     r = audit["result"]
     table = Table(title=f"audit {audit['id']} · {r['setting']} · {audit['dataset']}")
     table.add_column("", style="bold")
@@ -181,9 +186,10 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
     rows = [
         ("epsilon claimed", f"{r['epsilon_claimed']:.4g}"),
         (
-            f"epsilon lower bound ({r['confidence']:.0%})",
-            "-" if low is None else f"{low:.4g} ({r['method']})",
+            f"epsilon lower bound ({r['confidence']:.0%}, any mechanism)",
+            "-" if low is None else f"{low:.4g} ({r.get('method', 'one-run')})",
         ),
+        ("epsilon estimate (Gaussian model)", _estimate(r)),
         ("delta", f"{r['delta']:g}"),
         ("canaries", str(r["canaries"])),
         ("trials x steps", f"{r['trials']} x {r['steps']}"),
@@ -195,6 +201,9 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    if r.get("verdict"):
+        style = "red" if r.get("exceeds_claim") or r.get("estimate_exceeds_claim") else "green"
+        console.print(f"[{style}]{r['verdict']}[/{style}]")
     charge = audit.get("charge")
     if charge:
         console.print(
@@ -203,3 +212,14 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
         )
     else:
         console.print("public data: nothing was charged")
+
+
+def _estimate(r: dict[str, Any]) -> str:
+    """The estimate, or why it is withheld (its model's check refused the scores)."""
+    est = r.get("epsilon_estimate")
+    if est is not None:
+        return f"{est:.4g} (not a bound: assumes Gaussian scores, checked)"
+    p_in, p_out = r.get("normality_p_in"), r.get("normality_p_out")
+    if isinstance(p_in, int | float) and isinstance(p_out, int | float):
+        return f"- (withheld: normality test p {p_in:.2g} in, {p_out:.2g} out)"
+    return "-"

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, literal, select, tuple_
 from sqlalchemy.orm import Session
 
-from dpsweep.audit import AuditRequest
+from dpsweep.audit import AuditRequest, result_view
 from dpsweep.errors import ConfigError, NotFound
 from sweeper.audits.prepare import PreparedAudit, prepare_audit
 from sweeper.datasets.access import Viewer
@@ -197,7 +197,8 @@ def audit_view(row: Audit) -> dict[str, Any]:
         "sweep_id": row.sweep_id,
         "trial_id": row.trial_id,
         "request": dict(row.request or {}),
-        "result": row.result,
+        # Older results read in today's terms (the bound alone, and its verdict).
+        "result": result_view(row.result),
         "charge": row.charge,
         "error": row.error,
         "created_at": iso(row.created_at),

@@ -38,6 +38,11 @@ KEYS = {
     "strategy",
     "engine_path",
     "seconds",
+    "exceeds_claim",
+    "false_alarm_rate",
+    "verdict",
+    "epsilon_estimate",
+    "estimate_assumption",
 }
 
 
@@ -128,6 +133,10 @@ def test_owner_audits_public_data_for_free(server: Server, world: dict[str, Any]
     assert set(res) >= KEYS
     assert res["epsilon_claimed"] == pytest.approx(8.0, rel=0.02)
     assert 0.0 <= res["epsilon_lower_bound"] <= res["epsilon_claimed"]
+    # The verdict in the CLI's and the dashboard's words, with its error rate.
+    assert res["method"] == "one-run" and res["exceeds_claim"] is False
+    assert res["false_alarm_rate"] == pytest.approx(0.05)
+    assert res["verdict"].startswith("The lower bound does not exceed the claimed epsilon")
     assert a["charge"] is None and a["dataset"] == "digits"
     # Listed for its owner, not for anyone else.
     assert a["id"] in [x["id"] for x in olga.get(f"{V1}/audits").json()["items"]]

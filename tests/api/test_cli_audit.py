@@ -35,6 +35,11 @@ KEYS = {
     "strategy",
     "engine_path",
     "seconds",
+    "exceeds_claim",
+    "false_alarm_rate",
+    "verdict",
+    "epsilon_estimate",
+    "estimate_assumption",
 }
 
 
@@ -87,6 +92,9 @@ def test_audit_json_on_digits_is_free_and_stored(tmp_path: Path) -> None:
     # Calibrated to epsilon 8 for one trial of T steps.
     assert out["epsilon_claimed"] == pytest.approx(8.0, rel=0.02)
     assert 0.0 <= out["epsilon_lower_bound"] <= out["epsilon_claimed"]
+    assert out["method"] == "one-run" and out["exceeds_claim"] is False
+    assert out["false_alarm_rate"] == pytest.approx(0.05)
+    assert "no evidence of a leak" in out["verdict"]
     assert _audits(db) == 1
     # digits is public: no ledger entry at all.
     engine = make_engine(db)
@@ -124,6 +132,22 @@ def test_audit_of_a_registered_dataset_charges_the_claim(
     assert 0.0 <= out["epsilon_lower_bound"] <= out["epsilon_claimed"]
 
 
+def test_the_table_shows_the_bound_the_estimate_and_the_verdict(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The words of the API's result, as the table and the line below it."""
+    monkeypatch.setenv("COLUMNS", "200")  # one line per row
+    db = f"sqlite:///{tmp_path / 't.db'}"
+    rc = main(["audit", "--dataset", "digits", "--epsilon", "8", "--batch-size", "1437",
+               "--steps", "5", "--canaries", "300", "--db", db])  # fmt: skip
+    assert rc == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table's wrapping undone
+    assert "epsilon lower bound (95%, any mechanism)" in out
+    assert "epsilon estimate (Gaussian model)" in out
+    assert "(not a bound" in out or "(withheld" in out
+    assert "The lower bound does not exceed the claimed epsilon: no evidence of a leak." in out
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -132,6 +156,7 @@ def test_audit_of_a_registered_dataset_charges_the_claim(
         (["--noise-multiplier", "1", "--strategy", "nonprivate"], "--strategy"),
         (["--noise-multiplier", "1", "--canaries", "1"], "--canaries"),
         (["--noise-multiplier", "1", "--delta", "0.1"], "--delta"),
+        (["--noise-multiplier", "1", "--confidence", "0.5"], "--confidence"),
     ],
 )
 def test_refused_audits_charge_and_store_nothing(

@@ -63,7 +63,8 @@ def _number(text: str, pattern: str) -> float:
 def test_a_refused_audit_shows_the_servers_detail(page: Any, trial_id: str) -> None:
     page.goto(f"/trials/{trial_id}")
     page.wait_for_selector("#audits-panel #audit-form")
-    assert "proves nothing" in page.inner_text("#audits-explain")
+    explain = page.inner_text("#audits-explain")
+    assert "proves nothing" in explain and "at most 5 %" in explain and "public data" in explain
     assert page.input_value("#audit-canaries") == "1000"
     assert page.input_value("#audit-setting") == "white-box"
     page.fill("#audit-canaries", "1")
@@ -90,13 +91,15 @@ def test_audit_a_trial_then_see_it_on_the_sweep(
     low = _number(text, r"ε ≥ ([0-9.e+-]+)")
     claimed = _number(text, r"claimed ε = ([0-9.e+-]+)")
     assert 0 <= low <= claimed, text
-    assert "95 % lower bound" in text
+    assert "95 % lower bound, any mechanism" in text
+    assert "no evidence of a leak" in text  # the API's verdict, in its words
     assert "white-box" in text and "200 canaries" in text
     audit_id = row.get_attribute("data-audit")
 
     # The API agrees with what the page shows.
     a = api.get(f"/api/v1/audits/{audit_id}").json()
     assert a["state"] == "succeeded" and a["trial_id"] == trial_id
+    assert a["result"]["verdict"] in text
     assert a["result"]["canaries"] == 200 and a["result"]["setting"] == "white-box"
 
     page.goto(f"/sweeps/{tiny['id']}")
@@ -179,3 +182,54 @@ def test_an_analysts_audit_is_refused_with_the_servers_message(
     finally:
         ctx.close()
     assert not errors, errors
+
+
+def test_a_bound_above_the_claim_shows_the_servers_verdict(
+    page: Any, server: Server, tiny: dict[str, Any], trial_id: str
+) -> None:
+    """Two stored audits of the trial: one from before issue 49 whose one-run bound (5.0)
+    exceeds its claim (4.0), read in today's terms (its unchecked Gaussian 6.5 is dropped);
+    one whose bound stays below the claim while its Gaussian estimate exceeds it. The panel
+    marks each and shows the server's sentence."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.orm import Session
+
+    from dpsweep.audit import audit_verdict
+    from sweeper.store import Audit, AuditState
+    from sweeper.store.engine import make_engine
+
+    base = {"confidence": 0.95, "setting": "white-box", "canaries": 1000, "strategy": "fixed"}
+    legacy = {**base, "epsilon_claimed": 4.0, "epsilon_lower_bound": 6.5, "method": "gaussian",
+              "epsilon_lower_bound_one_run": 5.0, "epsilon_lower_bound_gaussian": 6.5}  # fmt: skip
+    suspect = {**base, "epsilon_claimed": 4.0, "epsilon_lower_bound": 2.3, "method": "one-run",
+               "epsilon_estimate": 6.6, "estimate_assumption": "Gaussian scores",
+               **audit_verdict(bound=2.3, claimed=4.0, confidence=0.95, estimate=6.6)}  # fmt: skip
+    engine = make_engine(server.db_url)
+    ids = {}
+    try:
+        with Session(engine) as s, s.begin():
+            for name, result in (("legacy", legacy), ("suspect", suspect)):
+                row = Audit(owner="alice", dataset="digits", sweep_id=tiny["id"],
+                            trial_id=trial_id, request={"trial": trial_id},
+                            state=AuditState.succeeded, result=result,
+                            finished_at=datetime.now(UTC))  # fmt: skip
+                s.add(row)
+                s.flush()
+                ids[name] = row.id
+    finally:
+        engine.dispose()
+    page.goto(f"/trials/{trial_id}")
+    above = page.locator(f"#audits-list li[data-audit='{ids['legacy']}']")
+    above.wait_for()
+    assert "audit-above" in (above.get_attribute("class") or "")
+    text = above.inner_text()
+    assert "ε ≥ 5" in text and "6.5" not in text, text
+    assert "exceeds the claimed epsilon" in text and "at most 5 %" in text, text
+    assert "repeat the audit on public data" in text, text
+    suspect_row = page.locator(f"#audits-list li[data-audit='{ids['suspect']}']")
+    assert "audit-suspect" in (suspect_row.get_attribute("class") or "")
+    text = suspect_row.inner_text()
+    assert "Gaussian estimate ε ≈ 6.6 (not a bound)" in text, text
+    assert "the Gaussian estimate does" in text, text
+    screenshot(page, "trial-audit-verdicts")
