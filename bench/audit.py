@@ -2,8 +2,8 @@
 
 Every row trains digits once with m canaries through the sweeps' own code
 (:func:`workers.canary_audit.run.run_audit`) and reports the claimed epsilon (delta = 1e-5),
-the 95 % lower bound (the larger of the one-run and the Gaussian bound, each at 97.5 %), which
-of the two it was, and the wall time:
+the 95 % lower bound (the one-run bound: it holds for any mechanism), the Gaussian estimate
+beside it (shown only where its normality check passes; not a bound), and the wall time:
 
 * ``targets``: white-box, every iterate, fixed clipping, the ``mlp``, full batches for 10
   steps (where white-box audits are nearly tight), at claimed epsilons of 8 and 2 (the issue's
@@ -13,10 +13,14 @@ of the two it was, and the wall time:
 * ``black-box``: input canaries scored by their loss under the final model (expect little: it
   is the weakest adversary);
 * ``faults``: the four injected faults of the test suite, each where the default m resolves it
-  (``detected``: the bound exceeds the claim).
+  (``detected``: ``bound`` where the bound exceeds the claim, ``estimate`` where only the
+  Gaussian estimate does, else none);
+* ``--tightness`` instead: bound / claim for ``fixed`` on the ``mlp`` at claimed epsilons of 8
+  and 2, at q = 1 (10 steps) and at ``dpsweep audit``'s default q (batch 64, 100 steps), for
+  m = 1000 (5 audits each) and m = 10000 (3 each): medians, ranges and wall times.
 
-Usage: ``python bench/audit.py [--canaries M] [--quick] [--json]`` (``--quick``: fewer rows,
-smaller m, for the smoke test).
+Usage: ``python bench/audit.py [--canaries M] [--quick] [--json] [--tightness]``
+(``--quick``: fewer rows, smaller m, for the smoke test).
 """
 
 from __future__ import annotations
@@ -46,12 +50,13 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
     batch = min(int(kw.get("batch_size", n)), n)
     steps = int(kw.get("steps", 10))
     trials = int(kw.get("trials", 1))
+    accountant = str(kw.get("accountant", "rdp"))
     sigma = calibrate_noise_multiplier(
         target_epsilon=float(kw["epsilon"]),
         target_delta=DELTA,
         sample_rate=batch / n,
         steps=steps * trials,
-        accountant="rdp",
+        accountant=accountant,
     )
     spec = PackSpec(
         dataset=DatasetSpec(name="digits"),
@@ -69,7 +74,7 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         ],
         batch_size=batch,
         steps=steps,
-        accountant="rdp",
+        accountant=accountant,
     )
     r = run_audit(
         spec,
@@ -87,7 +92,9 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         "canaries": r.canaries,
         "epsilon_claimed": round(r.epsilon_claimed, 3),
         "epsilon_lower_bound": round(r.epsilon_lower_bound, 3),
-        "method": r.method,
+        "epsilon_estimate": None if r.epsilon_estimate is None else round(r.epsilon_estimate, 3),
+        "exceeds_claim": r.exceeds_claim,
+        "estimate_exceeds_claim": r.estimate_exceeds_claim,
         "seconds": round(r.seconds, 2),
     }
 
@@ -112,12 +119,16 @@ def main() -> None:
     parser.add_argument("--canaries", type=int, default=1000)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tightness", action="store_true")
     args = parser.parse_args()
 
     from workers.datasets.loading import load_dataset
     from workers.datasets.records import DatasetSpec
 
     data = load_dataset(DatasetSpec(name="digits"))
+    if args.tightness:
+        tightness(data, as_json=args.json)
+        return
     m = 200 if args.quick else args.canaries
     rows: list[dict[str, Any]] = []
     targets = [("target eps=8", 8.0), ("target eps=2", 2.0)]
@@ -164,19 +175,69 @@ def main() -> None:
     for name, kw in list(faults.items())[:1] if args.quick else faults.items():
         with _fault(name):
             row = _audit(data, case=f"fault: {name}", canaries=args.canaries, **kw)
-        row["detected"] = row["epsilon_lower_bound"] > row["epsilon_claimed"]
+        row["detected"] = (
+            "bound"
+            if row["exceeds_claim"]
+            else ("estimate" if row["estimate_exceeds_claim"] else None)
+        )
         rows.append(row)
 
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{'case':<26} {'path':<8} {'m':>5} {'claimed':>8} {'bound':>7} {'method':<9} {'s':>6}")
+    print(f"{'case':<26} {'path':<8} {'m':>5} {'claimed':>8} {'bound':>7} {'estimate':>8} {'s':>6}")
     for r in rows:
-        flag = "" if "detected" not in r else ("  detected" if r["detected"] else "  MISSED")
+        est = "-" if r["epsilon_estimate"] is None else f"{r['epsilon_estimate']:.2f}"
+        flag = "" if "detected" not in r else f"  detected: {r['detected'] or 'MISSED'}"
         print(
             f"{r['case']:<26} {r['engine_path']:<8} {r['canaries']:>5} "
-            f"{r['epsilon_claimed']:>8.2f} {r['epsilon_lower_bound']:>7.2f} {r['method']:<9} "
+            f"{r['epsilon_claimed']:>8.2f} {r['epsilon_lower_bound']:>7.2f} {est:>8} "
             f"{r['seconds']:>6.1f}{flag}"
+        )
+
+
+def tightness(data: Any, *, as_json: bool) -> None:
+    """Bound / claim where users train and where the bound is nearest the truth (issue 49)."""
+    import statistics
+
+    n = int(data.x_train.shape[0])
+    rows: list[dict[str, Any]] = []
+    for m, reps in ((1000, 5), (10000, 3)):
+        for eps in (8.0, 2.0):
+            for label, batch, steps in (("q = 1, T = 10", n, 10), ("q = 64/N, T = 100", 64, 100)):
+                found = [
+                    _audit(data, case=label, epsilon=eps, canaries=m, batch_size=batch,
+                           steps=steps, accountant="opacus-rdp")
+                    for _ in range(reps)
+                ]  # fmt: skip
+                bounds = [f["epsilon_lower_bound"] for f in found]
+                shown = [f["epsilon_estimate"] for f in found if f["epsilon_estimate"] is not None]
+                claim = found[0]["epsilon_claimed"]
+                rows.append(
+                    {
+                        "setting": label,
+                        "canaries": m,
+                        "epsilon_claimed": claim,
+                        "bound_median": statistics.median(bounds),
+                        "bound_range": [min(bounds), max(bounds)],
+                        "ratio": round(statistics.median(bounds) / claim, 3),
+                        "estimate_median": statistics.median(shown) if shown else None,
+                        "estimates_shown": f"{len(shown)}/{reps}",
+                        "seconds_median": statistics.median(f["seconds"] for f in found),
+                    }
+                )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print("| setting | m | claimed ε | bound (median, range) | bound / claim | estimate | s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        lo, hi = r["bound_range"]
+        est = "-" if r["estimate_median"] is None else f"{r['estimate_median']:.2f}"
+        print(
+            f"| {r['setting']} | {r['canaries']} | {r['epsilon_claimed']:.2f} | "
+            f"{r['bound_median']:.2f} ({lo:.2f}-{hi:.2f}) | {r['ratio']:.2f} | "
+            f"{est} ({r['estimates_shown']}) | {r['seconds_median']:.1f} |"
         )
 
 

@@ -153,7 +153,7 @@ def audit_verdict(
         ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate`` and
         ``verdict`` (the words the CLI, the API and the dashboard show).
     """
-    rate = 1.0 - confidence
+    rate = round(1.0 - confidence, 12)  # 0.05, not 0.050000000000000044
     exceeds = bound is not None and bound > claimed
     estimate_exceeds = estimate is not None and estimate > claimed
     if exceeds:

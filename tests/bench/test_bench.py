@@ -305,9 +305,13 @@ def test_audit_benchmark_smoke() -> None:
     for r in rows:
         assert r["epsilon_lower_bound"] >= 0.0
         if "detected" in r:
-            assert r["detected"] and r["epsilon_lower_bound"] > r["epsilon_claimed"]
+            # Halved noise: caught by the Gaussian estimate (the bound, which assumes nothing,
+            # sees only part of a Gaussian mechanism's epsilon at this m).
+            assert r["detected"] in ("bound", "estimate"), r
+            key = "epsilon_lower_bound" if r["detected"] == "bound" else "epsilon_estimate"
+            assert r[key] > r["epsilon_claimed"], r
         else:
-            assert r["epsilon_lower_bound"] <= r["epsilon_claimed"]
+            assert r["epsilon_lower_bound"] <= r["epsilon_claimed"] and not r["exceeds_claim"]
 
 
 def test_first_result_benchmark_smoke() -> None:
