@@ -165,64 +165,72 @@ def run_audit(
     check_audit_pack(spec, setting=setting, canaries=canaries)
     start = time.perf_counter()
     data = dataset if dataset is not None else load_dataset(spec.dataset)
-    sigma = float(spec.trials[0].noise_multiplier)  # type: ignore[arg-type]
-    delta = float(spec.trials[0].target_delta)
     if setting == "white-box":
-        holder: list[GradientCanaries] = []
-        layerwise = any(t.params.get("clip_style") == "layerwise" for t in spec.trials)
-
-        def make(model: Any) -> GradientCanaries:
-            can = GradientCanaries(
-                canaries,
-                ranges=layer_ranges(model),
-                numel=int(model.numel),
-                device=model.device,
-                direction=direction,
-                knows_data=public_data,
-                per_layer=layerwise,
-            )
-            holder.append(can)
-            return can
-
-        # One evaluation at the end only: the adversary sees the releases, not the metrics.
-        run = dataclasses.replace(spec, eval_every=10**9, keep_weights=False)
-        results = train_pack(run, dataset=data, canaries=make)
-        _check_canaries_entered(holder[0], results)
-        z, mu, included = holder[0].scored_inputs()
-        wb = white_box_scores(z, mu, sample_rate=results[0].sample_rate, data_removed=public_data)
-        scores, gauss_scores = wb.llr, wb.linear
+        results, scores, gauss_scores, included = _white_box(
+            spec, data, canaries=canaries, direction=direction, public_data=public_data
+        )
     else:
         bb_data, included, x_can, y_can = _with_input_canaries(data, canaries)
         run = dataclasses.replace(spec, eval_every=10**9, keep_weights=True)
         results = train_pack(run, dataset=bb_data)
         losses = np.mean([_canary_losses(r, x_can, y_can) for r in results], axis=0)
         scores = gauss_scores = black_box_scores(losses)
+    return _result(
+        spec,
+        results,
+        scores=scores,
+        gauss_scores=gauss_scores,
+        included=included,
+        setting=setting,
+        direction=direction,
+        confidence=confidence,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _result(
+    spec: PackSpec,
+    results: list[TrialResult],
+    *,
+    scores: np.ndarray,
+    gauss_scores: np.ndarray,
+    included: np.ndarray,
+    setting: Setting,
+    direction: Direction,
+    confidence: float,
+    seconds: float,
+) -> AuditResult:
+    """The claim of what the adversary saw, the bound, the estimate and the verdict."""
     first = results[0]
-    claimed = compute_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=first.sample_rate,
-        steps=first.steps * len(results),
-        target_delta=delta,
-        accountant=spec.accountant,
+    sigma = float(spec.trials[0].noise_multiplier)  # type: ignore[arg-type]
+    delta = float(spec.trials[0].target_delta)
+    claimed = float(
+        compute_epsilon(
+            noise_multiplier=sigma,
+            sample_rate=first.sample_rate,
+            steps=first.steps * len(results),
+            target_delta=delta,
+            accountant=spec.accountant,
+        )
     )
     # The bound alone carries the confidence: the estimate is no bound, so no union is paid.
     bound = one_run_bound(scores, included, delta=delta, confidence=confidence)
     estimate = gaussian_estimate(gauss_scores, included, delta=delta, confidence=confidence)
     verdict = audit_verdict(
         bound=bound.epsilon_lower_bound,
-        claimed=float(claimed),
+        claimed=claimed,
         confidence=confidence,
         estimate=estimate.epsilon_estimate,
     )
     return AuditResult(
-        epsilon_claimed=float(claimed),
+        epsilon_claimed=claimed,
         epsilon_lower_bound=float(bound.epsilon_lower_bound),
         confidence=confidence,
-        canaries=canaries,
+        canaries=int(included.shape[0]),
         setting=setting,
         strategy=spec.strategy,
         engine_path=first.engine_path,
-        seconds=time.perf_counter() - start,
+        seconds=seconds,
         delta=delta,
         trials=len(results),
         steps=first.steps,
@@ -241,6 +249,35 @@ def run_audit(
         normality_p_out=estimate.normality_p_out,
         direction=direction if setting == "white-box" else None,
     )
+
+
+def _white_box(
+    spec: PackSpec, data: Dataset, *, canaries: int, direction: Direction, public_data: bool
+) -> tuple[list[TrialResult], np.ndarray, np.ndarray, np.ndarray]:
+    """Train with gradient canaries; the results, both scores per canary, and their bits."""
+    holder: list[GradientCanaries] = []
+    layerwise = any(t.params.get("clip_style") == "layerwise" for t in spec.trials)
+
+    def make(model: Any) -> GradientCanaries:
+        can = GradientCanaries(
+            canaries,
+            ranges=layer_ranges(model),
+            numel=int(model.numel),
+            device=model.device,
+            direction=direction,
+            knows_data=public_data,
+            per_layer=layerwise,
+        )
+        holder.append(can)
+        return can
+
+    # One evaluation at the end only: the adversary sees the releases, not the metrics.
+    run = dataclasses.replace(spec, eval_every=10**9, keep_weights=False)
+    results = train_pack(run, dataset=data, canaries=make)
+    _check_canaries_entered(holder[0], results)
+    z, mu, included = holder[0].scored_inputs()
+    wb = white_box_scores(z, mu, sample_rate=results[0].sample_rate, data_removed=public_data)
+    return results, wb.llr, wb.linear, included
 
 
 def _check_canaries_entered(can: GradientCanaries, results: list[TrialResult]) -> None:
