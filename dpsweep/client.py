@@ -151,8 +151,8 @@ class Client(HttpTransport):
 
         Returns:
             The audit: ``id``, ``state`` (``running``, ``succeeded``, ``failed``),
-            ``result`` (``epsilon_lower_bound`` beside ``epsilon_claimed``, ...), ``charge``,
-            ``error``.
+            ``result`` (``epsilon_lower_bound`` beside ``epsilon_claimed``, the ``verdict``
+            and its ``false_alarm_rate``, ...), ``charge``, ``error``.
 
         Raises:
             ValidationError: a bad field (locally or from the server), naming it.
