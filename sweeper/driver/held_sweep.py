@@ -46,6 +46,22 @@ class PendingTrial:
     def grid(self) -> str:
         return grid_key(self.arm, self.epsilon_budget)
 
+    @classmethod
+    def of(cls, trial: Any) -> PendingTrial:
+        """The queue's copy of a stored trial row (:class:`sweeper.store.Trial`)."""
+        return cls(
+            id=trial.id,
+            arm=trial.arm,
+            strategy=trial.strategy,
+            epsilon_budget=trial.epsilon_budget,
+            params=dict(trial.params or {}),
+            seed=trial.seed,
+            number=trial.number,
+            config=trial.config,
+            noise_multiplier=trial.noise_multiplier,
+            target_delta=trial.target_delta,
+        )
+
 
 @dataclass
 class InFlight:

@@ -183,22 +183,7 @@ class SweepRunner:
                 if e.kind == EntryKind.CHARGE and e.trial_id in grid_of:
                     held.runs_used[grid_of[e.trial_id]] += 1
                     charges[e.trial_id] = charges.get(e.trial_id, 0) + 1
-            held.pending = [
-                PendingTrial(
-                    id=t.id,
-                    arm=t.arm,
-                    strategy=t.strategy,
-                    epsilon_budget=t.epsilon_budget,
-                    params=dict(t.params or {}),
-                    seed=t.seed,
-                    number=t.number,
-                    config=t.config,
-                    noise_multiplier=t.noise_multiplier,
-                    target_delta=t.target_delta,
-                )
-                for t in trials
-                if t.state == TrialState.pending
-            ]
+            held.pending = [PendingTrial.of(t) for t in trials if t.state == TrialState.pending]
             for grid in held.hidden:
                 if held.runs_used.get(grid, 0):
                     progress.search_t0.setdefault(grid, self._t0)

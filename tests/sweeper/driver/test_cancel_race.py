@@ -83,21 +83,7 @@ def _drive(engine: Engine, sid: str, rng: random.Random, start: threading.Barrie
     assert held is not None
     with Session(engine) as s:
         rows = s.scalars(sa.select(Trial).where(Trial.sweep_id == sid).order_by(Trial.number))
-        held.pending = [
-            PendingTrial(
-                id=t.id,
-                arm=t.arm,
-                strategy=t.strategy,
-                epsilon_budget=t.epsilon_budget,
-                params=dict(t.params or {}),
-                seed=t.seed,
-                number=t.number,
-                config=t.config,
-                noise_multiplier=t.noise_multiplier,
-                target_delta=t.target_delta,
-            )
-            for t in rows
-        ]
+        held.pending = [PendingTrial.of(t) for t in rows]
     progress = Progress(held, on_progress=None, t0=time.monotonic())
     progress.counts = {s.value: 0 for s in TrialState}
     progress.counts["pending"] = len(held.pending)
