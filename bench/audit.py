@@ -17,9 +17,13 @@ beside it (shown only where its normality check passes; not a bound), and the wa
   Gaussian estimate does, else none);
 * ``--tightness`` instead: bound / claim for ``fixed`` on the ``mlp`` at claimed epsilons of 8
   and 2, at q = 1 (10 steps) and at ``dpsweep audit``'s default q (batch 64, 100 steps), for
-  m = 1000 (5 audits each) and m = 10000 (3 each): medians, ranges and wall times.
+  m = 1000 (5 audits each) and m = 10000 (3 each): medians, ranges and wall times, and beside
+  each the bound's ceiling (:mod:`workers.canary_audit.ceiling`: the same bound on ideal scores
+  of the claimed mechanism, same m);
+* ``--ceiling`` instead: only the ceilings of those rows, at m = 1000, 10,000 and 100,000
+  (seconds: no training).
 
-Usage: ``python bench/audit.py [--canaries M] [--quick] [--json] [--tightness]``
+Usage: ``python bench/audit.py [--canaries M] [--quick] [--json] [--tightness | --ceiling]``
 (``--quick``: fewer rows, smaller m, for the smoke test).
 """
 
@@ -96,6 +100,9 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         "exceeds_claim": r.exceeds_claim,
         "estimate_exceeds_claim": r.estimate_exceeds_claim,
         "seconds": round(r.seconds, 2),
+        "noise_multiplier": sigma,
+        "sample_rate": batch / n,
+        "steps": steps,
     }
 
 
@@ -120,7 +127,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tightness", action="store_true")
+    parser.add_argument("--ceiling", action="store_true")
     args = parser.parse_args()
+    if args.ceiling:
+        ceilings(as_json=args.json)
+        return
 
     from workers.datasets.loading import load_dataset
     from workers.datasets.records import DatasetSpec
@@ -196,6 +207,23 @@ def main() -> None:
         )
 
 
+#: The tightness rows' sampling: where the bound is nearest the truth, and where users train.
+SETTINGS = (("q = 1, T = 10", None, 10), ("q = 64/N, T = 100", 64, 100))
+
+
+def _ceiling(*, canaries: int, noise_multiplier: float, sample_rate: float, steps: int) -> Any:
+    from workers.canary_audit.ceiling import one_run_ceiling
+
+    return one_run_ceiling(
+        canaries=canaries,
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=DELTA,
+        draws=5,
+    )
+
+
 def tightness(data: Any, *, as_json: bool) -> None:
     """Bound / claim where users train and where the bound is nearest the truth (issue 49)."""
     import statistics
@@ -204,15 +232,21 @@ def tightness(data: Any, *, as_json: bool) -> None:
     rows: list[dict[str, Any]] = []
     for m, reps in ((1000, 5), (10000, 3)):
         for eps in (8.0, 2.0):
-            for label, batch, steps in (("q = 1, T = 10", n, 10), ("q = 64/N, T = 100", 64, 100)):
+            for label, batch, steps in SETTINGS:
                 found = [
-                    _audit(data, case=label, epsilon=eps, canaries=m, batch_size=batch,
+                    _audit(data, case=label, epsilon=eps, canaries=m, batch_size=batch or n,
                            steps=steps, accountant="opacus-rdp")
                     for _ in range(reps)
                 ]  # fmt: skip
                 bounds = [f["epsilon_lower_bound"] for f in found]
                 shown = [f["epsilon_estimate"] for f in found if f["epsilon_estimate"] is not None]
                 claim = found[0]["epsilon_claimed"]
+                ceiling = _ceiling(
+                    canaries=m,
+                    noise_multiplier=found[0]["noise_multiplier"],
+                    sample_rate=found[0]["sample_rate"],
+                    steps=steps,
+                )
                 rows.append(
                     {
                         "setting": label,
@@ -221,6 +255,8 @@ def tightness(data: Any, *, as_json: bool) -> None:
                         "bound_median": statistics.median(bounds),
                         "bound_range": [min(bounds), max(bounds)],
                         "ratio": round(statistics.median(bounds) / claim, 3),
+                        "ceiling_median": round(ceiling.median, 3),
+                        "ceiling_ratio": round(ceiling.median / claim, 3),
                         "estimate_median": statistics.median(shown) if shown else None,
                         "estimates_shown": f"{len(shown)}/{reps}",
                         "seconds_median": statistics.median(f["seconds"] for f in found),
@@ -229,15 +265,64 @@ def tightness(data: Any, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    print("| setting | m | claimed ε | bound (median, range) | bound / claim | estimate | s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| setting | m | claimed ε | bound (median, range) | bound / claim | ceiling / claim "
+        "| estimate | s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         lo, hi = r["bound_range"]
         est = "-" if r["estimate_median"] is None else f"{r['estimate_median']:.2f}"
         print(
             f"| {r['setting']} | {r['canaries']} | {r['epsilon_claimed']:.2f} | "
             f"{r['bound_median']:.2f} ({lo:.2f}-{hi:.2f}) | {r['ratio']:.2f} | "
+            f"{r['ceiling_median']:.2f} ({r['ceiling_ratio']:.2f}) | "
             f"{est} ({r['estimates_shown']}) | {r['seconds_median']:.1f} |"
+        )
+
+
+def ceilings(*, as_json: bool) -> None:
+    """The one-run bound's ceiling for the tightness rows, at m up to 100,000 (no training)."""
+    from workers.accounting.compute import calibrate_noise_multiplier
+    from workers.datasets.loading import load_dataset
+    from workers.datasets.records import DatasetSpec
+
+    n = int(load_dataset(DatasetSpec(name="digits")).x_train.shape[0])
+    rows: list[dict[str, Any]] = []
+    for eps in (8.0, 2.0):
+        for label, batch, steps in SETTINGS:
+            q = (batch or n) / n
+            sigma = calibrate_noise_multiplier(
+                target_epsilon=eps,
+                target_delta=DELTA,
+                sample_rate=q,
+                steps=steps,
+                accountant="opacus-rdp",
+            )
+            for m in (1000, 10000, 100000):
+                c = _ceiling(canaries=m, noise_multiplier=sigma, sample_rate=q, steps=steps)
+                rows.append(
+                    {
+                        "setting": label,
+                        "epsilon_claimed": eps,
+                        "noise_multiplier": round(sigma, 3),
+                        "canaries": m,
+                        "ceiling_median": round(c.median, 3),
+                        "ceiling_range": [round(c.low, 3), round(c.high, 3)],
+                        "ceiling_ratio": round(c.median / eps, 3),
+                    }
+                )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print("| setting | claimed ε | σ | m | ceiling (median, range) | ceiling / claim |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        lo, hi = r["ceiling_range"]
+        print(
+            f"| {r['setting']} | {r['epsilon_claimed']:.0f} | {r['noise_multiplier']:.2f} | "
+            f"{r['canaries']} | {r['ceiling_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
+            f"{r['ceiling_ratio']:.2f} |"
         )
 
 
