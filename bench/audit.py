@@ -84,6 +84,7 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         spec,
         setting=kw.get("setting", "white-box"),
         canaries=int(kw["canaries"]),
+        direction=kw.get("direction", "random"),
         dataset=data,
         public_data=True,
     )
