@@ -23,7 +23,13 @@ beside it (shown only where its normality check passes; not a bound), and the wa
 * ``--ceiling`` instead: only the ceilings of those rows, at m = 1000, 10,000 and 100,000
   (seconds: no training).
 
-Usage: ``python bench/audit.py [--canaries M] [--quick] [--json] [--tightness | --ceiling]``
+* ``--per-strategy`` instead: bound / claim for every strategy and engine path (one audit per
+  cell of epsilon 8 and 2, q = 1 and the default q, m = 1000 and 10,000);
+* ``--noise-scale`` instead: noise at 1, 0.9 and 0.8 of its planned scale (q = 1, claim 8),
+  5 audits each at m = 1000 and 5000, and how often each is caught.
+
+Usage: ``python bench/audit.py [--canaries M] [--quick] [--json]
+[--tightness | --ceiling | --per-strategy | --noise-scale]``
 (``--quick``: fewer rows, smaller m, for the smoke test).
 """
 
@@ -41,6 +47,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 DELTA = 1e-5
+
+
+#: Every strategy at its usual options, a pack of two, and the generic engine path.
+STRATEGIES: list[dict[str, Any]] = [
+    {"strategy": "fixed", "params": {"clip": 1.0, "clip_style": "layerwise"}},
+    {"strategy": "automatic", "params": {"clip": 1.0}},
+    {"strategy": "global", "params": {"clip": 1.0, "global_threshold": 4.0}},
+    {"strategy": "quantile"},
+    {"strategy": "online"},
+    {"strategy": "bam", "params": {"clip": 1.0}},
+    {"strategy": "lipschitz", "model": "lip_mlp"},
+    {"strategy": "fixed", "params": {"clip": 1.0}, "trials": 2},
+    {
+        "strategy": "fixed",
+        "params": {"clip": 1.0},
+        "model": "res_cnn",
+        "model_options": {"width": 8, "blocks": 1},
+        "trials": 2,
+    },
+]
 
 
 def _audit(data: Any, **kw: Any) -> dict[str, Any]:
@@ -129,6 +155,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--tightness", action="store_true")
     parser.add_argument("--ceiling", action="store_true")
+    parser.add_argument("--per-strategy", action="store_true")
+    parser.add_argument("--noise-scale", action="store_true")
     args = parser.parse_args()
     if args.ceiling:
         ceilings(as_json=args.json)
@@ -141,32 +169,19 @@ def main() -> None:
     if args.tightness:
         tightness(data, as_json=args.json)
         return
+    if args.per_strategy:
+        per_strategy(data, as_json=args.json)
+        return
+    if args.noise_scale:
+        noise_scale(data, as_json=args.json)
+        return
     m = 200 if args.quick else args.canaries
     rows: list[dict[str, Any]] = []
     targets = [("target eps=8", 8.0), ("target eps=2", 2.0)]
     for case, eps in targets[:1] if args.quick else targets:
         rows.append(_audit(data, case=case, epsilon=eps, canaries=m))
-    strategies: list[dict[str, Any]] = [
-        {"strategy": "fixed", "params": {"clip": 1.0, "clip_style": "layerwise"}},
-        {"strategy": "automatic", "params": {"clip": 1.0}},
-        {"strategy": "global", "params": {"clip": 1.0, "global_threshold": 4.0}},
-        {"strategy": "quantile"},
-        {"strategy": "online"},
-        {"strategy": "bam", "params": {"clip": 1.0}},
-        {"strategy": "lipschitz", "model": "lip_mlp"},
-        {"strategy": "fixed", "params": {"clip": 1.0}, "trials": 2},
-        {
-            "strategy": "fixed",
-            "params": {"clip": 1.0},
-            "model": "res_cnn",
-            "model_options": {"width": 8, "blocks": 1},
-            "trials": 2,
-        },
-    ]
-    for kw in strategies[:1] if args.quick else strategies:
-        style = kw.get("params", {}).get("clip_style", "")
-        case = f"{kw['strategy']} {style} K={kw.get('trials', 1)}".replace("  ", " ")
-        rows.append(_audit(data, case=case, epsilon=8.0, canaries=m, **kw))
+    for kw in STRATEGIES[:1] if args.quick else STRATEGIES:
+        rows.append(_audit(data, case=_case(kw), epsilon=8.0, canaries=m, **kw))
     rows.append(
         _audit(
             data,
@@ -324,6 +339,90 @@ def ceilings(*, as_json: bool) -> None:
             f"| {r['setting']} | {r['epsilon_claimed']:.0f} | {r['noise_multiplier']:.2f} | "
             f"{r['canaries']} | {r['ceiling_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
             f"{r['ceiling_ratio']:.2f} |"
+        )
+
+
+def _case(kw: dict[str, Any]) -> str:
+    style = kw.get("params", {}).get("clip_style", "")
+    return f"{kw['strategy']} {style} K={kw.get('trials', 1)}".replace("  ", " ")
+
+
+def per_strategy(data: Any, *, as_json: bool) -> None:
+    """Bound / claim per strategy and engine path, at epsilon 8 and 2, q = 1 and the default
+    q, m = 1000 and 10,000: one audit per cell (issue 49)."""
+    n = int(data.x_train.shape[0])
+    rows: list[dict[str, Any]] = []
+    for kw in STRATEGIES:
+        for eps in (8.0, 2.0):
+            for label, batch, steps in SETTINGS:
+                for m in (1000, 10000):
+                    r = _audit(data, case=_case(kw), epsilon=eps, canaries=m,
+                               batch_size=batch or n, steps=steps, **kw)  # fmt: skip
+                    r["setting"] = label
+                    r["ratio"] = round(r["epsilon_lower_bound"] / r["epsilon_claimed"], 3)
+                    rows.append(r)
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print("| case | path | setting | claimed ε | m | bound | bound / claim | estimate | s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        est = "-" if r["epsilon_estimate"] is None else f"{r['epsilon_estimate']:.2f}"
+        print(
+            f"| {r['case']} | {r['engine_path']} | {r['setting']} | {r['epsilon_claimed']:.2f} | "
+            f"{r['canaries']} | {r['epsilon_lower_bound']:.2f} | {r['ratio']:.2f} | {est} | "
+            f"{r['seconds']:.1f} |"
+        )
+
+
+def noise_scale(data: Any, *, as_json: bool) -> None:
+    """Noise at 1, 0.9 and 0.8 of its planned scale (q = 1, claim 8): 5 audits each at m =
+    1000 and 5000; how often the bound or the estimate exceeds the claim (issue 49)."""
+    import pytest
+
+    import workers.engine as engine_module
+
+    n = int(data.x_train.shape[0])
+    rows: list[dict[str, Any]] = []
+    original = engine_module.DPEngine._add_noise
+    for m in (1000, 5000):
+        for scale in (1.0, 0.9, 0.8):
+
+            def add_noise(self: Any, buf: Any, sensitivity: Any, mult: Any) -> Any:
+                return original(self, buf, sensitivity, mult * scale)  # noqa: B023
+
+            mp = pytest.MonkeyPatch()
+            mp.setattr(engine_module.DPEngine, "_add_noise", add_noise)
+            try:
+                found = [
+                    _audit(data, case=f"noise x{scale}", epsilon=8.0, canaries=m,
+                           batch_size=n, steps=10, accountant="opacus-rdp")
+                    for _ in range(5)
+                ]  # fmt: skip
+            finally:
+                mp.undo()
+            rows.append(
+                {
+                    "scale": scale,
+                    "canaries": m,
+                    "epsilon_claimed": found[0]["epsilon_claimed"],
+                    "bounds": [f["epsilon_lower_bound"] for f in found],
+                    "estimates": [f["epsilon_estimate"] for f in found],
+                    "caught_by_bound": sum(f["exceeds_claim"] for f in found),
+                    "caught_by_estimate": sum(bool(f["estimate_exceeds_claim"]) for f in found),
+                }
+            )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print("| noise | m | claimed ε | bounds | estimates | caught (bound / estimate) |")
+    print("|---:|---:|---:|---|---|---:|")
+    for r in rows:
+        ests = ", ".join("-" if e is None else f"{e:.2f}" for e in r["estimates"])
+        print(
+            f"| {r['scale']}x | {r['canaries']} | {r['epsilon_claimed']:.2f} | "
+            f"{min(r['bounds']):.2f}-{max(r['bounds']):.2f} | {ests} | "
+            f"{r['caught_by_bound']}/5 / {r['caught_by_estimate']}/5 |"
         )
 
 
