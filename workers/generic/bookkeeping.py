@@ -35,12 +35,16 @@ gradients, for its parameters only. Fail closed:
   for the model).
 
 BAM's perturbed pass (per-example parameters) runs on the materialised path.
+
+Which layers have a rule, and the watch on how their parameters are used, are
+:mod:`workers.generic.layer_rules`; each rule layer's norms and weighted sums from its records
+are :mod:`workers.generic.ghost`. This module holds the model: the hooks that record, the
+capturing forward and its checks, and the per-layer infos with their fallback.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,51 +52,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
-from workers.generic.model import GenericCaptured, GenericModel, LayerInfo, _stack, _take
-from workers.packed.conv import per_example_weight_grad
+from workers.generic.ghost import _GhostConv, _GhostLinear, as_materialised, conv_info, info_sq
+from workers.generic.layer_rules import RULE_OPS, UsageMode, rule_of
+from workers.generic.model import GenericCaptured, GenericModel, _stack, _take
 
 # A Linear layer over positions materialises its per-example gradients up to this many elements
 # (256 MiB in float32); above it, the ghost norm's Gram matrices save the memory.
 _MATERIALISE_MAX = 1 << 26
-
-_NDQ = getattr(nn.modules.linear, "NonDynamicallyQuantizableLinear", None)
-
-
-def _rule(module: nn.Module, names: list[str]) -> str | None:
-    """The rule for a layer (the module owning ``names``, its parameters' local names), if any.
-
-    Exact types only: a subclass may use its parameters differently in its own ``forward``.
-    """
-    local = [n.rpartition(".")[2] for n in names]
-    t = type(module)
-    if t is nn.Linear or (_NDQ is not None and t is _NDQ):
-        return "linear" if local in (["weight"], ["weight", "bias"]) else None
-    if t in (nn.Conv1d, nn.Conv2d):
-        c: Any = module
-        ok = c.padding_mode == "zeros" and not isinstance(c.padding, str)
-        return "conv" if ok and local in (["weight"], ["weight", "bias"]) else None
-    if t is nn.Embedding:
-        e: Any = module
-        ok = e.max_norm is None and not e.sparse and not e.scale_grad_by_freq
-        return "embedding" if ok and local == ["weight"] else None
-    if t is nn.LayerNorm:
-        return "layernorm" if local in (["weight"], ["weight", "bias"]) else None
-    if t is nn.GroupNorm:
-        return "groupnorm" if local == ["weight", "bias"] else None
-    return None
-
-
-# The one op each rule's module applies its parameters with.
-_OPS: dict[str, Any] = {
-    "linear": F.linear,
-    "conv": (F.conv1d, F.conv2d),
-    "embedding": F.embedding,
-    "layernorm": F.layer_norm,
-    "groupnorm": F.group_norm,
-}
 
 
 @dataclass
@@ -111,184 +78,6 @@ class BookkeepingCaptured(GenericCaptured):
 
     calls: list[list[_Call]] = field(default_factory=list)  # [layer][trial]
     covered: list[bool] = field(default_factory=list)  # per layer: the rule applies this step
-
-
-@dataclass
-class _GhostLinear:
-    """A Linear (or Embedding) layer's book-keeping info: inputs and output gradients."""
-
-    kind: str  # "linear" or "embedding"
-    a: Tensor  # [K, B, T, d_in] (linear) or [K, B, T] ids (embedding)
-    g: Tensor  # [K, B, T, d_out]
-    bias: bool
-    padding_idx: int | None = None
-    rows: int = 0  # embedding: the vocabulary size
-
-    def sq_norm(self) -> Tensor:
-        """``[K, B]`` per-example squared norms (ghost norm: Gram matrices over positions)."""
-        g = self.g
-        if self.kind == "embedding":
-            ids = self.a
-            same = ids.unsqueeze(-1) == ids.unsqueeze(-2)  # [K, B, T, T]
-            if self.padding_idx is not None:
-                # F.embedding never writes the padding row: those positions contribute nothing.
-                real = ids != self.padding_idx
-                same = same & real.unsqueeze(-1) & real.unsqueeze(-2)
-            gg = g @ g.transpose(-1, -2)
-            return (gg * same.to(g.dtype)).sum(dim=(-1, -2))
-        a = self.a
-        if a.shape[2] == 1:
-            sq = a.pow(2).sum(dim=(2, 3)) * g.pow(2).sum(dim=(2, 3))
-        else:
-            aa = a @ a.transpose(-1, -2)
-            gg = g @ g.transpose(-1, -2)
-            sq = (aa * gg).sum(dim=(-1, -2))
-        if self.bias:
-            sq = sq + g.sum(dim=2).pow(2).sum(dim=-1)
-        return sq
-
-    def weighted_into(self, outs: list[Tensor], w: Tensor) -> None:
-        """``sum_i w_i grad_i`` into ``outs`` (``[K, numel]`` per parameter); ``w`` ``[K, B]``."""
-        k, b, t, d_out = self.g.shape
-        wg = (self.g * w.view(k, b, 1, 1)).reshape(k, b * t, d_out)
-        if self.kind == "embedding":
-            out = outs[0].view(k, self.rows, d_out)
-            ids = self.a.reshape(k, b * t)
-            if self.padding_idx is not None:
-                wg = wg * (ids != self.padding_idx).unsqueeze(-1).to(wg.dtype)
-            out.zero_()
-            for j in range(k):
-                out[j].index_add_(0, ids[j], wg[j])
-            return
-        a = self.a.reshape(k, b * t, -1)
-        torch.bmm(wg.transpose(1, 2), a, out=outs[0].view(k, d_out, a.shape[-1]))
-        if self.bias:
-            outs[1].copy_(wg.sum(dim=1))
-
-    def materialise(self) -> LayerInfo:
-        """Per-example gradients ``[K, B, *shape]`` of the layer's parameters."""
-        if self.kind == "embedding":
-            k, b, t, d = self.g.shape
-            ids = self.a
-            g = self.g
-            if self.padding_idx is not None:
-                g = g * (ids != self.padding_idx).unsqueeze(-1).to(g.dtype)
-            out = g.new_zeros(k * b, self.rows, d)
-            out.scatter_add_(
-                1, ids.reshape(k * b, t, 1).expand(k * b, t, d), g.reshape(k * b, t, d)
-            )
-            return [out.view(k, b, self.rows, d)]
-        w = torch.einsum("kbto,kbti->kboi", self.g, self.a)
-        return [w, self.g.sum(dim=2)] if self.bias else [w]
-
-
-@dataclass
-class _GhostConv:
-    """A conv layer's book-keeping info (ghost norm over its input patches)."""
-
-    cols: Tensor  # [K, B, d_in, L]: each example's input patches (``unfold``)
-    x: Tensor  # [K*B, C, *S]: the layer's input, for the weighted sum
-    g: Tensor  # [K*B, O, *S']: the output gradients
-    mod: Any  # the nn.Conv1d / nn.Conv2d (its geometry; its parameters are never read)
-    bias: bool
-
-    def sq_norm(self) -> Tensor:
-        """``[K, B]`` per-example squared norms: ``<a a^T, g g^T>`` over output positions."""
-        k, b = self.cols.shape[:2]
-        cols = self.cols.flatten(0, 1)  # [n, d_in, L]
-        gf = self.g.flatten(2)  # [n, O, L]
-        aa = cols.transpose(1, 2) @ cols
-        gg = gf.transpose(1, 2) @ gf
-        sq = (aa * gg).sum(dim=(1, 2))
-        if self.bias:
-            sq = sq + gf.sum(dim=2).pow(2).sum(dim=1)
-        return sq.view(k, b)
-
-    def weighted_into(self, outs: list[Tensor], w: Tensor) -> None:
-        """``sum_i w_i grad_i`` into ``outs``: the convolution's own weight gradient of the
-        weighted output gradients, per trial."""
-        k, b = self.cols.shape[:2]
-        wg = self.g * w.reshape(k * b, *([1] * (self.g.dim() - 1)))
-        m = self.mod
-        weight = self.g.new_empty(m.weight.shape)  # only its shape is read
-        for j in range(k):
-            sl = slice(j * b, (j + 1) * b)
-            _, gw, gb = torch.ops.aten.convolution_backward(
-                wg[sl],
-                self.x[sl],
-                weight,
-                [weight.shape[0]] if self.bias else None,
-                list(m.stride),
-                list(m.padding),
-                list(m.dilation),
-                False,
-                [0] * len(m.kernel_size),
-                1,
-                [False, True, self.bias],
-            )
-            outs[0][j].copy_(gw.reshape(-1))
-            if self.bias:
-                outs[1][j].copy_(gb)
-
-    def materialise(self) -> LayerInfo:
-        """Per-example gradients ``[K, B, *shape]`` of the layer's parameters."""
-        k, b = self.cols.shape[:2]
-        gf = self.g.flatten(2).view(k, b, self.g.shape[1], -1)
-        w = torch.einsum("kbol,kbil->kboi", gf, self.cols)
-        w = w.reshape(k, b, *self.mod.weight.shape)
-        return [w, gf.sum(dim=-1)] if self.bias else [w]
-
-
-def _info_sq(info: Any) -> Tensor:
-    if isinstance(info, _GhostLinear | _GhostConv):
-        return info.sq_norm()
-    # One fused pass per tensor (pow then sum would write a temporary the size of the
-    # per-example gradients: a third of WRN's book-keeping step).
-    return sum(torch.linalg.vector_norm(t.flatten(2), dim=2).square() for t in info)
-
-
-def _as_materialised(info: Any) -> LayerInfo:
-    return info.materialise() if isinstance(info, _GhostLinear | _GhostConv) else info
-
-
-class _UsageMode(TorchFunctionMode):
-    """Records, for every op touching a watched tensor, the op and the innermost module."""
-
-    def __init__(self, watched: dict[int, str], stack: list[nn.Module]) -> None:
-        super().__init__()
-        self.watched = watched
-        self.stack = stack
-        self.uses: list[tuple[str, Any, nn.Module | None]] = []
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if self.watched:
-            for leaf in _tensors((args, kwargs)):
-                name = self.watched.get(id(leaf))
-                if name is not None:
-                    self.uses.append((name, func, self.stack[-1] if self.stack else None))
-        return func(*args, **kwargs)
-
-
-def _tensors(tree: Any) -> Iterator[Tensor]:
-    """Every tensor in ``tree``, an op's arguments: nested tuples, lists and dicts are walked,
-    and any other container goes through pytree (slower, but nothing is missed)."""
-    if isinstance(tree, Tensor):
-        yield tree
-    elif isinstance(tree, tuple | list):
-        for item in tree:
-            yield from _tensors(item)
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            yield from _tensors(item)
-    elif tree is None or isinstance(tree, int | float | bool | str | torch.dtype | torch.device):
-        return
-    else:
-        for leaf in tree_flatten(tree)[0]:
-            if isinstance(leaf, Tensor):
-                yield leaf
 
 
 class BookkeepingModel(GenericModel):
@@ -310,7 +99,8 @@ class BookkeepingModel(GenericModel):
         mods = dict(self.template.named_modules())
         self.layer_modules = [mods[n] for n in self.layer_names]
         self.rules = [
-            _rule(m, names) for m, names in zip(self.layer_modules, self.layer_params, strict=True)
+            rule_of(m, names)
+            for m, names in zip(self.layer_modules, self.layer_params, strict=True)
         ]
         # Off for good when the first check finds the module mixing examples.
         self.bookkeeping = any(r is not None for r in self.rules)
@@ -361,7 +151,7 @@ class BookkeepingModel(GenericModel):
         if perturb is not None:
             infos, scale = perturb
             return super().forward(
-                x, capture=capture, perturb=([_as_materialised(i) for i in infos], scale)
+                x, capture=capture, perturb=([as_materialised(i) for i in infos], scale)
             )
         if not capture or not self.bookkeeping:
             return super().forward(x, capture=capture)
@@ -375,7 +165,7 @@ class BookkeepingModel(GenericModel):
                 pk = {n: t[k] for n, t in params.items()}
                 bk = {n: t[k] for n, t in self.buffers.items()}
                 watched = {id(t): n for n, t in pk.items()}
-                mode = _UsageMode(watched, self._stack)
+                mode = UsageMode(watched, self._stack)
                 n_before = [len(r) for r in record]
                 with mode:
                     out_k = functional_call(self.template, (pk, bk), (x[k],))
@@ -420,7 +210,7 @@ class BookkeepingModel(GenericModel):
         for li, rule in enumerate(self.rules):
             if rule is None or not covered[li]:
                 continue
-            ops = _OPS[rule]
+            ops = RULE_OPS[rule]
             ops = ops if isinstance(ops, tuple) else (ops,)
             mod = self.layer_modules[li]
             ok = len(record[li]) - n_before[li] == 1
@@ -469,7 +259,7 @@ class BookkeepingModel(GenericModel):
                 if info is None:
                     infos[li] = ref[li]
                     continue
-                mine, theirs = _info_sq(info), _info_sq(ref[li])
+                mine, theirs = info_sq(info), info_sq(ref[li])
                 tol = 1e-3 * float(theirs.abs().max()) + 1e-12
                 if not torch.allclose(mine, theirs, rtol=1e-3, atol=tol):
                     self.rules[li] = None
@@ -530,7 +320,7 @@ class BookkeepingModel(GenericModel):
                 "embedding", ids, g3, False, padding_idx=mod.padding_idx, rows=mod.num_embeddings
             )
         if rule == "conv":
-            return self._conv_grads(mod, a, g, has_bias)
+            return conv_info(mod, a, g, has_bias)
         if rule == "layernorm":
             ns = tuple(mod.normalized_shape)
             xhat = F.layer_norm(a, ns, None, None, mod.eps)
@@ -543,50 +333,9 @@ class BookkeepingModel(GenericModel):
         dims = tuple(range(3, a.dim()))
         return [(g * xhat).sum(dim=dims), g.sum(dim=dims)]
 
-    def _conv_grads(self, mod: Any, a: Tensor, g: Tensor, has_bias: bool) -> Any:
-        """A conv layer's per-example info, by whichever of two exact routes costs less.
-
-        * Ghost norm (Li et al. 2022's mixed rule): a conv is a linear map of its input
-          patches, so the patches' and output gradients' Gram matrices over the ``L`` output
-          positions give each example's norm at ``O(L^2 (d_in + d_out))``, and the weighted sum
-          is one matmul. It wins where ``L (d_in + d_out) < d_in d_out``: the late, small
-          feature maps of a ResNet.
-        * Materialised, as one grouped convolution: the batch becomes the channel groups, so
-          the convolution's own weight-gradient kernel computes every example's gradient at
-          about the cost of one ordinary weight gradient (no ``unfold`` copy). The weighted sum
-          is then a cheap ``[B] x [B, P]`` product.
-        """
-        k, b = g.shape[:2]
-        n = k * b
-        one_d = isinstance(mod, nn.Conv1d)
-        x = a.reshape(n, *a.shape[2:])
-        gy = g.reshape(n, *g.shape[2:])
-        ks = tuple(mod.kernel_size)
-        st, pd, dl = list(mod.stride), list(mod.padding), list(mod.dilation)
-        out_c, in_per_group = mod.weight.shape[0], mod.weight.shape[1]
-        positions = math.prod(gy.shape[2:])
-        d_in, d_out = in_per_group * math.prod(ks), out_c
-        if mod.groups == 1 and positions * (d_in + d_out) < d_in * d_out:
-            x2 = x.unsqueeze(-2) if one_d else x
-            ks2 = (1, *ks) if one_d else ks
-            lead = ((1,), (0,), (1,)) if one_d else ((), (), ())
-            st2, pd2, dl2 = (tuple(h) + tuple(v) for h, v in zip(lead, (st, pd, dl), strict=True))
-            cols = F.unfold(x2, ks2, dilation=dl2, padding=pd2, stride=st2)  # [n, d_in, L]
-            return _GhostConv(cols.view(k, b, d_in, positions), x, gy, mod, has_bias)
-        w = per_example_weight_grad(
-            x,
-            gy,
-            weight_shape=(n * out_c, in_per_group, *ks),
-            stride=st,
-            padding=pd,
-            dilation=dl,
-            groups=n * mod.groups,
-        ).view(k, b, *mod.weight.shape)
-        return [w, gy.flatten(2).sum(dim=-1).reshape(k, b, -1)] if has_bias else [w]
-
     def sq_norms(self, infos: list[Any]) -> Tensor:
         """Per-sample, per-layer squared gradient norms ``[K, B, L]``."""
-        return torch.stack([_info_sq(i) for i in infos], dim=-1)
+        return torch.stack([info_sq(i) for i in infos], dim=-1)
 
     def weighted_sum_into(self, out: Tensor, infos: list[Any], weights: Tensor) -> None:
         """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``; ``weights`` is ``[K, B, R]``."""
@@ -613,4 +362,4 @@ class BookkeepingModel(GenericModel):
 
     def per_sample_grads(self, infos: list[Any]) -> Tensor:
         """Flat per-sample gradients ``[K, B, P]`` (tests and small diagnostics)."""
-        return super().per_sample_grads([_as_materialised(i) for i in infos])
+        return super().per_sample_grads([as_materialised(i) for i in infos])
