@@ -380,19 +380,14 @@ def noise_scale(data: Any, *, as_json: bool) -> None:
     1000 and 5000; how often the bound or the estimate exceeds the claim (issue 49)."""
     import pytest
 
-    import workers.engine as engine_module
+    from tests.workers.canary_audit.faults import scale_noise
 
     n = int(data.x_train.shape[0])
     rows: list[dict[str, Any]] = []
-    original = engine_module.DPEngine._add_noise
     for m in (1000, 5000):
         for scale in (1.0, 0.9, 0.8):
-
-            def add_noise(self: Any, buf: Any, sensitivity: Any, mult: Any) -> Any:
-                return original(self, buf, sensitivity, mult * scale)  # noqa: B023
-
             mp = pytest.MonkeyPatch()
-            mp.setattr(engine_module.DPEngine, "_add_noise", add_noise)
+            scale_noise(scale, mp)
             try:
                 found = [
                     _audit(data, case=f"noise x{scale}", epsilon=8.0, canaries=m,

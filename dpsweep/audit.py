@@ -96,7 +96,12 @@ class AuditRequest(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     setting: Literal["white-box", "black-box"] = "white-box"
     canaries: int = Field(default=1000, ge=2, le=100_000)
-    direction: Literal["random", "dirac"] = "random"
+    direction: Literal["auto", "random", "dirac"] = Field(
+        default="auto",
+        description="white-box canaries: dirac (one coordinate each, mutually orthogonal), "
+        "random (random unit vectors), or auto: dirac where the model has a coordinate for "
+        "each canary, else random",
+    )
     confidence: float = Field(
         default=0.95,
         gt=0.5,

@@ -90,7 +90,13 @@ def add_parsers(sub: Any) -> None:
     c = a.add_argument_group("audit")
     c.add_argument("--setting", choices=("white-box", "black-box"), default="white-box")
     c.add_argument("--canaries", type=positive_int("canaries"), default=1000, help="m")
-    c.add_argument("--direction", choices=("random", "dirac"), default="random")
+    c.add_argument(
+        "--direction",
+        choices=("auto", "random", "dirac"),
+        default="auto",
+        help="white-box canaries: auto (default: dirac where the model has a coordinate for "
+        "each canary, else random), random or dirac",
+    )
     c.add_argument("--confidence", type=float, default=0.95)
     a.add_argument("--db", help="database of the datasets, ledger and stored audits")
     a.add_argument("--json", action="store_true", help="print the result as one JSON object")

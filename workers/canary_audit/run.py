@@ -140,7 +140,7 @@ def run_audit(
     *,
     setting: Setting = "white-box",
     canaries: int = 1000,
-    direction: Direction = "random",
+    direction: Direction = "auto",
     confidence: float = 0.95,
     dataset: Dataset | None = None,
     public_data: bool = False,
@@ -151,7 +151,8 @@ def run_audit(
         spec: the pack to audit (every trial with the same planned noise multiplier).
         setting: ``white-box`` (every iterate) or ``black-box`` (final model).
         canaries: m.
-        direction: the white-box canaries' directions (``random`` or ``dirac``).
+        direction: the white-box canaries' directions (``auto``, ``random`` or ``dirac``;
+            the result names the one used).
         confidence: of the lower bound.
         dataset: the loaded data (else loaded from ``spec.dataset``).
         public_data: the records are public (a built-in set, ``synthetic``, or one its owner
@@ -166,7 +167,7 @@ def run_audit(
     start = time.perf_counter()
     data = dataset if dataset is not None else load_dataset(spec.dataset)
     if setting == "white-box":
-        results, scores, gauss_scores, included = _white_box(
+        results, scores, gauss_scores, included, direction = _white_box(
             spec, data, canaries=canaries, direction=direction, public_data=public_data
         )
     else:
@@ -253,8 +254,9 @@ def _result(
 
 def _white_box(
     spec: PackSpec, data: Dataset, *, canaries: int, direction: Direction, public_data: bool
-) -> tuple[list[TrialResult], np.ndarray, np.ndarray, np.ndarray]:
-    """Train with gradient canaries; the results, both scores per canary, and their bits."""
+) -> tuple[list[TrialResult], np.ndarray, np.ndarray, np.ndarray, Direction]:
+    """Train with gradient canaries; the results, both scores per canary, their bits, and
+    the direction used (``auto`` resolved)."""
     holder: list[GradientCanaries] = []
     layerwise = any(t.params.get("clip_style") == "layerwise" for t in spec.trials)
 
@@ -277,7 +279,7 @@ def _white_box(
     _check_canaries_entered(holder[0], results)
     z, mu, included = holder[0].scored_inputs()
     wb = white_box_scores(z, mu, sample_rate=results[0].sample_rate, data_removed=public_data)
-    return results, wb.llr, wb.linear, included
+    return results, wb.llr, wb.linear, included, holder[0].direction
 
 
 def _check_canaries_entered(can: GradientCanaries, results: list[TrialResult]) -> None:

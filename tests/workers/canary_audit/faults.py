@@ -5,6 +5,8 @@
 * ``unclipped_example``: each step one sampled example (at random) keeps its raw gradient (the
   engine's sensitivity check is disabled, as a bug that slipped past it would be);
 * ``doubled_rate``: Poisson sampling at 2q.
+
+:func:`scale_noise` is the subtler fault of issue 49: noise at a fraction of its planned scale.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ from workers.strategies import get_strategy
 FAULTS = ("halved_noise", "shared_noise", "unclipped_example", "doubled_rate")
 
 
+def scale_noise(scale: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch the engine so that every release gets ``scale`` times its planned noise."""
+    original = engine_module.DPEngine._add_noise
+
+    def add_noise(self: Any, buf: torch.Tensor, sensitivity: torch.Tensor, mult: Any) -> Any:
+        return original(self, buf, sensitivity, mult * scale)
+
+    monkeypatch.setattr(engine_module.DPEngine, "_add_noise", add_noise)
+
+
 def inject(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Patch the engine with fault ``name`` (undone with ``monkeypatch``)."""
     if name == "halved_noise":
-        original = engine_module.DPEngine._add_noise
-
-        def add_noise(self: Any, buf: torch.Tensor, sensitivity: torch.Tensor, mult: Any) -> Any:
-            return original(self, buf, sensitivity, mult * 0.5)
-
-        monkeypatch.setattr(engine_module.DPEngine, "_add_noise", add_noise)
+        scale_noise(0.5, monkeypatch)
     elif name == "shared_noise":
 
         def shared(self: NoiseSource, buf: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

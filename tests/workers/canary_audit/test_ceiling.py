@@ -92,3 +92,13 @@ def test_refuses_a_mechanism_that_is_not_one(sigma: float, q: float, steps: int)
             steps=steps,
             rng=np.random.default_rng(),
         )
+
+
+def test_auto_direction_is_dirac_where_every_canary_has_a_coordinate() -> None:
+    from workers.canary_audit.canaries import resolve_direction
+
+    assert resolve_direction("auto", m=1000, room=9738) == "dirac"
+    assert resolve_direction("auto", m=9738, room=9738) == "dirac"
+    assert resolve_direction("auto", m=9739, room=9738) == "random"
+    assert resolve_direction("random", m=10, room=9738) == "random"
+    assert resolve_direction("dirac", m=10, room=9738) == "dirac"
