@@ -27,7 +27,9 @@ the records. In particular:
 * an analyst's card (their sweep on another tenant's data) has its times and duration rounded
   to 10 s, as the analyst reads them everywhere (:mod:`sweeper.datasets.analyst_clock`).
 
-This module imports no torch: the weights arrive as a hash and a size.
+This module imports no torch: the weights arrive as a hash and a size. The card's fixed
+sentences are :mod:`sweeper.artifacts.card_texts`, and its Markdown rendering
+:mod:`sweeper.artifacts.card_markdown` (:func:`render_card_markdown`, re-exported here).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -45,10 +48,22 @@ from sqlalchemy.orm import Session, selectinload
 from dpsweep import __version__
 from dpsweep.errors import ConfigError, IllegalState
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.artifacts.card_markdown import render_card_markdown
+from sweeper.artifacts.card_texts import (
+    CLASSES_NOTE,
+    IDENTITY_NOTE,
+    NOT_PRIVATE_WARNING,
+    SEED_REPRODUCIBLE,
+    SEED_SECRET,
+    SELECTED_NOTE,
+    SINGLE_RUN_NOTE,
+    SPLIT_CHECK,
+    SPLIT_METHODS,
+)
 from sweeper.datasets.analyst_clock import analyst_names, coarse_time, for_analyst
 from sweeper.datasets.grants import dataset_row
 from sweeper.privacy.releases import evaluation_statement, grid_releases, sweep_release_of
-from sweeper.store import Sweep, Trial, TrialState
+from sweeper.store import Sweep, Trial, TrialResultRow, TrialState
 from sweeper.sweeps.released import selected_trial, trial_record
 from sweeper.sweeps.stored import grid_key, hidden_grids, randomness_fields, typed_spec
 from workers.strategies import get_descriptor
@@ -59,33 +74,6 @@ CARD_FORMAT = "dpsweep-model-card"
 
 #: What trial_record(selected_only=True) blanks: a papernot-steinke card leaves them out.
 POSITION_KEYS = ("number", "started_at", "finished_at", "train_seconds")
-
-NOT_PRIVATE_WARNING = (
-    "not differentially private: this model was trained without DP noise, so it may reveal "
-    "its training records; no epsilon applies to it"
-)
-SINGLE_RUN_NOTE = (
-    "what this run alone would cost, were it the only release; not what was spent: the "
-    "grid's epsilon covers the release this model belongs to"
-)
-SEED_SECRET = (
-    "public seed: it seeds the initial weights and the evaluation diagnostics only; the "
-    "Poisson batches and the noise came from a fresh per-trial secret that was never stored"
-)
-SEED_REPRODUCIBLE = (
-    "public seed: it seeds the initial weights and also the Poisson batches and the noise "
-    "(reproducible mode): anyone who knows it can reproduce them"
-)
-IDENTITY_NOTE = (
-    "the identity of the records (a hash of every record) is not on the card: someone who "
-    "knows all records but one could test guesses of the last against it; the operator sees "
-    "it with `dpsweep datasets show NAME`"
-)
-SELECTED_NOTE = (
-    "papernot-steinke: this model is its grid's selected trial, the only one the random "
-    "search releases; the grid's epsilon covers releasing it, and the number of runs stays "
-    "secret (so the card has no position, timestamps or durations)"
-)
 
 
 def model_card(
@@ -117,20 +105,9 @@ def model_card(
     result = trial.result
     if trial.state != TrialState.done or result is None:
         raise IllegalState(f"trial {trial.id} is not done with a result: it has no model")
-    sweep = session.get(Sweep, trial.sweep_id)
-    if sweep is None:
-        raise IllegalState(f"trial {trial.id} has no sweep")
-    spec = typed_spec(sweep)
-    metric, mode = spec.objective.metric, spec.objective.mode
-    plan = SweepPlan.from_stored(sweep.plan).grids
-    key = grid_key(trial.arm, trial.epsilon_budget)
-    grid = next((g for g in plan if g.grid == key), None)
-    if grid is None:
-        # Nothing was planned (so nothing accounted) for this trial's grid: no card.
-        raise IllegalState(f"trial {trial.id}'s grid {key!r} is not in its sweep's plan")
-    selected_only = key in hidden_grids(sweep)
-    if selected_only:
-        _check_selected(session, trial, metric=metric, mode=mode)
+    released = _released_grid(session, trial)
+    sweep, plan, grid = released.sweep, released.plan, released.grid
+    selected_only = released.selected_only
     randomness = randomness_fields(sweep.spec or {})
     private = _is_private(trial.strategy, grid, result.epsilon)
     analyst = bool(analyst_names(session, sweep.owner, [sweep.dataset]))
@@ -144,29 +121,10 @@ def model_card(
         "dpsweep_version": dpsweep_version(),
         "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only, analyst),
         "dataset": _dataset_section(session, sweep, grid),
-        "model": dict(model)
-        | {
-            "weights": {
-                "format": "safetensors",
-                "sha256": weights_sha256,
-                "size_bytes": int(weights_size_bytes),
-            }
-        },
+        "model": _model_section(model, weights_sha256, weights_size_bytes),
         "privacy": _privacy_section(trial, sweep, plan, grid, private, randomness, selected_only),
-        "evaluation": evaluation_statement(plan)
-        | {
-            "eval_releases": grid.eval_releases,
-            "eval_noise_multiplier": grid.eval_noise_multiplier,
-            "epsilon_eval": grid.epsilon_eval,
-        },
-        "metrics": {
-            "metric": metric,
-            "mode": mode,
-            "best_step": result.best_step,
-            # The released best-checkpoint metrics, exactly as the trial's record shows them
-            # (for DP evaluation, the noisy accuracy the row holds and nothing else).
-            "values": {k: v for k, v in (result.metrics or {}).items() if k != "reliability"},
-        },
+        "evaluation": _evaluation_section(plan, grid),
+        "metrics": _metrics_section(result, metric=released.metric, mode=released.mode),
         "warnings": warnings,
     }
     if not selected_only:
@@ -196,6 +154,75 @@ def dpsweep_version() -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Sections
+
+
+@dataclass(frozen=True)
+class _ReleasedGrid:
+    """A trial's sweep and the planned grid its model belongs to, with the sweep's objective."""
+
+    sweep: Sweep
+    plan: Sequence[GridPlan]
+    grid: GridPlan
+    selected_only: bool  # a papernot-steinke grid: only its selected trial is released
+    metric: str
+    mode: str
+
+
+def _released_grid(session: Session, trial: Trial) -> _ReleasedGrid:
+    """The trial's sweep and planned grid, refusing a trial whose grid was never planned and a
+    papernot-steinke trial its grid does not release (:func:`_check_selected`).
+
+    Raises:
+        IllegalState: no sweep, a grid outside the plan, or a trial its grid does not release.
+    """
+    sweep = session.get(Sweep, trial.sweep_id)
+    if sweep is None:
+        raise IllegalState(f"trial {trial.id} has no sweep")
+    spec = typed_spec(sweep)
+    metric, mode = spec.objective.metric, spec.objective.mode
+    plan = SweepPlan.from_stored(sweep.plan).grids
+    key = grid_key(trial.arm, trial.epsilon_budget)
+    grid = next((g for g in plan if g.grid == key), None)
+    if grid is None:
+        # Nothing was planned (so nothing accounted) for this trial's grid: no card.
+        raise IllegalState(f"trial {trial.id}'s grid {key!r} is not in its sweep's plan")
+    selected_only = key in hidden_grids(sweep)
+    if selected_only:
+        _check_selected(session, trial, metric=metric, mode=mode)
+    return _ReleasedGrid(sweep, plan, grid, selected_only, metric, mode)
+
+
+def _model_section(model: dict[str, Any], sha256: str, size_bytes: int) -> dict[str, Any]:
+    """What rebuilds the architecture, and the weights file's format, hash and size."""
+    return dict(model) | {
+        "weights": {
+            "format": "safetensors",
+            "sha256": sha256,
+            "size_bytes": int(size_bytes),
+        }
+    }
+
+
+def _evaluation_section(plan: Sequence[GridPlan], grid: GridPlan) -> dict[str, Any]:
+    """What the evaluation data was and whether epsilon covers it, with the grid's evaluation
+    releases and their noise."""
+    return evaluation_statement(plan) | {
+        "eval_releases": grid.eval_releases,
+        "eval_noise_multiplier": grid.eval_noise_multiplier,
+        "epsilon_eval": grid.epsilon_eval,
+    }
+
+
+def _metrics_section(result: TrialResultRow, *, metric: str, mode: str) -> dict[str, Any]:
+    """The objective and the best checkpoint's released metrics."""
+    return {
+        "metric": metric,
+        "mode": mode,
+        "best_step": result.best_step,
+        # The released best-checkpoint metrics, exactly as the trial's record shows them
+        # (for DP evaluation, the noisy accuracy the row holds and nothing else).
+        "values": {k: v for k, v in (result.metrics or {}).items() if k != "reliability"},
+    }
 
 
 def _check_selected(session: Session, trial: Trial, *, metric: str, mode: str) -> None:
@@ -271,32 +298,6 @@ def _dataset_section(session: Session, sweep: Sweep, grid: GridPlan) -> dict[str
         "input_scaling": grid.input_scaling,
         "split": split_section(session, sweep),
     }
-
-
-SPLIT_METHODS = {
-    "carve-out": (
-        "a shuffle seeded by split_seed (sklearn's train_test_split, stratified by class when "
-        "every class can appear on both sides) holds out round(n * test_fraction) records as "
-        "the evaluation split (treated as public)"
-    ),
-    "dp": (
-        "each record's content is hashed with split_seed as the key; the records whose hash "
-        "falls below test_fraction are the evaluation split (kept private: its metrics are "
-        "noisy)"
-    ),
-    "public": (
-        "every record of the dataset trains; the evaluation records are all those of "
-        "eval_dataset, declared public by its owner (split_seed and test_fraction are unused)"
-    ),
-}
-CLASSES_NOTE = (
-    "null: labels are encoded as the records' sorted distinct labels (a built-in or a local "
-    "file); a list: the class list the dataset's owner declared, in encoding order"
-)
-SPLIT_CHECK = (
-    "`dpsweep model TRIAL --check` rebuilds this split with the workers' loading code and "
-    "re-evaluates the model on it"
-)
 
 
 def split_section(session: Session, sweep: Sweep) -> dict[str, Any]:
@@ -405,117 +406,6 @@ def _clean(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_clean(v) for v in value]
     return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Markdown
-
-
-def _num(value: Any, digits: int = 4) -> str:
-    if isinstance(value, bool) or value is None:
-        return "n/a" if value is None else str(value)
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def render_card_markdown(card: dict[str, Any]) -> str:
-    """A short human-readable rendering of a card (the README.md beside a downloaded model):
-    the model, what its epsilon covers, sigma, q and T, the metrics and every warning."""
-    t, d, m, p = card["trial"], card["dataset"], card["model"], card["privacy"]
-    ev, met = card["evaluation"], card["metrics"]
-    lines = [
-        f"# Model card: {m.get('name')} from trial {t['id']}",
-        "",
-        f"Trained by dpsweep {card.get('dpsweep_version')} in sweep {t['sweep_name']!r} "
-        f"({t['sweep']}), arm `{t['arm']}` (strategy `{t['strategy']}`) at the ε level "
-        f"{_num(t['epsilon_budget'])}, on dataset `{d['name']}`.",
-        "",
-    ]
-    if card.get("warnings"):
-        lines += ["## Warnings", "", *(f"- **{w}**" for w in card["warnings"]), ""]
-    lines += ["## Privacy", ""]
-    if not p["private"]:
-        lines += [f"- {NOT_PRIVATE_WARNING}", ""]
-    else:
-        g, s = p["grid"], p.get("sweep")
-        lines += [
-            f"- ε = {_num(p['epsilon'])} at δ = {_num(p['delta'])} (this model's grid): "
-            f"covers {p['covers']}.",
-        ]
-        if s:
-            lines.append(
-                f"- ε = {_num(s['epsilon'])} at δ = {_num(s['delta'])} (the whole sweep): "
-                f"covers {s['covers']}."
-            )
-        lines += [
-            f"- σ = {_num(p['noise_multiplier'])}, q = {_num(p['sample_rate'])}, "
-            f"T = {_num(p['steps'])} steps, δ per run = {_num(p['target_delta'])}.",
-            f"- Accounting `{p['accounting']}`, accountant `{p['accountant']}`; verified by "
-            f"{g.get('verified_by')} (ε ≈ {_num(g.get('epsilon_verified'))}).",
-            f"- Single run's ε: {_num(p['single_run_epsilon']['epsilon'])} ({SINGLE_RUN_NOTE}).",
-        ]
-        if p.get("selected_trial"):
-            lines.append(f"- {p['selection']}.")
-    lines += [
-        f"- Randomness: {p['randomness']}.",
-        "",
-        "## Evaluation",
-        "",
-        f"Mode `{ev.get('mode')}`: {ev.get('statement')}.",
-        "",
-        f"## Metrics (best checkpoint, step {_num(met.get('best_step'))})",
-        "",
-        f"Objective: {met['metric']} ({met['mode']}).",
-        "",
-        "| metric | value |",
-        "| --- | --- |",
-        *(f"| {k} | {_num(v)} |" for k, v in sorted((met.get("values") or {}).items())),
-        "",
-        "## Model",
-        "",
-        f"- Architecture `{m.get('name')}` with options `{json.dumps(m.get('options') or {})}`, "
-        f"input shape {m.get('input_shape')}, {m.get('num_classes')} classes, "
-        f"{m.get('parameters')} parameters.",
-        f"- Weights: {m['weights']['format']}, {m['weights']['size_bytes']} bytes, sha256 "
-        f"`{m['weights']['sha256']}`.",
-        f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
-        f"{t['seed']} ({t['seed_seeds']}).",
-        "",
-        *_split_markdown(d),
-    ]
-    return "\n".join(lines)
-
-
-def _split_markdown(d: dict[str, Any]) -> list[str]:
-    """The dataset's evaluation split, as it can be rebuilt (cards of version 2 and later)."""
-    sp = d.get("split")
-    if not isinstance(sp, dict):
-        return []
-    bounds = sp.get("input_bounds")
-    lines = [
-        "## Dataset and evaluation split",
-        "",
-        f"- Dataset `{d.get('name')}` (loader `{sp.get('loader')}`"
-        + (f", options `{json.dumps(sp['options'], sort_keys=True)}`" if sp.get("options") else "")
-        + f"): {_num(d.get('n_train'))} training and {_num(d.get('n_eval'))} evaluation records.",
-        f"- Evaluation mode `{sp.get('eval_mode')}`"
-        + (f" on `{sp['eval_dataset']}`" if sp.get("eval_dataset") else "")
-        + f": {sp.get('method')}.",
-        f"- Split seed {sp.get('split_seed')}, test fraction {_num(sp.get('test_fraction'))}.",
-        f"- Input bounds {'none' if bounds is None else bounds}, feature clip "
-        f"{_num(sp.get('feature_clip'))}.",
-        "- Classes: "
-        + (
-            "the records' sorted distinct labels"
-            if sp.get("classes") is None
-            else ", ".join(f"`{c}`" for c in sp["classes"])
-        )
-        + ".",
-        f"- {SPLIT_CHECK}.",
-        "",
-    ]
-    return lines
 
 
 __all__ = [
