@@ -1,7 +1,8 @@
-"""dpsweep sweeper: the domain layer (spec, planning, store, scheduling, results) and the CLI.
+"""dpsweep sweeper: the domain layer (planning, store, scheduling, results).
 
 Pure domain: it imports neither FastAPI nor torch at module level. It sits between ``api``
-(above, never imported from here) and ``workers`` and ``dpsweep`` (below).
+(above, never imported from here; the command-line interface is ``api.cli``) and ``workers``
+and ``dpsweep`` (below; the sweep spec it carries is :mod:`dpsweep.spec`).
 
 Its sub-packages are layered, bottom first; each imports only the ones before it:
 

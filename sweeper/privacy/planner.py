@@ -28,7 +28,6 @@ the training sigma is calibrated so that training AND evaluation together fit th
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from dpsweep.errors import ConfigError
@@ -51,16 +50,6 @@ PLANNERS: dict[str, Planner] = {
     "basic": plan_basic,
     "papernot-steinke": plan_papernot_steinke,
 }
-
-
-def register_planner(name: str) -> Callable[[Planner], Planner]:
-    """Add (or replace) an accounting method under ``name``, as a decorator."""
-
-    def deco(fn: Planner) -> Planner:
-        PLANNERS[name] = fn
-        return fn
-
-    return deco
 
 
 def plan_grid(req: GridRequest) -> GridPlan:
