@@ -33,8 +33,9 @@ import threading
 from collections.abc import Sequence
 
 from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
-from api.cli.common import Parser
+from api.cli.common import EXIT_FAILURE, EXIT_USAGE, Parser, fail
 from api.serve import add_parsers as add_serve_parsers
+from dpsweep.errors import ConfigError, DpsweepError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``dpsweep`` command; its exit code (2 for usage errors, as argparse)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args.subparser, args) or 0)
+    try:
+        return int(args.func(args.subparser, args) or 0)
+    except DpsweepError as exc:
+        # The last net: a refusal a command did not render itself (a bad --db, say) is a
+        # one-line error that says how to fix it, never a traceback.
+        fail(exc)
+        return EXIT_USAGE if isinstance(exc, ConfigError) else EXIT_FAILURE
 
 
 def entry() -> None:

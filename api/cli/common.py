@@ -9,6 +9,8 @@ from typing import Any, NoReturn
 from rich.console import Console
 from rich.text import Text
 
+from dpsweep.errors import ConfigError
+
 EXIT_USAGE = 2  # argparse's convention for bad arguments
 EXIT_FAILURE = 1
 
@@ -66,11 +68,27 @@ def open_engine(url: str | None, *, migrate: bool = True) -> Any:
     from sweeper.store.schema import ensure_schema, require_head  # deferred: Alembic
 
     url = database_url(url)
+    _check_url(url)
     if migrate:
         ensure_schema(url)
     else:
         require_head(url)
     return make_engine(url)
+
+
+def _check_url(url: str) -> None:
+    """Refuse a ``--db`` that is no database URL (a bare file path, say) with the fix."""
+    from sqlalchemy.engine import make_url  # deferred: SQLAlchemy
+
+    try:
+        make_url(url)
+    except Exception as exc:  # ArgumentError, ValueError: both mean a malformed URL
+        raise ConfigError(
+            "--db takes a database URL, not a path: a SQLite file is sqlite:///dpsweep.db "
+            "(relative) or sqlite:////abs/path/dpsweep.db (absolute), PostgreSQL "
+            "postgresql://user@host/name",
+            field="db",
+        ) from exc
 
 
 def fail(exc: Exception) -> int:
