@@ -20,8 +20,8 @@ beside it (shown only where its normality check passes; not a bound), and the wa
   m = 1000 (5 audits each) and m = 10000 (3 each): medians, ranges and wall times, and beside
   each the bound's ceiling (:mod:`workers.canary_audit.ceiling`: the same bound on ideal scores
   of the claimed mechanism, same m);
-* ``--ceiling`` instead: only the ceilings of those rows, at m = 1000, 10,000 and 100,000
-  (seconds: no training).
+* ``--ceiling`` instead: only the ceilings of those rows, at m = 1000, 10,000 and 100,000,
+  15 simulated audits each (a minute: no training).
 
 * ``--per-strategy`` instead: bound / claim for every strategy and engine path (one audit per
   cell of epsilon 8 and 2, q = 1 and the default q, m = 1000 and 10,000);
@@ -110,7 +110,7 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         spec,
         setting=kw.get("setting", "white-box"),
         canaries=int(kw["canaries"]),
-        direction=kw.get("direction", "random"),
+        direction=kw.get("direction", "auto"),
         dataset=data,
         public_data=True,
     )
@@ -127,6 +127,7 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         "exceeds_claim": r.exceeds_claim,
         "estimate_exceeds_claim": r.estimate_exceeds_claim,
         "seconds": round(r.seconds, 2),
+        "direction": r.direction,
         "noise_multiplier": sigma,
         "sample_rate": batch / n,
         "steps": steps,
@@ -227,7 +228,9 @@ def main() -> None:
 SETTINGS = (("q = 1, T = 10", None, 10), ("q = 64/N, T = 100", 64, 100))
 
 
-def _ceiling(*, canaries: int, noise_multiplier: float, sample_rate: float, steps: int) -> Any:
+def _ceiling(
+    *, canaries: int, noise_multiplier: float, sample_rate: float, steps: int, draws: int = 5
+) -> Any:
     from workers.canary_audit.ceiling import one_run_ceiling
 
     return one_run_ceiling(
@@ -236,7 +239,7 @@ def _ceiling(*, canaries: int, noise_multiplier: float, sample_rate: float, step
         sample_rate=sample_rate,
         steps=steps,
         delta=DELTA,
-        draws=5,
+        draws=draws,
     )
 
 
@@ -316,7 +319,9 @@ def ceilings(*, as_json: bool) -> None:
                 accountant="opacus-rdp",
             )
             for m in (1000, 10000, 100000):
-                c = _ceiling(canaries=m, noise_multiplier=sigma, sample_rate=q, steps=steps)
+                c = _ceiling(
+                    canaries=m, noise_multiplier=sigma, sample_rate=q, steps=steps, draws=15
+                )
                 rows.append(
                     {
                         "setting": label,
