@@ -1,6 +1,6 @@
 """A local Ray, and ``dpsweep serve`` with its scheduler and local Ray, listen on loopback only.
 
-The README promises "127.0.0.1 only": nothing that dpsweep starts on its own may accept
+docs/sweeps.md promises "127.0.0.1 only": nothing that dpsweep starts on its own may accept
 connections from another host. Every listening TCP socket of the process tree (the driver,
 Ray's GCS, raylet, agents and workers; the API server and its scheduler) is read from
 ``/proc`` and must be bound to 127.0.0.1 or ::1, never to 0.0.0.0, ``::`` or one of the host's
