@@ -85,14 +85,17 @@ function allowanceCell(a) {
     h("span", { class: "muted small" }, `yours: ${num(a.epsilon_left)} left${a.active ? "" : " (revoked)"}`));
 }
 
-function bar(b) {
+export function bar(b) {
   if (b.epsilon_cap === null || b.epsilon_cap === undefined) {
     return h("span", { class: "muted small" }, `ε ${num(b.epsilon_committed)} ${b.scope === "yours" ? "spent by you" : "spent"}, no cap`);
   }
   const cap = b.epsilon_cap || 1e-12;
   const pct = (v) => Math.min(100, (100 * v) / cap);
   const whose = b.scope === "yours" ? "you spent" : "spent";
-  return h("div", { class: "bar budget", title: `${whose} ${num(b.epsilon_committed)}, reserved ${num(b.epsilon_reserved)} of ${num(b.epsilon_cap)}` },
-    h("span", { class: "p-done", style: `width:${pct(b.epsilon_committed)}%` }),
+  // The spent part's colour says how much is left: green, then amber from 70 %, red from 90 %.
+  const used = (b.epsilon_committed + b.epsilon_reserved) / cap;
+  const level = used >= 0.9 ? "high" : used >= 0.7 ? "mid" : "low";
+  return h("div", { class: "bar budget", "data-used": level, title: `${whose} ${num(b.epsilon_committed)}, reserved ${num(b.epsilon_reserved)} of ${num(b.epsilon_cap)}` },
+    h("span", { class: `p-done spent-${level}`, style: `width:${pct(b.epsilon_committed)}%` }),
     h("span", { class: "p-running", style: `width:${pct(b.epsilon_reserved)}%` }));
 }

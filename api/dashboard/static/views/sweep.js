@@ -59,7 +59,7 @@ export function sweepView(el, id) {
   // Why there is no calibration front (DP evaluation releases none, no ECE, no trials yet):
   // said where the chart would be, in its place, rather than under an empty plot.
   const calReason = h("div", { class: "info cal-reason", id: "cal-reason", role: "status", hidden: true });
-  const calDesc = h("p", { class: "muted small" }, "Every finished trial; ringed points are non-dominated. Click to open.");
+  const calDesc = h("p", { class: "muted small" }, "Every finished trial; ringed points are non-dominated among the trials of their ε level. Click to open.");
   const calCard = h("div", { class: "card", id: "cal-card" },
     h("h2", {}, "Calibration"), calReason, calDesc, calChart, calNote);
   const resultsBox = h("div", { id: "results" });
@@ -109,7 +109,13 @@ export function sweepView(el, id) {
   function drawHeader() {
     const s = summary;
     title.textContent = s.name;
-    stateEl.replaceChildren(badge(s.state));
+    const ended = TERMINAL.has(s.state);
+    stateEl.replaceChildren(badge(s.state), ended && s.finished_at
+      ? h("span", { class: "muted small", id: "sweep-duration" }, ` in ${duration(s.started_at || s.created_at, s.finished_at)}`)
+      : "");
+    // A finished sweep's state says it all: the events stream's "finished" would be a second
+    // badge saying the same.
+    conn.hidden = ended;
     meta.replaceChildren(
       `dataset ${s.dataset} · objective ${s.objective.metric} (${s.objective.mode}) · created ${when(s.created_at)}`,
       s.started_at ? ` · started ${when(s.started_at)}` : "",
@@ -156,8 +162,12 @@ export function sweepView(el, id) {
       marker: { symbol: "star", size: 16, color: "rgba(0,0,0,0)", line: { width: 1.5, color: "#111" } },
       hoverinfo: "skip",
     });
+    // The ε levels are discrete: ticks at the levels only (no 1.5 between 1 and 2, and no
+    // stray minor labels such as a lone "9" on the log axis).
+    const levels = [...new Set(eps.points.map((p) => p.x))].sort((a, b) => a - b);
     plot(epsChart, traces, {
-      xaxis: { title: { text: "per-grid ε budget" }, type: logX ? "log" : "linear" },
+      xaxis: { title: { text: "per-grid ε budget" }, type: logX ? "log" : "linear",
+        tickmode: "array", tickvals: levels, ticktext: levels.map((v) => num(v)) },
       yaxis: { title: { text: metric } },
     }, { onClick: openPoint });
     drawResults();
@@ -220,15 +230,20 @@ export function sweepView(el, id) {
       text: pts.map(hover), hovertemplate: "%{text}<extra></extra>",
       marker: { size: 7, color: color(arm), symbol: style(arm).symbol, opacity: 0.75 },
     }));
-    const front = cal.points.filter((p) => !p.dominated).sort((a, b) => a.x - b.x);
-    traces.push({
-      type: "scatter", mode: "lines+markers", name: "non-dominated", dpRole: "front",
+    // One front per ε level: trials at different privacy levels are not alternatives to each
+    // other, and a pooled front would ring a low-ε trial (even one at chance) for its low ECE
+    // only because nothing at its level was compared with it.
+    const fronts = levelFronts(cal.points);
+    const shades = ["#111", "#555", "#888", "#aaa"];
+    fronts.forEach(([level, front], i) => traces.push({
+      type: "scatter", mode: "lines+markers", name: `non-dominated at ε ${num(level)}`, dpRole: "front",
       x: front.map((p) => p.x), y: front.map((p) => p.y), customdata: front.map((p) => p.trial),
       text: front.map(hover), hovertemplate: "%{text}<extra>front</extra>",
-      line: { color: "#111", dash: "dot", width: 1 },
-      marker: { size: 13, color: "rgba(0,0,0,0)", line: { width: 2, color: "#111" } },
-    });
-    calNote.textContent = `${cal.points.length} finished trials, ${front.length} non-dominated.`;
+      line: { color: shades[i % shades.length], dash: "dot", width: 1 },
+      marker: { size: 13, color: "rgba(0,0,0,0)", line: { width: 2, color: shades[i % shades.length] } },
+    }));
+    const ringed = fronts.reduce((n, [, f]) => n + f.length, 0);
+    calNote.textContent = `${cal.points.length} finished trials; ${ringed} non-dominated within their ε level.`;
     plot(calChart, traces, {
       xaxis: { title: { text: metric } }, yaxis: { title: { text: "ECE (lower is better)" } },
     }, { onClick: openPoint });
@@ -396,4 +411,27 @@ export function sweepView(el, id) {
   })();
 
   return () => { alive = false; stopLive(); clearTimeout(pending); };
+}
+
+/** Each ε level's non-dominated points (higher x, lower y), sorted by x: ``[[level, points]]``. */
+export function levelFronts(points) {
+  const byLevel = new Map();
+  for (const p of points) {
+    if (!Number.isFinite(p.x) || !Number.isFinite(p.y)) continue;
+    const key = p.epsilon_budget;
+    if (!byLevel.has(key)) byLevel.set(key, []);
+    byLevel.get(key).push(p);
+  }
+  return [...byLevel.entries()].sort((a, b) => a[0] - b[0]).map(([level, pts]) => [level,
+    pts.filter((p) => !pts.some((q) => q !== p && q.x >= p.x && q.y <= p.y && (q.x > p.x || q.y < p.y)))
+      .sort((a, b) => a.x - b.x)]);
+}
+
+/** ``from`` to ``to`` (ISO times) as "42 s", "3 min 5 s" or "2 h 10 min". */
+export function duration(from, to) {
+  const s = Math.max(0, Math.round((Date.parse(to) - Date.parse(from)) / 1000));
+  if (!Number.isFinite(s)) return "–";
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }

@@ -26,12 +26,16 @@ export function trialView(el, id) {
     const curves = h("div", { id: "curves-chart", class: "chart" });
     const loss = h("div", { id: "loss-chart", class: "chart" });
     const traj = h("div", { id: "traj-chart", class: "chart" });
+    const diag = h("div", { id: "diagnostics-chart", class: "chart" });
     const rel = h("div", { id: "reliability-chart", class: "chart" });
     const p = t.privacy;
     // A Papernot–Steinke grid's released trial has no position (its run index would bound the
     // private number of runs): it is "the selected trial" of its grid.
     const ps = t.planned?.accounting === "papernot-steinke";
-    const label = ps ? "selected trial" : `#${t.number}`;
+    // "trial N" numbers the sweep's trials; the ledger's "run j of grid G" counts the charges
+    // made in its grid, in the order they were made: the header names both, so they agree.
+    const run = (p.charges || []).map((c) => /^run (\d+) of grid/.exec(c.note || "")).find(Boolean);
+    const label = ps ? "selected trial" : `trial ${t.number}${run ? ` (run ${run[1]} of its grid)` : ""}`;
     el.replaceChildren(
       h("p", { class: "crumbs" }, h("a", { href: "/sweeps" }, "Sweeps"), " / ",
         h("a", { href: `/sweeps/${t.sweep}`, id: "back-to-sweep" }, t.sweep.slice(0, 12)), ` / trial ${label}`),
@@ -45,6 +49,7 @@ export function trialView(el, id) {
       t.error ? h("div", { class: "error", id: "trial-error" }, h("strong", {}, "Error: "), h("pre", {}, t.error)) : "",
       h("div", { class: "charts" },
         h("div", { class: "card" }, h("h2", {}, "Learning curve"), curves),
+        h("div", { class: "card", id: "diagnostics-card" }, h("h2", {}, "Clipping diagnostics (evaluation split)"), diag),
         h("div", { class: "card" }, h("h2", {}, "Loss"), loss),
         h("div", { class: "card" }, h("h2", {}, "Clipping norm Cₜ and learning rate"), traj),
         h("div", { class: "card" }, h("h2", {}, "Reliability diagram"), rel)),
@@ -71,14 +76,19 @@ export function trialView(el, id) {
       modelPanel(t),
       auditsPanel({ trial: t.id || id, canStart: t.state === "done" }));
 
-    const objective = Object.keys(metrics).find((k) => k === "accuracy") || Object.keys(metrics).find((k) => k !== "loss");
     const series = (name) => ({ x: (metrics[name] || []).map((m) => m.step), y: (metrics[name] || []).map((m) => m.value) });
-    const lines = Object.keys(metrics).filter((k) => k !== "loss").map((k) => ({
-      type: "scatter", mode: "lines+markers", name: k, ...series(k), visible: k === objective || k === "ece" ? true : "legendonly",
-    }));
-    plot(curves, lines, { xaxis: { title: { text: "step" } } });
+    drawCurves(curves, metrics, series);
+    const diagnostics = Object.keys(metrics).filter((k) => !CURVE_METRICS.has(k) && k !== "loss");
+    if (diagnostics.length) {
+      plot(diag, diagnostics.map((k) => ({ type: "scatter", mode: "lines+markers", name: k, ...series(k) })),
+        { xaxis: { title: { text: "step" } }, legend: { orientation: "h", x: 0, y: 1.15 } });
+    } else {
+      diag.closest(".card").hidden = true;
+    }
+    // From zero: a loss axis cut to its data's range turns 0.265 -> 0.29 into a cliff.
     plot(loss, [{ type: "scatter", mode: "lines+markers", name: "loss", ...series("loss") }],
-      { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "eval loss" } }, showlegend: false });
+      { xaxis: { title: { text: "step" } }, yaxis: { title: { text: "eval loss" }, rangemode: "tozero" },
+        showlegend: false });
 
     const tr = t.trajectories || {};
     const steps = tr.step || [];
@@ -128,6 +138,32 @@ export function trialView(el, id) {
   }
 
   return () => { alive = false; };
+}
+
+// The learning curve's two panels: the objective above, calibration below (never one axis for
+// an accuracy and an ECE); every other evaluation metric is a clipping diagnostic.
+const CURVE_METRICS = new Set(["accuracy", "mse", "ece", "mce"]);
+
+function drawCurves(el, metrics, series) {
+  const objective = ["accuracy", "mse"].find((k) => k in metrics);
+  const traces = [];
+  if (objective) {
+    traces.push({ type: "scatter", mode: "lines+markers", name: objective, dpRole: "objective", ...series(objective),
+      yaxis: "y", line: { color: TRAJ.clip, width: 2 } });
+  }
+  if ("ece" in metrics) {
+    traces.push({ type: "scatter", mode: "lines+markers", name: "ECE", dpRole: "ece", ...series("ece"),
+      yaxis: "y2", line: { color: TRAJ.lr, width: 2, dash: "dash" } });
+  }
+  plot(el, traces, {
+    xaxis: { title: { text: "step" }, anchor: "y2" },
+    yaxis: { domain: [0.56, 1], title: { text: objective || "", font: { color: TRAJ.clip } },
+      tickfont: { color: TRAJ.clip }, ...(objective === "accuracy" ? { range: [0, 1] } : { rangemode: "tozero" }) },
+    yaxis2: { domain: [0, 0.44], title: { text: "ECE", font: { color: TRAJ.lr } }, tickfont: { color: TRAJ.lr },
+      rangemode: "tozero" },
+    legend: { orientation: "h", x: 0, y: 1.12 },
+    margin: { l: 70, r: 20, t: 40, b: 50 },
+  });
 }
 
 // The trajectories' colours: distinct from each other (and colour-blind safe: blue, orange).
