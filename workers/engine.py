@@ -30,20 +30,18 @@ messages: they name the release and the trial, never a norm or a count.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from dpsweep.errors import PrivacyError
+from workers.canary_hook import GradientCanaryHook
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext
-
-if TYPE_CHECKING:
-    from workers.canary_audit.canaries import GradientCanaries
 
 Task = Literal["classification", "reconstruction"]
 
@@ -88,7 +86,7 @@ class DPEngine:
         noise_multiplier: Tensor,
         sample_streams: Sequence[RandomStream],
         noise: NoiseSource,
-        canaries: GradientCanaries | None = None,
+        canaries: GradientCanaryHook | None = None,
     ) -> None:
         self.model = model
         self.strategy = strategy
@@ -209,19 +207,54 @@ class DPEngine:
         return infos, sq, loss.detach()
 
     def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
+        """One step's noised releases from the sampled examples ``idx`` (``mask``: sampled)."""
         strategy = self.strategy
-        infos: list[Any] | None = None
+        idx, data_mask, slots, canary_ids = self._canary_slots(idx, mask)
+        infos, sq, ctx = self._norms(idx, mask, data_mask)
+        clip = strategy.clip(ctx)
+        raw_norm: Tensor | None = None
+        if self.canaries is not None:
+            # The sensitivity check below sees the canaries' norms too (sq is updated).
+            clip, sq, slots, raw_norm, mask = self._clip_with_canaries(
+                clip, ctx, sq, slots=slots, canary_ids=canary_ids, mask=mask, data_mask=data_mask
+            )
+        if not strategy.private:
+            # Non-private baseline: average over the realised batch (no noise, no guarantee).
+            realised = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+            self._weighted_sum(self.grad, infos, clip.weights / realised.unsqueeze(-1))
+            return {"grad": self.grad}
+        if sq is not None:
+            _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
+            for extra in clip.extra:
+                _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
+        for sc in clip.scalars:
+            _check_scalar(sc.name, sc.values, sc.sensitivity)
+        bufs, weights = self._clipped_sums(clip, infos)
+        if self.canaries is not None and slots is not None and raw_norm is not None:
+            for buf, w in zip(bufs, weights, strict=True):
+                self.canaries.add_into(buf, w, slots, canary_ids, raw_norm)
+        return self._noised(clip, bufs)
+
+    def _canary_slots(
+        self, idx: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """The batch's canary slots (an audit only): ``idx`` with them read as example 0, the
+        data's mask (canary slots at 0), the slots, and the canary of each slot."""
         can = self.canaries
-        slots: Tensor | None = None
-        canary_ids = idx
-        data_mask = mask
-        if can is not None and can.n_included > 0 and idx.shape[1] > 0:
-            # Canary slots are read as example 0 with a zero mask (so a zero gradient); their
-            # norms and contributions come from the canaries below.
-            slots = (idx >= self.n_data) & (mask > 0)
-            data_mask = mask * slots.logical_not().to(mask.dtype)
-            canary_ids = can.ids_in[(idx - self.n_data).clamp(min=0, max=can.n_included - 1)]
-            idx = torch.where(slots, torch.zeros_like(idx), idx)
+        if can is None or can.n_included == 0 or idx.shape[1] == 0:
+            return idx, mask, None, idx
+        # Canary slots are read as example 0 with a zero mask (so a zero gradient); their
+        # norms and contributions come from the canaries (_clip_with_canaries).
+        slots = (idx >= self.n_data) & (mask > 0)
+        data_mask = mask * slots.logical_not().to(mask.dtype)
+        canary_ids = can.ids_in[(idx - self.n_data).clamp(min=0, max=can.n_included - 1)]
+        idx = torch.where(slots, torch.zeros_like(idx), idx)
+        return idx, data_mask, slots, canary_ids
+
+    def _norms(
+        self, idx: Tensor, mask: Tensor, data_mask: Tensor
+    ) -> tuple[list[Any] | None, Tensor | None, StepContext]:
+        """The sampled examples' per-layer infos and squared norms, and the strategy's context."""
         if idx.shape[1] > 0:
             # One flat gather (index_select) is ~5x faster than advanced indexing by [K, B].
             flat_idx = idx.view(-1)
@@ -229,55 +262,54 @@ class DPEngine:
             target = xb
             if self.y is not None:
                 target = self.y.index_select(0, flat_idx).view(*idx.shape, *self.y.shape[1:])
-            infos, sq, ctx = self.per_sample(xb, target, data_mask)
-        else:
-            sq = None
-            if strategy.needs_norms:
-                sq = torch.zeros(self.k, 0, self.model.n_param_layers, device=self.device)
-            ctx = StepContext(
-                sq_norms=sq,
-                mask=mask,
-                expected_batch_size=self.expected_batch_size,
-                noise=self.noise,
-            )
-        clip = strategy.clip(ctx)
-        if can is not None:
-            raw_norm = can.choose_norm(strategy, StepContext, sensitivity=clip.sensitivity, ctx=ctx)
-            if slots is not None and sq is not None and bool(slots.any()):
-                sq = torch.where(
-                    slots.unsqueeze(-1),
-                    can.slot_norms(raw_norm, canary_ids),
-                    sq,
-                )
-                # Canary slots count as sampled examples again (ctx.mask had them at 0).
-                mask = data_mask + slots.to(mask.dtype)
-                ctx = StepContext(
-                    sq_norms=sq,
-                    mask=mask,
-                    expected_batch_size=self.expected_batch_size,
-                    noise=self.noise,
-                )
-                clip = strategy.clip(ctx)
-            else:
-                slots = None
-        grad = self.grad
-        if not strategy.private:
-            # Non-private baseline: average over the realised batch (no noise, no guarantee).
-            realised = mask.sum(dim=1, keepdim=True).clamp(min=1.0)
-            self._weighted_sum(grad, infos, clip.weights / realised.unsqueeze(-1))
-            return {"grad": grad}
-        if sq is not None:
-            _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
-            for extra in clip.extra:
-                _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
-        for sc in clip.scalars:
-            _check_scalar(sc.name, sc.values, sc.sensitivity)
+            return self.per_sample(xb, target, data_mask)
+        sq = None
+        if self.strategy.needs_norms:
+            sq = torch.zeros(self.k, 0, self.model.n_param_layers, device=self.device)
+        ctx = StepContext(
+            sq_norms=sq, mask=mask, expected_batch_size=self.expected_batch_size, noise=self.noise
+        )
+        return None, sq, ctx
+
+    def _clip_with_canaries(
+        self,
+        clip: Any,
+        ctx: StepContext,
+        sq: Tensor | None,
+        *,
+        slots: Tensor | None,
+        canary_ids: Tensor,
+        mask: Tensor,
+        data_mask: Tensor,
+    ) -> tuple[Any, Tensor | None, Tensor | None, Tensor, Tensor]:
+        """The strategy's weights with the sampled canaries as examples of the batch: the clip,
+        the squared norms with the canaries', the slots (None when no canary was sampled),
+        their raw norm and the batch's mask."""
+        can = self.canaries
+        assert can is not None  # only called in an audit
+        raw_norm = can.choose_norm(
+            self.strategy, StepContext, sensitivity=clip.sensitivity, ctx=ctx
+        )
+        if slots is None or sq is None or not bool(slots.any()):
+            return clip, sq, None, raw_norm, mask
+        sq = torch.where(slots.unsqueeze(-1), can.slot_norms(raw_norm, canary_ids), sq)
+        # Canary slots count as sampled examples again (ctx.mask had them at 0).
+        mask = data_mask + slots.to(mask.dtype)
+        ctx = StepContext(
+            sq_norms=sq, mask=mask, expected_batch_size=self.expected_batch_size, noise=self.noise
+        )
+        return self.strategy.clip(ctx), sq, slots, raw_norm, mask
+
+    def _clipped_sums(
+        self, clip: Any, infos: list[Any] | None
+    ) -> tuple[list[Tensor], list[Tensor]]:
+        """The weighted (clipped) sums of every release, over b, in their buffers; the weights."""
         b = self.expected_batch_size
-        bufs = [grad]
+        bufs = [self.grad]
         for extra in clip.extra:
             buf = self._extra_bufs.get(extra.name)
             if buf is None:
-                buf = self._extra_bufs[extra.name] = torch.empty_like(grad)
+                buf = self._extra_bufs[extra.name] = torch.empty_like(self.grad)
             bufs.append(buf)
         weights = [clip.weights / b] + [e.weights / b for e in clip.extra]
         if infos is None:
@@ -289,10 +321,13 @@ class DPEngine:
             )
         else:
             self.model.weighted_sums_into(bufs, infos, weights)
-        if can is not None and slots is not None:
-            for buf, w in zip(bufs, weights, strict=True):
-                can.add_into(buf, w, slots, canary_ids, raw_norm)
-        releases = {"grad": self._add_noise(grad, clip.sensitivity, self.grad_noise_multiplier)}
+        return bufs, weights
+
+    def _noised(self, clip: Any, bufs: list[Tensor]) -> dict[str, Tensor]:
+        """Every release with its noise: the gradient, the strategy's extra sums and scalars."""
+        b = self.expected_batch_size
+        releases = {"grad": self._add_noise(bufs[0], clip.sensitivity, self.grad_noise_multiplier)}
+        can = self.canaries
         if can is not None:
             # The white-box adversary sees every noised gradient release (and, when it knows
             # every other record, what they are expected to contribute at these parameters).

@@ -96,9 +96,9 @@ def _build_for_check(
     import torch
 
     from workers.models.registry import build_model  # deferred: imports torch
-    from workers.training.loop import _with_data_vocab  # deferred: imports torch
+    from workers.training.prepare import with_data_vocab  # deferred: imports torch
 
-    spec = _with_data_vocab(model, vocab_size)
+    spec = with_data_vocab(model, vocab_size)
 
     def build() -> Any:
         return build_model(

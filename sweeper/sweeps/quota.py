@@ -83,11 +83,11 @@ def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) ->
     """
     from workers.checkpoints import parameter_bytes  # deferred: torch, for the estimate only
     from workers.models.registry import build_model  # deferred: torch
-    from workers.training.loop import _with_data_vocab  # deferred: torch
+    from workers.training.prepare import with_data_vocab  # deferred: torch
 
     if data is None:
         data = load_dataset(dataset or resolve(None, spec.dataset, spec.eval))
-    model_spec = _with_data_vocab(
+    model_spec = with_data_vocab(
         ModelSpec(spec.model.name, dict(spec.model.options)), data.vocab_size
     )
     module = build_model(

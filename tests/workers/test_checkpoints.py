@@ -28,12 +28,13 @@ from workers.generic.dispatch import build_pack_model
 from workers.generic.model import GenericModel
 from workers.models.descriptors import DESCRIPTORS, ModelSpec
 from workers.models.registry import build_model, model_names
-from workers.training.loop import _with_data_vocab, train_pack
+from workers.training.loop import train_pack
+from workers.training.prepare import with_data_vocab
 from workers.training.specs import PackSpec, TrialSpec
 
 K = 2
 CLASSES = 3
-#: Data vocabulary size for token models (what ``_with_data_vocab`` puts into the options).
+#: Data vocabulary size for token models (what ``with_data_vocab`` puts into the options).
 DATA_VOCAB = 40
 
 #: A small example shape per input kind (the built-in CNNs need 2 halvings at most).
@@ -62,9 +63,7 @@ def case(name: str) -> tuple[ModelSpec, tuple[int, ...]]:
     """The model spec (as the loop builds it, token vocabulary included) and example shape."""
     kind = DESCRIPTORS[name].input_kind
     options, shape = SMALL.get(name, ({}, None))
-    spec = _with_data_vocab(
-        ModelSpec(name, dict(options)), DATA_VOCAB if kind == "tokens" else None
-    )
+    spec = with_data_vocab(ModelSpec(name, dict(options)), DATA_VOCAB if kind == "tokens" else None)
     return spec, shape or SHAPES[kind]
 
 

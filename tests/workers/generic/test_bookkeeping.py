@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-import workers.training.loop as loop
+import workers.training.prepare as prepare
 from tests.workers.generic.nets import FeatureMixer, ResidualConv, TiedLM, TinyTransformer
 from workers.datasets.records import DatasetSpec
 from workers.engine import per_sample_loss
@@ -223,7 +223,7 @@ def test_pack_trained_on_bookkeeping_equals_materialised(
     def materialised(modules, device="cpu", *, batched_trials=True):  # type: ignore[no-untyped-def]
         return GenericModel(modules, device=device, batched_trials=batched_trials), "generic"
 
-    monkeypatch.setattr(loop, "build_pack_model", materialised)
+    monkeypatch.setattr(prepare, "build_pack_model", materialised)
     old = train_pack(spec)
     for a, b in zip(new, old, strict=True):
         assert a.engine_path == b.engine_path == "generic"

@@ -18,7 +18,7 @@ from workers.datasets.records import DatasetSpec
 from workers.models import ModelSpec
 from workers.optim import PackedOptimizer, WeightAverage, lr_factor
 from workers.strategies import get_descriptor
-from workers.training import loop
+from workers.training import prepare
 from workers.training.loop import train_pack
 from workers.training.specs import PackSpec, TrialSpec
 
@@ -294,7 +294,7 @@ class _Recorder:
                 rec.after.append(params.detach().clone())
                 rec.ema.append(self.flat.clone())
 
-        monkeypatch.setattr(loop, "WeightAverage", Spy)
+        monkeypatch.setattr(prepare, "WeightAverage", Spy)
 
 
 def _pack(model: str, **kw: Any) -> PackSpec:

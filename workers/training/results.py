@@ -1,0 +1,101 @@
+"""A trained pack's results: one :class:`TrialResult` per trial, its epsilon from the noise used."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from workers.accounting import compute_epsilon
+from workers.checkpoints import model_info, weights_bytes
+from workers.training.prepare import PreparedPack
+from workers.training.records import PackRecords
+from workers.training.specs import TrialResult
+
+
+def pack_results(
+    pack: PreparedPack, records: PackRecords, *, step_times: list[float]
+) -> list[TrialResult]:
+    """Each trial's result: its best checkpoint, metrics, history and single-run epsilon."""
+    if pack.average is not None:
+        # Which weights were kept is part of the trial's record and of its model card.
+        for i in range(pack.k):
+            if records.best_kept[i] is not None:
+                records.best_metrics[i] = {
+                    **records.best_metrics[i],
+                    "weights_kept": records.best_kept[i],
+                }
+    median_ms = statistics.median(step_times)
+    return [
+        _trial_result(pack, records, i, median_ms=median_ms) for i in range(len(pack.spec.trials))
+    ]
+
+
+def _trial_result(
+    pack: PreparedPack, records: PackRecords, i: int, *, median_ms: float
+) -> TrialResult:
+    t = pack.spec.trials[i]
+    best_module = pack.model.to_module(i, records.best_flat[i])
+    info = _model_info(pack, records, i, best_module)
+    # Only a checkpoint that was selected (a finite evaluation) is worth keeping.
+    selected = records.best_step[i] is not None
+    weights = weights_bytes(best_module) if pack.spec.keep_weights and selected else None
+    eps = None
+    if pack.private:
+        # Epsilon from the noise, rate and steps this trial actually ran with.
+        # A single run's epsilon, its noisy evaluations included (DP evaluation).
+        eps = compute_epsilon(
+            noise_multiplier=pack.sigmas[i],
+            sample_rate=pack.sample_rate,
+            steps=pack.total_steps,
+            target_delta=t.target_delta,
+            accountant=pack.spec.accountant,
+            eval_noise_multiplier=pack.spec.eval_noise_multiplier,
+            eval_releases=pack.n_releases,
+        )
+    return TrialResult(
+        index=i,
+        strategy=pack.spec.strategy,
+        lr=t.lr,
+        seed=t.seed,
+        params=pack.strategy.params[i],
+        private=pack.private,
+        noise_multiplier=pack.sigmas[i] if pack.private else None,
+        sample_rate=pack.sample_rate,
+        steps=pack.total_steps,
+        target_delta=t.target_delta if pack.private else None,
+        epsilon=eps,
+        accountant=pack.spec.accountant if pack.private else None,
+        objective=records.objective,
+        best_step=records.best_step[i],
+        metrics=records.best_metrics[i],
+        final_metrics=records.last_metrics[i],
+        history=records.history[i],
+        trajectories=records.traj[i],
+        step_time_ms_median=median_ms,
+        diverged_at=records.diverged_at[i],
+        device=str(pack.device),
+        randomness=pack.spec.randomness,
+        engine_path=pack.engine_path,
+        evaluation=getattr(pack.data, "evaluation", "carve-out"),
+        weights_kept=records.best_kept[i] if pack.average is not None else None,
+        model_info=info,
+        checkpoint=records.best_flat[i].detach().cpu(),
+        weights=weights,
+    )
+
+
+def _model_info(pack: PreparedPack, records: PackRecords, i: int, module: Any) -> dict[str, Any]:
+    """What rebuilds the architecture (public facts only), and which weights were kept."""
+    info = model_info(
+        module,
+        name=pack.model_spec.name,
+        options=pack.model_spec.options,
+        input_shape=pack.data.input_shape,
+        num_classes=pack.data.num_classes,
+        engine_path=pack.engine_path,
+    )
+    if pack.average is not None:
+        info["weights_kept"] = records.best_kept[i]
+        info["ema_decay"] = pack.average.decay
+        info["ema_warmup"] = pack.average.warmup
+    return info
