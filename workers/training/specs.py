@@ -177,10 +177,6 @@ class TrialResult:
         }
 
 
-def results_to_json(results: list[TrialResult]) -> list[dict[str, Any]]:
-    return [r.to_dict() for r in results]
-
-
 def training_pack(
     *,
     model: ModelConfig,
