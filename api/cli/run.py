@@ -9,17 +9,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rich.cells import cell_len, set_cell_size
-from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.constrain import Constrain
+from rich.console import Console
 from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
-from api.cli.sweeps import describe_scaling, print_models, print_results
+from api.cli.live_view import LIVE_WIDTH, ProgressView, _progress_view
+from api.cli.plan_view import PLAN_KEYS, plan_json, plan_table, print_plan_notes
+from api.cli.sweeps import print_models, print_results
 from dpsweep.errors import ConfigError, DpsweepError
-from dpsweep.spec import DEFAULT_GRIDS, load_spec, propose_grid
+from dpsweep.spec import load_spec
+
+# Re-exported: the tests and the live display's users import them from here.
+__all__ = ["LIVE_WIDTH", "PLAN_KEYS", "ProgressView", "_progress_view", "cmd_plan", "cmd_run"]
 
 
 def add_parsers(sub: Any) -> None:
@@ -76,22 +77,6 @@ def add_parsers(sub: Any) -> None:
     r.set_defaults(func=cmd_run, subparser=r)
 
 
-PLAN_KEYS = (
-    "arm",
-    "strategy",
-    "epsilon_budget",
-    "delta",
-    "trials",
-    "steps_per_trial",
-    "sample_rate",
-    "noise_multiplier",
-    "epsilon_per_trial",
-    "epsilon_total",
-    "epsilon_verified",
-    "accounting",
-)
-
-
 def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
     """The spec as ``dpsweep run`` would plan it, and its worker dataset.
 
@@ -135,22 +120,6 @@ def use_local_factories(spec: Any) -> None:
     export_factories([(name, kind) for name, kind in named if is_factory_name(name)])
 
 
-def _point(values: dict[str, Any]) -> str:
-    """A point or a grid, short: ``lr=2, clip=[0.1, 1]``, ``lr=logspace[-1, 1] k=3``."""
-
-    def one(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        if isinstance(v, list):
-            return "[" + ", ".join(one(x) for x in v) + "]"
-        if isinstance(v, dict) and "k" in v:
-            kind = "logspace" if "logspace" in v else "linspace"
-            return f"{kind}{one([float(x) for x in v[kind]])} k={v['k']}"
-        return str(v)
-
-    return ", ".join(f"{k}={one(v)}" for k, v in values.items())
-
-
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from sweeper.sweeps.planning import plan_sweep  # deferred: SQLAlchemy
@@ -167,244 +136,12 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return fail(exc)
     rows = list(plan.grids)
     if args.json:
-        extra = (
-            "delta_per_trial",
-            "gradient_noise_multiplier",
-            "accountant",
-            "verified_by",
-            "release",
-            "input_scaling",
-            "count_noise",
-            "warnings",
-            "n_train",
-            "n_eval",
-            "eval_mode",
-            "eval_dataset",
-            "eval_releases",
-            "eval_noise_multiplier",
-            "epsilon_eval",
-            "engine_path",
-            "tuned_on",
-            "tuned_params",
-            "tuned_score",
-            "tuned_grid",
-        )
-        stored = [r.to_stored() for r in rows]
-        print(json.dumps([{k: d[k] for k in (*PLAN_KEYS, *extra)} for d in stored]))
+        print(plan_json(rows))
         return 0
-    table = Table(title=f"privacy plan: {spec.name} ({spec.privacy.accounting})")
-    for col in (
-        "arm",
-        "level ε",
-        "trials",
-        "σ",
-        "σ_g",
-        "ε per trial",
-        "grid ε",
-        "verified ε",
-        "steps",
-        "q",
-        "release",
-    ):
-        table.add_column(col, justify="left" if col in ("arm", "release") else "right")
-    for r in rows:
-        table.add_row(
-            r.arm,
-            f"{r.epsilon_budget:g}",
-            str(r.trials),
-            f"{r.noise_multiplier:.4g}",
-            f"{r.gradient_noise_multiplier:.4g}",
-            f"{r.epsilon_per_trial:.4g}",
-            f"{r.epsilon_total:.4g}",
-            f"{r.epsilon_verified:.4g}",
-            str(r.steps_per_trial),
-            f"{r.sample_rate:.4g}",
-            r.release,
-        )
     console = stdout_console()
-    console.print(table)
-    from sweeper.privacy.releases import evaluation_statement, sweep_release  # deferred: SQLAlchemy
-
-    whole = sweep_release(rows)
-    assert whole is not None
-    console.print(
-        f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
-        f"({whole['method']}; the grids' sum, which the dataset's ledger is charged, is "
-        f"{plan.epsilon_total:.4g}); grids verified by {rows[0].verified_by}"
-    )
-    console.print(
-        f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
-        "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
-    )
-    for arm in spec.arms:
-        # An arm that gives no grid gets its strategy's default (dpsweep.spec.DEFAULT_GRIDS),
-        # written into the spec: say which grid that is.
-        default = DEFAULT_GRIDS.get(arm.strategy)
-        if default and arm.grid == propose_grid(default, spec.model.name, arm.params):
-            console.print(
-                f"arm {arm.label}: {arm.strategy}'s default grid for model {spec.model.name} "
-                f"(what an arm without a grid gets): {_point(dict(arm.grid))}"
-            )
-    for r in rows:
-        where = f"{r.arm} at ε {r.epsilon_budget:g}"
-        if r.count_noise is not None:
-            console.print(
-                f"{where}: quantile count noise sigma_b = "
-                f"{r.count_noise:.4g} (chosen: the spec leaves count_noise out)"
-            )
-        if r.eval_releases:
-            console.print(
-                f"{where}: DP evaluation, {r.eval_releases} "
-                f"noisy counts per trial at sigma_e = {r.eval_noise_multiplier or 0:.4g} "
-                f"(the evaluations alone: ε {r.epsilon_eval or 0:.4g}; included in the grid's ε)"
-            )
-        if r.tuned_on is not None:
-            score = "n/a" if r.tuned_score is None else f"{r.tuned_score:.4g}"
-            console.print(
-                f"{where}: tuned on {r.tuned_on} (public records, no epsilon spent): best "
-                f"{_point(r.tuned_params or {})} ({spec.objective.metric} {score}); private "
-                f"grid centred: {_point(r.tuned_grid or {})}"
-            )
-        for w in r.warnings:
-            console.print(f"[bold yellow]warning[/bold yellow] ({where}): {w}")
-    if rows[0].input_scaling:
-        console.print(describe_scaling(rows[0].input_scaling))
-    console.print(evaluation_statement(rows)["statement"])
+    console.print(plan_table(f"privacy plan: {spec.name} ({spec.privacy.accounting})", rows))
+    print_plan_notes(console, spec, plan, rows)
     return 0
-
-
-# The live display of ``dpsweep run`` is at most this wide, whatever the terminal's width: a
-# wider frame is harder to read, and a frame wider than the terminal wraps, which breaks the
-# redraw of a live display. A narrower terminal gets a frame of its own width.
-LIVE_WIDTH = 80
-# Below this the frame is laid out for this width and the terminal crops it (never wraps it).
-LIVE_MIN_WIDTH = 24
-# Lines of the last event at most (a long error message wraps; the rest is cut off).
-LIVE_EVENT_LINES = 3
-
-
-def _cell(text: str, width: int, *, right: bool = False) -> str:
-    """``text`` in exactly ``width`` terminal columns: padded, or cut with an ellipsis."""
-    if cell_len(text) > width:
-        return set_cell_size(text, max(0, width - 1)) + "…" if width else ""
-    pad = " " * (width - cell_len(text))
-    return pad + text if right else text + pad
-
-
-def _line(*parts: str | tuple[str, str]) -> Text:
-    """One line of the live display: never wrapped, cut with an ellipsis at the frame's edge."""
-    return Text.assemble(*parts, no_wrap=True, overflow="ellipsis")
-
-
-class ProgressView:
-    """The live progress of ``dpsweep run``, laid out for the width it is drawn at.
-
-    Every line is at most :data:`LIVE_WIDTH` columns (or the terminal's width if smaller):
-    the sweep's name, then the counts on a line of their own when both do not fit; the best
-    objective per arm under a header that is never wrapped (arm names are cut with an
-    ellipsis instead); the last event, wrapped to at most :data:`LIVE_EVENT_LINES` lines.
-
-    A sweep with papernot-steinke grids shows elapsed time and which searches are under way,
-    never done/running/failed counts or an ETA: each would follow the secret number of runs.
-
-    Args:
-        snap: The driver's snapshot (``sweeper.driver.progress.Snapshot``).
-        name: The sweep's name.
-    """
-
-    def __init__(self, snap: Any, name: str) -> None:
-        self.snap = snap
-        self.name = name
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        width = max(LIVE_MIN_WIDTH, min(LIVE_WIDTH, options.max_width))
-        yield Constrain(Group(*self.lines(width)), width)
-
-    def lines(self, width: int) -> list[Any]:
-        """The display's lines for a frame ``width`` columns wide."""
-        from sweeper.driver.progress import format_elapsed  # deferred: SQLAlchemy
-
-        snap = self.snap
-        if snap.hidden_grids:
-            fields: list[list[str | tuple[str, str]]] = [
-                [f"elapsed {format_elapsed(snap.elapsed)}"]
-            ]
-        else:
-            c = snap.counts
-            fields = [
-                ["done ", (f"{c.get('done', 0)}", "green"), f"/{snap.total}"],
-                ["running ", (f"{c.get('running', 0)}", "cyan")],
-                ["failed ", (f"{c.get('failed', 0)}", "red")],
-                [f"elapsed {format_elapsed(snap.elapsed)}"],
-                ["ETA " + ("—" if snap.eta is None else format_elapsed(snap.eta))],
-            ]
-        status: list[str | tuple[str, str]] = []
-        for i, f in enumerate(fields):
-            status += ["  "] * bool(i) + f
-        status_len = Text.assemble(*status).cell_len
-        out: list[Any] = []
-        if cell_len(self.name) + 2 + status_len <= width:
-            out.append(_line((self.name, "bold"), "  ", *status))
-        else:
-            out.append(_line((self.name, "bold")))
-            out.append(_line(*status))
-        if snap.hidden_grids:
-            note = (
-                f"{snap.hidden_grids} papernot-steinke grid(s): the number of runs is private; "
-                "each grid releases its selected trial when its search completes"
-            )
-            out.append(Text(note, style="dim"))
-        elif snap.best:
-            out += self._best_lines(width)
-        if snap.last_event:
-            event = Text(snap.last_event, style="dim", overflow="ellipsis")
-            out.append(_Clamp(event, LIVE_EVENT_LINES))
-        return out
-
-    def _best_lines(self, width: int) -> list[Text]:
-        """The best objective so far per arm: a header line, column heads, one row per arm."""
-        metric = self.snap.metric
-        values = {arm: f"{v:.4f}" for arm, v in sorted(self.snap.best.items())}
-        value_w = max(cell_len(metric), *(len(v) for v in values.values()))
-        # Two columns of indent, two between the columns; the arm names take what is left.
-        arm_w = max(3, min(max(3, *(cell_len(a) for a in values)), width - value_w - 4))
-        out = [_line((f"best {metric} so far", "bold"))]
-        out.append(
-            _line(
-                "  ",
-                (_cell("arm", arm_w), "bold"),
-                "  ",
-                (_cell(metric, value_w, right=True), "bold"),
-            )
-        )
-        for arm, value in values.items():
-            out.append(_line("  ", _cell(arm, arm_w), "  ", _cell(value, value_w, right=True)))
-        return out
-
-
-class _Clamp:
-    """A renderable wrapped to the width it is drawn at, cut after ``lines`` lines."""
-
-    def __init__(self, renderable: Text, lines: int) -> None:
-        self.renderable = renderable
-        self.max_lines = lines
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        lines = list(self.renderable.wrap(console, options.max_width))
-        if len(lines) > self.max_lines:
-            kept = lines[: self.max_lines]
-            last = kept[-1]
-            last.append(" …")
-            last.truncate(options.max_width, overflow="ellipsis")
-            lines = kept
-        for line in lines:
-            line.end = "\n"
-            yield line
-
-
-def _progress_view(snap: Any, name: str) -> ProgressView:
-    """The live progress of ``dpsweep run`` (:class:`ProgressView`)."""
-    return ProgressView(snap, name)
 
 
 def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

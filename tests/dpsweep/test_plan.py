@@ -196,9 +196,9 @@ def test_the_apis_plan_schema_is_derived_from_the_plan() -> None:
 # Records of other kinds with keys of the same names: a model card's JSON (rendered, and
 # re-checked), and the sweep composition's canonical input (the stored form, hashed).
 NOT_THE_PLAN = {
-    ("sweeper/artifacts/cards.py", "g.get('verified_by')"),
-    ("sweeper/artifacts/cards.py", "p['noise_multiplier']"),
-    ("sweeper/artifacts/cards.py", "p['sample_rate']"),
+    ("sweeper/artifacts/card_markdown.py", "g.get('verified_by')"),
+    ("sweeper/artifacts/card_markdown.py", "p['noise_multiplier']"),
+    ("sweeper/artifacts/card_markdown.py", "p['sample_rate']"),
     ("sweeper/artifacts/recheck.py", "ev.get('eval_noise_multiplier')"),
     ("sweeper/privacy/releases.py", "g['epsilon_total']"),
 }
@@ -221,6 +221,8 @@ def test_readers_of_the_stored_plan_use_the_typed_plan() -> None:
         "sweeper/audits/prepare.py",
         "sweeper/privacy/releases.py",
         "api/cli/run.py",
+        "api/cli/plan_view.py",
+        "sweeper/artifacts/card_markdown.py",
         "api/routes/sweeps.py",
     ]
     # Names that only a grid plan has (``arm`` or ``trials`` are also keys of other records).

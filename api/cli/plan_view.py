@@ -1,0 +1,178 @@
+"""``dpsweep plan``'s output: the plan as JSON, as a table, and the notes under the table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from api.cli.sweeps import describe_scaling
+from dpsweep.spec import DEFAULT_GRIDS, propose_grid
+
+PLAN_KEYS = (
+    "arm",
+    "strategy",
+    "epsilon_budget",
+    "delta",
+    "trials",
+    "steps_per_trial",
+    "sample_rate",
+    "noise_multiplier",
+    "epsilon_per_trial",
+    "epsilon_total",
+    "epsilon_verified",
+    "accounting",
+)
+
+#: ``--json`` adds these to :data:`PLAN_KEYS`.
+PLAN_JSON_EXTRA = (
+    "delta_per_trial",
+    "gradient_noise_multiplier",
+    "accountant",
+    "verified_by",
+    "release",
+    "input_scaling",
+    "count_noise",
+    "warnings",
+    "n_train",
+    "n_eval",
+    "eval_mode",
+    "eval_dataset",
+    "eval_releases",
+    "eval_noise_multiplier",
+    "epsilon_eval",
+    "engine_path",
+    "tuned_on",
+    "tuned_params",
+    "tuned_score",
+    "tuned_grid",
+)
+
+#: The table's columns (left-aligned: arm and release).
+PLAN_COLUMNS = (
+    "arm",
+    "level ε",
+    "trials",
+    "σ",
+    "σ_g",
+    "ε per trial",
+    "grid ε",
+    "verified ε",
+    "steps",
+    "q",
+    "release",
+)
+
+
+def plan_json(rows: list[Any]) -> str:
+    """The plan's rows as one JSON array (the public keys and the extra ones)."""
+    stored = [r.to_stored() for r in rows]
+    return json.dumps([{k: d[k] for k in (*PLAN_KEYS, *PLAN_JSON_EXTRA)} for d in stored])
+
+
+def plan_table(title: str, rows: list[Any]) -> Table:
+    """The plan as a table, one row per grid."""
+    table = Table(title=title)
+    for col in PLAN_COLUMNS:
+        table.add_column(col, justify="left" if col in ("arm", "release") else "right")
+    for r in rows:
+        table.add_row(
+            r.arm,
+            f"{r.epsilon_budget:g}",
+            str(r.trials),
+            f"{r.noise_multiplier:.4g}",
+            f"{r.gradient_noise_multiplier:.4g}",
+            f"{r.epsilon_per_trial:.4g}",
+            f"{r.epsilon_total:.4g}",
+            f"{r.epsilon_verified:.4g}",
+            str(r.steps_per_trial),
+            f"{r.sample_rate:.4g}",
+            r.release,
+        )
+    return table
+
+
+def print_plan_notes(console: Console, spec: Any, plan: Any, rows: list[Any]) -> None:
+    """What the table leaves out: the whole sweep's epsilon, the engine path, default grids,
+    each grid's notes and warnings, the inputs' scaling and what epsilon covers."""
+    from sweeper.privacy.releases import evaluation_statement  # deferred: SQLAlchemy
+
+    console.print(whole_sweep_line(plan, rows))
+    console.print(
+        f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
+        "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
+    )
+    for arm in spec.arms:
+        # An arm that gives no grid gets its strategy's default (dpsweep.spec.DEFAULT_GRIDS),
+        # written into the spec: say which grid that is.
+        default = DEFAULT_GRIDS.get(arm.strategy)
+        if default and arm.grid == propose_grid(default, spec.model.name, arm.params):
+            console.print(
+                f"arm {arm.label}: {arm.strategy}'s default grid for model {spec.model.name} "
+                f"(what an arm without a grid gets): {_point(dict(arm.grid))}"
+            )
+    for r in rows:
+        _print_grid_notes(console, r, metric=spec.objective.metric)
+    if rows[0].input_scaling:
+        console.print(describe_scaling(rows[0].input_scaling))
+    console.print(evaluation_statement(rows)["statement"])
+
+
+def whole_sweep_line(plan: Any, rows: list[Any]) -> str:
+    """The whole sweep's epsilon, and what the dataset's ledger is charged."""
+    from sweeper.privacy.releases import sweep_release  # deferred: SQLAlchemy
+
+    whole = sweep_release(rows)
+    if whole is None:
+        raise ValueError("a plan without grids")
+    charged = (
+        "the ledger is charged the grid's epsilon"
+        if len(rows) == 1
+        else f"the grids' sum, which the dataset's ledger is charged, is {plan.epsilon_total:.4g}"
+    )
+    return (
+        f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
+        f"({whole['method']}; {charged}); grids verified by {rows[0].verified_by}"
+    )
+
+
+def _print_grid_notes(console: Console, r: Any, *, metric: str) -> None:
+    where = f"{r.arm} at ε {r.epsilon_budget:g}"
+    if r.count_noise is not None:
+        console.print(
+            f"{where}: quantile count noise sigma_b = "
+            f"{r.count_noise:.4g} (chosen: the spec leaves count_noise out)"
+        )
+    if r.eval_releases:
+        console.print(
+            f"{where}: DP evaluation, {r.eval_releases} "
+            f"noisy counts per trial at sigma_e = {r.eval_noise_multiplier or 0:.4g} "
+            f"(the evaluations alone: ε {r.epsilon_eval or 0:.4g}; included in the grid's ε)"
+        )
+    if r.tuned_on is not None:
+        score = "n/a" if r.tuned_score is None else f"{r.tuned_score:.4g}"
+        console.print(
+            f"{where}: tuned on {r.tuned_on} (public records, no epsilon spent): best "
+            f"{_point(r.tuned_params or {})} ({metric} {score}); private "
+            f"grid centred: {_point(r.tuned_grid or {})}"
+        )
+    for w in r.warnings:
+        console.print(f"[bold yellow]warning[/bold yellow] ({where}): {w}")
+
+
+def _point(values: dict[str, Any]) -> str:
+    """A point or a grid, short: ``lr=2, clip=[0.1, 1]``, ``lr=logspace[-1, 1] k=3``."""
+
+    def one(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, list):
+            return "[" + ", ".join(one(x) for x in v) + "]"
+        if isinstance(v, dict) and "k" in v:
+            kind = "logspace" if "logspace" in v else "linspace"
+            return f"{kind}{one([float(x) for x in v[kind]])} k={v['k']}"
+        return str(v)
+
+    return ", ".join(f"{k}={one(v)}" for k, v in values.items())
