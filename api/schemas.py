@@ -3,11 +3,27 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from api.grant_schemas import Allowance, GrantsSummary, PublicInfo
+from api.dataset_schemas import (  # re-exported
+    AnalystBudgetOut,
+    BudgetOut,
+    BudgetSweep,
+    CapsIn,
+    DatasetBudget,
+    DatasetList,
+    DatasetOut,
+)
+from api.registry_schemas import (  # re-exported
+    RegistryAccountant,
+    RegistryDataset,
+    RegistryModel,
+    RegistryOption,
+    RegistryOut,
+    RegistryStrategy,
+)
 from dpsweep.plan import GridPlan
 
 
@@ -335,111 +351,6 @@ class ParetoOut(_Out):
     points: list[ParetoPoint]
 
 
-class DatasetBudget(_Out):
-    epsilon_cap: float | None
-    delta_cap: float | None
-    epsilon_committed: float
-    epsilon_reserved: float
-    epsilon_remaining: float | None
-    scope: Literal["records", "yours"] = Field(
-        default="records",
-        description="records: the records' lifetime totals; yours: a built-in set shared by "
-        "every tenant, as your own spending (its cap less yours is remaining: others' spending "
-        "may leave less)",
-    )
-
-
-class DatasetOut(_Out):
-    id: str
-    name: str
-    kind: str
-    format: str | None
-    role: str | None = Field(
-        default=None,
-        description="owner: yours (or you are an admin); analyst: another tenant's, granted "
-        "to you (its public description and your allowance only); null: a built-in set",
-    )
-    owner: str | None = None
-    size_bytes: int | None = None
-    created_at: str | None = None
-    n_examples: int | None
-    n_train: int | None
-    input_shape: list[int] | None
-    num_classes: int | None
-    sha256: str | None = None
-    label_column: str | None = None
-    kind_of_data: str | None = None
-    budget: DatasetBudget | None = None
-    public_info: PublicInfo | None = Field(
-        default=None, description="what the owner declared public (label names, description)"
-    )
-    analyst_eval_modes: list[str] | None = Field(
-        default=None, description="the evaluation modes analysts may use"
-    )
-    allowance: Allowance | None = Field(
-        default=None, description="analysts: your allowance on it and your use"
-    )
-    grants: GrantsSummary | None = Field(
-        default=None, description="owners: the active grants to analysts"
-    )
-
-
-class DatasetList(_Out):
-    items: list[DatasetOut]
-
-
-class BudgetSweep(_Out):
-    """One run that reserved or spent ε on the records: the rows add up to what is
-    committed."""
-
-    sweep: str = Field(
-        description="the run's id on the ledger (a sweep's id, audit_<id>, train_<id>)"
-    )
-    kind: Literal["sweep", "audit", "train"] = Field(
-        default="sweep", description="a sweep, a canary audit or a dpsweep train run"
-    )
-    name: str | None = Field(description="its name (null: a deleted sweep's)")
-    state: str = Field(description="its state (deleted: a sweep whose rows were deleted)")
-    owner: str | None = Field(default=None, description="whose run (an analyst's, for owners)")
-    epsilon_charged: float
-    epsilon_reserved: float
-    delta_charged: float
-    delta_reserved: float
-
-
-class BudgetOut(_Out):
-    dataset: str
-    epsilon_cap: float | None
-    delta_cap: float | None
-    epsilon_committed: float
-    delta_committed: float
-    epsilon_reserved: float
-    delta_reserved: float
-    epsilon_remaining: float | None
-    delta_remaining: float | None
-    sweeps: list[BudgetSweep]
-    scope: Literal["records", "yours"] = Field(
-        default="records",
-        description="records: the records' lifetime totals; yours: a built-in set shared by "
-        "every tenant, as your own spending (its cap less yours is remaining: others' spending "
-        "may leave less)",
-    )
-
-
-class AnalystBudgetOut(Allowance):
-    """An analyst's budget on a dataset: their allowance and their own sweeps (the records'
-    lifetime totals include others' spending, so analysts do not see them)."""
-
-    dataset: str
-    role: Literal["analyst"]
-    sweeps: list[BudgetSweep]
-
-
-class CapsIn(_Out):
-    epsilon_cap: float | None = Field(default=None, ge=0, allow_inf_nan=False)
-    delta_cap: float | None = Field(default=None, ge=0, lt=1, allow_inf_nan=False)
-
-
 class Me(_Out):
     name: str | None = Field(description="the token's name; null when auth is off")
     admin: bool
@@ -457,51 +368,18 @@ class Ready(_Out):
     schedulers: int
 
 
-class RegistryOption(_Out):
-    name: str
-    kind: str = Field(description="float, int or choice")
-    default: Any = None
-    range: str | None = Field(description="the allowed range in words; null for a choice")
-    choices: list[str]
-    optional: bool = Field(description="null is allowed and means: derive it")
-    sequence: bool = Field(description="a list of such values (e.g. hidden layer widths)")
-    shared: bool = Field(description="every trial of a pack must share it")
-    help: str
-
-
-class RegistryModel(_Out):
-    name: str
-    description: str
-    input_kind: str = Field(description="flat, image or any")
-    task: str
-    options: list[RegistryOption]
-
-
-class RegistryDataset(_Out):
-    name: str
-    description: str
-    input_kind: str = Field(description="flat, image or any")
-    needs: list[str] = Field(description="the spec fields it requires, e.g. path")
-    options: list[RegistryOption]
-
-
-class RegistryStrategy(_Out):
-    name: str
-    description: str
-    private: bool
-    packable: bool
-    hyperparameters: list[RegistryOption]
-
-
-class RegistryAccountant(_Out):
-    name: str
-    description: str
-    library: str
-    tight: bool = Field(description="a numerically tight estimate, not a loose upper bound")
-
-
-class RegistryOut(_Out):
-    models: list[RegistryModel]
-    datasets: list[RegistryDataset]
-    strategies: list[RegistryStrategy]
-    accountants: list[RegistryAccountant]
+__all__ = [
+    "AnalystBudgetOut",
+    "BudgetOut",
+    "BudgetSweep",
+    "CapsIn",
+    "DatasetBudget",
+    "DatasetList",
+    "DatasetOut",
+    "RegistryAccountant",
+    "RegistryDataset",
+    "RegistryModel",
+    "RegistryOption",
+    "RegistryOut",
+    "RegistryStrategy",
+]
