@@ -24,7 +24,16 @@ PACKAGES = ("dpsweep", "sweeper", "workers", "api")
 
 # Bottom first: a sub-package may import the ones before it, never the ones after.
 # sweeper.settings (a module, not a sub-package) sits below them all.
-SWEEPER_LAYERS = ("store", "privacy", "datasets", "sweeps", "artifacts", "driver", "audits")
+SWEEPER_LAYERS = (
+    "store",
+    "privacy",
+    "datasets",
+    "runs",
+    "sweeps",
+    "artifacts",
+    "driver",
+    "audits",
+)
 
 
 def _module_name(path: Path) -> str:
