@@ -33,12 +33,12 @@ from sweeper.datasets.resolution import resolve, tuning_names
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
 from sweeper.privacy.ledger.amounts import (
     ZERO,
-    cap_left,
     show_amount,
     show_amounts,
     sub_exact,
 )
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.cap_check import check_caps
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
 from sweeper.privacy.parallel import pmap_distinct
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
@@ -165,32 +165,16 @@ def check_before_reserving(
     dlt = exact_sum([s.reserved_delta for s in prepared.schedules])
     terms = admission.terms
     budget = BudgetLedger(engine).summary(key)
-    for quantity, asked, cap, spent, reserved in (
-        ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
-        ("delta", dlt, budget.delta_cap, budget.delta_spent, budget.delta_reserved),
-    ):
-        left = cap_left(cap, spent, reserved)
-        if left is not None and asked > left:
-            if terms is not None:
-                raise BudgetExhausted(
-                    f"dataset {name!r}: the sweep does not fit what remains of the dataset's "
-                    "lifetime cap; ask its owner",
-                    dataset=name,
-                    quantity=quantity,
-                    requested=asked,
-                    remaining=ZERO,
-                )
-            shown_asked, shown_left = show_amounts(asked, left)
-            raise BudgetExhausted(
-                f"dataset {name!r}: the sweep asks for {quantity}={shown_asked} but only "
-                f"{shown_left} remains of the lifetime cap {show_amount(cap or ZERO)} "
-                f"({show_amount(spent)} spent, {show_amount(reserved)} reserved by running "
-                "sweeps)",
-                dataset=name,
-                quantity=quantity,
-                requested=asked,
-                remaining=left,
-            )
+    # The ledger's own check (it runs again, under the ledger's lock, when the sweep reserves).
+    check_caps(
+        budget,
+        epsilon=eps,
+        delta=dlt,
+        dataset=name,
+        who=f"dataset {name!r}: the sweep",
+        asks="asks for",
+        analyst=terms is not None,
+    )
     if terms is not None:
         used = usage(engine, key, terms.analyst)
         allowance = terms.epsilon_allowance

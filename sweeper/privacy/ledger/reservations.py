@@ -10,18 +10,17 @@ from sqlalchemy.orm import Session
 from sweeper.privacy.ledger.amounts import (
     ZERO,
     add_exact,
-    cap_left,
     delta_amount,
     epsilon_amount,
     show_amount,
     show_amounts,
     sub_exact,
 )
+from sweeper.privacy.ledger.cap_check import check_caps
 from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.driver_sql import touched
 from sweeper.privacy.ledger.errors import (
     AllowanceExhausted,
-    BudgetExhausted,
     ReservationExceeded,
     SweepEnded,
 )
@@ -88,35 +87,15 @@ class ReservationOperations(LedgerCore):
             assert budget is not None
             # An ended sweep takes no charge, so a new reservation would hold budget for nothing.
             _refuse_if_ended(conn, dataset, sweep_id, totals, eps, "it cannot reserve again")
-            for quantity, asked, cap, spent, reserved in (
-                ("epsilon", eps, budget.epsilon_cap, budget.epsilon_spent, budget.epsilon_reserved),
-                ("delta", dlt, budget.delta_cap, budget.delta_spent, budget.delta_reserved),
-            ):
-                left = cap_left(cap, spent, reserved)
-                # Exact, no tolerance: asked <= left  <=>  spent + reserved + asked <= cap.
-                if left is not None and asked > left:
-                    if allowance is not None:
-                        # An analyst's refusal: the cap's figures would tell them what the
-                        # owner and other analysts spent on the records.
-                        raise BudgetExhausted(
-                            f"{dataset_label(dataset)}: sweep {sweep_id!r} does not fit what "
-                            "remains of the dataset's lifetime cap; ask its owner",
-                            dataset=dataset,
-                            quantity=quantity,
-                            requested=asked,
-                            remaining=ZERO,
-                        )
-                    shown_asked, shown_left = show_amounts(asked, left)
-                    raise BudgetExhausted(
-                        f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for {quantity}="
-                        f"{shown_asked} but only {shown_left} remains of the lifetime cap "
-                        f"{show_amount(cap or ZERO)} ({show_amount(spent)} spent, "
-                        f"{show_amount(reserved)} reserved by running sweeps)",
-                        dataset=dataset,
-                        quantity=quantity,
-                        requested=asked,
-                        remaining=left,
-                    )
+            check_caps(
+                budget,
+                epsilon=eps,
+                delta=dlt,
+                dataset=dataset,
+                who=f"{dataset_label(dataset)}: sweep {sweep_id!r}",
+                asks="asked for",
+                analyst=allowance is not None,
+            )
             if allowance is not None:
                 touched(conn)  # a read through SQLAlchemy, in the operation's transaction
                 used = principal_usage(conn, dataset, principal)
