@@ -154,7 +154,15 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.api_workers < 1:
         parser.error("--api-workers must be at least 1")
     shown = display_url(url)
-    err.print(f"dpsweep API on http://{args.host}:{args.port}/api/v1 (database {shown})")
+    base = f"http://{args.host}:{args.port}"
+    err.print(f"dpsweep API on {base}/api/v1 (database {shown})")
+    # Where to look: the dashboard, and how to sign in to it.
+    sign_in = (
+        "no sign-in (--no-auth)"
+        if args.no_auth
+        else "sign in with a token from `dpsweep token create`"
+    )
+    err.print(f"dashboard: {base}/ ({sign_in})")
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would kill this process before the scheduler is drained. A no-op handler
     # lets uvicorn.run return instead.

@@ -153,10 +153,21 @@ def cap_left(cap: Decimal | None, spent: Decimal, reserved: Decimal) -> Decimal 
     return sub_exact(cap, add_exact(spent, reserved))
 
 
+#: The longest float repr shown as is; longer ones (a sum such as 21.813037671057316) are
+#: rounded to :data:`SHOWN_DIGITS` significant digits and marked "≈".
+SHORT_REPR = 10
+SHOWN_DIGITS = 6
+
+
 def show_amount(value: Decimal) -> str:
-    """A short human form of an exact amount (the shortest float repr that reads back to it)."""
+    """A short human form of an exact amount: the float repr that reads back to it where that is
+    short, else "≈" and 6 significant digits (a message is read, not parsed; the exact amount is
+    in the ledger)."""
     as_float = float(value)
-    return repr(as_float) if Decimal(as_float) == value else f"≈{as_float!r}"
+    short = repr(as_float)
+    if Decimal(as_float) == value and len(short.lstrip("-")) <= SHORT_REPR:
+        return short
+    return f"≈{as_float:.{SHOWN_DIGITS}g}"
 
 
 def show_amounts(asked: Decimal, left: Decimal) -> tuple[str, str]:
