@@ -6,6 +6,10 @@
   :class:`~workers.engine.DPEngine` uses, for K trials of any module;
 * :mod:`workers.generic.bookkeeping`: :class:`BookkeepingModel`, ghost norms and book-keeping
   sums (one backward) for the layers with a rule, the default generic model;
+* :mod:`workers.generic.layer_rules`: which layers have a book-keeping rule, and the fail-closed
+  watch on how their parameters are used;
+* :mod:`workers.generic.ghost`: a rule layer's per-example norms (ghost norms) and weighted sums
+  from its recorded inputs and output gradients;
 * :mod:`workers.generic.dispatch`: :func:`build_pack_model`, the packed path where it applies,
   else the generic one;
 * :mod:`workers.generic.memory`: a generous per-trial memory estimate for the packer.
