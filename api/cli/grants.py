@@ -21,7 +21,17 @@ from dpsweep.errors import ConfigError, DpsweepError
 
 
 def add_parsers(dsub: Any) -> None:
-    """Register the grant commands on ``dpsweep datasets``' subparsers."""
+    """Register the grant commands on ``dpsweep datasets``' subparsers.
+
+    Args:
+        dsub: the ``dpsweep datasets`` subparsers action.
+    """
+    _add_access_parsers(dsub)
+    _add_policy_parser(dsub)
+
+
+def _add_access_parsers(dsub: Any) -> None:
+    """Register who may use a dataset: grant, revoke, grants and the release audit."""
     g = local_command(
         dsub,
         "grant",
@@ -70,6 +80,10 @@ def add_parsers(dsub: Any) -> None:
         positionals=("name",),
     )
     a.add_argument("--analyst", help="only this analyst's releases")
+
+
+def _add_policy_parser(dsub: Any) -> None:
+    """Register ``policy``: what analysts may use and see of a dataset, and its view."""
     p = local_command(
         dsub,
         "policy",
