@@ -33,9 +33,11 @@ PREFIX_DIGITS = 12
 
 
 def add_parsers(sub: Any) -> None:
-    """Register ``dpsweep datasets ...`` on the top-level subparsers."""
-    from sweeper.datasets.names import REGISTER_FORMATS  # deferred: SQLAlchemy
+    """Register ``dpsweep datasets ...`` on the top-level subparsers.
 
+    Args:
+        sub: the top-level ``dpsweep`` subparsers action.
+    """
     top = sub.add_parser(
         "datasets",
         help="dataset names and their records' lifetime privacy budgets",
@@ -46,6 +48,15 @@ def add_parsers(sub: Any) -> None:
     )
     dsub = top.add_subparsers(dest="datasets_command", metavar="ACTION")
     dsub.required = True
+    _add_register_parser(dsub)
+    _add_ledger_parsers(dsub)
+    # Data owners and analysts: grant, revoke, grants, audit, policy.
+    grants.add_parsers(dsub)
+
+
+def _add_register_parser(dsub: Any) -> None:
+    """Register ``register``: load and check a file, and name its records."""
+    from sweeper.datasets.names import REGISTER_FORMATS  # deferred: SQLAlchemy
 
     r = dsub.add_parser(
         "register",
@@ -87,6 +98,9 @@ def add_parsers(sub: Any) -> None:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_register, subparser=r)
 
+
+def _add_ledger_parsers(dsub: Any) -> None:
+    """Register the commands on names and their records' ledgers: list, show, cap, delete."""
     local_command(dsub, "list", cmd_list, help="names, identities and budgets")
     local_command(
         dsub,
@@ -118,9 +132,6 @@ def add_parsers(sub: Any) -> None:
         positionals=("name",),
         json_output=False,
     )
-
-    # Data owners and analysts: grant, revoke, grants, audit, policy.
-    grants.add_parsers(dsub)
 
 
 def _num(value: Decimal | None) -> float | None:
