@@ -120,30 +120,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return fail(exc)
     except Exception as exc:  # a driver or connection error: say which database failed
         return fail(RuntimeError(f"{display_url(url)}: {exc}"))
-    if not settings.auth:
-        err.print(
-            "[yellow]auth is OFF[/yellow] (--no-auth): every request to "
-            f"http://{args.host}:{args.port} acts as the local user"
-        )
-    else:
-        from sweeper.store.engine import make_engine  # deferred: SQLAlchemy
-        from sweeper.store.tokens import list_tokens  # deferred: SQLAlchemy
-
-        engine = make_engine(url)
-        if settings.admin_token is not None:
-            from sweeper.store.tokens import ensure_token  # deferred: SQLAlchemy
-
-            info = ensure_token(
-                engine, name="admin", secret=settings.admin_token.get_secret_value(), admin=True
-            )
-            state = "revoked" if info.revoked_at else "valid"
-            err.print(f"bootstrap admin token (DPSWEEP_ADMIN_TOKEN): id {info.id}, {state}")
-        if not list_tokens(engine, include_revoked=False):
-            err.print(
-                "no API tokens yet: create one with `dpsweep token create --name NAME` "
-                "(every /api/v1 route needs one)"
-            )
-        engine.dispose()
+    _announce_auth(err, settings, url, base=f"http://{args.host}:{args.port}")
     child = None
     if not args.no_scheduler:
         cmd = [sys.executable, "-m", "sweeper.driver.scheduler", "--db", url]
@@ -153,16 +130,7 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         child = subprocess.Popen(cmd)
     if args.api_workers < 1:
         parser.error("--api-workers must be at least 1")
-    shown = display_url(url)
-    base = f"http://{args.host}:{args.port}"
-    err.print(f"dpsweep API on {base}/api/v1 (database {shown})")
-    # Where to look: the dashboard, and how to sign in to it.
-    sign_in = (
-        "no sign-in (--no-auth)"
-        if args.no_auth
-        else "sign in with a token from `dpsweep token create`"
-    )
-    err.print(f"dashboard: {base}/ ({sign_in})")
+    _announce_urls(err, url, base=f"http://{args.host}:{args.port}", no_auth=args.no_auth)
     # uvicorn re-raises the signal that stopped it once it has shut down; with the default
     # handler that would kill this process before the scheduler is drained. A no-op handler
     # lets uvicorn.run return instead.
@@ -186,6 +154,46 @@ def cmd_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         if child is not None:
             _stop(child)
     return 0
+
+
+def _announce_auth(err: Console, settings: Any, url: str, *, base: str) -> None:
+    """Say that auth is off, or set up the bootstrap admin token and say whether any token
+    exists yet (every /api/v1 route needs one)."""
+    if not settings.auth:
+        err.print(
+            "[yellow]auth is OFF[/yellow] (--no-auth): every request to "
+            f"{base} acts as the local user"
+        )
+        return
+    from sweeper.store.engine import make_engine  # deferred: SQLAlchemy
+    from sweeper.store.tokens import list_tokens  # deferred: SQLAlchemy
+
+    engine = make_engine(url)
+    if settings.admin_token is not None:
+        from sweeper.store.tokens import ensure_token  # deferred: SQLAlchemy
+
+        info = ensure_token(
+            engine, name="admin", secret=settings.admin_token.get_secret_value(), admin=True
+        )
+        state = "revoked" if info.revoked_at else "valid"
+        err.print(f"bootstrap admin token (DPSWEEP_ADMIN_TOKEN): id {info.id}, {state}")
+    if not list_tokens(engine, include_revoked=False):
+        err.print(
+            "no API tokens yet: create one with `dpsweep token create --name NAME` "
+            "(every /api/v1 route needs one)"
+        )
+    engine.dispose()
+
+
+def _announce_urls(err: Console, url: str, *, base: str, no_auth: bool) -> None:
+    """Where the API is (and its database), and where the dashboard is and how to sign in."""
+    from sweeper.store.engine import display_url  # deferred: SQLAlchemy
+
+    err.print(f"dpsweep API on {base}/api/v1 (database {display_url(url)})")
+    sign_in = (
+        "no sign-in (--no-auth)" if no_auth else "sign in with a token from `dpsweep token create`"
+    )
+    err.print(f"dashboard: {base}/ ({sign_in})")
 
 
 def _check_secrets(settings: Any, url: str) -> None:

@@ -97,21 +97,7 @@ class ReservationOperations(LedgerCore):
                 analyst=allowance is not None,
             )
             if allowance is not None:
-                touched(conn)  # a read through SQLAlchemy, in the operation's transaction
-                used = principal_usage(conn, dataset, principal)
-                left = sub_exact(allowance, used) if used <= allowance else ZERO
-                if eps > left:
-                    shown_asked, shown_left = show_amounts(eps, left)
-                    raise AllowanceExhausted(
-                        f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for epsilon="
-                        f"{shown_asked} but only {shown_left} remains of the allowance of "
-                        f"{show_amount(allowance)} the data owner granted {principal!r} "
-                        f"({show_amount(used)} held by their sweeps); ask the owner for more",
-                        dataset=dataset,
-                        quantity="epsilon",
-                        requested=eps,
-                        remaining=left,
-                    )
+                _check_allowance(conn, dataset, sweep_id, eps, principal, allowance)
             budget.epsilon_reserved = add_exact(budget.epsilon_reserved, eps)
             budget.delta_reserved = add_exact(budget.delta_reserved, dlt)
             return self._record(
@@ -376,3 +362,31 @@ def principal_totals(
     held = sub_exact(reserved, released)
     outstanding = sub_exact(held, charged) if charged <= held else ZERO
     return charged, outstanding
+
+
+def _check_allowance(
+    conn: Connection,
+    dataset: str,
+    sweep_id: str,
+    eps: Decimal,
+    principal: str | None,
+    allowance: Decimal,
+) -> None:
+    """Refuse ``eps`` if ``principal``'s sweeps would hold more than ``allowance`` on the
+    dataset; run under the reservation's lock, so concurrent reservations cannot pass it
+    together."""
+    touched(conn)  # a read through SQLAlchemy, in the operation's transaction
+    used = principal_usage(conn, dataset, principal)
+    left = sub_exact(allowance, used) if used <= allowance else ZERO
+    if eps > left:
+        shown_asked, shown_left = show_amounts(eps, left)
+        raise AllowanceExhausted(
+            f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for epsilon="
+            f"{shown_asked} but only {shown_left} remains of the allowance of "
+            f"{show_amount(allowance)} the data owner granted {principal!r} "
+            f"({show_amount(used)} held by their sweeps); ask the owner for more",
+            dataset=dataset,
+            quantity="epsilon",
+            requested=eps,
+            remaining=left,
+        )
