@@ -31,14 +31,8 @@ from sweeper.datasets.identity import bind_name, ledger_key_of
 from sweeper.datasets.names import in_catalog
 from sweeper.datasets.resolution import resolve, tuning_names
 from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
-from sweeper.privacy.ledger.amounts import (
-    ZERO,
-    show_amount,
-    show_amounts,
-    sub_exact,
-)
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.cap_check import check_caps
+from sweeper.privacy.ledger.cap_check import check_allowance, check_caps
 from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
 from sweeper.privacy.parallel import pmap_distinct
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
@@ -176,21 +170,15 @@ def check_before_reserving(
         analyst=terms is not None,
     )
     if terms is not None:
-        used = usage(engine, key, terms.analyst)
-        allowance = terms.epsilon_allowance
-        left = sub_exact(allowance, used) if used <= allowance else ZERO
-        if eps > left:
-            shown_asked, shown_left = show_amounts(eps, left)
-            raise AllowanceExhausted(
-                f"dataset {name!r}: the sweep asks for epsilon={shown_asked} but only "
-                f"{shown_left} remains of the allowance of {show_amount(allowance)} the data "
-                f"owner granted {terms.analyst!r} ({show_amount(used)} held by their sweeps); "
-                "ask the owner for more",
-                dataset=name,
-                quantity="epsilon",
-                requested=eps,
-                remaining=left,
-            )
+        check_allowance(
+            epsilon=eps,
+            used=usage(engine, key, terms.analyst),
+            allowance=terms.epsilon_allowance,
+            analyst=terms.analyst,
+            dataset=name,
+            who=f"dataset {name!r}: the sweep",
+            asks="asks for",
+        )
 
 
 def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: GridPlan) -> list[dict[str, Any]]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
-from sweeper.privacy.ledger.amounts import ZERO, cap_left, show_amount, show_amounts
-from sweeper.privacy.ledger.errors import BudgetExhausted
+from sweeper.privacy.ledger.amounts import ZERO, cap_left, show_amount, show_amounts, sub_exact
+from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
 
 
 def check_caps(
@@ -66,3 +66,36 @@ def check_caps(
             requested=asked,
             remaining=left,
         )
+
+
+def check_allowance(
+    *,
+    epsilon: Decimal,
+    used: Decimal,
+    allowance: Decimal,
+    analyst: str | None,
+    dataset: str,
+    who: str,
+    asks: str,
+) -> None:
+    """Refuse ``epsilon`` if the analyst's sweeps, holding ``used``, would pass ``allowance``.
+
+    The ledger runs it under its lock (with ``used`` read in the same transaction); a sweep's
+    submission runs it first as a pre-check. Same arguments as :func:`check_caps`.
+
+    Raises:
+        AllowanceExhausted: ``used + epsilon`` would exceed ``allowance``.
+    """
+    left = sub_exact(allowance, used) if used <= allowance else ZERO
+    if epsilon <= left:
+        return
+    shown_asked, shown_left = show_amounts(epsilon, left)
+    raise AllowanceExhausted(
+        f"{who} {asks} epsilon={shown_asked} but only {shown_left} remains of the allowance of "
+        f"{show_amount(allowance)} the data owner granted {analyst!r} ({show_amount(used)} "
+        "held by their sweeps); ask the owner for more",
+        dataset=dataset,
+        quantity="epsilon",
+        requested=epsilon,
+        remaining=left,
+    )

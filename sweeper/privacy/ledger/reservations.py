@@ -16,11 +16,10 @@ from sweeper.privacy.ledger.amounts import (
     show_amounts,
     sub_exact,
 )
-from sweeper.privacy.ledger.cap_check import check_caps
+from sweeper.privacy.ledger.cap_check import check_allowance, check_caps
 from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.driver_sql import touched
 from sweeper.privacy.ledger.errors import (
-    AllowanceExhausted,
     ReservationExceeded,
     SweepEnded,
 )
@@ -376,17 +375,12 @@ def _check_allowance(
     dataset; run under the reservation's lock, so concurrent reservations cannot pass it
     together."""
     touched(conn)  # a read through SQLAlchemy, in the operation's transaction
-    used = principal_usage(conn, dataset, principal)
-    left = sub_exact(allowance, used) if used <= allowance else ZERO
-    if eps > left:
-        shown_asked, shown_left = show_amounts(eps, left)
-        raise AllowanceExhausted(
-            f"{dataset_label(dataset)}: sweep {sweep_id!r} asked for epsilon="
-            f"{shown_asked} but only {shown_left} remains of the allowance of "
-            f"{show_amount(allowance)} the data owner granted {principal!r} "
-            f"({show_amount(used)} held by their sweeps); ask the owner for more",
-            dataset=dataset,
-            quantity="epsilon",
-            requested=eps,
-            remaining=left,
-        )
+    check_allowance(
+        epsilon=eps,
+        used=principal_usage(conn, dataset, principal),
+        allowance=allowance,
+        analyst=principal,
+        dataset=dataset,
+        who=f"{dataset_label(dataset)}: sweep {sweep_id!r}",
+        asks="asked for",
+    )
