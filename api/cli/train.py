@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -14,17 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.cli.arguments import strategy_flags
-from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+from api.cli.common import EXIT_FAILURE, open_engine
 from api.cli.train_flags import DEFAULT_LR, LIPSCHITZ_LR, add_train_parser, default_lr
 from dpsweep.errors import ConfigError, DpsweepError
-from dpsweep.spec import (
-    ArmConfig,
-    DatasetConfig,
-    ModelConfig,
-    PrivacyConfig,
-    SweepSpec,
-    TrainingConfig,
-)
+from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
 
 # Re-exported: the tests and the report import them from here.
 __all__ = ["DEFAULT_LR", "LIPSCHITZ_LR", "add_parsers", "cmd_train", "default_lr"]
@@ -36,30 +28,30 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Train one model as the flags say; print its metrics and the epsilon charged."""
+    """Train one model as the flags say; print its metrics and the epsilon charged.
+
+    The run goes through the one path of one-off runs (:mod:`sweeper.runs.single_run`): the
+    same admission, checks and plan as a sweep's, then its charge
+    (:func:`sweeper.runs.one_off_charge.charge_training_run`), before anything trains.
+    """
     from workers.strategies import STRATEGIES  # deferred: torch (its classes)
 
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
 
     stored = _check_names(args, usage)
-    strategy_cls = STRATEGIES[args.strategy]
-    params = _strategy_params(args, strategy_cls, usage)
-    model, training = _typed_sections(args, usage)
+    params = _strategy_params(args, STRATEGIES[args.strategy], usage)
+    run = _single_run(args, usage, params)
     err = Console(stderr=True)
     try:
-        strategy_cls.validate(params)
-        dataset_spec = _dataset_spec(parser, args, stored=stored, model=model, training=training)
-        result, charge = _plan_charge_and_train(
-            args, usage, dataset_spec, stored=stored, private=strategy_cls.private,
-            params=params, model=model, training=training, console=err,
-        )  # fmt: skip
+        prepared, charge = _prepare_and_charge(args, usage, run, stored=stored)
     except ConfigError as exc:
-        usage(str(exc))
-        return EXIT_USAGE  # unreachable: usage exits
+        usage(_flag_message(exc))
     except DpsweepError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return EXIT_FAILURE
+    show_bar = not args.json or err.is_terminal
+    result = _run_with_progress(prepared.pack, prepared.data, show_bar=show_bar, console=err)
     summary = result.summary()
     summary["ledger"] = charge
     if args.json:
@@ -74,14 +66,14 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def _check_names(args: argparse.Namespace, usage: Callable[[str], NoReturn]) -> bool:
-    """Every registry name the flags give, checked (a usage error otherwise); whether the
-    dataset is a stored one (a registered name or an upload) rather than a loader."""
+    """The flags' own checks (a usage error otherwise): factories loaded, the trainer's names
+    known, the noise flags' shape; whether the dataset is a stored one (a registered name or an
+    upload) rather than a loader. The registry names and options are the single-run service's
+    to check (:func:`sweeper.runs.single_run.check_single_run`)."""
     # Loaded when the command runs, not with the parser (`dpsweep --help`).
-    from workers.accounting import ACCOUNTANTS  # deferred: scipy
     from workers.datasets.registry import has_loader  # deferred: numpy
     from workers.devices import DEVICES  # deferred: torch
     from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
-    from workers.models import model_names  # deferred: not for the parser
     from workers.optim import OPTIMIZERS  # deferred: torch
     from workers.strategies import STRATEGIES, strategy_names  # deferred: torch
 
@@ -103,9 +95,7 @@ def _check_names(args: argparse.Namespace, usage: Callable[[str], NoReturn]) -> 
             "--label-column"
         )
     for flag, value, known in (
-        ("model", args.model, model_names()),  # (model_names() includes plug-ins)
         ("strategy", args.strategy, strategy_names()),
-        ("accountant", args.accountant, list(ACCOUNTANTS)),
         ("optimizer", args.optimizer, list(OPTIMIZERS)),
         ("device", args.device, list(DEVICES)),
     ):
@@ -142,17 +132,23 @@ def _strategy_params(
     return params
 
 
-def _typed_sections(
-    args: argparse.Namespace, usage: Callable[[str], NoReturn]
-) -> tuple[ModelConfig, TrainingConfig]:
-    """The model and training sections, typed as a sweep's: the flags are validated by the
-    spec's own models and the model's descriptor (a bad value is a usage error naming the
-    flag) before any data is read or any budget charged."""
-    from workers.models import get_model_descriptor  # deferred: not for the parser
+def _single_run(
+    args: argparse.Namespace, usage: Callable[[str], NoReturn], params: dict[str, Any]
+) -> Any:
+    """The flags as the single-run service's request, its sections typed by the spec's own
+    models (a bad value is a usage error naming the flag) before any data is read or any
+    budget charged. A stored dataset's split and scaling settings are the owner's wherever
+    the flags leave them out."""
+    from sweeper.runs.single_run import SingleRun  # deferred: not for the parser
 
-    model_options: dict[str, Any] = dict(args.model_option)
+    given = {
+        name: value
+        for name in ("path", "labels_path", "label_column", "test_fraction", "split_seed")
+        if (value := getattr(args, "data_path" if name == "path" else name)) is not None
+    }
     try:
-        model = ModelConfig(name=args.model, options=model_options)
+        dataset = DatasetConfig(name=args.dataset, **given)
+        model = ModelConfig(name=args.model, options=dict(args.model_option))
         training = TrainingConfig(
             epochs=args.epochs,
             steps=args.steps,
@@ -163,231 +159,83 @@ def _typed_sections(
         )
     except ValidationError as exc:
         first = exc.errors()[0]
-        flag = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
-        usage(f"{flag}: {first['msg']}")
-    try:
-        get_model_descriptor(args.model).validate(model_options)
-    except ConfigError as exc:
-        usage(f"--model-option: {exc}")
-    return model, training
-
-
-def _dataset_spec(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    *,
-    stored: bool,
-    model: ModelConfig,
-    training: TrainingConfig,
-) -> Any:
-    """The worker's dataset spec: a stored dataset's as its owner declared it, else the flags'."""
-    from workers.datasets.records import DatasetSpec  # deferred: numpy
-
-    if stored:
-        return _stored_dataset(parser, args, model=model, training=training)
-    return DatasetSpec(
-        name=args.dataset,
-        path=args.data_path,
-        labels_path=args.labels_path,
-        label_column=args.label_column,
-        test_fraction=0.2 if args.test_fraction is None else args.test_fraction,
-        split_seed=0 if args.split_seed is None else args.split_seed,
-    )
-
-
-def _plan_charge_and_train(
-    args: argparse.Namespace,
-    usage: Callable[[str], NoReturn],
-    dataset_spec: Any,
-    *,
-    stored: bool,
-    private: bool,
-    params: dict[str, Any],
-    model: ModelConfig,
-    training: TrainingConfig,
-    console: Console,
-) -> tuple[Any, dict[str, Any] | None]:
-    """Load the data, check the model on it, plan the noise, charge the run, then train it:
-    everything that can be refused is checked before the charge, and the run refuses to start
-    unless it is exactly what was charged."""
-    from workers.datasets.loading import load_dataset  # deferred: numpy
-    from workers.model_check import check_model  # deferred: not for the parser
-    from workers.models import ModelSpec  # deferred: not for the parser
-    from workers.plan_check import PlannedRun  # deferred: not for the parser
-    from workers.training.specs import TrialSpec, training_pack  # deferred: numpy
-
-    data = load_dataset(dataset_spec)
-    # The model on this data, as the run would build it (the generic path's layer check
-    # included: BatchNorm, Dropout), before anything is charged: a refused model costs
-    # nothing. The same check as a sweep's planning (workers.model_check).
-    check_model(
-        ModelSpec(args.model, dict(args.model_option)),
-        input_shape=tuple(data.input_shape),
-        num_classes=int(data.num_classes),
-        vocab_size=data.vocab_size,
-        strategies=[args.strategy],
-    )
-    q, steps, sigma = _planned_noise(args, usage, data, private=private)
-    charge = _charge(args, dataset_spec, data, stored=stored, q=q, steps=steps, sigma=sigma)
-    spec = training_pack(
+        usage(f"--{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}")
+    return SingleRun(
+        dataset=dataset,
         model=model,
         training=training,
         strategy=args.strategy,
-        trials=[
-            TrialSpec(
-                lr=default_lr(args.strategy) if args.lr is None else args.lr,
-                seed=args.seed,
-                noise_multiplier=sigma,
-                target_delta=args.delta,
-                params=params,
-            )
-        ],
-        dataset=dataset_spec,
+        params=params,
         accountant=args.accountant,
-        reproducible=args.reproducible,
-        # The run refuses to start unless it is exactly what was charged.
-        planned=PlannedRun(
-            strategy=args.strategy, sample_rate=q, steps=steps, noise_multiplier=sigma,
-            dataset_sha256=data.content_sha256,
-        ) if private and sigma is not None else None,
-        device=args.device,
-        threads=args.threads,
-    )  # fmt: skip
-    show_bar = not args.json or console.is_terminal
-    return _run_with_progress(spec, data, show_bar=show_bar, console=console), charge
-
-
-def _planned_noise(
-    args: argparse.Namespace, usage: Callable[[str], NoReturn], data: Any, *, private: bool
-) -> tuple[float, int, float | None]:
-    """q and T as a sweep's plan takes them, and sigma (given, or calibrated to --epsilon)."""
-    from workers.accounting import calibrate_noise_multiplier  # deferred: scipy
-    from workers.schedule import plan_steps  # deferred: not for the parser
-
-    # A stored dataset's size is its owner's declaration (the records' own count is private),
-    # a loader's is counted.
-    q, steps = plan_steps(
-        n_train=data.planning_n_train,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        steps=args.steps,
-    )
-    n_records = data.planning_n_private
-    if args.delta >= 1.0 / n_records:
-        usage(
-            f"--delta {args.delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
-            "such a guarantee allows releasing an example outright; use --delta "
-            f"{10 ** math.floor(math.log10(0.1 / n_records)):g} or smaller"
-        )
-    sigma = args.noise_multiplier
-    if private and args.epsilon is not None:
-        sigma = calibrate_noise_multiplier(
-            target_epsilon=args.epsilon,
-            target_delta=args.delta,
-            sample_rate=q,
-            steps=steps,
-            accountant=args.accountant,
-        )
-    return q, steps, sigma
-
-
-def _charge(
-    args: argparse.Namespace,
-    dataset_spec: Any,
-    data: Any,
-    *,
-    stored: bool,
-    q: float,
-    steps: int,
-    sigma: float | None,
-) -> dict[str, Any] | None:
-    """Charge the run to its dataset's ledger in ``--db`` (:mod:`sweeper.runs.training_charge`)."""
-    from sweeper.runs.training_charge import TrainingRun, charge_training_run  # deferred: DB
-
-    if stored:
-        name = args.dataset
-    elif dataset_spec.path is None:
-        name = dataset_spec.name
-    else:
-        name = f"{dataset_spec.name}:{dataset_spec.path}"
-    run = TrainingRun(
-        name=name,
-        stored=stored,
-        content_sha256=data.content_sha256,
-        config={"name": dataset_spec.name, "path": dataset_spec.path},
-        strategy=args.strategy,
-        noise_multiplier=sigma,
-        sample_rate=q,
-        steps=steps,
         delta=args.delta,
-        accountant=args.accountant,
+        epsilon=args.epsilon,
+        noise_multiplier=args.noise_multiplier,
+        lrs=(default_lr(args.strategy) if args.lr is None else args.lr,),
+        seed=args.seed,
+        reproducible=args.reproducible,
     )
-    engine = open_engine(args.db, migrate=True)
-    try:
-        return charge_training_run(engine, run)
-    finally:
-        engine.dispose()
 
 
-def _stored_dataset(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, *, model: Any, training: Any
-) -> Any:
-    """The worker spec of a registered name or an upload, resolved as a spec's ``dataset.name``.
-
-    The run is admitted as the one-trial sweep it is (:func:`sweeper.sweeps.admission.admit`,
-    local use: the owner's), so the owner's view of the records applies: loader options, label
-    column, class list and declared size from the registration, and the split and scaling
-    settings the owner set wherever the flags leave them out (``--test-fraction``,
-    ``--split-seed``). Then :func:`sweeper.datasets.resolution.resolve` gives the stored file's
-    worker spec, its declared size included, exactly as for a sweep.
-
-    Raises:
-        ConfigError: a setting out of range (the usage error names the field).
-    """
+def _prepare_and_charge(
+    args: argparse.Namespace, usage: Callable[[str], NoReturn], run: Any, *, stored: bool
+) -> tuple[Any, dict[str, Any] | None]:
+    """Check, admit, load and plan the run, then charge it to its dataset's ledger in
+    ``--db``: everything that can be refused is checked before the charge, and the worker
+    refuses to start unless it is exactly what was charged."""
     from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
     from sweeper.datasets.fixed_view import stored_row  # deferred: SQLAlchemy
-    from sweeper.datasets.resolution import resolve  # deferred: SQLAlchemy
-    from sweeper.sweeps.admission import admit  # deferred: SQLAlchemy
+    from sweeper.runs.one_off_charge import charge_training_run  # deferred: DB
+    from sweeper.runs.single_run import check_single_run, prepare_single_run  # deferred: DB
     from workers.datasets.registry import dataset_names  # deferred: numpy
 
-    given = {
-        field: value
-        for field in ("test_fraction", "split_seed")
-        if (value := getattr(args, field)) is not None
-    }
+    params = check_single_run(run)
     engine = open_engine(args.db, migrate=True)
     try:
-        if stored_row(engine, args.dataset) is None:
-            parser.error(
+        if stored and stored_row(engine, args.dataset) is None:
+            usage(
                 f"unknown dataset {args.dataset!r}; choose one of: {', '.join(dataset_names())}, "
                 "or a name registered with `dpsweep datasets register` in --db (`dpsweep "
                 "datasets list` lists them)"
             )
-        # Admission reads the dataset section (and reproducible mode) only; the other sections
-        # are this run's own, so that the spec is a valid one.
-        try:
-            spec = SweepSpec(
-                name="dpsweep-train",
-                dataset=DatasetConfig(name=args.dataset, **given),
-                model=model,
-                training=training,
-                privacy=PrivacyConfig(
-                    budgets=[args.epsilon or 1.0],
-                    delta=args.delta,
-                    reproducible=args.reproducible,
-                ),
-                arms=[ArmConfig(strategy=args.strategy)],
-            )
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            parser.error(f"--{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}")
-        admitted = admit(engine, spec, Viewer(None))
-        return resolve(engine, admitted.spec.dataset)
+        # Local use: the owner's view of a stored dataset.
+        prepared = prepare_single_run(
+            engine, run, Viewer(None), params=params, device=args.device,
+            threads=args.threads, name="dpsweep-train",
+        )  # fmt: skip
+        if stored or args.data_path is None:
+            name = args.dataset
+        else:
+            name = f"{args.dataset}:{args.data_path}"
+        return prepared, charge_training_run(engine, prepared, dataset=name)
     finally:
         engine.dispose()
 
 
+def _flag_message(exc: ConfigError) -> str:
+    """A refusal naming a request field (``delta``, ``params.clip``, ``model_options``) as the
+    flag that sets it (``--delta``, ``--clip``, ``--model-option``)."""
+
+    msg, name = str(exc), exc.field
+    if not name:
+        return msg
+    head, _, sub = name.partition(".")
+    if head == "params":
+        dests = {dest for _, dest, _, _ in strategy_flags()}
+        flag = f"--{sub.replace('_', '-')}" if sub in dests else "--param"
+    elif head == "model_options":
+        flag = "--model-option"
+    elif head == "dataset":
+        flag = {"path": "--data-path", "name": "--dataset"}.get(sub, f"--{sub.replace('_', '-')}")
+    else:
+        flag = f"--{name.rsplit('.', 1)[-1].replace('_', '-')}"
+    for lead in (f"{name} ", f"{name}: ", f"{name.rsplit('.', 1)[-1]} "):
+        if msg.startswith(lead) and not msg.startswith(f"{flag}"):
+            return f"{flag} {msg.removeprefix(lead).lstrip()}"
+    return f"{flag}: {msg}"
+
+
 def _run_with_progress(spec: Any, data: Any, *, show_bar: bool, console: Console) -> Any:
+    """Train the pack, with a progress bar on the terminal."""
     from workers.training.loop import train_pack  # deferred: torch
 
     if not show_bar:

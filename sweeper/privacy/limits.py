@@ -32,13 +32,8 @@ def validate_request(req: GridRequest) -> None:
         raise ConfigError("epsilon budget must be > 0", field="privacy.budgets")
     if not 0 < req.delta < 1:
         raise ConfigError("delta must be in (0, 1)", field="privacy.delta")
-    if req.dataset_size is not None and req.delta >= 1.0 / req.dataset_size:
-        raise ConfigError(
-            f"delta {req.delta:g} is >= 1/N for a dataset of N = {req.dataset_size} examples: "
-            f"such a guarantee allows releasing an example outright; use delta < "
-            f"{1.0 / req.dataset_size:.2g} (e.g. {_suggest_delta(req.dataset_size):g})",
-            field="privacy.delta",
-        )
+    if req.dataset_size is not None:
+        check_delta_below_one_over_n(req.delta, req.dataset_size, field="privacy.delta")
     if req.trials < 1 or req.steps_per_trial < 1:
         raise ConfigError("a grid needs at least one trial of at least one step", field="arms")
     if not 0 < req.sample_rate <= 1:
@@ -53,6 +48,24 @@ def validate_request(req: GridRequest) -> None:
         )
     if not 0 < req.eval_epsilon_share < 1:
         raise ConfigError("eval.epsilon_share must be in (0, 1)", field="eval.epsilon_share")
+
+
+def check_delta_below_one_over_n(delta: float, n_records: int, *, field: str) -> None:
+    """Refuse a delta of 1/N or more for a dataset of N records (its declared size, or the
+    count of a loader's records): such a guarantee allows releasing a record outright.
+
+    Sweeps (:func:`validate_request`) and single runs (:mod:`sweeper.runs.single_run`) share it.
+
+    Raises:
+        ConfigError: naming ``field``, with a delta to use instead.
+    """
+    if delta >= 1.0 / n_records:
+        raise ConfigError(
+            f"delta {delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
+            f"such a guarantee allows releasing an example outright; use delta < "
+            f"{1.0 / n_records:.2g} (e.g. {_suggest_delta(n_records):g})",
+            field=field,
+        )
 
 
 def _suggest_delta(n: int) -> float:

@@ -147,7 +147,7 @@ def test_human_output_shows_a_summary() -> None:
         (["--strategy", "nonprivate", "--epsilon", "1"], "nonprivate adds no noise"),
         (
             ["--epsilon", "1", "--clip-style", "diagonal"],
-            "clip_style for strategy 'fixed' must be one of",
+            "--clip-style for strategy 'fixed' must be one of",
         ),
         (
             [

@@ -1,0 +1,149 @@
+"""Charging a one-off run (``dpsweep train``, a canary audit) to its dataset's ledger, like a
+one-trial grid.
+
+The run reserves and is charged, before it touches the data, the epsilon of its own noise,
+rate and steps; a cap that cannot cover it refuses the run (BudgetExhausted). The charge is in
+the release log (kind ``train`` or ``audit``) before anything of the run is shown. A
+non-private run has no finite epsilon to record, so it is refused on a dataset with an epsilon
+cap and, elsewhere, runs uncharged (the summary says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from dpsweep.errors import PrivacyError
+from sweeper.datasets.identity import bind_name, ledger_key_of
+from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.release_log import record_run
+from sweeper.runs.single_run import PreparedRun
+from sweeper.store import new_id
+
+
+@dataclass(frozen=True)
+class OneOffCharge:
+    """What a one-off run is charged, and on which dataset's ledger.
+
+    ``stored``: the dataset is a registered name or an upload, charged on the ledger its name
+    was bound to when it was registered (:func:`sweeper.datasets.identity.ledger_key_of`), as a
+    sweep is; otherwise ``dataset`` (a loader name, or ``loader:path``) is bound here to the
+    records the run read (``content_sha256``, ``config``).
+    """
+
+    dataset: str
+    stored: bool
+    content_sha256: str
+    config: dict[str, Any]
+    epsilon: float
+    delta: float
+    kind: str  # the release log's kind: train, audit
+    run_id: str  # the run's own id (the ledger's entries are keyed ``<kind>_<run_id>``)
+    note: str
+    principal: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def ledger_key_for(engine: Engine, charge: OneOffCharge) -> str:
+    """The ledger ``charge`` goes to: a stored dataset's bound one, else the name bound here."""
+    if charge.stored:
+        return ledger_key_of(engine, charge.dataset)
+    return bind_name(
+        engine, charge.dataset, charge.content_sha256, new_row={"config": charge.config}
+    ).ledger_key
+
+
+def charge_one_off(engine: Engine, charge: OneOffCharge, *, ledger_key: str | None = None) -> str:
+    """Reserve and charge ``charge`` on its dataset's ledger, and log it in the release log.
+
+    Args:
+        engine: The store.
+        charge: What is charged.
+        ledger_key: The ledger, when the caller resolved it already (default:
+            :func:`ledger_key_for`).
+
+    Returns:
+        The ledger's key.
+
+    Raises:
+        BudgetExhausted: the dataset's cap cannot cover the run (nothing is charged).
+    """
+    key = ledger_key or ledger_key_for(engine, charge)
+    entry = f"{charge.kind}_{charge.run_id}"
+    ledger = BudgetLedger(engine)
+    eps, delta = charge.epsilon, charge.delta
+    ledger.reserve(
+        key, sweep_id=entry, epsilon=eps, delta=delta, note=charge.note, principal=charge.principal
+    )
+    ledger.charge(key, sweep_id=entry, trial_id=entry, epsilon=eps, delta=delta, note=charge.note)
+    # Attributable: the charge is in the release log before anything of the run is shown.
+    record_run(
+        engine,
+        ledger_key=key,
+        dataset_name=charge.dataset,
+        principal=charge.principal,
+        run_id=charge.run_id,
+        kind=charge.kind,
+        epsilon=eps,
+        delta=delta,
+        detail=charge.detail,
+    )
+    return key
+
+
+def charge_training_run(
+    engine: Engine, prepared: PreparedRun, *, dataset: str
+) -> dict[str, Any] | None:
+    """Charge a ``dpsweep train`` run; what was charged (None: a non-private run).
+
+    Args:
+        engine: The store.
+        prepared: The run, checked and planned (:func:`sweeper.runs.single_run.prepare_single_run`).
+        dataset: The dataset's name as the user gave it (``loader:path`` for a file).
+
+    Raises:
+        BudgetExhausted: the dataset's cap cannot cover the run (nothing is charged).
+        PrivacyError: a non-private run on a dataset with an epsilon cap.
+    """
+    from workers.accounting import compute_epsilon  # deferred: scipy
+
+    run = prepared.run
+    charge = OneOffCharge(
+        dataset=dataset,
+        stored=prepared.stored,
+        content_sha256=str(prepared.data.content_sha256),
+        config={"name": prepared.dataset.name, "path": prepared.dataset.path},
+        epsilon=0.0,
+        delta=run.delta,
+        kind="train",
+        run_id=new_id(),
+        note=f"dpsweep train: one {run.strategy} run on {dataset!r}",
+        detail={"released": ["model", "metrics"], "strategy": run.strategy},
+    )
+    if prepared.noise_multiplier is None:
+        key = ledger_key_for(engine, charge)
+        if BudgetLedger(engine).summary(key).epsilon_cap is not None:
+            raise PrivacyError(
+                f"dataset {dataset!r} has a lifetime epsilon cap, and a non-private run would "
+                "spend without bound; train it with a private strategy"
+            )
+        return None
+    epsilon = compute_epsilon(
+        noise_multiplier=prepared.noise_multiplier,
+        sample_rate=prepared.sample_rate,
+        steps=prepared.steps,
+        target_delta=run.delta,
+        accountant=run.accountant,
+    )
+    charge = replace(charge, epsilon=epsilon)
+    charge_one_off(engine, charge)
+    return {
+        "run": f"train_{charge.run_id}",
+        "dataset": dataset,
+        "epsilon_charged": epsilon,
+        "delta_charged": run.delta,
+        "covers": "this one training run (a one-trial grid), charged to the dataset's "
+        "lifetime budget",
+    }
