@@ -1,12 +1,11 @@
 """Everything an audit settles before anything trains: who may run it, the pack, sigma, q, T,
 the claimed epsilon, and whether (and on which ledger) it is charged.
 
-The building blocks are those of ``dpsweep train`` and of a sweep's packs: the spec's typed
-sections (:mod:`dpsweep.spec`), admission and resolution of the dataset
-(:func:`sweeper.sweeps.admission.admit`, :func:`sweeper.datasets.resolution.resolve`), the
-model check, :func:`workers.schedule.plan_steps` for q and T, the one calibrator
-(:func:`workers.accounting.calibrate_noise_multiplier`) and
-:func:`workers.training.specs.training_pack` / :func:`~sweeper.driver.packs.pack_spec`.
+An audit of new settings takes the one path of one-off runs (:mod:`sweeper.runs.single_run`,
+as ``dpsweep train`` does: the spec's typed sections, admission and resolution of the
+dataset, the model check, q and T, the one calibrator and the worker's pack), with the audit's
+view of the data (its canaries). An audit of a finished trial rebuilds that trial's pack from
+its stored plan (:func:`~sweeper.driver.packs.pack_spec`, as the sweep trained it).
 
 **Who.** An audit reads its dataset's records more closely than any release does (its canary
 scores), so only the dataset's owner (or an admin, or local use) may audit a private dataset;
@@ -33,32 +32,22 @@ from sqlalchemy.orm import Session
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
 from dpsweep.plan import SweepPlan
-from dpsweep.spec import (
-    ArmConfig,
-    DatasetConfig,
-    ModelConfig,
-    PrivacyConfig,
-    SweepSpec,
-    TrainingConfig,
-)
+from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
 from sweeper.datasets.access import Viewer, check_access
 from sweeper.datasets.grants import has_active_grant
 from sweeper.datasets.identity import ledger_key_of
 from sweeper.datasets.names import BUILTIN, in_catalog, unknown_dataset
 from sweeper.datasets.resolution import is_public, resolve
 from sweeper.driver.packs import pack_spec
+from sweeper.runs.single_run import DataView, SingleRun, check_single_run, prepare_single_run
 from sweeper.store import Dataset, Sweep, Trial, TrialState
-from sweeper.sweeps.admission import admit
 from sweeper.sweeps.stored import grid_key, typed_spec
 from sweeper.sweeps.sweep_pages import sweep_head
-from workers.accounting import ACCOUNTANTS, calibrate_noise_multiplier, compute_epsilon
+from workers.accounting import compute_epsilon
 from workers.accounting.registry import trial_accountant_for_plan
 from workers.datasets.loading import load_dataset
-from workers.model_check import check_model
-from workers.models import ModelSpec, get_model_descriptor
 from workers.plan_check import PlannedRun
 from workers.schedule import plan_steps
-from workers.training.specs import TrialSpec, training_pack
 
 #: ``dpsweep train``'s defaults, for an audit that leaves them out.
 DEFAULT_MODEL = "mlp"
@@ -181,144 +170,63 @@ def prepare_audit(
 def _prepare_run(
     engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
 ) -> PreparedAudit:
-    # deferred: these names load the torch side of the registries, and the API imports
-    # this module (it must not import torch)
-    from workers.models import model_names
-    from workers.strategies import STRATEGIES, strategy_names  # deferred: likewise
-
+    """An audit of new settings: the one path of one-off runs
+    (:mod:`sweeper.runs.single_run`, as ``dpsweep train``), with the audit's view of the
+    data (its canaries), for the dataset's owner only."""
     name = request.dataset or DEFAULT_DATASET
-    model_name = request.model or DEFAULT_MODEL
-    strategy = request.strategy or DEFAULT_STRATEGY
-    accountant = request.accountant or DEFAULT_ACCOUNTANT
-    delta = DEFAULT_DELTA if request.delta is None else request.delta
-    steps = request.steps or DEFAULT_STEPS
     check_owner(engine, name, viewer)
-    if model_name not in model_names():
-        raise ConfigError(
-            f"unknown model {model_name!r}; choose one of: {', '.join(model_names())}",
-            field="model",
-        )
-    if strategy not in STRATEGIES:
-        raise ConfigError(
-            f"unknown strategy {strategy!r}; choose one of: {', '.join(strategy_names())}",
-            field="strategy",
-        )
-    if not STRATEGIES[strategy].private:
-        raise ConfigError(
-            f"strategy {strategy!r} is not private: there is no epsilon to audit", field="strategy"
-        )
-    if accountant not in ACCOUNTANTS:
-        raise ConfigError(
-            f"unknown accountant {accountant!r}; choose one of: {', '.join(ACCOUNTANTS)}",
-            field="accountant",
-        )
-    try:
-        params = STRATEGIES[strategy].validate(dict(request.params))
-    except ConfigError as exc:
-        sub = exc.field.rsplit(".", 1)[-1] if exc.field else None
-        raise ConfigError(str(exc), field=f"params.{sub}" if sub else "params") from None
-    model = _typed(lambda: ModelConfig(name=model_name, options=dict(request.model_options)))
-    try:
-        get_model_descriptor(model_name).validate(dict(request.model_options))
-    except ConfigError as exc:
-        raise ConfigError(str(exc), field="model_options") from None
-
-    def sections(batch_size: int) -> tuple[Any, Any]:
-        training = _typed(lambda: TrainingConfig(steps=steps, batch_size=batch_size))
-        spec = _typed(
-            lambda: SweepSpec(
-                name="dpsweep-audit",
-                dataset=DatasetConfig(name=name),
-                model=model,
-                training=training,
-                privacy=PrivacyConfig(budgets=[request.epsilon or 1.0], delta=delta),
-                arms=[ArmConfig(strategy=strategy)],
-            )
-        )
-        return training, spec
-
-    training, spec = sections(request.batch_size or DEFAULT_BATCH_SIZE)
-    # The owner's view of a stored dataset (loader options, declared size, split), as for a
-    # sweep; loader names pass through.
-    admitted = admit(engine, spec, viewer)
-    dataset_spec = resolve(engine, admitted.spec.dataset)
-    data = _audit_data(load_dataset(dataset_spec), request)
-    check_model(
-        ModelSpec(model_name, dict(request.model_options)),
-        input_shape=tuple(data.input_shape),
-        num_classes=int(data.num_classes),
-        vocab_size=data.vocab_size,
-        strategies=[strategy],
+    run = _single_run(request, name)
+    params = check_single_run(run, require_private=True)
+    view = DataView(
+        train=lambda data: _audit_data(data, request),
+        planning=lambda data: _planning_view(data, request),
     )
-    view = _planning_view(data, request)
-    if request.sample_rate is not None:
-        batch_size = max(1, round(request.sample_rate * view.planning_n_train))
-        training, spec = sections(batch_size)
-    q, steps = _field_errors(
-        lambda: plan_steps(
-            n_train=view.planning_n_train,
-            batch_size=training.batch_size,
-            epochs=None,
-            steps=steps,
-        )
-    )
-    n_records = data.planning_n_private
-    if delta >= 1.0 / n_records:
-        raise ConfigError(
-            f"delta {delta:g} is >= 1/N for this dataset: such a guarantee allows releasing a "
-            f"record outright; use delta {10 ** math.floor(math.log10(0.1 / n_records)):g} or "
-            "smaller",
-            field="delta",
-        )
-    sigma = request.noise_multiplier
-    if sigma is None:
-        assert request.epsilon is not None  # request.check()
-        sigma = _field_errors(
-            lambda: calibrate_noise_multiplier(
-                target_epsilon=float(request.epsilon),
-                target_delta=delta,
-                sample_rate=q,
-                steps=steps,
-                accountant=accountant,
-            ),
-            field="epsilon",
-        )
-    lrs = request.lrs or [DEFAULT_LR]
-    trials = [
-        TrialSpec(
-            lr=float(lr),
-            seed=request.seed + i,
-            noise_multiplier=float(sigma),
-            target_delta=delta,
-            params=dict(params),
-        )
-        for i, lr in enumerate(lrs)
-    ]
-    pack = training_pack(
-        model=model,
-        training=training,
-        strategy=strategy,
-        trials=trials,
-        dataset=dataset_spec,
-        accountant=accountant,
-        reproducible=False,
-        planned=_planned(strategy, q, steps, float(sigma), data),
-        device=device,
-        threads=threads,
-    )
+    prepared = prepare_single_run(
+        engine, run, viewer, params=params, view=view, device=device, threads=threads,
+        name="dpsweep-audit",
+    )  # fmt: skip
+    assert prepared.noise_multiplier is not None  # check_single_run(require_private=True)
     return _finish(
         engine,
         request,
         name=name,
         sweep_id=None,
         trial_id=None,
-        pack=pack,
-        data=data,
-        q=q,
-        steps=steps,
-        sigma=float(sigma),
-        delta=delta,
-        accountant=accountant,
+        pack=prepared.pack,
+        data=prepared.data,
+        q=prepared.sample_rate,
+        steps=prepared.steps,
+        sigma=prepared.noise_multiplier,
+        delta=run.delta,
+        accountant=run.accountant,
+    )
+
+
+def _single_run(request: AuditRequest, name: str) -> SingleRun:
+    """The request as the single-run service's, ``dpsweep train``'s defaults where it leaves
+    a setting out; a section the spec's models refuse names the request's field."""
+    model_name = request.model or DEFAULT_MODEL
+    model = _typed(lambda: ModelConfig(name=model_name, options=dict(request.model_options)))
+    training = _typed(
+        lambda: TrainingConfig(
+            steps=request.steps or DEFAULT_STEPS,
+            batch_size=request.batch_size or DEFAULT_BATCH_SIZE,
+        )
+    )
+    return SingleRun(
+        dataset=_typed(lambda: DatasetConfig(name=name), prefix="dataset."),
+        model=model,
+        training=training,
+        strategy=request.strategy or DEFAULT_STRATEGY,
+        params=dict(request.params),
+        accountant=request.accountant or DEFAULT_ACCOUNTANT,
+        delta=DEFAULT_DELTA if request.delta is None else request.delta,
+        # request.check(): exactly one of the two.
+        epsilon=request.epsilon if request.noise_multiplier is None else None,
+        noise_multiplier=request.noise_multiplier,
+        lrs=tuple(float(lr) for lr in request.lrs or [DEFAULT_LR]),
+        seed=request.seed,
+        sample_rate=request.sample_rate,
     )
 
 
