@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from dpsweep.errors import ConfigError
+from dpsweep.registry import Registry
 from workers.randomness import NoiseSource
 from workers.strategies import load_builtin_strategies
 from workers.strategies.descriptors import (
@@ -241,7 +242,11 @@ class ClippingStrategy(ABC):
         return {}
 
 
-STRATEGIES: dict[str, type[ClippingStrategy]] = {}
+#: The strategy classes by name; the built-in classes and the installed plug-ins are loaded
+#: when the names are listed or a name is not found.
+STRATEGIES: Registry[str, type[ClippingStrategy]] = Registry(
+    "strategy", field="strategy", load=load_builtin_strategies
+)
 
 
 def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
@@ -251,7 +256,7 @@ def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
     names, same private flag); a class without a descriptor gets one derived from its
     attributes, registered with it.
     """
-    if cls.name in STRATEGIES:
+    if cls.name in STRATEGIES:  # refused before its descriptor is registered, not after
         raise ValueError(f"strategy {cls.name!r} is registered twice")
     d = cls.describe()
     known = DESCRIPTORS.get(cls.name)
@@ -266,27 +271,21 @@ def register_strategy(cls: type[ClippingStrategy]) -> type[ClippingStrategy]:
     else:
         d = known
     cls.descriptor = d
-    STRATEGIES[cls.name] = cls
-    return cls
-
-
-def _load_builtins() -> None:
-    load_builtin_strategies()
+    return STRATEGIES.register(cls.name, cls)
 
 
 def strategy_names() -> list[str]:
-    _load_builtins()
-    return sorted(STRATEGIES)
+    """The strategy classes' names, the built-ins' and plug-ins' included. Imports torch."""
+    return STRATEGIES.names()
 
 
 def get_strategy(name: str) -> type[ClippingStrategy]:
-    _load_builtins()
-    if name not in STRATEGIES:
-        raise ConfigError(
-            f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}",
-            field="strategy",
-        )
-    return STRATEGIES[name]
+    """The strategy class registered as ``name`` (the built-ins and plug-ins loaded on a miss).
+
+    Raises:
+        ConfigError: unknown name (field ``strategy``; the message lists the names).
+    """
+    return STRATEGIES.lookup(name)
 
 
 def group_norms(sq_norms: Tensor, style: str) -> Tensor:

@@ -16,12 +16,14 @@ time the names are listed or a name is not found.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from dpsweep.errors import ConfigError
+from dpsweep.registry import Registry
 from dpsweep.spec import DEFAULT_GRIDS, propose_grid
 from workers.count_noise import auto_count_noise
 from workers.options import HParam, check_settings
@@ -169,23 +171,25 @@ class StrategyDescriptor:
         return [name for name, hp in self.hyperparameters.items() if hp.shared]
 
 
-DESCRIPTORS: dict[str, StrategyDescriptor] = {}
+#: The strategy descriptors by name; the installed plug-ins are loaded when the names are
+#: listed or a name is not found.
+DESCRIPTORS: Registry[str, StrategyDescriptor] = Registry(
+    "strategy",
+    field="strategy",
+    load=functools.partial(load_plugins, "strategies"),
+    verb="described",
+    idempotent=True,
+)
 
 
 def register_descriptor(descriptor: StrategyDescriptor) -> StrategyDescriptor:
     """Register a descriptor under its name (a stable contract stored in the database)."""
-    if descriptor.name in DESCRIPTORS:
-        if DESCRIPTORS[descriptor.name] is descriptor:
-            return descriptor
-        raise ValueError(f"strategy {descriptor.name!r} is described twice")
-    DESCRIPTORS[descriptor.name] = descriptor
-    return descriptor
+    return DESCRIPTORS.register(descriptor.name, descriptor)
 
 
 def descriptor_names() -> list[str]:
     """The described strategies' names, plug-ins' included."""
-    load_plugins("strategies")
-    return sorted(DESCRIPTORS)
+    return DESCRIPTORS.names()
 
 
 def get_descriptor(name: str) -> StrategyDescriptor:
@@ -193,14 +197,7 @@ def get_descriptor(name: str) -> StrategyDescriptor:
 
     Plug-ins (entry points of the group ``dpsweep.strategies``) are loaded on a miss.
     """
-    if name not in DESCRIPTORS:
-        load_plugins("strategies")
-    if name not in DESCRIPTORS:
-        raise ConfigError(
-            f"unknown strategy {name!r}; choose one of: {', '.join(descriptor_names())}",
-            field="strategy",
-        )
-    return DESCRIPTORS[name]
+    return DESCRIPTORS.lookup(name)
 
 
 # ---------------------------------------------------------------------------------------------

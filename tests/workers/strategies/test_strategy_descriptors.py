@@ -261,9 +261,9 @@ def test_an_infeasible_split_is_a_config_error_in_the_worker_and_infeasible_when
 
 @pytest.fixture
 def scratch_registries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(descriptors, "DESCRIPTORS", dict(descriptors.DESCRIPTORS))
+    monkeypatch.setattr(descriptors, "DESCRIPTORS", descriptors.DESCRIPTORS.copy())
     monkeypatch.setattr(strategies_base, "DESCRIPTORS", descriptors.DESCRIPTORS)
-    monkeypatch.setattr(strategies_base, "STRATEGIES", dict(strategies_base.STRATEGIES))
+    monkeypatch.setattr(strategies_base, "STRATEGIES", strategies_base.STRATEGIES.copy())
 
 
 def test_registration_checks_the_class_against_its_descriptor(scratch_registries: None) -> None:
