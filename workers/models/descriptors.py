@@ -14,12 +14,14 @@ built-in descriptors are registered when this module is imported.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
 from dpsweep.errors import ConfigError, DatasetError
+from dpsweep.registry import Registry
 from workers.options import HParam, check_settings, check_value
 from workers.plugins import load_plugins
 
@@ -176,35 +178,30 @@ class ModelDescriptor:
         return number
 
 
-DESCRIPTORS: dict[str, ModelDescriptor] = {}
+#: The model descriptors by name; the installed plug-ins are loaded when the names are listed
+#: or a name is not found.
+DESCRIPTORS: Registry[str, ModelDescriptor] = Registry(
+    "model",
+    field="model.name",
+    load=functools.partial(load_plugins, "models"),
+    verb="described",
+    idempotent=True,
+)
 
 
 def register_model_descriptor(descriptor: ModelDescriptor) -> ModelDescriptor:
     """Register a descriptor under its name (a stable contract stored in the database)."""
-    if descriptor.name in DESCRIPTORS:
-        if DESCRIPTORS[descriptor.name] is descriptor:
-            return descriptor
-        raise ValueError(f"model {descriptor.name!r} is described twice")
-    DESCRIPTORS[descriptor.name] = descriptor
-    return descriptor
+    return DESCRIPTORS.register(descriptor.name, descriptor)
 
 
 def model_descriptor_names() -> list[str]:
     """Every described model's name, the installed plug-ins' included."""
-    load_plugins("models")
-    return sorted(DESCRIPTORS)
+    return DESCRIPTORS.names()
 
 
 def get_model_descriptor(name: str) -> ModelDescriptor:
     """The descriptor of a model; raises :class:`ConfigError` (field ``model.name``) if unknown."""
-    if name not in DESCRIPTORS:
-        load_plugins("models")
-    if name not in DESCRIPTORS:
-        raise ConfigError(
-            f"unknown model {name!r}; choose one of: {', '.join(model_descriptor_names())}",
-            field="model.name",
-        )
-    return DESCRIPTORS[name]
+    return DESCRIPTORS.lookup(name)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from dpsweep.registry import Registry
 from workers.models.descriptors import (
     DESCRIPTORS,
     ModelDescriptor,
@@ -79,7 +80,21 @@ class ModelEntry:
         return self.descriptor.description
 
 
-MODELS: dict[str, ModelEntry] = {}
+def load_builtin_models() -> None:
+    """Import (and so register) every built-in architecture."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(f"workers.models.{module}")
+
+
+def _load_all() -> None:
+    """Register the built-in architectures and the installed plug-ins (once per process)."""
+    load_builtin_models()
+    load_plugins("models")
+
+
+#: The model builders by name; the built-in architectures and the installed plug-ins are loaded
+#: when the names are listed or a name is not found.
+MODELS: Registry[str, ModelEntry] = Registry("model", field="model.name", load=_load_all)
 
 
 def register_model(model: ModelDescriptor | str) -> Callable[[Builder], Builder]:
@@ -97,43 +112,20 @@ def register_model(model: ModelDescriptor | str) -> Callable[[Builder], Builder]
         descriptor = register_model_descriptor(model)
 
     def deco(fn: Builder) -> Builder:
-        if descriptor.name in MODELS:
-            raise ValueError(f"model {descriptor.name!r} is registered twice")
-        MODELS[descriptor.name] = ModelEntry(descriptor, fn)
+        MODELS.register(descriptor.name, ModelEntry(descriptor, fn))
         return fn
 
     return deco
 
 
 def model_names() -> list[str]:
-    _load_all()
-    return sorted(MODELS)
+    """The registered builders' names, the built-ins' and plug-ins' included. Imports torch."""
+    return MODELS.names()
 
 
 def model_task(name: str) -> Task:
-    return _entry(name).task
-
-
-def load_builtin_models() -> None:
-    """Import (and so register) every built-in architecture."""
-    for module in BUILTIN_MODULES:
-        importlib.import_module(f"workers.models.{module}")
-
-
-def _load_all() -> None:
-    """Register the built-in architectures and the installed plug-ins (once per process)."""
-    load_builtin_models()
-    load_plugins("models")
-
-
-def _entry(name: str) -> ModelEntry:
-    if name not in MODELS:
-        _load_all()
-    if name not in MODELS:
-        raise ConfigError(
-            f"unknown model {name!r}; choose one of: {', '.join(model_names())}", field="model.name"
-        )
-    return MODELS[name]
+    """The task of the model registered as ``name`` (raises as :func:`build_model` does)."""
+    return MODELS.lookup(name).task
 
 
 def build_model(
@@ -145,7 +137,7 @@ def build_model(
         ConfigError: unknown model, unknown option or an option value out of its range.
         DatasetError: the data's shape does not fit the model (e.g. a CNN on tabular data).
     """
-    entry = _entry(spec.name)
+    entry = MODELS.lookup(spec.name)
     unknown = set(spec.options) - entry.option_names
     if unknown:
         raise ConfigError(
