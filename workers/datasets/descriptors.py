@@ -16,7 +16,9 @@ of descriptor read the same way. The descriptor types and the built-ins are re-e
 
 from __future__ import annotations
 
-from dpsweep.errors import ConfigError
+import functools
+
+from dpsweep.registry import Registry
 from workers.datasets.builtin_descriptors import (
     BREAST_CANCER,
     BUILTIN_DESCRIPTORS,
@@ -48,7 +50,15 @@ from workers.plugins import load_plugins
 FIELD = "dataset.name"
 
 
-DATASET_DESCRIPTORS: dict[str, DatasetDescriptor] = {}
+#: The dataset descriptors by name, in registration order (the built-ins first); the installed
+#: plug-ins are loaded when the names are listed or a name is not found.
+DATASET_DESCRIPTORS: Registry[str, DatasetDescriptor] = Registry(
+    "dataset",
+    field=FIELD,
+    load=functools.partial(load_plugins, "datasets"),
+    verb="described",
+    idempotent=True,
+)
 
 
 def register_dataset_descriptor(descriptor: DatasetDescriptor) -> DatasetDescriptor:
@@ -56,24 +66,17 @@ def register_dataset_descriptor(descriptor: DatasetDescriptor) -> DatasetDescrip
 
     Registering the same object again is a no-op; another descriptor of a taken name is refused.
     """
-    known = DATASET_DESCRIPTORS.get(descriptor.name)
-    if known is not None:
-        if known is descriptor:
-            return descriptor
-        raise ValueError(f"dataset {descriptor.name!r} is described twice")
-    DATASET_DESCRIPTORS[descriptor.name] = descriptor
-    return descriptor
+    return DATASET_DESCRIPTORS.register(descriptor.name, descriptor)
 
 
 def dataset_descriptor_names() -> list[str]:
     """The described datasets' names, plug-ins' included."""
-    load_plugins("datasets")
-    return sorted(DATASET_DESCRIPTORS)
+    return DATASET_DESCRIPTORS.names()
 
 
 def dataset_descriptors() -> list[DatasetDescriptor]:
     """Every descriptor in registration order (the built-ins first), plug-ins' included."""
-    load_plugins("datasets")
+    DATASET_DESCRIPTORS.load()
     return list(DATASET_DESCRIPTORS.values())
 
 
@@ -83,14 +86,7 @@ def get_dataset_descriptor(name: str) -> DatasetDescriptor:
     Raises:
         ConfigError: unknown name (field ``dataset.name``; the message lists the names).
     """
-    if name not in DATASET_DESCRIPTORS:
-        load_plugins("datasets")
-    if name not in DATASET_DESCRIPTORS:
-        raise ConfigError(
-            f"unknown dataset {name!r}; choose one of: {', '.join(dataset_descriptor_names())}",
-            field=FIELD,
-        )
-    return DATASET_DESCRIPTORS[name]
+    return DATASET_DESCRIPTORS.lookup(name)
 
 
 # The built-in sets and file formats, in their order (a file's format is the first that takes it).

@@ -10,35 +10,32 @@ the names are listed or a name is not found.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
+from dpsweep.registry import Registry
 from workers.datasets.records import DatasetSpec, RawData
 from workers.plugins import load_plugins
 
 Loader = Callable[[DatasetSpec], RawData]
-DATASETS: dict[str, Loader] = {}
+
+#: The loaders by name; the installed plug-ins are loaded when the names are listed or a name
+#: is not found.
+DATASETS: Registry[str, Loader] = Registry(
+    "dataset", field="dataset.name", load=functools.partial(load_plugins, "datasets")
+)
 
 
 def register_dataset(name: str) -> Callable[[Loader], Loader]:
     """Register a loader under ``name`` (a stable contract: names are stored in the database)."""
-
-    def deco(fn: Loader) -> Loader:
-        if name in DATASETS:
-            raise ValueError(f"dataset {name!r} is registered twice")
-        DATASETS[name] = fn
-        return fn
-
-    return deco
+    return DATASETS.registering(name)
 
 
 def dataset_names() -> list[str]:
     """The registered loaders' names, plug-ins' included."""
-    load_plugins("datasets")
-    return sorted(DATASETS)
+    return DATASETS.names()
 
 
 def has_loader(name: str) -> bool:
     """Whether a loader is registered as ``name`` (plug-ins are loaded on a miss)."""
-    if name not in DATASETS:
-        load_plugins("datasets")
-    return name in DATASETS
+    return DATASETS.has(name)
