@@ -19,13 +19,11 @@ from typing import Any
 
 from torch import nn
 
-from dpsweep.errors import ConfigError
+from dpsweep.registry import Registry
 from workers.packed.layer import PackedLayer
 
 #: Builds a packed layer from one module (of the type it is registered for).
 Converter = Callable[[Any], PackedLayer]
-
-CONVERTERS: dict[type[nn.Module], Converter] = {}
 
 #: The built-in layer kinds, for error messages.
 SUPPORTED = "Linear, Conv2d, ConvTranspose2d, pooling, Flatten, activations"
@@ -34,20 +32,29 @@ SUPPORTED = "Linear, Conv2d, ConvTranspose2d, pooling, Flatten, activations"
 BUILTIN_MODULES = ("linear", "conv", "parameter_free")
 
 
-def register_packed_layer(module_type: type[nn.Module]) -> Callable[[Converter], Converter]:
-    """Teach the packer a new module type (e.g. a Lipschitz layer or a residual block)."""
-
-    def deco(fn: Converter) -> Converter:
-        CONVERTERS[module_type] = fn
-        return fn
-
-    return deco
-
-
 def load_builtin_layers() -> None:
     """Import (and so register) every built-in layer kind."""
     for module in BUILTIN_MODULES:
         importlib.import_module(f"workers.packed.{module}")
+
+
+def _unsupported(module_type: type[nn.Module]) -> str:
+    return f"layer {module_type.__name__} is not supported in DP models; supported: {SUPPORTED}"
+
+
+#: The packed implementation of each module type, by exact type; the built-in layer kinds are
+#: imported on a miss.
+CONVERTERS: Registry[type[nn.Module], Converter] = Registry(
+    "layer", load=load_builtin_layers, unknown=_unsupported
+)
+
+
+def register_packed_layer(module_type: type[nn.Module]) -> Callable[[Converter], Converter]:
+    """Teach the packer a new module type (e.g. a Lipschitz layer or a residual block).
+
+    A type registered again gets the new implementation (a plug-in may replace a built-in's).
+    """
+    return CONVERTERS.registering(module_type, replace=True)
 
 
 def convert_layer(m: nn.Module) -> PackedLayer:
@@ -56,12 +63,4 @@ def convert_layer(m: nn.Module) -> PackedLayer:
     Raises:
         ConfigError: no packed implementation is registered for ``type(m)``.
     """
-    conv = CONVERTERS.get(type(m))
-    if conv is None:
-        load_builtin_layers()
-        conv = CONVERTERS.get(type(m))
-    if conv is None:
-        raise ConfigError(
-            f"layer {type(m).__name__} is not supported in DP models; supported: {SUPPORTED}"
-        )
-    return conv(m)
+    return CONVERTERS.lookup(type(m))(m)
