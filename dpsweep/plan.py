@@ -24,6 +24,8 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass
 
+from dpsweep.accountants import PLAN, resolve
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import PlanCorrupt
 
 __all__ = ["GridKey", "GridPlan", "SweepPlan"]
@@ -146,6 +148,26 @@ class GridPlan:
     grid: str | None = None
     # The records the reservation covers; every trial checks that it trains on them.
     dataset_sha256: str | None = None
+
+    def run_inputs(self) -> AccountingInputs:
+        """One run of the grid (its T steps and E evaluation releases) as accounting inputs.
+
+        The accountant is the plan's, a stored legacy name read as a plan's
+        (:func:`dpsweep.accountants.resolve` in :data:`~dpsweep.accountants.PLAN`: ``rdp``
+        is dp_accounting's RDP here).
+
+        Raises:
+            PrivacyError: evaluation releases without a usable noise multiplier (fail closed).
+        """
+        return AccountingInputs(
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sample_rate,
+            steps=self.steps_per_trial,
+            delta=self.delta,
+            eval_noise_multiplier=self.eval_noise_multiplier,
+            evaluations=int(self.eval_releases or 0),
+            accountant=resolve(self.accountant, PLAN),
+        )
 
     def __post_init__(self) -> None:
         if self.grid is not None and self.grid != str(self.key):

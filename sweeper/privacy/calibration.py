@@ -1,72 +1,69 @@
 """Calibration for the planner: the smallest noise multiplier whose composed steps fit a budget.
 
 Used by the ``compose`` and ``basic`` methods (:mod:`sweeper.privacy.composition`). The
-accountant is the plan's (:func:`workers.accounting.registry.plan_accountant`: dp_accounting's
-PLD or RDP, or a plug-in's), and calibration is its descriptor's ``calibrate``: the one shared
-calibrator (:mod:`workers.accounting.calibrator`) unless a plug-in brings its own, re-checked
-with the accountant's epsilon. Planning never imports torch.
+planner asks with one :class:`~dpsweep.accounting_inputs.AccountingInputs` per question
+(:func:`grid_inputs`): its accountant is the plan's (a spec's or stored plan's name read by
+:func:`workers.accounting.registry.plan_accountant`: dp_accounting's PLD or RDP, or a
+plug-in's), and calibration is its descriptor's ``calibrate_for``: the one shared calibrator
+(:mod:`workers.accounting.calibrator`) unless a plug-in brings its own, re-checked with the
+accountant's epsilon. Planning never imports torch.
 """
 
 from __future__ import annotations
 
 import functools
 
+from dpsweep.accounting_inputs import AccountingInputs
+from sweeper.privacy.grids import GridRequest
 from workers.accounting.calibrator import CALIBRATION_SLACK
-from workers.accounting.registry import cached_epsilon, plan_accountant
+from workers.accounting.registry import epsilon_of, get_accountant, plan_accountant
 
-__all__ = ["CALIBRATION_SLACK", "calibrate", "planned_epsilon"]
+__all__ = ["CALIBRATION_SLACK", "calibrate", "grid_inputs", "planned_epsilon"]
 
 
-def planned_epsilon(
+def grid_inputs(
+    req: GridRequest,
     *,
-    noise_multiplier: float,
-    sample_rate: float,
     steps: int,
-    target_delta: float,
-    accountant: str,
-    eval_noise_multiplier: float | None = None,
-) -> float:
-    """Epsilon of ``steps`` steps at ``noise_multiplier`` and ``sample_rate``, by the planner's
-    ``accountant`` (cached with calibration's figures: the registry's cache).
+    delta: float | None = None,
+    eval_noise: float | None = None,
+    noise_multiplier: float | None = None,
+) -> AccountingInputs:
+    """What the planner asks about ``steps`` steps of a grid, by the plan's accountant.
 
-    ``eval_noise_multiplier``: the evaluations composed to one Gaussian (sigma_e / sqrt(number
-    of releases)), or None; as for :func:`calibrate`.
+    Args:
+        req: the grid (its sample rate, delta and accountant).
+        steps: the steps the question covers (a trial's T, or the grid's K*T).
+        delta: the delta to state epsilon at (default: the grid's).
+        eval_noise: the evaluation releases the steps come with, composed to one Gaussian of
+            this multiplier (sigma_e / sqrt(number of releases)); None: none.
+        noise_multiplier: the grid's sigma, or None where it is what calibration solves for.
     """
-    return cached_epsilon(
-        plan_accountant(accountant).name,
+    return AccountingInputs(
         noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
+        sample_rate=req.sample_rate,
         steps=steps,
-        target_delta=target_delta,
-        eval_noise_multiplier=eval_noise_multiplier,
-        eval_releases=0 if eval_noise_multiplier is None else 1,
+        delta=req.delta if delta is None else delta,
+        eval_noise_multiplier=eval_noise,
+        evaluations=0 if eval_noise is None else 1,
+        accountant=plan_accountant(req.accountant).name,  # a legacy name read as a plan's
     )
+
+
+def planned_epsilon(inputs: AccountingInputs) -> float:
+    """Epsilon of ``inputs`` by the planner's accountant (cached with calibration's figures:
+    the registry's cache)."""
+    return epsilon_of(inputs)
 
 
 @functools.lru_cache(maxsize=1024)
 def calibrate(
-    *,
-    target_epsilon: float,
-    target_delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: str,
-    max_noise_multiplier: float,
-    eval_noise_multiplier: float | None = None,
+    inputs: AccountingInputs, *, target_epsilon: float, max_noise_multiplier: float
 ) -> float:
     """The plan accountant's noise multiplier with ``eps <= target_epsilon``, landing within
     :data:`CALIBRATION_SLACK` below it; ``inf`` if even ``max_noise_multiplier * 8`` is not
-    enough.
-
-    ``eval_noise_multiplier``: DP evaluation's releases composed to one Gaussian of this
-    multiplier, charged with the steps (None: none).
+    enough. ``inputs``' noise multiplier is the unknown, not read.
     """
-    return plan_accountant(accountant).calibrate(
-        target_epsilon=target_epsilon,
-        target_delta=target_delta,
-        sample_rate=sample_rate,
-        steps=steps,
-        max_noise_multiplier=max_noise_multiplier,
-        eval_noise_multiplier=eval_noise_multiplier,
-        eval_releases=0 if eval_noise_multiplier is None else 1,
+    return get_accountant(inputs.accountant).calibrate_for(
+        inputs, target_epsilon=target_epsilon, max_noise_multiplier=max_noise_multiplier
     )

@@ -206,12 +206,10 @@ def _cumulative_max(values: list[float]) -> list[Decimal]:
 
 
 def _compose_epsilons(plan: Any, points: list[int]) -> list[float]:
-    steps = int(plan.steps_per_trial)
     # DP evaluation: each run also releases E noisy counts (Gaussian, sensitivity 1), which
     # compose exactly as one Gaussian of multiplier sigma_e / sqrt(E) per run.
     releases = int(getattr(plan, "eval_releases", 0) or 0)
-    sigma_e = getattr(plan, "eval_noise_multiplier", None)
-    if releases and sigma_e is None:
+    if releases and getattr(plan, "eval_noise_multiplier", None) is None:
         raise PrivacyError(
             f"arm {plan.arm!r}: the plan releases noisy evaluations without a noise multiplier"
         )
@@ -226,16 +224,7 @@ def _compose_epsilons(plan: Any, points: list[int]) -> list[float]:
         raise PrivacyError(
             f"arm {plan.arm!r}: no per-run charges for the plan's accountant {accountant.name!r}"
         )
-    return epsilons_at(
-        accountant,
-        noise_multiplier=plan.noise_multiplier,
-        sample_rate=plan.sample_rate,
-        steps=steps,
-        points=points,
-        target_delta=plan.delta,
-        eval_noise_multiplier=sigma_e,
-        eval_releases=releases,
-    )
+    return epsilons_at(accountant, plan.run_inputs(), points)
 
 
 def charge_schedule(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from sweeper.privacy.calibration import calibrate, planned_epsilon
+from sweeper.privacy.calibration import calibrate, grid_inputs, planned_epsilon
 from sweeper.privacy.evaluation_releases import (
     check_eval_fits,
     eval_hint,
@@ -49,16 +49,15 @@ def _refuse_infeasible(
     lo, hi = 1, k
     while lo <= hi:
         mid = (lo + hi) // 2
-        s = calibrate(
-            target_epsilon=req.epsilon_budget,
-            target_delta=req.delta,
-            sample_rate=req.sample_rate,
+        asked = grid_inputs(
+            req,
             steps=per_trial_steps(mid),
-            accountant=req.accountant,
-            max_noise_multiplier=req.max_noise_multiplier,
-            eval_noise_multiplier=composed_multiplier(
+            eval_noise=composed_multiplier(
                 eval_noise_multiplier=eval_noise, releases=mid * req.eval_releases
             ),
+        )
+        s = calibrate(
+            asked, target_epsilon=req.epsilon_budget, max_noise_multiplier=req.max_noise_multiplier
         )
         if s <= req.max_noise_multiplier:
             best, lo = mid, mid + 1
@@ -91,24 +90,16 @@ def plan_compose(req: GridRequest) -> GridPlan:
     grid_eval = composed_multiplier(
         eval_noise_multiplier=eval_noise, releases=req.trials * req.eval_releases
     )
+    grid = grid_inputs(req, steps=total_steps, eval_noise=grid_eval)
     sigma = calibrate(
-        target_epsilon=req.epsilon_budget,
-        target_delta=req.delta,
-        sample_rate=req.sample_rate,
-        steps=total_steps,
-        accountant=req.accountant,
-        max_noise_multiplier=req.max_noise_multiplier,
-        eval_noise_multiplier=grid_eval,
+        grid, target_epsilon=req.epsilon_budget, max_noise_multiplier=req.max_noise_multiplier
     )
     if sigma > req.max_noise_multiplier:
         _refuse_infeasible(req, sigma, lambda k: k * req.steps_per_trial, eval_noise, eps_eval)
-    total = planned_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=req.sample_rate,
-        steps=total_steps,
-        target_delta=req.delta,
-        accountant=req.accountant,
-        eval_noise_multiplier=grid_eval,
+    total = planned_epsilon(grid.with_noise(sigma))
+    trial_eval = composed_multiplier(eval_noise_multiplier=eval_noise, releases=req.eval_releases)
+    trial = grid_inputs(
+        req, steps=req.steps_per_trial, eval_noise=trial_eval, noise_multiplier=sigma
     )
     # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return build_grid_plan(
@@ -116,16 +107,7 @@ def plan_compose(req: GridRequest) -> GridPlan:
         noise_multiplier=sigma,
         eval_noise_multiplier=eval_noise,
         epsilon_eval=eps_eval,
-        epsilon_per_trial=planned_epsilon(
-            noise_multiplier=sigma,
-            sample_rate=req.sample_rate,
-            steps=req.steps_per_trial,
-            target_delta=req.delta,
-            accountant=req.accountant,
-            eval_noise_multiplier=composed_multiplier(
-                eval_noise_multiplier=eval_noise, releases=req.eval_releases
-            ),
-        ),
+        epsilon_per_trial=planned_epsilon(trial),
         delta_per_trial=req.delta,
         epsilon_total=total,
         epsilon_verified=math.nan,
@@ -143,29 +125,15 @@ def plan_basic(req: GridRequest) -> GridPlan:
     eval_noise = eval_noise_multiplier(req)
     eps_eval = check_eval_fits(req, eval_noise_multiplier=eval_noise)
     trial_eval = composed_multiplier(eval_noise_multiplier=eval_noise, releases=req.eval_releases)
-    sigma = calibrate(
-        target_epsilon=eps_t,
-        target_delta=delta_t,
-        sample_rate=req.sample_rate,
-        steps=req.steps_per_trial,
-        accountant=req.accountant,
-        max_noise_multiplier=req.max_noise_multiplier,
-        eval_noise_multiplier=trial_eval,
-    )
+    trial = grid_inputs(req, steps=req.steps_per_trial, delta=delta_t, eval_noise=trial_eval)
+    sigma = calibrate(trial, target_epsilon=eps_t, max_noise_multiplier=req.max_noise_multiplier)
     if sigma > req.max_noise_multiplier:
         raise InfeasiblePlan(
             f"arm {req.arm!r}: basic accounting gives each of {req.trials} trials epsilon "
             f"{eps_t:.3g}, which needs sigma > {req.max_noise_multiplier:g}; use compose "
             f"accounting or a smaller grid{eval_hint(req, epsilon_eval=eps_eval)}"
         )
-    per = planned_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=req.sample_rate,
-        steps=req.steps_per_trial,
-        target_delta=delta_t,
-        accountant=req.accountant,
-        eval_noise_multiplier=trial_eval,
-    )
+    per = planned_epsilon(trial.with_noise(sigma))
     # plan_grid fills the epsilon_verified fields in with verify_plan's second accountant.
     return build_grid_plan(
         req,

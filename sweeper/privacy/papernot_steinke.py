@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import math
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import ConfigError
-from sweeper.privacy.calibration import CALIBRATION_SLACK, planned_epsilon
+from sweeper.privacy.calibration import CALIBRATION_SLACK, grid_inputs, planned_epsilon
 from sweeper.privacy.evaluation_releases import (
     check_eval_fits,
     eval_hint,
@@ -62,25 +63,18 @@ def repeat_and_select_epsilon(
 
 
 @functools.lru_cache(maxsize=1024)
-def _ps_epsilon(
-    sigma: float,
-    q: float,
-    steps: int,
-    mean: float,
-    shape: float,
-    delta: float,
-    eval_sigma: float | None = None,
-) -> float:
-    # eval_sigma: one run's evaluations composed to one Gaussian (sigma_e / sqrt(E)), or None.
+def _ps_epsilon(run: AccountingInputs, mean: float, shape: float) -> float:
+    # run: one run of the search; its evaluations composed to one Gaussian (sigma_e /
+    # sqrt(E), one release), or none.
     return repeat_and_select_epsilon(
-        noise_multiplier=sigma,
-        sample_rate=q,
-        steps=steps,
+        noise_multiplier=run.sigma,
+        sample_rate=run.sample_rate,
+        steps=run.steps,
         mean_trials=mean,
         shape=shape,
-        target_delta=delta,
-        eval_noise_multiplier=eval_sigma,
-        eval_releases=0 if eval_sigma is None else 1,
+        target_delta=run.delta,
+        eval_noise_multiplier=run.eval_noise_multiplier,
+        eval_releases=run.evaluations,
     )
 
 
@@ -95,10 +89,12 @@ def plan_papernot_steinke(req: GridRequest) -> GridPlan:
     eps_eval = check_eval_fits(req, eval_noise_multiplier=eval_noise)
     run_eval = composed_multiplier(eval_noise_multiplier=eval_noise, releases=req.eval_releases)
 
+    # One run as the planner's accountant sees it (the per-trial figure's), and as the
+    # RepeatAndSelect repeats it (dp_accounting RDP, whatever the spec's accountant).
+    run = grid_inputs(req, steps=req.steps_per_trial, eval_noise=run_eval)
+
     def eps(sigma: float) -> float:
-        return _ps_epsilon(
-            sigma, req.sample_rate, req.steps_per_trial, mean, shape, req.delta, run_eval
-        )
+        return _ps_epsilon(run.with_noise(sigma), mean, shape)
 
     lo, hi = math.log(0.05), math.log(req.max_noise_multiplier * 8)
     if eps(math.exp(hi)) > req.epsilon_budget:
@@ -131,14 +127,7 @@ def plan_papernot_steinke(req: GridRequest) -> GridPlan:
         noise_multiplier=sigma,
         eval_noise_multiplier=eval_noise,
         epsilon_eval=eps_eval,
-        epsilon_per_trial=planned_epsilon(
-            noise_multiplier=sigma,
-            sample_rate=req.sample_rate,
-            steps=req.steps_per_trial,
-            target_delta=req.delta,
-            accountant=req.accountant,
-            eval_noise_multiplier=run_eval,
-        ),
+        epsilon_per_trial=planned_epsilon(run.with_noise(sigma)),
         delta_per_trial=req.delta,
         epsilon_total=total,
         epsilon_verified=math.nan,

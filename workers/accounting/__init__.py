@@ -3,13 +3,14 @@
 The package, by concept (no module imports this face, so there is no cycle):
 
 * :mod:`~workers.accounting.registry`: the accountant registry (``pld``, ``dp-rdp``,
-  ``opacus-rdp``, ``opacus-prv`` and plug-ins of the group ``dpsweep.accountants``), and the
-  legacy names' tables;
+  ``opacus-rdp``, ``opacus-prv``, the rows of :mod:`dpsweep.accountants`, the one table of
+  names; and plug-ins of the group ``dpsweep.accountants``), and the readers of legacy names;
 * :mod:`~workers.accounting.epsilon`: each built-in accountant's epsilon;
 * :mod:`~workers.accounting.calibrator`: the one calibrator every accountant's ``calibrate``
   uses unless it brings its own;
-* :mod:`~workers.accounting.compute`: the checked entry points :func:`compute_epsilon` and
-  :func:`calibrate_noise_multiplier`;
+* :mod:`~workers.accounting.compute`: the checked entry points :func:`epsilon_for` and
+  :func:`calibrate_for` over a run's :class:`~dpsweep.accounting_inputs.AccountingInputs`
+  (and :func:`compute_epsilon`, :func:`calibrate_noise_multiplier`: the same, spelled out);
 * :mod:`~workers.accounting.audit`: the independent verifier of the planner's figures (PRV
   accountant, independent RDP, Papernot-Steinke bounds, a sweep's composition); not imported
   here, so that this face costs no numpy.
@@ -19,11 +20,14 @@ Libraries are imported lazily, so callers without torch (the sweeper) can import
 
 from __future__ import annotations
 
+from dpsweep.accounting_inputs import AccountingInputs
 from workers.accounting.compute import (
     ACCOUNTANTS,
     DEFAULT_ACCOUNTANT,
+    calibrate_for,
     calibrate_noise_multiplier,
     compute_epsilon,
+    epsilon_for,
 )
 from workers.accounting.epsilon import (
     PLD_DISCRETIZATION,
@@ -54,11 +58,14 @@ __all__ = [
     "PLD_DISCRETIZATION",
     "WORKER_ALIASES",
     "AccountantDescriptor",
+    "AccountingInputs",
     "EpsilonFn",
     "accountant_names",
+    "calibrate_for",
     "calibrate_noise_multiplier",
     "compute_epsilon",
     "dp_rdp_epsilon",
+    "epsilon_for",
     "get_accountant",
     "opacus_epsilon",
     "plan_accountant",

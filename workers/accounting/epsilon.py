@@ -19,7 +19,7 @@ import warnings
 from typing import Any
 
 from dpsweep.errors import ConfigError, PrivacyError
-from workers.accounting.gaussian_pld import composed_pld
+from workers.accounting.gaussian_pld import composed_pld, gaussian_pld, self_compose
 
 # Value discretisation of the PLD accountant. The estimate is pessimistic (an upper bound) at
 # any grid; 2.5e-4 stays within ~0.3 % of the fine value on 30k compositions in 0.03-0.4 s,
@@ -140,3 +140,42 @@ def dp_rdp_epsilon(
     if extra is not None:
         acc.compose(dp_event.GaussianDpEvent(extra))
     return float(acc.get_epsilon(target_delta))
+
+
+def pld_run_epsilons(
+    *,
+    noise_multiplier: float,
+    sample_rate: float,
+    steps: int,
+    runs: int,
+    target_delta: float,
+    eval_noise_multiplier: float | None = None,
+    eval_releases: int = 0,
+) -> list[float]:
+    """PLD's charge schedule: one run's PLD composed with itself run by run.
+
+    Each prefix is a pessimistic upper bound on the composed privacy loss, the same accountant
+    the plan was calibrated with. DP evaluation: each run's E releases (Gaussian, sensitivity
+    1) compose exactly as one Gaussian of multiplier sigma_e / sqrt(E).
+    """
+    one = self_compose(
+        gaussian_pld(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            value_discretization_interval=PLD_DISCRETIZATION,
+        ),
+        steps,
+    )
+    if eval_releases and eval_noise_multiplier is not None:
+        one = one.compose(
+            gaussian_pld(
+                noise_multiplier=float(eval_noise_multiplier) / eval_releases**0.5,
+                value_discretization_interval=PLD_DISCRETIZATION,
+            )
+        )
+    out, cur = [], one
+    for j in range(1, runs + 1):
+        if j > 1:
+            cur = cur.compose(one)
+        out.append(float(cur.get_epsilon_for_delta(target_delta)))
+    return out

@@ -18,43 +18,48 @@ Registered here (numbers identical to what each call site computed before the re
 * ``opacus-prv``: Opacus's PRV accountant (Gopi et al. 2021). Tight.
 
 **The contract.** A descriptor is everything the planner and the runner need from an
-accountant: ``epsilon`` (from the noise used), ``calibrate`` (the smallest noise multiplier
-that fits a target, keyword-only; by default the one shared calibrator,
-:func:`workers.accounting.calibrator.calibrate_sigma`, over the descriptor's own epsilon) and
-``run_epsilons`` (a grid's charge schedule: the cumulative epsilon of its first j runs; by
-default each prefix by ``epsilon`` itself, the PLD's by self-composition). Whatever a
+accountant: ``epsilon`` (from the noise used), ``calibrator`` (the smallest noise multiplier
+that fits a target; by default the one shared calibrator,
+:func:`workers.accounting.calibrator.calibrate_noise`, over the descriptor's own epsilon) and
+``schedule`` (a grid's charge schedule: the cumulative epsilon of its first j runs; by
+default each prefix by ``epsilon`` itself, the PLD's by self-composition). A plug-in writes
+these three with the inputs spelled out as keywords (:class:`EpsilonFn`, :class:`CalibrateFn`,
+:class:`RunEpsilonsFn`: the plug-in contract); dpsweep calls them through the descriptor's
+methods, which take the run's :class:`~dpsweep.accounting_inputs.AccountingInputs` whole. Whatever a
 descriptor brings, its calibrated multiplier is re-checked with its own ``epsilon`` (fail
 closed). The schedule's verifier is accountant-agnostic and has one implementation
 (:func:`sweeper.privacy.charges.charge_schedule`: cumulative, agreeing with the plan's
 figure, within the budget), and every plan is verified by an independent second accountant
 (:func:`sweeper.privacy.verification.verify_plan`) whichever accountant planned it.
 
-**Legacy names.** Specs and stored plans said ``prv`` (dp_accounting PLD), ``rdp`` and
-``rdp (RepeatAndSelect)`` (dp_accounting RDP): one table,
-:data:`dpsweep.accountants.LEGACY_ACCOUNTANTS`, reads them (:func:`spec_accountant`,
-:func:`plan_accountant`). A worker's names are older and mean other accountants: ``rdp``
-is Opacus RDP and ``prv`` Opacus PRV (:data:`WORKER_ALIASES`, ``compute_epsilon``'s and
-``dpsweep train --accountant``'s historical names); they cannot share the table.
+**Names.** The built-in accountants' names, what each computes, the legacy names and the
+defaults are one table, :mod:`dpsweep.accountants`; this module attaches each built-in row's
+epsilon to it. A legacy name (``prv``, ``rdp``, ``rdp (RepeatAndSelect)``) means different
+accountants in a spec or stored plan and in a worker's record, so each reader says which it
+reads: :func:`spec_accountant` and :func:`plan_accountant` (dp_accounting's), and
+:func:`worker_accountant` (Opacus's). Past them everything carries canonical names, inside an
+:class:`dpsweep.accounting_inputs.AccountingInputs`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from dpsweep.accountants import LEGACY_ACCOUNTANTS
+from dpsweep.accountants import ACCOUNTANTS, PLAN, WORKER, Context, resolve
+from dpsweep.accountants import WORKER_ALIASES as WORKER_ALIASES  # re-exported: the table's
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import ConfigError, PrivacyError
-from workers.accounting.calibrator import CALIBRATION_SLACK, calibrate_sigma
+from workers.accounting.calibrator import CALIBRATION_SLACK, calibrate_noise
 from workers.accounting.epsilon import (
-    PLD_DISCRETIZATION,
     dp_rdp_epsilon,
     opacus_epsilon,
     pld_epsilon,
+    pld_run_epsilons,
 )
-from workers.accounting.gaussian_pld import gaussian_pld, self_compose
 from workers.plugins import load_plugins
 
 
@@ -110,10 +115,10 @@ class AccountantDescriptor:
     ``epsilon`` answers for ``steps`` Poisson-subsampled Gaussian steps of multiplier
     ``noise_multiplier`` at rate ``sample_rate``, plus ``eval_releases`` plain Gaussians of
     multiplier ``eval_noise_multiplier`` (DP evaluation), at ``target_delta``. It does no
-    argument checking: :func:`workers.accounting.compute.compute_epsilon` does that.
+    argument checking: :class:`~dpsweep.accounting_inputs.AccountingInputs` does that.
 
     ``calibrator`` and ``schedule``: optional replacements of the shared calibrator and of the
-    prefix-by-prefix charge schedule (see :meth:`calibrate` and :meth:`run_epsilons`).
+    prefix-by-prefix charge schedule (see :meth:`calibrate_for` and :meth:`run_epsilons_for`).
     ``plannable``: whether the (torch-free) planner may calibrate grids with it.
     """
 
@@ -125,6 +130,84 @@ class AccountantDescriptor:
     calibrator: CalibrateFn | None = None
     schedule: RunEpsilonsFn | None = None
     plannable: bool = True
+
+    def inputs(self, **fields: object) -> AccountingInputs:
+        """An :class:`AccountingInputs` for this accountant (``fields``: the value's)."""
+        return AccountingInputs(accountant=self.name, **fields)  # type: ignore[arg-type]
+
+    def _own(self, inputs: AccountingInputs) -> None:
+        # The inputs name the accountant that answers: one asked another's question would
+        # report a figure under the wrong name (fail closed).
+        if inputs.accountant != self.name:
+            raise PrivacyError(
+                f"the {self.name} accountant was asked about inputs for {inputs.accountant!r}"
+            )
+
+    def epsilon_for(self, inputs: AccountingInputs) -> float:
+        """This accountant's epsilon of ``inputs`` (cached for a registered accountant)."""
+        self._own(inputs)
+        if _REGISTRY.get(self.name) is not self:  # not registered (yet): no shared cache
+            return self.epsilon(**inputs.library_keywords())
+        return _cached_epsilon(inputs)
+
+    def calibrate_for(
+        self,
+        inputs: AccountingInputs,
+        *,
+        target_epsilon: float,
+        max_noise_multiplier: float = DEFAULT_MAX_NOISE_MULTIPLIER,
+        slack: float = CALIBRATION_SLACK,
+    ) -> float:
+        """The noise multiplier whose epsilon (with the evaluation releases) fits the target.
+
+        ``inputs``' noise multiplier is the unknown and not read. ``slack``: how far below the
+        target (a fraction of it) the shared calibrator may land; a descriptor's own
+        ``calibrator`` decides its own precision. Returns ``inf`` when no multiplier up to ``8
+        * max_noise_multiplier`` fits. The result is re-checked with this accountant's
+        ``epsilon``: one above ``target_epsilon`` is never returned (fail closed).
+
+        Raises:
+            PrivacyError: the calibrator returned an invalid multiplier or one that overshoots.
+        """
+        self._own(inputs)
+        sigma = self._search(inputs, target_epsilon, max_noise_multiplier, slack)
+        if sigma == math.inf:
+            return sigma
+        if not (sigma > 0 and math.isfinite(sigma)):
+            raise PrivacyError(
+                f"the {self.name} accountant calibrated an invalid multiplier {sigma}"
+            )
+        eps = self.epsilon_for(inputs.with_noise(sigma))
+        if not eps <= target_epsilon:
+            raise PrivacyError(
+                f"calibrated noise multiplier {sigma:.4f} gives epsilon {eps:.4f} > target "
+                f"{target_epsilon} ({self.name}); refusing to run"
+            )
+        return sigma
+
+    def _search(
+        self, inputs: AccountingInputs, target_epsilon: float, max_sigma: float, slack: float
+    ) -> float:
+        """The calibrator's answer, unchecked: the shared one's, or the descriptor's own."""
+        if self.calibrator is not None:
+            return float(
+                self.calibrator(
+                    target_epsilon=target_epsilon,
+                    target_delta=inputs.delta,
+                    sample_rate=inputs.sample_rate,
+                    steps=inputs.steps,
+                    max_noise_multiplier=max_sigma,
+                    eval_noise_multiplier=inputs.eval_noise_multiplier,
+                    eval_releases=inputs.evaluations,
+                )
+            )
+        return calibrate_noise(
+            lambda sigma: self.epsilon_for(inputs.with_noise(sigma)),
+            inputs,
+            target_epsilon=target_epsilon,
+            max_noise_multiplier=max_sigma,
+            slack=slack,
+        )
 
     def calibrate(
         self,
@@ -138,79 +221,34 @@ class AccountantDescriptor:
         eval_releases: int = 0,
         slack: float = CALIBRATION_SLACK,
     ) -> float:
-        """The noise multiplier whose epsilon (with the evaluation releases) fits the target.
+        """:meth:`calibrate_for` with the inputs spelled out (a plug-in's own calibrator may
+        wrap a shared descriptor's so)."""
+        inputs = self.inputs(
+            noise_multiplier=None,
+            sample_rate=sample_rate,
+            steps=steps,
+            delta=target_delta,
+            eval_noise_multiplier=eval_noise_multiplier,
+            evaluations=eval_releases,
+        )
+        return self.calibrate_for(
+            inputs,
+            target_epsilon=target_epsilon,
+            max_noise_multiplier=max_noise_multiplier,
+            slack=slack,
+        )
 
-        ``slack``: how far below the target (a fraction of it) the shared calibrator may land;
-        a descriptor's own ``calibrator`` decides its own precision. Returns ``inf`` when no
-        multiplier up to ``8 * max_noise_multiplier`` fits. The result is re-checked with this
-        accountant's ``epsilon``: one above ``target_epsilon`` is never returned (fail closed).
+    def run_epsilons_for(self, inputs: AccountingInputs, runs: int) -> list[float]:
+        """The charge schedule's figures: the epsilon of the first j runs, j = 1..``runs``.
 
-        Raises:
-            PrivacyError: the calibrator returned an invalid multiplier or one that overshoots.
+        One run is ``inputs`` (its steps and evaluation releases). By default each prefix is
+        this accountant's ``epsilon`` of j such runs.
         """
-
-        def epsilon_of(sigma: float) -> float:
-            if _REGISTRY.get(self.name) is not self:  # not registered (yet): no shared cache
-                return self.epsilon(
-                    noise_multiplier=sigma,
-                    sample_rate=sample_rate,
-                    steps=steps,
-                    target_delta=target_delta,
-                    eval_noise_multiplier=eval_noise_multiplier,
-                    eval_releases=eval_releases,
-                )
-            return _cached_epsilon(
-                self.name,
-                sigma,
-                sample_rate,
-                steps,
-                target_delta,
-                eval_noise_multiplier,
-                eval_releases,
-            )
-
-        if self.calibrator is None:
-            # The releases composed to one Gaussian (the calibrator's initial guess only).
-            one_eval = (
-                None
-                if eval_noise_multiplier is None or not eval_releases
-                else eval_noise_multiplier / math.sqrt(eval_releases)
-            )
-            sigma = calibrate_sigma(
-                epsilon_of,
-                target_epsilon=target_epsilon,
-                target_delta=target_delta,
-                sample_rate=sample_rate,
-                steps=steps,
-                max_noise_multiplier=max_noise_multiplier,
-                eval_noise_multiplier=one_eval,
-                slack=slack,
-            )
-        else:
-            sigma = float(
-                self.calibrator(
-                    target_epsilon=target_epsilon,
-                    target_delta=target_delta,
-                    sample_rate=sample_rate,
-                    steps=steps,
-                    max_noise_multiplier=max_noise_multiplier,
-                    eval_noise_multiplier=eval_noise_multiplier,
-                    eval_releases=eval_releases,
-                )
-            )
-        if sigma == math.inf:
-            return sigma
-        if not (sigma > 0 and math.isfinite(sigma)):
-            raise PrivacyError(
-                f"the {self.name} accountant calibrated an invalid multiplier {sigma}"
-            )
-        eps = epsilon_of(sigma)
-        if not eps <= target_epsilon:
-            raise PrivacyError(
-                f"calibrated noise multiplier {sigma:.4f} gives epsilon {eps:.4f} > target "
-                f"{target_epsilon} ({self.name}); refusing to run"
-            )
-        return sigma
+        self._own(inputs)
+        if self.schedule is not None:
+            kw = inputs.library_keywords()
+            return [float(e) for e in self.schedule(runs=runs, **kw)]
+        return [self.epsilon(**inputs.repeated(j).library_keywords()) for j in range(1, runs + 1)]
 
     def run_epsilons(
         self,
@@ -223,36 +261,16 @@ class AccountantDescriptor:
         eval_noise_multiplier: float | None = None,
         eval_releases: int = 0,
     ) -> list[float]:
-        """The charge schedule's figures: the epsilon of the first j runs, j = 1..``runs``.
-
-        Each run is ``steps`` steps and ``eval_releases`` evaluation releases. By default each
-        prefix is this accountant's ``epsilon`` of ``j * steps`` steps and ``j *
-        eval_releases`` releases.
-        """
-        if self.schedule is not None:
-            return [
-                float(e)
-                for e in self.schedule(
-                    noise_multiplier=noise_multiplier,
-                    sample_rate=sample_rate,
-                    steps=steps,
-                    runs=runs,
-                    target_delta=target_delta,
-                    eval_noise_multiplier=eval_noise_multiplier,
-                    eval_releases=eval_releases,
-                )
-            ]
-        return [
-            self.epsilon(
-                noise_multiplier=noise_multiplier,
-                sample_rate=sample_rate,
-                steps=j * steps,
-                target_delta=target_delta,
-                eval_noise_multiplier=eval_noise_multiplier,
-                eval_releases=j * eval_releases,
-            )
-            for j in range(1, runs + 1)
-        ]
+        """:meth:`run_epsilons_for` with the inputs spelled out."""
+        inputs = self.inputs(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            steps=steps,
+            delta=target_delta,
+            eval_noise_multiplier=eval_noise_multiplier,
+            evaluations=eval_releases,
+        )
+        return self.run_epsilons_for(inputs, runs)
 
 
 _REGISTRY: dict[str, AccountantDescriptor] = {}
@@ -261,32 +279,29 @@ FIELD = "privacy.accountant"
 
 
 def register_accountant(descriptor: AccountantDescriptor) -> AccountantDescriptor:
-    """Add an accountant; a name registered twice is refused."""
+    """Add an accountant; a name registered twice, or a legacy name, is refused."""
     if descriptor.name in _REGISTRY:
         raise ValueError(f"accountant {descriptor.name!r} is already registered")
+    if resolve(descriptor.name, PLAN) != descriptor.name or descriptor.name in WORKER_ALIASES:
+        raise ValueError(f"accountant {descriptor.name!r} is a legacy name; choose another")
     _REGISTRY[descriptor.name] = descriptor
     return descriptor
 
 
 @functools.lru_cache(maxsize=8192)
-def _cached_epsilon(
-    name: str,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    target_delta: float,
-    eval_noise_multiplier: float | None,
-    eval_releases: int,
-) -> float:
-    # Calibration and the planner ask the same figures many times (planned_epsilon).
-    return _REGISTRY[name].epsilon(
-        noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
-        steps=steps,
-        target_delta=target_delta,
-        eval_noise_multiplier=eval_noise_multiplier,
-        eval_releases=eval_releases,
-    )
+def _cached_epsilon(inputs: AccountingInputs) -> float:
+    # Calibration, the planner and the trials of a grid ask the same figures many times
+    # (Opacus's RDP takes ~0.1 s a call): the exact same question is answered once.
+    return _REGISTRY[inputs.accountant].epsilon(**inputs.library_keywords())
+
+
+def epsilon_of(inputs: AccountingInputs) -> float:
+    """The registered accountant ``inputs.accountant``'s epsilon of ``inputs``, cached.
+
+    Raises:
+        ConfigError: unknown accountant (field ``privacy.accountant``), or no noise multiplier.
+    """
+    return get_accountant(inputs.accountant).epsilon_for(inputs)
 
 
 def cached_epsilon(
@@ -299,16 +314,17 @@ def cached_epsilon(
     eval_noise_multiplier: float | None = None,
     eval_releases: int = 0,
 ) -> float:
-    """The registered accountant ``name``'s epsilon, cached (what calibration asked)."""
-    get_accountant(name)
-    return _cached_epsilon(
-        name,
-        noise_multiplier,
-        sample_rate,
-        steps,
-        target_delta,
-        eval_noise_multiplier,
-        eval_releases,
+    """:func:`epsilon_of` with the inputs spelled out (``name``: a registered accountant)."""
+    return get_accountant(name).epsilon_for(
+        AccountingInputs(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            steps=steps,
+            delta=target_delta,
+            eval_noise_multiplier=eval_noise_multiplier,
+            evaluations=eval_releases,
+            accountant=name,
+        )
     )
 
 
@@ -325,6 +341,15 @@ def _known(name: object) -> bool:
     return isinstance(name, str) and name in _REGISTRY
 
 
+def _unknown(name: object, where: str | None = None) -> ConfigError:
+    # The choices are the canonical names only: a legacy name is read, never offered.
+    at = f" ({where})" if where else ""
+    return ConfigError(
+        f"unknown accountant {name!r}{at}; choose one of: {', '.join(accountant_names())}",
+        field=FIELD,
+    )
+
+
 def get_accountant(name: str) -> AccountantDescriptor:
     """The accountant registered as ``name`` (a canonical name, not a legacy alias).
 
@@ -333,166 +358,93 @@ def get_accountant(name: str) -> AccountantDescriptor:
     """
     if _known(name):
         return _REGISTRY[name]
-    raise ConfigError(
-        f"unknown accountant {name!r}; choose one of: {', '.join(accountant_names())}",
-        field=FIELD,
-    )
+    raise _unknown(name)
 
 
-def _resolve(name: str, aliases: Mapping[str, str], where: str) -> AccountantDescriptor:
-    if isinstance(name, str) and name in aliases:
-        return get_accountant(aliases[name])
-    if _known(name):
-        return _REGISTRY[name]
-    known = [*accountant_names(), *(a for a in aliases if a not in _REGISTRY)]
-    raise ConfigError(
-        f"unknown accountant {name!r} ({where}); choose one of: {', '.join(known)}",
-        field=FIELD,
-    )
-
-
-# A worker's (PackSpec, TrialResult, compute_epsilon, dpsweep train) historical names: "rdp"
-# and "prv" mean Opacus's accountants here, not what they meant in specs and plans
-# (dpsweep.accountants.LEGACY_ACCOUNTANTS), so the two cannot be one table.
-WORKER_ALIASES: Mapping[str, str] = {"rdp": "opacus-rdp", "prv": "opacus-prv"}
+def _resolve(name: str, context: Context, where: str) -> AccountantDescriptor:
+    canonical = resolve(name, context) if isinstance(name, str) else name
+    if _known(canonical):
+        return _REGISTRY[canonical]
+    raise _unknown(name, where)
 
 
 def spec_accountant(name: str) -> AccountantDescriptor:
     """The accountant a spec's ``privacy.accountant`` names (legacy ``prv`` = ``pld``)."""
-    return _resolve(name, LEGACY_ACCOUNTANTS, "spec privacy.accountant")
+    return _resolve(name, PLAN, "spec privacy.accountant")
 
 
 def plan_accountant(name: str) -> AccountantDescriptor:
     """The accountant a (stored) grid plan's ``accountant`` field names."""
-    return _resolve(name, LEGACY_ACCOUNTANTS, "grid plan")
+    return _resolve(name, PLAN, "grid plan")
 
 
 def worker_accountant(name: str) -> AccountantDescriptor:
     """The accountant a worker's ``accountant`` names (legacy ``rdp``/``prv`` = Opacus's)."""
-    return _resolve(name, WORKER_ALIASES, "worker")
+    return _resolve(name, WORKER, "worker")
 
 
-# Which per-trial accountant a grid's trials report their single-run epsilon with, by the
-# grid plan's (canonical) accountant. Before the registry every non-PLD plan (dp_accounting RDP
-# compose/basic, papernot-steinke's RepeatAndSelect) ran its trials with Opacus's RDP; the
-# mapping keeps those numbers. A plug-in accountant's plan runs its trials with the plug-in
-# itself; anything else is refused (it used to become Opacus RDP).
-PLAN_TO_WORKER: Mapping[str, str] = {"pld": "pld", "dp-rdp": "opacus-rdp"}
+#: Which per-trial accountant a grid's trials report their single-run epsilon with, by the
+#: grid plan's (canonical) accountant: the table's ``trial_accountant`` column.
+PLAN_TO_WORKER: Mapping[str, str] = {
+    a.name: a.trial_accountant for a in ACCOUNTANTS.values() if a.trial_accountant is not None
+}
 
 
 def trial_accountant_for_plan(plan_name: str) -> str:
     """The canonical name a grid's workers compute single-run epsilon with.
 
+    A built-in plan accountant's trials use the table's ``trial_accountant`` (every non-PLD
+    plan ran its trials with Opacus's RDP before the registry, and still does); a plug-in's
+    plans' trials are accounted by the plug-in itself; anything else is refused.
+
     Raises:
         ConfigError: the stored plan's accountant is not one dpsweep knows.
     """
-    name = LEGACY_ACCOUNTANTS.get(plan_name, plan_name) if isinstance(plan_name, str) else None
+    name = resolve(plan_name, PLAN) if isinstance(plan_name, str) else None
     if name in PLAN_TO_WORKER:
         return get_accountant(PLAN_TO_WORKER[name]).name
-    if (
-        name is not None
-        and name not in BUILTIN_ACCOUNTANTS
-        and _known(name)
-        and _REGISTRY[name].plannable
-    ):
-        return name  # a plug-in: its plans' trials are accounted by the plug-in itself
+    if name is not None and name not in ACCOUNTANTS and _known(name) and _REGISTRY[name].plannable:
+        return name
     raise ConfigError(
         f"the grid's stored accountant {plan_name!r} has no per-trial accountant; known: "
-        f"{', '.join([*PLAN_TO_WORKER, *LEGACY_ACCOUNTANTS])} and plug-in accountants",
+        f"{', '.join(PLAN_TO_WORKER)} and plug-in accountants",
         field=FIELD,
     )
 
 
 # -------------------------------------------------------------------------------------------
-# The built-in accountants (workers.accounting.epsilon imports each library when called).
+# The built-in accountants: the table's rows (dpsweep.accountants) with their epsilon
+# (workers.accounting.epsilon imports each library when called).
 
 
-def _opacus(kind: str) -> Callable[..., float]:
-    def fn(**kw: object) -> float:
-        return opacus_epsilon(kind, **kw)  # type: ignore[arg-type]
-
-    return fn
+def _opacus_rdp(**kw: object) -> float:
+    return opacus_epsilon("rdp", **kw)  # type: ignore[arg-type]
 
 
-def _pld_run_epsilons(
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    runs: int,
-    target_delta: float,
-    eval_noise_multiplier: float | None = None,
-    eval_releases: int = 0,
-) -> list[float]:
-    """PLD's charge schedule: one run's PLD composed with itself run by run.
+def _opacus_prv(**kw: object) -> float:
+    return opacus_epsilon("prv", **kw)  # type: ignore[arg-type]
 
-    Each prefix is a pessimistic upper bound on the composed privacy loss, the same accountant
-    the plan was calibrated with. DP evaluation: each run's E releases (Gaussian, sensitivity
-    1) compose exactly as one Gaussian of multiplier sigma_e / sqrt(E).
-    """
-    one = self_compose(
-        gaussian_pld(
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            value_discretization_interval=PLD_DISCRETIZATION,
-        ),
-        steps,
-    )
-    if eval_releases and eval_noise_multiplier is not None:
-        one = one.compose(
-            gaussian_pld(
-                noise_multiplier=float(eval_noise_multiplier) / eval_releases**0.5,
-                value_discretization_interval=PLD_DISCRETIZATION,
-            )
+
+_BUILTIN_EPSILON: Mapping[str, tuple[EpsilonFn, RunEpsilonsFn | None]] = {
+    "pld": (pld_epsilon, pld_run_epsilons),
+    "dp-rdp": (dp_rdp_epsilon, None),
+    "opacus-rdp": (_opacus_rdp, None),
+    "opacus-prv": (_opacus_prv, None),
+}
+
+for _row in ACCOUNTANTS.values():
+    _epsilon, _schedule = _BUILTIN_EPSILON[_row.name]
+    register_accountant(
+        AccountantDescriptor(
+            name=_row.name,
+            description=_row.computes,
+            library=_row.library,
+            tight=_row.tight,
+            epsilon=_epsilon,
+            schedule=_schedule,
+            plannable=_row.plannable,
         )
-    out, cur = [], one
-    for j in range(1, runs + 1):
-        if j > 1:
-            cur = cur.compose(one)
-        out.append(float(cur.get_epsilon_for_delta(target_delta)))
-    return out
+    )
 
-
-register_accountant(
-    AccountantDescriptor(
-        name="pld",
-        description="privacy loss distribution, pessimistic discretisation; the planner's "
-        "default calibration",
-        library="dp_accounting PLD",
-        tight=True,
-        epsilon=pld_epsilon,
-        schedule=_pld_run_epsilons,
-    )
-)
-register_accountant(
-    AccountantDescriptor(
-        name="dp-rdp",
-        description="Renyi DP over dp_accounting's orders; a loose upper bound",
-        library="dp_accounting RDP",
-        tight=False,
-        epsilon=dp_rdp_epsilon,
-    )
-)
-register_accountant(
-    AccountantDescriptor(
-        name="opacus-rdp",
-        description="Renyi DP over Opacus's orders; a loose upper bound (imports torch)",
-        library="Opacus RDP",
-        tight=False,
-        epsilon=_opacus("rdp"),
-        plannable=False,
-    )
-)
-register_accountant(
-    AccountantDescriptor(
-        name="opacus-prv",
-        description="privacy random variables (Gopi et al. 2021) (imports torch)",
-        library="Opacus PRV",
-        tight=True,
-        epsilon=_opacus("prv"),
-        plannable=False,
-    )
-)
-
-#: The built-in accountants' names, in registration order (plug-ins come later).
-BUILTIN_ACCOUNTANTS: tuple[str, ...] = tuple(_REGISTRY)
+#: The built-in accountants' names, in the table's order (plug-ins come later).
+BUILTIN_ACCOUNTANTS: tuple[str, ...] = tuple(ACCOUNTANTS)

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import PrivacyError
-from workers.accounting.epsilon import PLD_DISCRETIZATION
+from workers.accounting.epsilon import PLD_DISCRETIZATION, pld_run_epsilons
 from workers.accounting.gaussian_pld import SelfPowers, composed_pld
-from workers.accounting.registry import _pld_run_epsilons
+from workers.accounting.registry import AccountantDescriptor
 
 
 def _checked_points(points: Sequence[int]) -> list[int]:
@@ -35,21 +35,14 @@ def _checked_points(points: Sequence[int]) -> list[int]:
     return out
 
 
-def _pld_epsilons_at(
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    points: Sequence[int],
-    target_delta: float,
-    eval_noise_multiplier: float | None,
-    eval_releases: int,
-) -> list[float]:
+def _pld_epsilons_at(inputs: AccountingInputs, points: Sequence[int]) -> list[float]:
     # One run: T subsampled Gaussian steps, then its E evaluation releases, which compose
     # exactly as one Gaussian of multiplier sigma_e / sqrt(E) (composed_pld's q=None entry).
-    mechanisms: list[tuple[float, float | None, int]] = [(noise_multiplier, sample_rate, steps)]
-    if eval_releases and eval_noise_multiplier is not None:
-        mechanisms.append((float(eval_noise_multiplier), None, int(eval_releases)))
+    mechanisms: list[tuple[float, float | None, int]] = [
+        (inputs.sigma, inputs.sample_rate, inputs.steps)
+    ]
+    if inputs.evaluations and inputs.eval_noise_multiplier is not None:
+        mechanisms.append((inputs.eval_noise_multiplier, None, inputs.evaluations))
     one = composed_pld(mechanisms, value_discretization_interval=PLD_DISCRETIZATION)
     if one is None:  # a multiplier of 0: no privacy at all
         return [float("inf")] * len(points)
@@ -57,31 +50,19 @@ def _pld_epsilons_at(
     # of the one-run PLD makes every self-composition an upper bound on j runs' epsilon.
     # SelfPowers: the library's self_compose, its tail bounds' moments computed once.
     power = SelfPowers(one)
-    return [float(power(p).get_epsilon_for_delta(target_delta)) for p in points]
+    return [float(power(p).get_epsilon_for_delta(inputs.delta)) for p in points]
 
 
 def epsilons_at(
-    accountant: Any,
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    points: Sequence[int],
-    target_delta: float,
-    eval_noise_multiplier: float | None = None,
-    eval_releases: int = 0,
+    accountant: AccountantDescriptor, inputs: AccountingInputs, points: Sequence[int]
 ) -> list[float]:
     """The epsilon of the first j runs of a grid, for each run count j in ``points``.
 
     Args:
-        accountant: The plan's :class:`workers.accounting.registry.AccountantDescriptor`.
-        noise_multiplier: The grid's sigma.
-        sample_rate: Its Poisson sampling rate q.
-        steps: Steps of one run (T).
+        accountant: The plan's accountant (``inputs.accountant`` names it).
+        inputs: One run of the grid: its sigma, q, steps T, delta, and DP evaluation's
+            multiplier (per release) and releases E.
         points: Increasing run counts >= 1.
-        target_delta: The grid's delta.
-        eval_noise_multiplier: DP evaluation's multiplier (per release), if any.
-        eval_releases: Evaluation releases of one run (E).
 
     Returns:
         One epsilon per point, as many accountant evaluations as points (see the module).
@@ -91,29 +72,15 @@ def epsilons_at(
             answered a different number of runs.
     """
     pts = _checked_points(points)
-    kw: dict[str, Any] = {
-        "noise_multiplier": noise_multiplier,
-        "sample_rate": sample_rate,
-        "target_delta": target_delta,
-        "eval_noise_multiplier": eval_noise_multiplier,
-    }
-    if accountant.schedule is _pld_run_epsilons:
+    if accountant.schedule is pld_run_epsilons:
         # The built-in PLD (its dense schedule composes run by run: K evaluations).
-        return _pld_epsilons_at(steps=steps, points=pts, eval_releases=eval_releases, **kw)
+        return _pld_epsilons_at(inputs, pts)
     if accountant.schedule is not None:
-        dense = [
-            float(e)
-            for e in accountant.run_epsilons(
-                steps=steps, runs=pts[-1], eval_releases=eval_releases, **kw
-            )
-        ]
+        dense = accountant.run_epsilons_for(inputs, pts[-1])
         if len(dense) != pts[-1]:
             raise PrivacyError(
                 f"the {accountant.name} accountant's schedule gave {len(dense)} figures for "
                 f"{pts[-1]} runs; no charges can be computed from it"
             )
         return [dense[p - 1] for p in pts]
-    return [
-        float(accountant.epsilon(steps=p * steps, eval_releases=p * eval_releases, **kw))
-        for p in pts
-    ]
+    return [float(accountant.epsilon(**inputs.repeated(p).library_keywords())) for p in pts]

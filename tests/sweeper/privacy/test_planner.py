@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import ConfigError, PrivacyError
 from dpsweep.spec import load_spec
 from sweeper.privacy import noise_split as planner
@@ -138,9 +139,11 @@ def test_epsilon_rises_with_steps_and_trials(sigma: float, steps: int, q: float)
 @given(e1=st.floats(0.3, 10.0), e2=st.floats(0.3, 10.0))
 def test_sigma_falls_as_epsilon_rises(e1: float, e2: float) -> None:
     lo, hi = sorted((e1, e2))
-    kw = dict(target_delta=1e-5, sample_rate=0.05, steps=500, accountant="pld")
-    s_lo = calibrate(target_epsilon=lo, max_noise_multiplier=1000.0, **kw)
-    s_hi = calibrate(target_epsilon=hi, max_noise_multiplier=1000.0, **kw)
+    asked = AccountingInputs(
+        noise_multiplier=None, sample_rate=0.05, steps=500, delta=1e-5, accountant="pld"
+    )
+    s_lo = calibrate(asked, target_epsilon=lo, max_noise_multiplier=1000.0)
+    s_hi = calibrate(asked, target_epsilon=hi, max_noise_multiplier=1000.0)
     assert s_hi <= s_lo * (1 + 1e-6)
 
 
