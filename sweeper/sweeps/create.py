@@ -15,7 +15,6 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Engine, insert
@@ -303,28 +302,41 @@ def create_sweep(
     )
     # An analyst's sweep (a grant on someone else's dataset) is bound by the grant: the
     # evaluation modes its owner allows (checked at admission), and its ε allowance (checked
-    # with the reservation).
-    # The ledger is keyed by the records, not by the name: the same records under any name,
-    # path or format share one lifetime budget.
+    # with the reservation). The ledger is keyed by the records, not by the name: the same
+    # records under any name, path or format share one lifetime budget.
     content = plan.dataset_sha256 or _content_of(engine, spec)
-    arms = {a.label: a for a in spec.arms}
-    total_e, total_d = Decimal(0), Decimal(0)
-    for sched in prepared.schedules:
-        total_e = exact_sum((total_e, sched.reserved_epsilon))
-        total_d = exact_sum((total_d, sched.reserved_delta))
+    stored, trials = _grids_and_trials(spec, prepared, content)
     sweep = Sweep(
+        id=new_id(),
         name=spec.name,
         dataset=dataset_key(spec),
         spec=spec.model_dump(mode="json"),
         state=SweepState.pending,
         owner=owner,
         spec_hash=spec_hash(spec),
+        plan=SweepPlan(stored).to_stored(),
     )
-    # Plain rows, inserted in one executemany below: a 10,000-trial grid's ORM objects and
-    # their unit of work took longer than its plan (issue 41).
+    for trial in trials:
+        trial["sweep_id"] = sweep.id
+    sweep.ledger_key = _ledger_key(engine, spec, sweep.dataset, content, plan.n_examples)
+    # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
+    # must find its whole reservation in place. A refused reservation stores nothing.
+    sweep_id = str(sweep.id)  # read before the store's commit expires the object
+    _reserve(engine, spec, sweep, prepared.schedules, terms=terms, grids=len(stored))
+    _store(engine, sweep, trials)
+    return sweep_id
+
+
+def _grids_and_trials(
+    spec: SweepSpec, prepared: PreparedSweep, content: str
+) -> tuple[list[GridPlan], list[dict[str, Any]]]:
+    """Each grid's plan as stored, and every trial's row (plain rows, inserted in one
+    executemany: a 10,000-trial grid's ORM objects and their unit of work took longer than its
+    plan, issue 41)."""
+    arms = {a.label: a for a in spec.arms}
     trials: list[dict[str, Any]] = []
     stored: list[GridPlan] = []
-    for g, sched in zip(plan.grids, prepared.schedules, strict=True):
+    for g, sched in zip(prepared.plan.grids, prepared.schedules, strict=True):
         # A grid tuned on public records creates its trials from its centred grid (its size,
         # and so its plan, is the spec's).
         arm = tuned_arm(arms[g.arm], g.tuned_grid)
@@ -333,41 +345,55 @@ def create_sweep(
         stored.append(
             g.stored(planned_trials=len(rows), charges=sched.to_json(), dataset_sha256=content)
         )
-        for position, row in enumerate(rows):
-            trials.append(
-                {
-                    "id": new_id(),
-                    "arm": arm.label,
-                    "strategy": arm.strategy,
-                    "epsilon_budget": g.epsilon_budget,
-                    "params": row["params"],
-                    "seed": int(row["seed"]),
-                    # Grid order, except for papernot-steinke rows (always 0, see _arm_trials).
-                    "number": int(row.get("number", position)),
-                    "config": int(row["config"]),
-                    "noise_multiplier": g.noise_multiplier,
-                    "target_delta": g.delta_per_trial,
-                    "state": TrialState.pending,
-                }
-            )
-    sweep.plan = SweepPlan(stored).to_stored()
-    sweep.id = new_id()
-    for trial in trials:
-        trial["sweep_id"] = sweep.id
-    sweep_id, name = sweep.id, sweep.dataset
-    key = _ledger_key(engine, spec, name, content, plan.n_examples)
-    sweep.ledger_key = key
+        trials.extend(
+            {
+                "id": new_id(),
+                "arm": arm.label,
+                "strategy": arm.strategy,
+                "epsilon_budget": g.epsilon_budget,
+                "params": row["params"],
+                "seed": int(row["seed"]),
+                # Grid order, except for papernot-steinke rows (always 0, see _arm_trials).
+                "number": int(row.get("number", position)),
+                "config": int(row["config"]),
+                "noise_multiplier": g.noise_multiplier,
+                "target_delta": g.delta_per_trial,
+                "state": TrialState.pending,
+            }
+            for position, row in enumerate(rows)
+        )
+    return stored, trials
+
+
+def _reserve(
+    engine: Engine,
+    spec: SweepSpec,
+    sweep: Sweep,
+    schedules: Sequence[ChargeSchedule],
+    *,
+    terms: Any,
+    grids: int,
+) -> None:
+    """Reserve the sweep's whole cost on its ledger (an analyst's allowance checked under the
+    ledger's lock); a refusal names the dataset as the user did, never its identity.
+
+    Raises:
+        AllowanceExhausted, BudgetExhausted: the reservation does not fit (nothing reserved).
+        PermissionDenied: the analyst's grant was revoked while the sweep was planned (the
+            reservation goes back).
+    """
+    total_e = exact_sum([s.reserved_epsilon for s in schedules])
+    total_d = exact_sum([s.reserved_delta for s in schedules])
+    name, key = sweep.dataset, str(sweep.ledger_key)
     ledger = BudgetLedger(engine)
-    # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
-    # must find its whole reservation in place. A refused reservation stores nothing.
     try:
         ledger.reserve(
             key,
-            sweep_id=sweep_id,
+            sweep_id=sweep.id,
             epsilon=total_e,
             delta=total_d,
-            note=f"sweep {spec.name!r} on {name!r}: {len(stored)} grid(s)",
-            principal=owner,
+            note=f"sweep {spec.name!r} on {name!r}: {grids} grid(s)",
+            principal=sweep.owner,
             allowance=terms.epsilon_allowance if terms is not None else None,
         )
     except AllowanceExhausted as exc:
@@ -379,7 +405,6 @@ def create_sweep(
             remaining=exc.remaining,
         ) from None
     except BudgetExhausted as exc:
-        # Name the dataset as the user did (the message never holds the identity).
         raise BudgetExhausted(
             f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')} (the lifetime cap "
             "is that of its records, shared by every name of the same records)",
@@ -390,10 +415,16 @@ def create_sweep(
         ) from None
     # Revoked while this sweep was planned: its reservation goes back, nothing is stored.
     if terms is not None and not has_active_grant(engine, spec.dataset.name, terms.analyst):
-        ledger.release(key, sweep_id=sweep_id, note="the analyst's grant was revoked")
+        ledger.release(key, sweep_id=sweep.id, note="the analyst's grant was revoked")
         raise PermissionDenied(
             f"your grant on dataset {spec.dataset.name!r} was revoked; ask its owner"
         )
+
+
+def _store(engine: Engine, sweep: Sweep, trials: list[dict[str, Any]]) -> None:
+    """Store the sweep and its trials in one transaction, its reservation already made (it goes
+    back if the store fails)."""
+    key, sweep_id = str(sweep.ledger_key), sweep.id
     try:
         with Session(engine) as session, session.begin():
             session.add(sweep)
@@ -404,6 +435,5 @@ def create_sweep(
                 session.execute(insert(Trial), trials)
             events.emit(session, sweep_id, events.SWEEP, {"state": "pending"})
     except BaseException:
-        ledger.release(key, sweep_id=sweep_id, note="sweep could not be stored")
+        BudgetLedger(engine).release(key, sweep_id=sweep_id, note="sweep could not be stored")
         raise
-    return sweep_id
