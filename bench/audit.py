@@ -231,16 +231,13 @@ SETTINGS = (("q = 1, T = 10", None, 10), ("q = 64/N, T = 100", 64, 100))
 def _ceiling(
     *, canaries: int, noise_multiplier: float, sample_rate: float, steps: int, draws: int = 5
 ) -> Any:
+    from dpsweep.accounting_inputs import AccountingInputs
     from workers.canary_audit.ceiling import one_run_ceiling
 
-    return one_run_ceiling(
-        canaries=canaries,
-        noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
-        steps=steps,
-        delta=DELTA,
-        draws=draws,
+    claim = AccountingInputs(
+        noise_multiplier=noise_multiplier, sample_rate=sample_rate, steps=steps, delta=DELTA
     )
+    return one_run_ceiling(claim, canaries=canaries, draws=draws)
 
 
 def tightness(data: Any, *, as_json: bool) -> None:

@@ -96,7 +96,7 @@ ACCOUNTANTS: Mapping[str, AccountantName] = {
         AccountantName(
             "opacus-rdp",
             "Opacus RDP",
-            "Renyi DP over Opacus's orders; a looser upper bound (imports torch)",
+            "Renyi DP over Opacus's orders; a loose upper bound (imports torch)",
             tight=False,
             plannable=False,
         ),
@@ -159,12 +159,31 @@ def canonical_accountant(name: str) -> str:
     return resolve(name, PLAN)
 
 
-def is_legacy(name: str) -> bool:
-    """Whether ``name`` is a legacy name (whose meaning depends on where it was stored)."""
-    return name in LEGACY_NAMES
-
-
 def choices_text(*, plannable_only: bool = False) -> str:
     """The built-in names with what each computes: the one text the CLI and spec help show."""
     rows = [a for a in ACCOUNTANTS.values() if a.plannable or not plannable_only]
     return "; ".join(f"{a.name} ({a.library}: {a.computes})" for a in rows)
+
+
+def markdown_table() -> str:
+    """The table as the docs show it (docs/privacy.md; a test keeps the two equal)."""
+    lines = [
+        "| name | what it computes | plans a sweep | a grid's trials report with |",
+        "|---|---|---|---|",
+    ]
+    for a in ACCOUNTANTS.values():
+        default = " (a sweep's default)" if a.name == DEFAULT_ACCOUNTANT else ""
+        default += " (a single run's default)" if a.name == DEFAULT_RUN_ACCOUNTANT else ""
+        planned = "yes" if a.plannable else "no"
+        trials = f"`{a.trial_accountant}`" if a.trial_accountant else "-"
+        lines.append(f"| `{a.name}`{default} | {a.library}: {a.computes} | {planned} | {trials} |")
+    lines += [
+        "",
+        "| legacy name | in a spec or stored plan | in a worker's record |",
+        "|---|---|---|",
+    ]
+    for n in LEGACY_NAMES.values():
+        plan = f"`{n.plan}`" if n.plan else "-"
+        worker = f"`{n.worker}`" if n.worker else "-"
+        lines.append(f"| `{n.name}` | {plan} | {worker} |")
+    return "\n".join(lines)

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dpsweep.accountants import DEFAULT_ACCOUNTANT, canonical_accountant
+from dpsweep.accountants import DEFAULT_ACCOUNTANT, canonical_accountant, choices_text
 from dpsweep.spec_base import StrictSection
 
 ACCOUNTING_METHODS = ("compose", "basic", "papernot-steinke")
@@ -50,10 +50,10 @@ class PrivacyConfig(StrictSection):
     accounting: Literal["compose", "basic", "papernot-steinke"] = "compose"
     accountant: str = Field(
         default=DEFAULT_ACCOUNTANT,
-        description="calibration accountant for compose/basic: a registered accountant's name "
-        "(pld: dp_accounting's privacy loss distribution, tight; dp-rdp: dp_accounting's RDP, "
-        "a looser upper bound; or a plug-in's, `dpsweep plugins accountants`). Legacy names "
-        "are normalised: prv means pld (it always meant dp_accounting PLD), rdp means dp-rdp",
+        description="calibration accountant for compose/basic: "
+        + choices_text(plannable_only=True)
+        + "; or a plug-in's (`dpsweep plugins accountants`). An older spec's prv or rdp reads "
+        "as pld or dp-rdp, what it meant there",
     )
     charge_repeats: bool = Field(default=True, description="every seed touches the data")
     distribution: SearchDistribution | None = Field(
@@ -101,9 +101,9 @@ class PrivacyConfig(StrictSection):
     @field_validator("accountant")
     @classmethod
     def _accountant(cls, v: str) -> str:
-        # One table of legacy names (dpsweep.accountants); the name itself is checked against
-        # the accountant registry (plug-ins included) when the sweep is planned, as strategy
-        # names are (torch-free; dpsweep imports no registry).
+        # One table of names (dpsweep.accountants), a legacy one read as a spec's; the name
+        # is checked against the accountant registry (plug-ins included) when the sweep is
+        # planned, as strategy names are (torch-free; dpsweep imports no registry).
         v = canonical_accountant(v.strip())
         if not v:
             raise ValueError("privacy.accountant must name an accountant (e.g. pld)")

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from api.cli.arguments import delta, key_value, positive_float, positive_int, strategy_flags
 from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, choices_text
 from dpsweep.audit import AuditRequest
 from dpsweep.errors import ConfigError, DpsweepError
 
@@ -62,7 +63,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--epsilon", type=positive_float("epsilon"), help="each trial's epsilon")
     p.add_argument("--noise-multiplier", type=positive_float("noise multiplier"), help="sigma")
     p.add_argument("--delta", type=delta, default=None, help="target delta (default 1e-5)")
-    p.add_argument("--accountant", help="accountant of the claim (default opacus-rdp)")
+    p.add_argument(
+        "--accountant",
+        help=f"accountant of the claim (default {DEFAULT_RUN_ACCOUNTANT}): {choices_text()}",
+    )
     for flag, dest, kind, text in strategy_flags():
         p.add_argument(flag, dest=dest, type=kind, default=None, help=text)
     p.add_argument(

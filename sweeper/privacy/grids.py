@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dpsweep.accountants import DEFAULT_ACCOUNTANT
 from dpsweep.errors import PrivacyError
 from dpsweep.plan import GridPlan
 from dpsweep.spec import DEFAULT_EVAL_EPSILON_SHARE
@@ -34,7 +35,7 @@ class GridRequest:
     steps_per_trial: int
     sample_rate: float
     accounting: str = "compose"
-    accountant: str = "pld"
+    accountant: str = DEFAULT_ACCOUNTANT
     distribution_shape: float | None = None  # papernot-steinke: RepeatAndSelect's shape
     distribution_name: str | None = None
     max_noise_multiplier: float = 10.0

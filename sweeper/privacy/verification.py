@@ -128,37 +128,36 @@ def verify_plan(plan: GridPlan) -> GridPlan:
 
 def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
     """The second accountant's epsilon bounds for a plan, and a readable name for it."""
-    sigma, q, steps, k = (
-        plan.noise_multiplier,
-        plan.sample_rate,
-        plan.steps_per_trial,
-        plan.trials,
-    )
-    sigma_e, releases = plan_eval_releases(plan)
+    sigma_e, releases = plan_eval_releases(plan)  # refuses releases without a multiplier
+    run = plan.run_inputs()  # one trial: sigma, q, T, delta and its E evaluations
+    k = plan.trials
 
     def prv(n_trials: int, delta: float, eps_error: float) -> EpsilonBounds:
         # n_trials' steps and, with DP evaluation, their n_trials*E evaluations: plain
         # Gaussians (q = 1, which the PRV accountant takes as a Gaussian PRV).
         if sigma_e is None:
             return audit.prv_epsilon(
-                noise_multiplier=sigma,
-                sample_rate=q,
-                steps=n_trials * steps,
+                noise_multiplier=run.sigma,
+                sample_rate=run.sample_rate,
+                steps=n_trials * run.steps,
                 target_delta=delta,
                 eps_error=eps_error,
             )
         return audit.prv_compose_epsilon(
-            [(sigma, q, n_trials * steps), (sigma_e, 1.0, n_trials * releases)],
+            [
+                (run.sigma, run.sample_rate, n_trials * run.steps),
+                (sigma_e, 1.0, n_trials * releases),
+            ],
             target_delta=delta,
             eps_error=eps_error,
         )
 
     if plan.accounting == "compose":
-        bounds = prv(k, plan.delta, audit.prv_error(plan.epsilon_total))
+        bounds = prv(k, run.delta, audit.prv_error(plan.epsilon_total))
         return bounds, "PRV accountant, Gopi et al. 2021"
     if plan.accounting == "basic":
         # K times each trial's bars: the total gets compose's bars (2 %, at least 0.01).
-        each = prv(1, plan.delta / k, audit.prv_error(plan.epsilon_total) / k)
+        each = prv(1, run.delta / k, audit.prv_error(plan.epsilon_total) / k)
         return each.scaled(k), "PRV accountant, Gopi et al. 2021; per trial, times K"
     if plan.accounting == "papernot-steinke":
         if plan.distribution_shape is None:
@@ -167,12 +166,12 @@ def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
                 "shape, so its epsilon cannot be verified; plan refused"
             )
         bounds = audit.papernot_steinke_bounds(
-            noise_multiplier=sigma,
-            sample_rate=q,
-            steps=steps,
+            noise_multiplier=run.sigma,
+            sample_rate=run.sample_rate,
+            steps=run.steps,
             mean_trials=float(k),
             shape=float(plan.distribution_shape),
-            target_delta=plan.delta,
+            target_delta=run.delta,
             eval_noise_multiplier=sigma_e,
             eval_releases=releases,
         )

@@ -181,3 +181,13 @@ def test_an_old_stored_plan_reads_back_meaning_what_it_meant(stored: str, means:
     assert run.accountant == means  # and read as a plan's: dp_accounting's accountants
     assert (run.sigma, run.sample_rate, run.steps, run.delta) == (1.3, 0.02, 50, 1e-5)
     assert (run.eval_noise_multiplier, run.evaluations) == (None, 0)
+
+
+def test_the_docs_show_the_table_itself() -> None:
+    """docs/privacy.md's table of names is the one table, rendered (edit the table, not it)."""
+    from pathlib import Path
+
+    from dpsweep.accountants import markdown_table
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "privacy.md").read_text()
+    assert markdown_table() in page

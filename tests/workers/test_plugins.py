@@ -27,8 +27,8 @@ from tests.workers.datasets.test_dataset_contract import (
     check_descriptor_contract,
 )
 from workers.accounting import accountant_names, get_accountant
-from workers.accounting import compute as accounting_compute
 from workers.accounting import registry as accounting_registry
+from workers.accounting.registry import clear_epsilon_cache
 from workers.datasets.descriptors import (
     DATASET_DESCRIPTORS,
     dataset_descriptor_names,
@@ -150,7 +150,7 @@ def install(tmp_path: Path) -> Iterator[Install]:
         for registry, before in saved:
             registry.clear()
             registry.update(before)
-        accounting_compute._epsilon.cache_clear()
+        clear_epsilon_cache()
         importlib.invalidate_caches()
         reset_plugins()
 

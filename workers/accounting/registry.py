@@ -295,6 +295,11 @@ def _cached_epsilon(inputs: AccountingInputs) -> float:
     return _REGISTRY[inputs.accountant].epsilon(**inputs.library_keywords())
 
 
+def clear_epsilon_cache() -> None:
+    """Forget every cached epsilon (a test that unregisters a plug-in: its name may return)."""
+    _cached_epsilon.cache_clear()
+
+
 def epsilon_of(inputs: AccountingInputs) -> float:
     """The registered accountant ``inputs.accountant``'s epsilon of ``inputs``, cached.
 

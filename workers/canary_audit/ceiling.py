@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpsweep.accounting_inputs import AccountingInputs
 from workers.canary_audit.bounds import one_run_bound
 
 #: Steps simulated at once (bounds the memory of one draw to ``STEP_CHUNK * m`` doubles).
@@ -76,12 +77,9 @@ def ideal_scores(
 
 
 def one_run_ceiling(
+    claim: AccountingInputs,
     *,
     canaries: int,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    delta: float,
     confidence: float = 0.95,
     draws: int = 5,
     seed: int | None = None,
@@ -89,11 +87,9 @@ def one_run_ceiling(
     """The one-run bound at ``confidence`` on ideal scores of the claimed mechanism.
 
     Args:
+        claim: the claimed mechanism: its sigma, q and T, and the delta the bound is stated at
+            (its evaluations and accountant are not simulated).
         canaries: m, the number of canaries (each included with probability 1/2).
-        noise_multiplier: sigma of the claim.
-        sample_rate: q of the claim.
-        steps: T of the claim.
-        delta: the delta the bound is stated at (the claim's).
         confidence: the bound's confidence.
         draws: simulated audits; the median and range are reported.
         seed: the simulation's seed (``None``: fresh; nothing private is involved).
@@ -104,11 +100,11 @@ def one_run_ceiling(
         included = rng.random(canaries) < 0.5
         scores = ideal_scores(
             included=included,
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            steps=steps,
+            noise_multiplier=claim.sigma,
+            sample_rate=claim.sample_rate,
+            steps=claim.steps,
             rng=rng,
         )
-        bound = one_run_bound(scores, included, delta=delta, confidence=confidence)
+        bound = one_run_bound(scores, included, delta=claim.delta, confidence=confidence)
         found.append(bound.epsilon_lower_bound)
     return Ceiling(canaries, draws, statistics.median(found), min(found), max(found))

@@ -29,9 +29,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.audit import audit_verdict
 from dpsweep.errors import ConfigError
-from workers.accounting import compute_epsilon
+from workers.accounting import epsilon_for
+from workers.accounting.registry import worker_accountant
 from workers.canary_audit.bounds import one_run_bound
 from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
 from workers.canary_audit.estimate import ASSUMPTION, gaussian_estimate
@@ -189,6 +191,21 @@ def run_audit(
     )
 
 
+def _claim(spec: PackSpec, results: list[TrialResult]) -> AccountingInputs:
+    """What the audit claims the adversary saw: every trial's steps, composed (one sigma).
+
+    The pack's accountant is a worker's name (a legacy ``rdp`` is Opacus's RDP).
+    """
+    first = results[0]
+    return AccountingInputs(
+        noise_multiplier=float(spec.trials[0].noise_multiplier),  # type: ignore[arg-type]
+        sample_rate=first.sample_rate,
+        steps=first.steps * len(results),
+        delta=float(spec.trials[0].target_delta),
+        accountant=worker_accountant(spec.accountant).name,
+    )
+
+
 def _result(
     spec: PackSpec,
     results: list[TrialResult],
@@ -202,18 +219,9 @@ def _result(
     seconds: float,
 ) -> AuditResult:
     """The claim of what the adversary saw, the bound, the estimate and the verdict."""
-    first = results[0]
-    sigma = float(spec.trials[0].noise_multiplier)  # type: ignore[arg-type]
-    delta = float(spec.trials[0].target_delta)
-    claimed = float(
-        compute_epsilon(
-            noise_multiplier=sigma,
-            sample_rate=first.sample_rate,
-            steps=first.steps * len(results),
-            target_delta=delta,
-            accountant=spec.accountant,
-        )
-    )
+    claim = _claim(spec, results)
+    claimed = float(epsilon_for(claim))
+    delta, first = claim.delta, results[0]
     # The bound alone carries the confidence: the estimate is no bound, so no union is paid.
     bound = one_run_bound(scores, included, delta=delta, confidence=confidence)
     estimate = gaussian_estimate(gauss_scores, included, delta=delta, confidence=confidence)
@@ -236,7 +244,7 @@ def _result(
         trials=len(results),
         steps=first.steps,
         sample_rate=first.sample_rate,
-        noise_multiplier=sigma,
+        noise_multiplier=claim.sigma,
         guesses=bound.guesses,
         correct=bound.correct,
         method="one-run",

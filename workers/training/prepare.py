@@ -17,7 +17,7 @@ from typing import cast
 import torch
 
 from dpsweep.errors import ConfigError, PrivacyError
-from workers.accounting import compute_epsilon
+from workers.accounting import epsilon_for
 from workers.canary_hook import GradientCanaryHook
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
@@ -196,14 +196,8 @@ def _planned_sigmas(
                 "multiplier"
             )
         # Fail closed: establish epsilon before touching the data.
-        compute_epsilon(
-            noise_multiplier=t.noise_multiplier,
-            sample_rate=sample_rate,
-            steps=steps,
-            target_delta=t.target_delta,
-            accountant=spec.accountant,
-            eval_noise_multiplier=spec.eval_noise_multiplier,
-            eval_releases=n_releases,
+        epsilon_for(
+            spec.trial_inputs(t, sample_rate=sample_rate, steps=steps, evaluations=n_releases)
         )
         sigmas.append(float(t.noise_multiplier))
     return sigmas

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from workers.accounting import compute_epsilon
+from workers.accounting import epsilon_for
 from workers.checkpoints import model_info, weights_bytes
 from workers.training.prepare import PreparedPack
 from workers.training.records import PackRecords
@@ -43,15 +43,10 @@ def _trial_result(
     if pack.private:
         # Epsilon from the noise, rate and steps this trial actually ran with.
         # A single run's epsilon, its noisy evaluations included (DP evaluation).
-        eps = compute_epsilon(
-            noise_multiplier=pack.sigmas[i],
-            sample_rate=pack.sample_rate,
-            steps=pack.total_steps,
-            target_delta=t.target_delta,
-            accountant=pack.spec.accountant,
-            eval_noise_multiplier=pack.spec.eval_noise_multiplier,
-            eval_releases=pack.n_releases,
+        ran = pack.spec.trial_inputs(
+            t, sample_rate=pack.sample_rate, steps=pack.total_steps, evaluations=pack.n_releases
         )
+        eps = epsilon_for(ran.with_noise(pack.sigmas[i]))
     return TrialResult(
         index=i,
         strategy=pack.spec.strategy,

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, WORKER, resolve
+from dpsweep.accounting_inputs import AccountingInputs
 from workers.datasets.records import DatasetSpec
 from workers.models.descriptors import ModelSpec
 from workers.plan_check import PlannedRun
@@ -66,7 +68,9 @@ class PackSpec:
     # at every evaluation; the better of the two is selected (None: no average).
     ema_decay: float | None = None
     ema_warmup: bool = False
-    accountant: str = "rdp"
+    # The accountant of each trial's single-run epsilon: a canonical name (a legacy worker
+    # name still reads as it did: dpsweep.accountants.WORKER_ALIASES).
+    accountant: str = DEFAULT_RUN_ACCOUNTANT
     device: str = "auto"
     threads: int = 1
     # "secret": every trial draws a fresh OS secret for its batches and noise when it starts.
@@ -82,6 +86,28 @@ class PackSpec:
     # Hand back each trial's best checkpoint as safetensors bytes (TrialResult.weights), for
     # the sweep's artifact store (its spec's artifacts.keep is not "none").
     keep_weights: bool = False
+
+    def trial_inputs(
+        self, trial: TrialSpec, *, sample_rate: float, steps: int, evaluations: int
+    ) -> AccountingInputs:
+        """What the accountant is asked about ``trial`` as this pack runs it.
+
+        Its planned sigma and delta, the run's q, T and E noisy evaluations at the pack's
+        ``eval_noise_multiplier``, and the pack's accountant: a legacy name read as a worker's
+        (:func:`dpsweep.accountants.resolve` in ``WORKER``: ``rdp`` is Opacus's RDP here).
+
+        Raises:
+            ConfigError, PrivacyError: inputs no accountant may be asked about (fail closed).
+        """
+        return AccountingInputs(
+            noise_multiplier=trial.noise_multiplier,
+            sample_rate=sample_rate,
+            steps=steps,
+            delta=trial.target_delta,
+            eval_noise_multiplier=self.eval_noise_multiplier,
+            evaluations=evaluations,
+            accountant=resolve(self.accountant, WORKER),
+        )
 
 
 @dataclass

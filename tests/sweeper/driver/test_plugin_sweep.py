@@ -36,9 +36,8 @@ from sweeper.store import Sweep, SweepState, Trial, TrialState
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
 from sweeper.sweeps.create import create_sweep
-from workers.accounting import compute as accounting_compute
 from workers.accounting import registry as accounting_registry
-from workers.accounting.registry import cached_epsilon
+from workers.accounting.registry import cached_epsilon, clear_epsilon_cache
 from workers.datasets.descriptors import DATASET_DESCRIPTORS
 from workers.datasets.registry import DATASETS
 from workers.models.descriptors import DESCRIPTORS as MODEL_DESCRIPTORS
@@ -109,7 +108,7 @@ def plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         for registry, before in saved:
             registry.clear()
             registry.update(before)
-        accounting_compute._epsilon.cache_clear()
+        clear_epsilon_cache()
         importlib.invalidate_caches()
         reset_plugins()
 

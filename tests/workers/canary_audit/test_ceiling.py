@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dpsweep.accounting_inputs import AccountingInputs
 from workers.canary_audit.bounds import one_run_bound
 from workers.canary_audit.ceiling import ideal_scores, one_run_ceiling
 
@@ -42,10 +43,8 @@ def test_subsampled_scores_are_the_mixture_ratio() -> None:
 
 def test_ceiling_is_the_reported_bound_on_ideal_scores() -> None:
     """Same seed, same draws: the ceiling is exactly the audit's bound on those scores."""
-    ceiling = one_run_ceiling(
-        canaries=1000, noise_multiplier=1.0, sample_rate=1.0, steps=10, delta=1e-5,
-        draws=1, seed=7,
-    )  # fmt: skip
+    claim = AccountingInputs(noise_multiplier=1.0, sample_rate=1.0, steps=10, delta=1e-5)
+    ceiling = one_run_ceiling(claim, canaries=1000, draws=1, seed=7)
     rng = np.random.default_rng(7)
     included = rng.random(1000) < 0.5
     scores = ideal_scores(
@@ -65,11 +64,8 @@ def test_less_noise_raises_the_ceiling_and_it_stays_below_the_truth() -> None:
     """
     weak, strong = (
         one_run_ceiling(
+            AccountingInputs(noise_multiplier=sigma, sample_rate=1.0, steps=10, delta=1e-5),
             canaries=1000,
-            noise_multiplier=sigma,
-            sample_rate=1.0,
-            steps=10,
-            delta=1e-5,
             draws=5,
             seed=3,
         )
