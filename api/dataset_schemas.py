@@ -27,6 +27,28 @@ class DatasetBudget(_Out):
     )
 
 
+class UploadLedger(_Out):
+    """What an upload's records already have: the ledger it joined (yours only: another
+    tenant's upload of the same records is another ledger, and never named)."""
+
+    shared_with: list[str] = Field(
+        description="your other datasets on the same records: they share this one ledger and "
+        "cap (empty: a ledger of its own)"
+    )
+    existing: bool = Field(
+        description="the same file and settings as your upload `id`: that upload is returned "
+        "(200), nothing new is stored"
+    )
+    epsilon_cap: float | None
+    delta_cap: float | None
+    epsilon_committed: float
+    delta_committed: float
+    epsilon_reserved: float
+    delta_reserved: float
+    epsilon_remaining: float | None
+    message: str = Field(description="the same, in a sentence")
+
+
 class DatasetOut(_Out):
     id: str
     name: str
@@ -37,7 +59,15 @@ class DatasetOut(_Out):
         description="owner: yours (or you are an admin); analyst: another tenant's, granted "
         "to you (its public description and your allowance only); null: a built-in set",
     )
-    owner: str | None = None
+    owner: str | None = Field(
+        default=None,
+        description="whose it is (null: the operator's, a name registered on the command line "
+        "without --owner, which admins see)",
+    )
+    public: bool | None = Field(
+        default=None,
+        description="a registered file its owner declared public (usable as eval.dataset)",
+    )
     size_bytes: int | None = None
     created_at: str | None = None
     n_examples: int | None
@@ -59,6 +89,10 @@ class DatasetOut(_Out):
     )
     grants: GrantsSummary | None = Field(
         default=None, description="owners: the active grants to analysts"
+    )
+    ledger: UploadLedger | None = Field(
+        default=None,
+        description="an upload's answer: the ledger its records joined, with what is spent",
     )
 
 

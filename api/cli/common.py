@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -139,3 +140,61 @@ def local_command(
         p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=func, subparser=p)
     return p
+
+
+#: The environment variable that names the principal the command line acts as.
+OWNER_ENV = "DPSWEEP_OWNER"
+
+
+def add_owner_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--owner NAME``: whose ``what`` the command makes (default ``DPSWEEP_OWNER``, else
+    the operator).
+
+    Args:
+        parser: The command's parser.
+        what: What the command makes ("the sweep", "the name"), for the help.
+    """
+    parser.add_argument(
+        "--owner",
+        default=os.environ.get(OWNER_ENV) or None,
+        metavar="NAME",
+        help=f"act as the tenant NAME (a token's name): {what} is NAME's, which NAME's token "
+        f"sees through the API, and only what NAME may use is used (default: {OWNER_ENV}, else "
+        "the operator, whose work admin tokens see)",
+    )
+
+
+def acting_as(owner: str | None) -> str:
+    """Who the command line acted as, for its messages: the operator, or a tenant."""
+    if owner is None:
+        return (
+            "as the operator (admin tokens see it through the API and the dashboard; --owner "
+            "NAME acts as a tenant)"
+        )
+    return f"as {owner!r} (the token named {owner!r} sees it)"
+
+
+def check_owner(engine: Any, owner: str | None, console: Console) -> None:
+    """Check ``--owner``'s name, and say so when no token has it yet (a typo, or a token to
+    create: until then nobody sees the owner's work through the API but admins).
+
+    Raises:
+        ConfigError: not a name a token could have.
+    """
+    if owner is None:
+        return
+    from sqlalchemy import select  # deferred: SQLAlchemy
+    from sqlalchemy.orm import Session  # deferred: SQLAlchemy
+
+    from sweeper.store import ApiToken  # deferred: SQLAlchemy
+    from sweeper.store.tokens import check_name  # deferred: SQLAlchemy
+
+    check_name(owner)
+    with Session(engine) as session:
+        known = session.scalar(select(ApiToken.id).where(ApiToken.name == owner).limit(1))
+    if known is None:
+        console.print(
+            f"note: no token is named {owner!r} yet (a typo?); `dpsweep token create --name "
+            f"{owner}` makes the one that sees what is made as {owner!r}",
+            soft_wrap=True,
+        )

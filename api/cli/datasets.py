@@ -25,7 +25,17 @@ from rich.table import Table
 
 from api.cli import grants
 from api.cli.arguments import key_value
-from api.cli.common import DB_HELP, EXIT_FAILURE, fail, local_command, open_engine, stdout_console
+from api.cli.common import (
+    DB_HELP,
+    EXIT_FAILURE,
+    acting_as,
+    add_owner_argument,
+    check_owner,
+    fail,
+    local_command,
+    open_engine,
+    stdout_console,
+)
 from dpsweep.errors import ConfigError, DatasetError, DpsweepError
 
 #: How many hex digits of an identity ``list`` shows.
@@ -94,6 +104,7 @@ def _add_register_parser(dsub: Any) -> None:
         "(eval: {mode: public, dataset: NAME}); no epsilon covers them. Registering again "
         "without --public withdraws the declaration",
     )
+    add_owner_argument(r, "the name")
     r.add_argument("--db", help=DB_HELP)
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_register, subparser=r)
@@ -148,6 +159,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
     try:
         engine = open_engine(args.db, migrate=True)
+        check_owner(engine, args.owner, Console(stderr=True))
         binding, info = register_file(
             engine,
             args.file,
@@ -157,6 +169,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             labels_path=args.labels_path,
             public=args.public,
             options=dict(args.option),
+            owner=args.owner,
         )
     except DatasetError as exc:  # the file's content: not a usage error
         return fail(exc)
@@ -169,6 +182,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             json.dumps(
                 {
                     "name": binding.name,
+                    "owner": binding.owner,
                     "identity": binding.ledger_key,
                     "shares_ledger_with": list(binding.shared_with),
                     "previous_identity": (
@@ -187,6 +201,8 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         f"({info['kind']}, shape {tuple(info['input_shape'])}, {info['num_classes']} classes)"
     )
     out.print(f"identity {binding.ledger_key}")
+    # Whose it is says who sees it through the API (GET /api/v1/datasets, the dashboard).
+    out.print(f"registered {acting_as(binding.owner)}", soft_wrap=True)
     if info.get("public"):
         out.print(
             "declared [bold]public[/bold] by its owner: usable as a public evaluation dataset "

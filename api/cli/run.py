@@ -12,7 +12,17 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from api.cli.common import DB_HELP, EXIT_FAILURE, EXIT_USAGE, fail, open_engine, stdout_console
+from api.cli.common import (
+    DB_HELP,
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    acting_as,
+    add_owner_argument,
+    check_owner,
+    fail,
+    open_engine,
+    stdout_console,
+)
 from api.cli.live_view import LIVE_WIDTH, ProgressView, _progress_view
 from api.cli.plan_view import PLAN_KEYS, plan_json, plan_table, print_plan_notes
 from api.cli.sweeps import print_models, print_results
@@ -38,6 +48,7 @@ def add_parsers(sub: Any) -> None:
         help="database URL, for registered dataset names and a public evaluation dataset "
         "(default: DPSWEEP_DATABASE_URL or the embedded SQLite file)",
     )
+    add_owner_argument(pl, "the plan")
     pl.set_defaults(func=cmd_plan, subparser=pl)
 
     r = sub.add_parser(
@@ -74,15 +85,17 @@ def add_parsers(sub: Any) -> None:
         help="set privacy.reproducible: batches and noise from the public seeds (same spec, "
         "same result; for debugging). NOT private against anyone who knows the seeds",
     )
+    add_owner_argument(r, "the sweep")
     r.set_defaults(func=cmd_run, subparser=r)
 
 
-def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
+def _admitted(spec: Any, url: str | None, owner: str | None = None) -> tuple[Any, Any]:
     """The spec as ``dpsweep run`` would plan it, and its worker dataset.
 
     A stored dataset's owner fixes how its records are read and split (the owner's view):
     the plan uses the admitted spec, as ``run`` and ``train`` do, so plan equals run. The
-    database is opened only for catalog names.
+    database is opened only for catalog names. ``owner``: the tenant the command acts as
+    (None: the operator), admitted as that tenant's sweep would be.
     """
     from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
     from sweeper.datasets.names import in_catalog  # deferred: SQLAlchemy
@@ -100,7 +113,7 @@ def _admitted(spec: Any, url: str | None) -> tuple[Any, Any]:
     if not needs_db:
         return spec, resolve(None, spec.dataset, spec.eval, tune_on=tune_on)
     engine = open_engine(url, migrate=True)
-    spec = admit(engine, spec, Viewer(None)).spec  # local use: the owner
+    spec = admit(engine, spec, Viewer(owner)).spec  # local use (None): the owner
     return spec, resolve(engine, spec.dataset, spec.eval, tune_on=tuning_names(spec.arms))
 
 
@@ -127,7 +140,7 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
         use_local_factories(spec)
-        spec, dataset = _admitted(spec, getattr(args, "db", None))
+        spec, dataset = _admitted(spec, getattr(args, "db", None), getattr(args, "owner", None))
         plan = plan_sweep(spec, dataset=dataset)
     except ConfigError as exc:
         parser.error(str(exc))
@@ -169,8 +182,10 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         console.print(f"[bold yellow]warning:[/bold yellow] {REPRODUCIBLE_WARNING}")
     try:
         engine = open_engine(args.db, migrate=True)
-        sweep_id = None if args.new else find_resumable(engine, spec)
-        finished = None if args.new or sweep_id else find_finished(engine, spec)
+        check_owner(engine, args.owner, console)
+        # The principal's own sweeps of the spec only: another's is not theirs to resume.
+        sweep_id = None if args.new else find_resumable(engine, spec, owner=args.owner)
+        finished = None if args.new or sweep_id else find_finished(engine, spec, owner=args.owner)
         if finished:
             return _show_finished(engine, *finished, args=args, console=console)
     except ConfigError as exc:
@@ -207,8 +222,12 @@ def _plan_and_run(
             console.print(f"resuming sweep [bold]{sweep_id}[/bold] ({spec.name})")
         else:
             with console.status("planning the sweep's privacy (one noise multiplier per grid)"):
-                sweep_id = create_sweep(engine, spec)
-            console.print(f"sweep [bold]{sweep_id}[/bold] ({spec.name}) planned and reserved")
+                sweep_id = create_sweep(engine, spec, owner=args.owner)
+            console.print(
+                f"sweep [bold]{sweep_id}[/bold] ({spec.name}) planned and reserved, "
+                + acting_as(args.owner),
+                soft_wrap=True,
+            )
     except ConfigError as exc:
         parser.error(str(exc))
     except DpsweepError as exc:

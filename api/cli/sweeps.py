@@ -176,13 +176,14 @@ def cmd_sweeps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         print(json.dumps(rows))
         return 0
     table = Table(title="sweeps")
-    for col in ("id", "name", "dataset", "state", "created", "finished", "randomness"):
+    for col in ("id", "name", "dataset", "owner", "state", "created", "finished", "randomness"):
         table.add_column(col)
     for r in rows:
         table.add_row(
             r["id"],
             r["name"],
             r["dataset"],
+            r["owner"] or "operator",
             r["state"],
             r["created_at"][:19],
             (r["finished_at"] or "")[:19],

@@ -52,6 +52,36 @@ def _info(t: Any) -> dict[str, Any]:
     }
 
 
+def _note_operators_work(engine: Any, name: str, err: Console) -> None:
+    """Say, in one line, that a tenant's token does not see the operator's work (what the
+    command line made without ``--owner``), and how to see it, when there is some."""
+    from sqlalchemy import func, select  # deferred: SQLAlchemy
+    from sqlalchemy.orm import Session  # deferred: SQLAlchemy
+
+    from sweeper.store import Dataset, Sweep  # deferred: SQLAlchemy
+
+    with Session(engine) as session:
+        sweeps = session.scalar(select(func.count()).where(Sweep.owner.is_(None))) or 0
+        names = (
+            session.scalar(
+                select(func.count()).where(
+                    Dataset.owner.is_(None), Dataset.storage_path.is_not(None)
+                )
+            )
+            or 0
+        )
+    made = [f"{n} {what}{'s' if n != 1 else ''}" for n, what in ((sweeps, "sweep"),
+            (names, "registered dataset")) if n]  # fmt: skip
+    if made:
+        err.print(
+            f"note: {name!r} sees only its own work; the {' and '.join(made)} made on the "
+            "command line are the operator's, which admin tokens see: `dpsweep token create "
+            f"--name {name} --admin`, or make them {name!r}'s with `--owner {name}` "
+            "(`dpsweep run`, `dpsweep datasets register`)",
+            soft_wrap=True,
+        )
+
+
 def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Create, list or revoke API tokens."""
     from sweeper.store.tokens import create_token, list_tokens, revoke_token  # deferred: SQLAlchemy
@@ -71,6 +101,8 @@ def cmd_token(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                         f"{kind} {info.id} for {info.name!r}: shown once, keep it secret; "
                         "send it as 'Authorization: Bearer <token>'"
                     )
+                if not info.admin:  # on stderr: --json's stdout stays one object
+                    _note_operators_work(engine, info.name, err)
             elif args.token_command == "list":
                 rows = [_info(t) for t in list_tokens(engine)]
                 if args.json:

@@ -110,8 +110,16 @@ def list_datasets(engine: ReadEngineDep, viewer: ViewerDep) -> Any:
     status_code=201,
     response_model=DatasetOut,
     openapi_extra=UPLOAD_BODY,
-    responses=problem_responses(401, 413, 415, 422),
-    summary="Upload a CSV or NPZ dataset (multipart), optionally with lifetime caps",
+    responses={
+        200: {
+            "model": DatasetOut,
+            "description": "the same file and settings as an earlier upload of yours: that upload",
+        },
+        **problem_responses(401, 409, 413, 415, 422),
+    },
+    summary="Upload a CSV or NPZ dataset (multipart), optionally with lifetime caps; its "
+    "answer's ledger says which of your datasets hold the same records (one ledger) and what "
+    "they spent. The same file and settings again: 200 and the earlier upload",
 )
 async def upload(
     request: Request, engine: EngineDep, settings: SettingsDep, viewer: ViewerDep
@@ -184,7 +192,10 @@ async def upload(
             declare_counted=declare,
         )
     )
-    return JSONResponse(out, status_code=201, headers={"Location": f"/api/v1/datasets/{out['id']}"})
+    # The same file and settings uploaded again: the earlier upload, nothing new created.
+    status = 200 if out["ledger"]["existing"] else 201
+    location = {"Location": f"/api/v1/datasets/{out['id']}"}
+    return JSONResponse(out, status_code=status, headers=location)
 
 
 @router.get(

@@ -24,6 +24,7 @@ from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.settings import SweeperSettings
 from sweeper.store import Dataset, ModelArtifact, Sweep, SweepState
 from sweeper.store.artifact_files import delete_sweep_artifacts, store_for
+from sweeper.store.tokens import check_name
 
 
 def register_file(
@@ -36,6 +37,7 @@ def register_file(
     labels_path: str | Path | None = None,
     public: bool = False,
     options: Mapping[str, Any] | None = None,
+    owner: str | None = None,
 ) -> tuple[Binding, dict[str, Any]]:
     """Load and check a data file and bind ``name`` to the identity of its records.
 
@@ -43,6 +45,10 @@ def register_file(
     name it (``dataset: {name: NAME}``). Registering a name again re-reads its file: the same
     records keep their ledger; other records (an edited file) get their own, which starts with
     the old one's caps (:func:`bind_name`).
+
+    ``owner``: whose the name is: the operator's (None; admins see it through the API) or a
+    tenant's (``--owner NAME``: as if NAME had uploaded it, on NAME's ledger of the records).
+    A name keeps its owner: registering it again as another's is refused (another ledger).
 
     ``public``: the owner declares these records public, so the name may be a spec's public
     evaluation dataset (``eval.dataset``); no epsilon covers them. Stored in the row's
@@ -62,16 +68,69 @@ def register_file(
     descriptions) may compute them from the records. Registering again recomputes them.
 
     Returns:
-        The binding (``shared_with``: other names of the same records, which share its cap
-        and ledger) and what may be shown of the data (N, shape, classes).
+        The binding (``shared_with``: other names of the same records and owner, which share
+        its cap and ledger) and what may be shown of the data (N, shape, classes).
 
     Raises:
-        ConfigError / DatasetError: a bad name, format, file or label setting.
+        ConfigError / DatasetError: a bad name, owner, format, file or label setting.
+        IllegalState: the name is registered as someone else's.
     """
     check_registered_name(name)
+    if owner is not None:
+        check_name(owner)
     file = Path(path).expanduser().resolve()
     fmt = format_of(file, fmt)
+    given = _checked_options(fmt, label_column, labels_path, options)
+    labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
+    view = _kept_view(engine, name, owner)
+    if fmt == "image_folder":
+        from workers.datasets.images import registered_options  # deferred: numpy
 
+        given = registered_options(file, given)
+    spec = worker_spec(
+        {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
+    )
+    spec, info, identity = load_declared(spec, str(file))
+    config = {
+        "label_column": label_column,
+        "labels_path": labels,
+        **({"options": given} if given else {}),
+        **info,
+        "classes": list(spec.classes),
+        "public": bool(public),
+        **({"view": view} if view else {}),
+    }
+    fields = _row_fields(file, name, fmt, config)
+    binding = bind_name(
+        engine, name, identity, new_row={**fields, "owner": owner}, row_update=fields
+    )
+    return binding, {**info, "public": bool(public)}
+
+
+def _row_fields(file: Path, name: str, fmt: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The ``datasets`` row of a registered file, all but its owner."""
+    return {
+        "label": name,
+        "format": fmt,
+        "size_bytes": _size_bytes(file),
+        "sha256": None,
+        "storage_path": str(file),
+        "n_examples": config["n_examples"],
+        "config": config,
+    }
+
+
+def _checked_options(
+    fmt: str,
+    label_column: str | None,
+    labels_path: str | Path | None,
+    options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """The format's options, checked against its descriptor, and the settings it needs.
+
+    Raises:
+        ConfigError: a missing label setting or a bad option.
+    """
     # deferred: workers.datasets pulls numpy and every loader; sweeper.datasets stays light
     from workers.datasets.descriptors import get_dataset_descriptor
 
@@ -87,46 +146,44 @@ def register_file(
         )
     given = dict(options or {})
     descriptor.validate(given)
-    labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
+    return given
+
+
+def whose(owner: str | None) -> str:
+    """How messages name a dataset's owner (None: the operator, who registered it on the
+    command line without ``--owner``)."""
+    return "the operator's" if owner is None else f"{owner!r}'s"
+
+
+def _kept_view(engine: Engine, name: str, owner: str | None) -> dict[str, Any]:
+    """The owner's split and scaling settings of a name registered before, which outlive a
+    re-registration (:mod:`sweeper.datasets.fixed_view`; the declared size is declared anew
+    from the file); empty for a new name.
+
+    Raises:
+        ConfigError: the name is one sweeps used without registering it.
+        IllegalState: the name is someone else's.
+    """
     with Session(engine) as session:
         existing = session.scalars(select(Dataset).where(Dataset.name == name)).first()
-        if existing is not None and not existing.storage_path:
-            raise ConfigError(
-                f"{name!r} is already the name of a dataset sweeps used without registering "
-                "it; choose another name",
-                field="name",
-            )
-        # The owner's split and scaling settings outlive a re-registration (sweeper.datasets.
-        # fixed_view); the declared size and classes are declared anew from the file.
-        view = dict(dict(existing.config or {}).get("view") or {}) if existing else {}
-        view.pop("n_examples", None)
-    if fmt == "image_folder":
-        from workers.datasets.images import registered_options  # deferred: numpy
-
-        given = registered_options(file, given)
-    spec = worker_spec(
-        {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
-    )
-    spec, info, identity = load_declared(spec, str(file))
-    fields: dict[str, Any] = {
-        "label": name,
-        "format": fmt,
-        "size_bytes": _size_bytes(file),
-        "sha256": None,
-        "storage_path": str(file),
-        "n_examples": info["n_examples"],
-        "config": {
-            "label_column": label_column,
-            "labels_path": labels,
-            **({"options": given} if given else {}),
-            **info,
-            "classes": list(spec.classes),
-            "public": bool(public),
-            **({"view": view} if view else {}),
-        },
-    }
-    binding = bind_name(engine, name, identity, new_row=fields, row_update=fields)
-    return binding, {**info, "public": bool(public)}
+    if existing is None:
+        return {}
+    if not existing.storage_path:
+        raise ConfigError(
+            f"{name!r} is already the name of a dataset sweeps used without registering "
+            "it; choose another name",
+            field="name",
+        )
+    if existing.owner != owner:
+        # Another owner is another ledger of the records: a re-registration must not move
+        # a name (and its spending) there.
+        raise IllegalState(
+            f"{name!r} is {whose(existing.owner)} dataset; registering it again as "
+            f"{whose(owner)} would move it to another ledger of its records: choose another name"
+        )
+    view = dict(dict(existing.config or {}).get("view") or {})
+    view.pop("n_examples", None)
+    return view
 
 
 def _size_bytes(file: Path) -> int:

@@ -29,7 +29,7 @@ from sweeper.datasets.analyst_views import (
 from sweeper.datasets.budget_rows import budget_rows
 from sweeper.datasets.files import builtin_description
 from sweeper.datasets.identity import ledger_key_of, owner_of, view_key
-from sweeper.datasets.names import BUILTIN, UPLOAD_PREFIX, in_catalog, is_upload
+from sweeper.datasets.names import BUILTIN, in_catalog, is_upload
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.records import BudgetSummary, SweepBalance
@@ -55,6 +55,8 @@ def _stored_file(row: Dataset) -> dict[str, Any]:
         "input_shape": cfg.get("input_shape"),
         "num_classes": cfg.get("num_classes"),
         "kind_of_data": cfg.get("kind"),
+        # A registered file its owner declared public (usable as eval.dataset).
+        **({} if is_upload(row.name) else {"public": bool(cfg.get("public", False))}),
     }
 
 
@@ -146,12 +148,19 @@ def _budget_summary(engine: Engine, dataset_id: str, viewer: Viewer) -> tuple[Bu
 
 
 def list_datasets(engine: Engine, viewer: Viewer) -> list[dict[str, Any]]:
-    """The built-in sets, then the viewer's uploads (everyone's for admins), newest first,
-    then the datasets of others the viewer is an analyst of (their public description and
-    allowance, no budget: the records' totals include others' spending)."""
+    """The built-in sets, then the viewer's stored files (uploads and registered names;
+    everyone's for admins and local use), newest first, then the datasets of others the
+    viewer is an analyst of (their public description and allowance, no budget: the records'
+    totals include others' spending).
+
+    A registered name is listed to whoever owns it: the operator's (registered without
+    ``--owner``) to admins and local use, a tenant's (``--owner NAME``) to that tenant too.
+    """
     out = [builtin_description(n) for n in BUILTIN]
     with Session(engine) as session:
-        stmt = select(Dataset).where(Dataset.name.like(f"{UPLOAD_PREFIX}%"))
+        # A stored file has a path on the server: uploads and registered names. Names that
+        # sweeps stored (csv:PATH, built-ins) have none and are not datasets of anyone's.
+        stmt = select(Dataset).where(Dataset.storage_path.is_not(None))
         if not (viewer.admin or viewer.owner is None):
             stmt = stmt.where(Dataset.owner == viewer.owner)
         rows = list(session.scalars(stmt.order_by(Dataset.created_at.desc())))

@@ -205,12 +205,20 @@ def _stop_trials(session: Session, sweep: Sweep, final: SweepState) -> dict[str,
     return counts
 
 
-def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
-    """The newest unfinished sweep of exactly this spec, if any."""
+def _owned_by(owner: str | None) -> Any:
+    """The condition that a sweep is ``owner``'s (None: the operator's, made on the command
+    line without ``--owner``)."""
+    return Sweep.owner.is_(None) if owner is None else Sweep.owner == owner
+
+
+def find_resumable(engine: Engine, spec: SweepSpec, *, owner: str | None = None) -> str | None:
+    """The newest unfinished sweep of exactly this spec of ``owner`` (None: the operator's),
+    if any."""
     with Session(engine) as session:
         return session.scalars(
             select(Sweep.id)
             .where(
+                _owned_by(owner),
                 Sweep.spec_hash == spec_hash(spec),
                 Sweep.state.in_([SweepState.pending, SweepState.running]),
             )
@@ -218,8 +226,11 @@ def find_resumable(engine: Engine, spec: SweepSpec) -> str | None:
         ).first()
 
 
-def find_finished(engine: Engine, spec: SweepSpec) -> tuple[str, SweepState] | None:
-    """The newest sweep of exactly this spec, with its state, if it has finished.
+def find_finished(
+    engine: Engine, spec: SweepSpec, *, owner: str | None = None
+) -> tuple[str, SweepState] | None:
+    """The newest sweep of exactly this spec of ``owner`` (None: the operator's), with its
+    state, if it has finished.
 
     ``dpsweep run`` shows such a sweep's results rather than spending the spec's budget again
     (``--new`` starts another). None when the spec has no sweep, or its newest is unfinished.
@@ -227,7 +238,7 @@ def find_finished(engine: Engine, spec: SweepSpec) -> tuple[str, SweepState] | N
     with Session(engine) as session:
         row = session.execute(
             select(Sweep.id, Sweep.state)
-            .where(Sweep.spec_hash == spec_hash(spec))
+            .where(_owned_by(owner), Sweep.spec_hash == spec_hash(spec))
             .order_by(Sweep.created_at.desc(), Sweep.id.desc())
             .limit(1)
         ).first()

@@ -57,6 +57,8 @@ def list_sweeps(engine: Engine, *, limit: int = 100) -> list[dict[str, Any]]:
                 "id": s.id,
                 "name": s.name,
                 "dataset": s.dataset,
+                # None: the operator's (made on the command line without --owner).
+                "owner": s.owner,
                 "state": s.state.value,
                 "created_at": iso(s.created_at),
                 "finished_at": iso(s.finished_at),

@@ -275,18 +275,26 @@ def test_reuploading_the_same_records_keeps_the_cap(engine: Any, tmp_path: Path)
         epsilon_cap=1.0,
     )
     # The same records again, as an NPZ in another order, with a looser cap: one ledger, and
-    # the cap can only tighten.
+    # the cap can only tighten: a looser one is refused, saying whose cap it is, and nothing
+    # is stored.
     npz = tmp_path / "again.npz"
     np.savez(npz, x=x[::-1], y=y[::-1])
-    second = catalog.store_upload(
-        engine,
-        owner="alice",
-        content=npz.read_bytes(),
-        fmt="npz",
-        data_dir=tmp_path,
-        epsilon_cap=100.0,
-    )
+    with pytest.raises(IllegalState, match=f"cap 1.0 of your dataset '{first['id']}'"):
+        catalog.store_upload(
+            engine,
+            owner="alice",
+            content=npz.read_bytes(),
+            fmt="npz",
+            data_dir=tmp_path,
+            epsilon_cap=100.0,
+        )
     viewer = Viewer("alice")
+    listed = catalog.list_datasets(engine, viewer)
+    assert [d["id"] for d in listed if d.get("owner")] == [first["id"]]
+    second = catalog.store_upload(
+        engine, owner="alice", content=npz.read_bytes(), fmt="npz", data_dir=tmp_path
+    )
+    assert second["ledger"]["shared_with"] == [first["id"]] and not second["ledger"]["existing"]
     assert catalog.budget(engine, second["id"], viewer)["epsilon_cap"] == 1.0
     catalog.store_upload(
         engine,

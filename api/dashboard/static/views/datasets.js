@@ -4,7 +4,7 @@ import { datasetAccess } from "./dataset-access.js";
 import { registrySection } from "./registry.js";
 
 /**
- * Built-in and uploaded datasets with their lifetime ε budget, and an upload form; with
+ * Built-in, registered and uploaded datasets with their lifetime ε budget, and an upload form; with
  * ?open=ID, that dataset's grants, analyst policy and audit log (its owner) or allowance and
  * public description (an analyst) above the list.
  */
@@ -36,7 +36,9 @@ export function datasetsView(el) {
     try {
       const d = await api("/datasets", { method: "POST", body: fd });
       msg.replaceChildren(h("div", { class: "info" }, `Stored ${d.name} as `, h("code", {}, d.id),
-        `: ${d.n_examples} examples, ${d.num_classes} classes. Name it in a spec as dataset: {name: ${d.id}}.`));
+        `: ${d.n_examples} examples, ${d.num_classes} classes. Name it in a spec as dataset: {name: ${d.id}}.`,
+        // Records held before: which ledger this upload joined, and what it spent.
+        d.ledger ? h("div", { class: "small", id: "upload-ledger" }, d.ledger.message) : null));
       form.reset();
       load();
     } catch (e) { msg.replaceChildren(errorBox(e)); }
@@ -62,7 +64,7 @@ export function datasetsView(el) {
           ? h("div", { class: "muted small budget-scope", title: "shared by every tenant: your own spending only" }, "yours") : "";
         return h("tr", { "data-dataset": d.id, class: focus === d.id ? "focus" : null },
           h("td", {}, h("strong", {}, d.name), d.id !== d.name ? h("div", { class: "muted small" }, h("code", {}, d.id)) : ""),
-          h("td", {}, d.kind), h("td", {}, d.n_examples ?? "–"), h("td", {}, d.num_classes ?? "–"),
+          h("td", {}, d.kind, ownerNote(d)), h("td", {}, d.n_examples ?? "–"), h("td", {}, d.num_classes ?? "–"),
           h("td", {}, b.epsilon_cap === null ? "uncapped" : num(b.epsilon_cap)),
           h("td", {}, num(b.epsilon_committed), yours), h("td", {}, num(b.epsilon_reserved)),
           h("td", { title: b.scope === "yours" ? "the cap less your own spending: others' may leave less" : null },
@@ -75,6 +77,13 @@ export function datasetsView(el) {
 
   load();
   return () => { alive = false; if (closeDetail) closeDetail(); };
+}
+
+// Whose a stored file is: a tenant's, or the operator's (registered on the command line
+// without --owner: admins see it). Analysts see only their allowance, not the owner.
+function ownerNote(d) {
+  if ((d.kind !== "upload" && d.kind !== "registered") || d.role === "analyst") return "";
+  return h("div", { class: "muted small dataset-owner" }, d.owner ? `owner: ${d.owner}` : "the operator's");
 }
 
 function allowanceCell(a) {
