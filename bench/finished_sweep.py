@@ -135,6 +135,41 @@ class LoadedSweep:
     rows: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class _FinishedRows:
+    """What the runner would have written for the whole sweep, gathered for one insert each."""
+
+    trial_updates: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    points: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    charges: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _TrialRun:
+    """One trial's made-up run: its grid, when it ran, its evaluations and the best of them."""
+
+    tid: str
+    arm: str
+    level: float
+    params: dict[str, Any]
+    grid: dict[str, Any]
+    began: datetime
+    took: float
+    evals: list[int]
+    history: list[dict[str, Any]]
+    best: int
+
+    @property
+    def done_at(self) -> datetime:
+        return self.began + timedelta(seconds=self.took)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return {k: self.history[self.best][k] for k in METRICS}
+
+
 def load_finished_sweep(url: str, trials: int, *, seed: int = 0) -> LoadedSweep:
     """Create a sweep of about ``trials`` trials through the store and finish it in bulk."""
     t0 = time.perf_counter()
@@ -148,174 +183,19 @@ def load_finished_sweep(url: str, trials: int, *, seed: int = 0) -> LoadedSweep:
             sweep = session.get(Sweep, sweep_id)
             assert sweep is not None and sweep.plan is not None
             # The ledger is keyed by the records' identity (sweeps.ledger_key), not the name.
-            dataset, plan = sweep.ledger_key or sweep.dataset, {g["grid"]: g for g in sweep.plan}
-            scheds = schedules(sweep)
-            every = int(sweep.spec["training"]["eval_every"])
-            rows = session.execute(
-                select(Trial.id, Trial.arm, Trial.epsilon_budget, Trial.number, Trial.params)
-                .where(Trial.sweep_id == sweep_id)
-                .order_by(Trial.arm, Trial.epsilon_budget, Trial.number)
-            ).all()
-            n = len(rows)
+            dataset = sweep.ledger_key or sweep.dataset
+            trial_rows = _trials_in_order(session, sweep_id)
+            n = len(trial_rows)
             # Two workers, about 0.6 s a trial, ending a minute ago.
             end = datetime.now(UTC) - timedelta(minutes=1)
             start = end - timedelta(seconds=0.3 * n + 1.0)
-            trial_updates: list[dict[str, Any]] = []
-            results: list[dict[str, Any]] = []
-            points: list[dict[str, Any]] = []
-            evts: list[dict[str, Any]] = [
-                {
-                    "sweep_id": sweep_id,
-                    "kind": events.SWEEP,
-                    "trial_id": None,
-                    "data": {"state": "running"},
-                    "created_at": start,
-                }
-            ]
-            charges: list[dict[str, Any]] = []
-            for i, (tid, arm, level, number, params) in enumerate(rows):
-                g = plan[grid_key(arm, level)]
-                began = start + timedelta(seconds=0.3 * i)
-                took = 0.5 + 0.2 * rng.random()
-                done_at = began + timedelta(seconds=took)
-                steps = int(g["steps_per_trial"])
-                evals = _eval_steps(steps, every)
-                # Better with more budget and a learning rate near 0.3.
-                lr_penalty = 0.08 * math.log10(float(params["lr"]) / 0.3) ** 2
-                quality = 0.55 + 0.4 * (1 - math.exp(-level / 4)) - lr_penalty
-                history = [_fake_eval(rng, quality - 0.1 * (1 - s / steps)) for s in evals]
-                best = max(range(len(evals)), key=lambda j: history[j]["accuracy"])
-                metrics = {k: history[best][k] for k in METRICS}
-                trial_updates.append(
-                    {
-                        "id": tid,
-                        "state": TrialState.done,
-                        "attempts": 1,
-                        "worker": f"bench-{i % 2}",
-                        "pack_id": tid,
-                        "started_at": began,
-                        "finished_at": done_at,
-                        "train_seconds": took - 0.05,
-                        "error": None,
-                    }
-                )
-                results.append(
-                    {
-                        "trial_id": tid,
-                        "metrics": metrics,
-                        "final_metrics": {k: history[-1][k] for k in METRICS},
-                        "epsilon": float(g["epsilon_per_trial"]),
-                        "delta": float(g["delta_per_trial"]),
-                        "accountant": g["accountant"],
-                        "steps": steps,
-                        "best_step": evals[best],
-                        "reliability": history[best]["reliability"],
-                        "trajectories": {
-                            "step": evals,
-                            "lr": [float(params["lr"])] * len(evals),
-                            "clip": [
-                                float(params.get("clip", params.get("clip_init", 1.0)))
-                                * (1 + 0.1 * rng.random())
-                                for _ in evals
-                            ],
-                        },
-                        "step_time_ms_median": 2.5 + rng.random(),
-                        "diverged_at": None,
-                        "objective": metrics["accuracy"],
-                    }
-                )
-                trial = {"trial": tid, "arm": arm, "epsilon_budget": level}
-                evts.append(
-                    {
-                        "sweep_id": sweep_id,
-                        "kind": events.TRIAL,
-                        "trial_id": tid,
-                        "data": trial | {"state": "running", "params": params},
-                        "created_at": began,
-                    }
-                )
-                for j, (s, h) in enumerate(zip(evals, history, strict=True)):
-                    at = began + timedelta(seconds=took * (j + 1) / (len(evals) + 1))
-                    values = {k: h[k] for k in METRICS}
-                    points.extend(
-                        {"trial_id": tid, "step": s, "name": k, "value": v}
-                        for k, v in values.items()
-                    )
-                    evts.append(
-                        {
-                            "sweep_id": sweep_id,
-                            "kind": events.METRIC,
-                            "trial_id": tid,
-                            "data": {"trial": tid, "step": s, "values": values},
-                            "created_at": at,
-                        }
-                    )
-                evts.append(
-                    {
-                        "sweep_id": sweep_id,
-                        "kind": events.TRIAL,
-                        "trial_id": tid,
-                        "data": trial
-                        | {"state": "done", "metrics": metrics, "epsilon": g["epsilon_per_trial"]},
-                        "created_at": done_at,
-                    }
-                )
-                # Each trial was its grid's (number + 1)-th run, charged before it started.
-                run = number + 1
-                eps, dlt = scheds[g["grid"]].charge_for_run(run)
-                charges.append(
-                    {
-                        "dataset": dataset,
-                        "sweep_id": sweep_id,
-                        "trial_id": tid,
-                        "kind": EntryKind.CHARGE,
-                        "epsilon": eps,
-                        "delta": dlt,
-                        "created_at": began,
-                        "note": f"run {run} of grid {g['grid']}",
-                    }
-                )
-            evts.append(
-                {
-                    "sweep_id": sweep_id,
-                    "kind": events.SWEEP,
-                    "trial_id": None,
-                    "data": {"state": "done", "error": None},
-                    "created_at": end,
-                }
-            )
-            session.execute(update(Trial), trial_updates)
-            session.execute(insert(TrialResultRow), results)
-            session.execute(insert(MetricPoint), points)
-            session.execute(insert(SweepEvent), evts)
-            # What BudgetLedger.charge does per trial, in bulk: the dataset's totals move from
-            # reserved to spent (exactly), and one charge entry per trial is recorded.
-            budget = session.scalars(
-                select(DatasetBudget).where(DatasetBudget.dataset == dataset).with_for_update()
-            ).one()
-            spent_e = exact_sum([c["epsilon"] for c in charges])
-            spent_d = exact_sum([c["delta"] for c in charges])
-            budget.epsilon_reserved = EXACT.subtract(budget.epsilon_reserved, spent_e)
-            budget.delta_reserved = EXACT.subtract(budget.delta_reserved, spent_d)
-            budget.epsilon_spent = exact_sum((budget.epsilon_spent, spent_e))
-            budget.delta_spent = exact_sum((budget.delta_spent, spent_d))
-            budget.updated_at = end
-            if min(budget.epsilon_reserved, budget.delta_reserved) < Decimal(0):
-                raise RuntimeError("the charges exceed the sweep's reservation")
-            session.execute(insert(LedgerEntry), charges)
-            # ... and the sweep's running totals (what the next charge or release reads).
-            totals = session.scalars(
-                select(SweepTotals).where(
-                    SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id
-                )
-            ).one()
-            totals.epsilon_charged = exact_sum((totals.epsilon_charged, spent_e))
-            totals.delta_charged = exact_sum((totals.delta_charged, spent_d))
-            sweep.state = SweepState.done
-            sweep.started_at = start
-            sweep.finished_at = end
-            sweep.driver = None
-            sweep.heartbeat_at = end
+            rows = _finished_rows(sweep, dataset, trial_rows, start, end, rng)
+            session.execute(update(Trial), rows.trial_updates)
+            session.execute(insert(TrialResultRow), rows.results)
+            session.execute(insert(MetricPoint), rows.points)
+            session.execute(insert(SweepEvent), rows.events)
+            _charge_in_bulk(session, dataset, sweep_id, rows.charges, end)
+            _mark_done(sweep, start, end)
         ledger.release(dataset, sweep_id=sweep_id, note="sweep finished")
         return LoadedSweep(
             sweep_id,
@@ -323,10 +203,208 @@ def load_finished_sweep(url: str, trials: int, *, seed: int = 0) -> LoadedSweep:
             time.perf_counter() - t0,
             {
                 "trials": n,
-                "metric_points": len(points),
-                "events": len(evts) + 1,  # and create_sweep's "pending"
-                "ledger_entries": len(charges) + 2,  # and the reservation and the release
+                "metric_points": len(rows.points),
+                "events": len(rows.events) + 1,  # and create_sweep's "pending"
+                "ledger_entries": len(rows.charges) + 2,  # and the reservation and the release
             },
         )
     finally:
         engine.dispose()
+
+
+def _trials_in_order(session: Session, sweep_id: str) -> list[tuple[str, str, float, int, Any]]:
+    """The sweep's trials (id, arm, level, number, params), by arm, level and number."""
+    rows = session.execute(
+        select(Trial.id, Trial.arm, Trial.epsilon_budget, Trial.number, Trial.params)
+        .where(Trial.sweep_id == sweep_id)
+        .order_by(Trial.arm, Trial.epsilon_budget, Trial.number)
+    ).all()
+    return [tuple(row) for row in rows]
+
+
+def _finished_rows(
+    sweep: Sweep,
+    dataset: str,
+    trial_rows: list[tuple[str, str, float, int, Any]],
+    start: datetime,
+    end: datetime,
+    rng: random.Random,
+) -> _FinishedRows:
+    """Every trial run one after the other from ``start``, and the sweep's events around them."""
+    assert sweep.plan is not None
+    plan = {g["grid"]: g for g in sweep.plan}
+    scheds = schedules(sweep)
+    every = int(sweep.spec["training"]["eval_every"])
+    rows = _FinishedRows()
+    rows.events.append(_sweep_event(sweep.id, {"state": "running"}, start))
+    for i, (tid, arm, level, number, params) in enumerate(trial_rows):
+        g = plan[grid_key(arm, level)]
+        began = start + timedelta(seconds=0.3 * i)
+        run = _simulate_run(rng, tid, arm, level, params, g, began, every)
+        rows.trial_updates.append(_done_trial(run, worker=f"bench-{i % 2}"))
+        rows.results.append(_result_row(run, rng))
+        _add_trial_events(rows, sweep.id, run)
+        # Each trial was its grid's (number + 1)-th run, charged before it started.
+        eps, dlt = scheds[g["grid"]].charge_for_run(number + 1)
+        rows.charges.append(
+            {
+                "dataset": dataset,
+                "sweep_id": sweep.id,
+                "trial_id": tid,
+                "kind": EntryKind.CHARGE,
+                "epsilon": eps,
+                "delta": dlt,
+                "created_at": began,
+                "note": f"run {number + 1} of grid {g['grid']}",
+            }
+        )
+    rows.events.append(_sweep_event(sweep.id, {"state": "done", "error": None}, end))
+    return rows
+
+
+def _simulate_run(
+    rng: random.Random,
+    tid: str,
+    arm: str,
+    level: float,
+    params: dict[str, Any],
+    grid: dict[str, Any],
+    began: datetime,
+    every: int,
+) -> _TrialRun:
+    """How long the trial took and what each of its evaluations measured."""
+    took = 0.5 + 0.2 * rng.random()
+    steps = int(grid["steps_per_trial"])
+    evals = _eval_steps(steps, every)
+    # Better with more budget and a learning rate near 0.3.
+    lr_penalty = 0.08 * math.log10(float(params["lr"]) / 0.3) ** 2
+    quality = 0.55 + 0.4 * (1 - math.exp(-level / 4)) - lr_penalty
+    history = [_fake_eval(rng, quality - 0.1 * (1 - s / steps)) for s in evals]
+    best = max(range(len(evals)), key=lambda j: history[j]["accuracy"])
+    return _TrialRun(tid, arm, level, params, grid, began, took, evals, history, best)
+
+
+def _done_trial(run: _TrialRun, *, worker: str) -> dict[str, Any]:
+    """The trial row's update: done, in one attempt, as its own pack."""
+    return {
+        "id": run.tid,
+        "state": TrialState.done,
+        "attempts": 1,
+        "worker": worker,
+        "pack_id": run.tid,
+        "started_at": run.began,
+        "finished_at": run.done_at,
+        "train_seconds": run.took - 0.05,
+        "error": None,
+    }
+
+
+def _result_row(run: _TrialRun, rng: random.Random) -> dict[str, Any]:
+    """The trial's result: best-checkpoint and final metrics, privacy spent, trajectories."""
+    g, params, evals = run.grid, run.params, run.evals
+    metrics = run.metrics
+    return {
+        "trial_id": run.tid,
+        "metrics": metrics,
+        "final_metrics": {k: run.history[-1][k] for k in METRICS},
+        "epsilon": float(g["epsilon_per_trial"]),
+        "delta": float(g["delta_per_trial"]),
+        "accountant": g["accountant"],
+        "steps": int(g["steps_per_trial"]),
+        "best_step": evals[run.best],
+        "reliability": run.history[run.best]["reliability"],
+        "trajectories": {
+            "step": evals,
+            "lr": [float(params["lr"])] * len(evals),
+            "clip": [
+                float(params.get("clip", params.get("clip_init", 1.0))) * (1 + 0.1 * rng.random())
+                for _ in evals
+            ],
+        },
+        "step_time_ms_median": 2.5 + rng.random(),
+        "diverged_at": None,
+        "objective": metrics["accuracy"],
+    }
+
+
+def _add_trial_events(rows: _FinishedRows, sweep_id: str, run: _TrialRun) -> None:
+    """The trial's running event, a metric event and points per evaluation, its done event."""
+    tid = run.tid
+    trial = {"trial": tid, "arm": run.arm, "epsilon_budget": run.level}
+    rows.events.append(
+        _trial_event(sweep_id, tid, trial | {"state": "running", "params": run.params}, run.began)
+    )
+    for j, (s, h) in enumerate(zip(run.evals, run.history, strict=True)):
+        at = run.began + timedelta(seconds=run.took * (j + 1) / (len(run.evals) + 1))
+        values = {k: h[k] for k in METRICS}
+        rows.points.extend(
+            {"trial_id": tid, "step": s, "name": k, "value": v} for k, v in values.items()
+        )
+        rows.events.append(
+            {
+                "sweep_id": sweep_id,
+                "kind": events.METRIC,
+                "trial_id": tid,
+                "data": {"trial": tid, "step": s, "values": values},
+                "created_at": at,
+            }
+        )
+    done = {"state": "done", "metrics": run.metrics, "epsilon": run.grid["epsilon_per_trial"]}
+    rows.events.append(_trial_event(sweep_id, tid, trial | done, run.done_at))
+
+
+def _sweep_event(sweep_id: str, data: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {
+        "sweep_id": sweep_id,
+        "kind": events.SWEEP,
+        "trial_id": None,
+        "data": data,
+        "created_at": at,
+    }
+
+
+def _trial_event(sweep_id: str, tid: str, data: dict[str, Any], at: datetime) -> dict[str, Any]:
+    return {
+        "sweep_id": sweep_id,
+        "kind": events.TRIAL,
+        "trial_id": tid,
+        "data": data,
+        "created_at": at,
+    }
+
+
+def _charge_in_bulk(
+    session: Session, dataset: str, sweep_id: str, charges: list[dict[str, Any]], end: datetime
+) -> None:
+    """What ``BudgetLedger.charge`` does per trial, in bulk, in the caller's transaction.
+
+    The dataset's totals move from reserved to spent (exactly), one charge entry per trial is
+    recorded, and the sweep's running totals (what the next charge or release reads) grow.
+    """
+    budget = session.scalars(
+        select(DatasetBudget).where(DatasetBudget.dataset == dataset).with_for_update()
+    ).one()
+    spent_e = exact_sum([c["epsilon"] for c in charges])
+    spent_d = exact_sum([c["delta"] for c in charges])
+    budget.epsilon_reserved = EXACT.subtract(budget.epsilon_reserved, spent_e)
+    budget.delta_reserved = EXACT.subtract(budget.delta_reserved, spent_d)
+    budget.epsilon_spent = exact_sum((budget.epsilon_spent, spent_e))
+    budget.delta_spent = exact_sum((budget.delta_spent, spent_d))
+    budget.updated_at = end
+    if min(budget.epsilon_reserved, budget.delta_reserved) < Decimal(0):
+        raise RuntimeError("the charges exceed the sweep's reservation")
+    session.execute(insert(LedgerEntry), charges)
+    totals = session.scalars(
+        select(SweepTotals).where(SweepTotals.dataset == dataset, SweepTotals.sweep_id == sweep_id)
+    ).one()
+    totals.epsilon_charged = exact_sum((totals.epsilon_charged, spent_e))
+    totals.delta_charged = exact_sum((totals.delta_charged, spent_d))
+
+
+def _mark_done(sweep: Sweep, start: datetime, end: datetime) -> None:
+    """The sweep as the runner leaves it: done, between ``start`` and ``end``, no driver."""
+    sweep.state = SweepState.done
+    sweep.started_at = start
+    sweep.finished_at = end
+    sweep.driver = None
+    sweep.heartbeat_at = end
