@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -184,7 +185,10 @@ def _prepare_and_charge(
     refuses to start unless it is exactly what was charged."""
     from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
     from sweeper.datasets.fixed_view import stored_row  # deferred: SQLAlchemy
-    from sweeper.runs.one_off_charge import charge_training_run  # deferred: DB
+    from sweeper.runs.one_off_charge import (  # deferred: DB
+        charge_training_run,
+        quote_training_run,
+    )
     from sweeper.runs.single_run import check_single_run, prepare_single_run  # deferred: DB
     from workers.datasets.registry import dataset_names  # deferred: numpy
 
@@ -206,9 +210,30 @@ def _prepare_and_charge(
             name = args.dataset
         else:
             name = f"{args.dataset}:{args.data_path}"
-        return prepared, charge_training_run(engine, prepared, dataset=name)
+        quote = quote_training_run(engine, prepared, dataset=name)
+        if quote.needs_confirmation and not _confirmed(args, quote):
+            raise Unconfirmed(
+                f"{quote.describe()}; nothing was charged. Run again with --yes to charge it"
+            )
+        return prepared, charge_training_run(engine, prepared, dataset=name, quote=quote)
     finally:
         engine.dispose()
+
+
+class Unconfirmed(DpsweepError):
+    """A charge on private data that the user did not confirm (nothing was charged)."""
+
+
+def _confirmed(args: argparse.Namespace, quote: Any) -> bool:
+    """``--yes``, or a yes typed at the prompt when stdin is a terminal: a run on private
+    records spends their owner's budget for good, so it is shown first and asked."""
+    if args.yes:
+        print(f"{quote.describe()}: confirmed by --yes", file=sys.stderr)
+        return True
+    if not sys.stdin.isatty():
+        return False
+    answer = input(f"{quote.describe()}. Charge it? [y/N] ")
+    return answer.strip().lower() in {"y", "yes"}
 
 
 def _flag_message(exc: ConfigError) -> str:

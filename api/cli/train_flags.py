@@ -40,6 +40,13 @@ def add_train_parser(sub: Any, *, func: Any) -> None:
         "budget like a one-trial grid, and is refused if the cap would be exceeded",
     )
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    t.add_argument(
+        "-y",
+        "--yes",
+        action="store_true",
+        help="charge the run to a private dataset's budget without asking (the charge is "
+        "shown first; on a terminal without --yes the run asks, elsewhere it is refused)",
+    )
     t.set_defaults(func=func, subparser=t)
 
 

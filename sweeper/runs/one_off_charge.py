@@ -11,13 +11,18 @@ cap and, elsewhere, runs uncharged (the summary says so).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from dpsweep.errors import PrivacyError
 from sweeper.datasets.identity import bind_name, ledger_key_of
+from sweeper.datasets.names import BUILTIN
+from sweeper.datasets.resolution import is_public
+from sweeper.privacy.ledger.amounts import show_amount
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.privacy.release_log import record_run
 from sweeper.runs.single_run import PreparedRun
 from sweeper.store import new_id
@@ -93,8 +98,77 @@ def charge_one_off(engine: Engine, charge: OneOffCharge, *, ledger_key: str | No
     return key
 
 
+def is_public_dataset(engine: Engine, name: str) -> bool:
+    """Whether ``name`` reads public records: a shared set bundled with dpsweep or a plug-in
+    (``digits``, ``synthetic``, ...), or a registered name its owner declared public."""
+    return name in BUILTIN or is_public(engine, name)
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What a one-off run will charge, shown before it is charged (``dpsweep train`` asks to
+    confirm it on private data). The ledger's figures are the owner's own (local use)."""
+
+    dataset: str
+    public: bool  # public records: nothing to confirm
+    epsilon: float | None  # None: a non-private run (nothing charged)
+    delta: float
+    epsilon_spent: Decimal
+    epsilon_left: Decimal | None  # None: no cap
+
+    @property
+    def needs_confirmation(self) -> bool:
+        """A private run on records that are not public spends their owner's budget."""
+        return self.epsilon is not None and not self.public
+
+    def describe(self) -> str:
+        """One line: the charge, on whose budget, and what the cap leaves before and after."""
+        eps = Decimal(repr(self.epsilon or 0.0))
+        line = (
+            f"this run charges ε {show_amount(eps)}, δ {self.delta:g} to the lifetime budget of "
+            f"{self.dataset!r} (spent so far: ε {show_amount(self.epsilon_spent)}"
+        )
+        if self.epsilon_left is None:
+            return line + "; no cap)"
+        after = self.epsilon_left - eps
+        return line + f"; ε left {show_amount(self.epsilon_left)} → {show_amount(after)})"
+
+
+def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -> Quote:
+    """What :func:`charge_training_run` will charge ``prepared``, read-only (nothing is bound,
+    reserved or charged)."""
+    from workers.accounting import compute_epsilon  # deferred: scipy
+
+    if prepared.stored:
+        key = ledger_key_of(engine, dataset)
+    else:
+        # A loader name is bound to its records when charged; its ledger is the records'.
+        key = scoped_identity_key(str(prepared.data.content_sha256), owner=None)
+    summary = BudgetLedger(engine).summary(key)
+    epsilon = None
+    if prepared.noise_multiplier is not None:
+        epsilon = compute_epsilon(
+            noise_multiplier=prepared.noise_multiplier,
+            sample_rate=prepared.sample_rate,
+            steps=prepared.steps,
+            target_delta=prepared.run.delta,
+            accountant=prepared.run.accountant,
+        )
+    # A file read by a loader is never public; a name is when its records are.
+    name = dataset if prepared.stored else prepared.run.dataset.name
+    public = prepared.run.dataset.path is None and is_public_dataset(engine, name)
+    return Quote(
+        dataset=dataset,
+        public=public,
+        epsilon=epsilon,
+        delta=prepared.run.delta,
+        epsilon_spent=summary.epsilon_spent,
+        epsilon_left=summary.remaining.epsilon,
+    )
+
+
 def charge_training_run(
-    engine: Engine, prepared: PreparedRun, *, dataset: str
+    engine: Engine, prepared: PreparedRun, *, dataset: str, quote: Quote | None = None
 ) -> dict[str, Any] | None:
     """Charge a ``dpsweep train`` run; what was charged (None: a non-private run).
 
@@ -102,14 +176,15 @@ def charge_training_run(
         engine: The store.
         prepared: The run, checked and planned (:func:`sweeper.runs.single_run.prepare_single_run`).
         dataset: The dataset's name as the user gave it (``loader:path`` for a file).
+        quote: The quote shown to the user (:func:`quote_training_run`): its epsilon is the
+            one charged (default: computed here the same way).
 
     Raises:
         BudgetExhausted: the dataset's cap cannot cover the run (nothing is charged).
         PrivacyError: a non-private run on a dataset with an epsilon cap.
     """
-    from workers.accounting import compute_epsilon  # deferred: scipy
-
     run = prepared.run
+    quote = quote or quote_training_run(engine, prepared, dataset=dataset)
     charge = OneOffCharge(
         dataset=dataset,
         stored=prepared.stored,
@@ -122,7 +197,7 @@ def charge_training_run(
         note=f"dpsweep train: one {run.strategy} run on {dataset!r}",
         detail={"released": ["model", "metrics"], "strategy": run.strategy},
     )
-    if prepared.noise_multiplier is None:
+    if quote.epsilon is None:
         key = ledger_key_for(engine, charge)
         if BudgetLedger(engine).summary(key).epsilon_cap is not None:
             raise PrivacyError(
@@ -130,19 +205,12 @@ def charge_training_run(
                 "spend without bound; train it with a private strategy"
             )
         return None
-    epsilon = compute_epsilon(
-        noise_multiplier=prepared.noise_multiplier,
-        sample_rate=prepared.sample_rate,
-        steps=prepared.steps,
-        target_delta=run.delta,
-        accountant=run.accountant,
-    )
-    charge = replace(charge, epsilon=epsilon)
+    charge = replace(charge, epsilon=quote.epsilon)
     charge_one_off(engine, charge)
     return {
         "run": f"train_{charge.run_id}",
         "dataset": dataset,
-        "epsilon_charged": epsilon,
+        "epsilon_charged": quote.epsilon,
         "delta_charged": run.delta,
         "covers": "this one training run (a one-trial grid), charged to the dataset's "
         "lifetime budget",

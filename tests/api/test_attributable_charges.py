@@ -100,7 +100,7 @@ def test_every_charge_is_a_budget_row_and_a_release(tmp_path: Path) -> None:
     finally:
         server.stop()
     # The data's owner trains once on the command line, on the same database (local use).
-    p = dpsweep("train", "--dataset", ds, "--epsilon", "0.5", *FAST, db=url)
+    p = dpsweep("train", "--dataset", ds, "--epsilon", "0.5", "--yes", *FAST, db=url)
     assert p.returncode == 0, p.stderr
 
     server = start_server(url, tmp_path, workers=1)

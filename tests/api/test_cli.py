@@ -221,6 +221,41 @@ def test_user_files_train_through_the_cli(tmp_path: Path) -> None:
     assert out["accuracy"] > 0.8 and out["epsilon"] is None
 
 
+def test_a_private_file_is_charged_only_when_confirmed(tmp_path: Path) -> None:
+    """A file's records are private: the run shows its charge and needs --yes (no terminal
+    here to ask on); refused, it charges and binds nothing. A shared set (digits) asks not."""
+    from sqlalchemy import func, select
+    from sqlalchemy.orm import Session
+
+    from sweeper.store import Dataset
+    from sweeper.store.engine import make_engine
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 3))
+    path = tmp_path / "private.csv"
+    path.write_text(
+        "a,b,c,y\n" + "\n".join(",".join(f"{v:.4f}" for v in r) + f",{int(r[0] > 0)}" for r in x)
+    )
+    url = f"sqlite:///{tmp_path / 'confirm.db'}"
+    args = ["--dataset", "csv", "--data-path", str(path), "--label-column", "y"]
+    args += ["--model", "logreg", "--epsilon", "1", "--json", *FAST]
+    p = run(*args, db=url)
+    assert p.returncode == 1 and not p.stdout, p.stderr
+    said = " ".join(p.stderr.split())  # rich wraps lines
+    assert f"to the lifetime budget of 'csv:{path}'" in said and "--yes" in said
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            assert session.scalar(select(func.count()).select_from(Dataset)) == 0
+    finally:
+        engine.dispose()
+    p = run(*args, "--yes", db=url)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["ledger"]["epsilon_charged"] > 0
+    p = run("--dataset", "digits", "--model", "logreg", "--epsilon", "1", "--json", *FAST, db=url)
+    assert p.returncode == 0 and "confirmed" not in p.stderr, p.stderr
+
+
 def test_train_charges_the_ledger_and_respects_the_cap(tmp_path: Path) -> None:
     from sweeper.datasets.identity import ledger_key_of
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger

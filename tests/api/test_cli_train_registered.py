@@ -63,8 +63,25 @@ def test_train_by_registered_name_uses_the_owners_view_and_its_ledger(tmp_path: 
                 db=db)  # fmt: skip
     assert p.returncode == 0, p.stderr
 
+    # A private dataset's budget is spent for good: without --yes (and no terminal to ask on)
+    # the run shows its charge and is refused, charging and binding nothing.
     p = dpsweep("train", "--dataset", "clinic", "--epsilon", "1", "--json", *FAST, db=db)
+    assert p.returncode == 1 and not p.stdout, p.stderr
+    said = " ".join(p.stderr.split())  # rich wraps lines
+    assert "this run charges ε" in said and "to the lifetime budget of 'clinic'" in said
+    assert "spent so far: ε 0" in said and "nothing was charged" in said
+    assert "--yes" in said
+    probe = make_engine(db)
+    try:
+        assert float(BudgetLedger(probe).summary(ledger_key_of(probe, "clinic")).epsilon_spent) == 0
+        with Session(probe) as session:
+            assert [d.name for d in session.scalars(select(Dataset)).all()] == ["clinic"]
+    finally:
+        probe.dispose()
+
+    p = dpsweep("train", "--dataset", "clinic", "--epsilon", "1", "--json", "--yes", *FAST, db=db)
     assert p.returncode == 0, p.stderr
+    assert "confirmed by --yes" in p.stderr
     out = json.loads(p.stdout)
     # n_train as a sweep's plan takes it: 400 declared - round(400 * 0.25) held out = 300.
     assert out["sample_rate"] == pytest.approx(32 / 300)
@@ -140,7 +157,7 @@ def test_train_by_registered_name_uses_the_owners_view_and_its_ledger(tmp_path: 
         # (the sweep holds a reservation of 1: a cap of what is used plus 0.5 fits no run)
         used = ledger.summary(key)
         ledger.set_cap(key, epsilon_cap=float(used.epsilon_spent + used.epsilon_reserved) + 0.5)
-        p = dpsweep("train", "--dataset", "clinic", "--epsilon", "1", *FAST, db=db)
+        p = dpsweep("train", "--dataset", "clinic", "--epsilon", "1", "--yes", *FAST, db=db)
         assert p.returncode == 1 and "cap" in p.stderr, p.stderr
         assert float(ledger.summary(key).epsilon_spent) == charged
         assert len(ledger.entries(key)) == entries

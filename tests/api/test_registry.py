@@ -142,7 +142,7 @@ def test_cli_train_trains_a_local_factory_model_on_a_factory_dataset(
     out = _dpsweep(
         site,
         *("train", "--model", model, "--dataset", dataset, "--epsilon", "4", "--delta", "1e-3"),
-        *("--epochs", "3", "--batch-size", "32", "--lr", "1.0", "--json"),
+        *("--epochs", "3", "--batch-size", "32", "--lr", "1.0", "--json", "--yes"),
         *("--db", f"sqlite:///{tmp_path / 'train.db'}"),
         cwd=tmp_path,
     )
