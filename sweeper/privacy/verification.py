@@ -166,14 +166,7 @@ def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
                 "shape, so its epsilon cannot be verified; plan refused"
             )
         bounds = audit.papernot_steinke_bounds(
-            noise_multiplier=run.sigma,
-            sample_rate=run.sample_rate,
-            steps=run.steps,
-            mean_trials=float(k),
-            shape=float(plan.distribution_shape),
-            target_delta=run.delta,
-            eval_noise_multiplier=sigma_e,
-            eval_releases=releases,
+            run, mean_trials=float(k), shape=float(plan.distribution_shape)
         )
         return bounds, "independent RDP, Papernot & Steinke 2022"
     raise PrivacyError(f"arm {plan.arm!r}: no verifier for accounting {plan.accounting!r}")

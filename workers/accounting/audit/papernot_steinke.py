@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import ConfigError
 from workers.accounting.audit.bounds import EpsilonBounds, _check_mechanism, _eval_pair
 from workers.accounting.audit.rdp import (
@@ -172,25 +173,19 @@ RDP_AGREEMENT = 0.02
 
 
 def papernot_steinke_bounds(
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    mean_trials: float,
-    shape: float,
-    target_delta: float,
-    eval_noise_multiplier: float | None = None,
-    eval_releases: int = 0,
+    run: AccountingInputs, *, mean_trials: float, shape: float
 ) -> EpsilonBounds:
-    """:func:`papernot_steinke_epsilon` with the agreement tolerance as its error bars."""
+    """:func:`papernot_steinke_epsilon` of a search repeating ``run`` (its sigma, q, T, delta
+    and E evaluations; its accountant is not read: this is the independent one), with the
+    agreement tolerance as its error bars."""
     eps = papernot_steinke_epsilon(
-        noise_multiplier=noise_multiplier,
-        sample_rate=sample_rate,
-        steps=steps,
+        noise_multiplier=run.sigma,
+        sample_rate=run.sample_rate,
+        steps=run.steps,
         mean_trials=mean_trials,
         shape=shape,
-        target_delta=target_delta,
-        eval_noise_multiplier=eval_noise_multiplier,
-        eval_releases=eval_releases,
+        target_delta=run.delta,
+        eval_noise_multiplier=run.eval_noise_multiplier,
+        eval_releases=run.evaluations,
     )
     return EpsilonBounds(eps * (1 - RDP_AGREEMENT), eps, eps * (1 + RDP_AGREEMENT), RDP_SOURCE)
