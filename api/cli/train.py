@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -45,7 +49,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     run = _single_run(args, usage, params)
     err = Console(stderr=True)
     try:
-        prepared, charge = _prepare_and_charge(args, usage, run, stored=stored)
+        prepared, charge, name = _prepare_and_charge(args, usage, run, stored=stored)
     except ConfigError as exc:
         usage(_flag_message(exc))
     except DpsweepError as exc:
@@ -55,6 +59,11 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     result = _run_with_progress(prepared.pack, prepared.data, show_bar=show_bar, console=err)
     summary = result.summary()
     summary["ledger"] = charge
+    if args.output is not None:
+        kept = _keep_model(Path(args.output), prepared, result, summary, charge, name)
+        if kept is None:
+            return EXIT_FAILURE
+        summary["kept"] = kept
     if args.json:
         summary.pop("reliability", None)
         summary.update(
@@ -179,7 +188,7 @@ def _single_run(
 
 def _prepare_and_charge(
     args: argparse.Namespace, usage: Callable[[str], NoReturn], run: Any, *, stored: bool
-) -> tuple[Any, dict[str, Any] | None]:
+) -> tuple[Any, dict[str, Any] | None, str]:
     """Check, admit, load and plan the run, then charge it to its dataset's ledger in
     ``--db``: everything that can be refused is checked before the charge, and the worker
     refuses to start unless it is exactly what was charged."""
@@ -201,10 +210,12 @@ def _prepare_and_charge(
                 "or a name registered with `dpsweep datasets register` in --db (`dpsweep "
                 "datasets list` lists them)"
             )
+        if args.output is not None:
+            _check_output(Path(args.output), usage)
         # Local use: the owner's view of a stored dataset.
         prepared = prepare_single_run(
             engine, run, Viewer(None), params=params, device=args.device,
-            threads=args.threads, name="dpsweep-train",
+            threads=args.threads, name="dpsweep-train", keep_weights=args.output is not None,
         )  # fmt: skip
         if stored or args.data_path is None:
             name = args.dataset
@@ -215,7 +226,7 @@ def _prepare_and_charge(
             raise Unconfirmed(
                 f"{quote.describe()}; nothing was charged. Run again with --yes to charge it"
             )
-        return prepared, charge_training_run(engine, prepared, dataset=name, quote=quote)
+        return prepared, charge_training_run(engine, prepared, dataset=name, quote=quote), name
     finally:
         engine.dispose()
 
@@ -234,6 +245,56 @@ def _confirmed(args: argparse.Namespace, quote: Any) -> bool:
         return False
     answer = input(f"{quote.describe()}. Charge it? [y/N] ")
     return answer.strip().lower() in {"y", "yes"}
+
+
+def _check_output(out: Path, usage: Callable[[str], NoReturn]) -> None:
+    """Refuse an output folder that cannot be written before anything is charged: the model
+    of a charged run must not be lost to a typo."""
+    if out.exists() and not out.is_dir():
+        usage(f"--output {str(out)!r} is a file; give a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        usage(f"--output {str(out)!r} cannot be created: {exc.strerror or exc}")
+    if not os.access(out, os.W_OK):
+        usage(f"--output {str(out)!r} is not writable")
+
+
+def _keep_model(
+    out: Path,
+    prepared: Any,
+    result: Any,
+    summary: dict[str, Any],
+    charge: dict[str, Any] | None,
+    dataset: str,
+) -> dict[str, Any] | None:
+    """Write the run's best checkpoint, its card and README into ``out`` (the files of
+    ``dpsweep model -o``); the paths written (None: no checkpoint to keep, said on stderr)."""
+    from api.cli.models import CARD_FILE, MODEL_FILE, README_FILE, _write  # deferred: rich
+    from sweeper.artifacts.cards import card_bytes  # deferred: SQLAlchemy
+    from sweeper.artifacts.run_card import render_run_card_markdown, training_run_card
+
+    if result.weights is None:
+        Console(stderr=True).print(
+            "[red]error:[/red] the run has no best checkpoint to keep (it never evaluated); "
+            "nothing was written"
+        )
+        return None
+    card = training_run_card(
+        prepared,
+        summary,
+        dataset=dataset,
+        charge=charge,
+        model=result.model_info,
+        weights_sha256=hashlib.sha256(result.weights).hexdigest(),
+        weights_size_bytes=len(result.weights),
+    )
+    files = {
+        MODEL_FILE: result.weights,
+        CARD_FILE: card_bytes(card),
+        README_FILE: render_run_card_markdown(card).encode("utf-8"),
+    }
+    return {name: str(_write(out / name, data)[0]) for name, data in files.items()}
 
 
 def _flag_message(exc: ConfigError) -> str:
@@ -335,3 +396,5 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
         console.print("not private: nothing could be charged to the dataset's ledger")
     if s.get("warning"):
         console.print(f"[bold yellow]warning:[/bold yellow] {s['warning']}")
+    for path in (s.get("kept") or {}).values():
+        console.print(f"wrote {escape(path)}", soft_wrap=True)

@@ -41,6 +41,14 @@ def add_train_parser(sub: Any, *, func: Any) -> None:
     )
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument(
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="keep the model: write DIR/model.safetensors, DIR/card.json (its ε, what it "
+        "covers, the input scaling, the split and metrics) and DIR/README.md, as `dpsweep "
+        "model` does for a sweep's kept model",
+    )
+    t.add_argument(
         "-y",
         "--yes",
         action="store_true",

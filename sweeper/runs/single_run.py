@@ -225,6 +225,7 @@ def prepare_single_run(
     device: str = "cpu",
     threads: int = 1,
     name: str = "dpsweep-run",
+    keep_weights: bool = False,
 ) -> PreparedRun:
     """Admit, load, check and plan ``run`` (see the module docstring), charging nothing.
 
@@ -237,6 +238,7 @@ def prepare_single_run(
         device: Where the worker trains.
         threads: The worker's torch threads.
         name: The one-arm spec's name (what the run is, in messages).
+        keep_weights: Hand back each trial's best checkpoint (``dpsweep train -o``).
 
     Raises:
         ConfigError: a refused setting (naming the request's field), an unknown dataset, a
@@ -271,6 +273,7 @@ def prepare_single_run(
     check_delta_below_one_over_n(run.delta, int(data.planning_n_private), field="delta")
     sigma = _noise_multiplier(run, q, steps)
     pack = _pack(run, spec, params, dataset_spec, data, q, steps, sigma, device, threads)
+    pack.keep_weights = keep_weights
     return PreparedRun(
         run=run,
         spec=spec,
