@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -69,6 +69,42 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
             ``public``, evaluation labels that are not training classes; a record whose label
             is not one of the declared classes.
     """
+    _check_settings(spec)
+    spec = with_declarations(spec)
+    raw = DATASETS[spec.name](spec)
+    _check_finite(raw, spec)
+    # The identity is taken from the records as parsed, before the split and the scaling:
+    # those depend on the spec (seed, fraction, bounds), the records do not.
+    identity = content_sha256(raw)
+    labels = _encode_labels(raw, spec)
+    x = _with_channel_axis(raw.kind, raw.x)
+    x_fit, y_fit, x_eval, y_eval = _training_and_evaluation(spec, raw, x, labels)
+    x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)
+    return Dataset(
+        name=spec.name,
+        kind=raw.kind,
+        x_train=x_train,
+        y_train=y_fit.astype(np.int64),
+        x_test=x_test,
+        y_test=y_eval.astype(np.int64),
+        num_classes=len(labels.classes),
+        classes=labels.classes,
+        input_scaling=scaling,
+        content_sha256=identity,
+        evaluation=spec.evaluation,
+        vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
+        declared_classes=labels.declared,
+        declared_size=spec.declared_size,
+        test_fraction=spec.test_fraction,
+    )
+
+
+def _check_settings(spec: DatasetSpec) -> None:
+    """The spec's loader, test fraction and evaluation mode (with its evaluation dataset).
+
+    Raises:
+        ConfigError: what is wrong, and what is allowed.
+    """
     if not has_loader(spec.name):
         raise ConfigError(
             f"unknown dataset {spec.name!r}; choose one of: {', '.join(dataset_names())}",
@@ -95,12 +131,26 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
             f"an evaluation dataset applies to eval mode public only, not {mode}",
             field="eval.dataset",
         )
-    spec = with_declarations(spec)
-    raw = DATASETS[spec.name](spec)
-    _check_finite(raw, spec)
-    # The identity is taken from the records as parsed, before the split and the scaling:
-    # those depend on the spec (seed, fraction, bounds), the records do not.
-    identity = content_sha256(raw)
+
+
+@dataclass(frozen=True)
+class _Labels:
+    """The records' labels encoded: the class names, canonical label to class index, each
+    record's class index, and the class list the dataset declares (or the records' own)."""
+
+    classes: list[str]
+    index: dict[bytes, int]
+    y: np.ndarray
+    declared: tuple[str, ...]
+
+
+def _encode_labels(raw: RawData, spec: DatasetSpec) -> _Labels:
+    """Each record's class index: by the declared class list when there is one (module
+    docstring), else by the records' sorted distinct labels.
+
+    Raises:
+        DatasetError: fewer than two classes; a record whose label is not declared.
+    """
     labels, inverse = np.unique(raw.y, return_inverse=True)
     inverse = inverse.reshape(-1)
     if spec.classes is None:
@@ -125,42 +175,41 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         raise DatasetError(
             f"dataset {spec.name!r} ({spec.path or 'built-in'}) {declares} fewer than two classes"
         )
-    x = raw.x
-    if raw.kind == "image" and x.ndim == 3:
-        x = x[:, None, :, :]  # add the channel axis
-    if mode == "public":
+    return _Labels(classes, index, y, declared)
+
+
+def _with_channel_axis(kind: str, x: np.ndarray) -> np.ndarray:
+    """Images of one channel stored as ``[N, H, W]`` as ``[N, 1, H, W]``; others as they are."""
+    if kind == "image" and x.ndim == 3:
+        return x[:, None, :, :]  # add the channel axis
+    return x
+
+
+def _training_and_evaluation(
+    spec: DatasetSpec, raw: RawData, x: np.ndarray, labels: _Labels
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Training inputs and labels, then evaluation inputs and labels, by ``spec.evaluation``:
+    every record and the public evaluation dataset's, a keyed split (``dp``), or a seeded
+    stratified one (``carve-out``)."""
+    y = labels.y
+    if spec.evaluation == "public":
         assert spec.eval_dataset is not None
-        x_fit, y_fit = x, y
         x_eval, y_eval = _public_eval_records(
-            spec.eval_dataset, raw, x, index, len(classes), bounds=spec.input_bounds is not None
+            spec.eval_dataset,
+            raw,
+            x,
+            labels.index,
+            len(labels.classes),
+            bounds=spec.input_bounds is not None,
         )
+        return x, y, x_eval, y_eval
+    if spec.evaluation == "dp":
+        train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
     else:
-        if mode == "dp":
-            train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
-        else:
-            train_idx, test_idx = _split(
-                len(x), y, spec.test_fraction, spec.split_seed, scope=str(spec.path or spec.name)
-            )
-        x_fit, y_fit = x[train_idx], y[train_idx]
-        x_eval, y_eval = x[test_idx], y[test_idx]
-    x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)
-    return Dataset(
-        name=spec.name,
-        kind=raw.kind,
-        x_train=x_train,
-        y_train=y_fit.astype(np.int64),
-        x_test=x_test,
-        y_test=y_eval.astype(np.int64),
-        num_classes=len(classes),
-        classes=classes,
-        input_scaling=scaling,
-        content_sha256=identity,
-        evaluation=mode,
-        vocab_size=raw.vocab_size if raw.kind == "tokens" else None,
-        declared_classes=declared,
-        declared_size=spec.declared_size,
-        test_fraction=spec.test_fraction,
-    )
+        train_idx, test_idx = _split(
+            len(x), y, spec.test_fraction, spec.split_seed, scope=str(spec.path or spec.name)
+        )
+    return x[train_idx], y[train_idx], x[test_idx], y[test_idx]
 
 
 def with_declarations(spec: DatasetSpec) -> DatasetSpec:
@@ -202,6 +251,20 @@ def _public_eval_records(
         DatasetError: a missing or malformed file, NaN / inf, no records, or labels that are
             not training classes.
     """
+    pub, where = _read_public_eval(eval_spec)
+    x_pub = _with_channel_axis(pub.kind, pub.x)
+    _check_same_input(pub, raw, x_pub, x, bounds=bounds)
+    return x_pub, _public_eval_labels(pub, index, n_classes, where)
+
+
+def _read_public_eval(eval_spec: DatasetSpec) -> tuple[RawData, str]:
+    """The public evaluation dataset's records, checked finite and not empty, and where they
+    are (for messages).
+
+    Raises:
+        ConfigError: an unknown loader.
+        DatasetError: a missing or malformed file, NaN / inf, or no records.
+    """
     if not has_loader(eval_spec.name):
         raise ConfigError(
             f"unknown loader {eval_spec.name!r} for the evaluation dataset; choose one of: "
@@ -213,6 +276,18 @@ def _public_eval_records(
     _check_finite(pub, eval_spec)
     if len(pub.x) < 1:
         raise DatasetError(f"evaluation dataset {where}: no records")
+    return pub, where
+
+
+def _check_same_input(
+    pub: RawData, raw: RawData, x_pub: np.ndarray, x: np.ndarray, *, bounds: bool
+) -> None:
+    """The evaluation records are the model's input as the training records are: same kind,
+    tokenization, input shape, and pixel format unless declared ``bounds`` scale both.
+
+    Raises:
+        ConfigError: another kind, tokenization, input shape or pixel format.
+    """
     if pub.kind != raw.kind:
         raise ConfigError(
             f"the evaluation dataset holds {pub.kind} records but the training dataset "
@@ -226,9 +301,6 @@ def _public_eval_records(
             "max_length than the training dataset; tokenize both with the same options",
             field="eval.dataset",
         )
-    x_pub = pub.x
-    if pub.kind == "image" and x_pub.ndim == 3:
-        x_pub = x_pub[:, None, :, :]
     if x_pub.shape[1:] != x.shape[1:]:
         raise ConfigError(
             f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
@@ -249,6 +321,16 @@ def _public_eval_records(
             "uint8), or declare dataset.input_bounds",
             field="eval.dataset",
         )
+
+
+def _public_eval_labels(
+    pub: RawData, index: dict[bytes, int], n_classes: int, where: str
+) -> np.ndarray:
+    """The evaluation records' labels as training class indices.
+
+    Raises:
+        DatasetError: labels that are not training classes (naming neither).
+    """
     # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one class.
     mapped = [index.get(c, -1) for c in _canonical_labels(pub.y)]
     y_pub = np.asarray(mapped, dtype=np.int64)
@@ -262,7 +344,7 @@ def _public_eval_records(
             "evaluation records with the training dataset's label values (same spelling), or "
             "drop records of other classes"
         )
-    return x_pub, y_pub
+    return y_pub
 
 
 def class_names(labels: np.ndarray) -> tuple[str, ...]:
