@@ -137,21 +137,80 @@ def polar_rows(
     ws = ws if ws is not None else Workspace()
     jit = jit_kernels()
     if jit is not None:
-        # The compiled path never writes into the words, so keep_words holds as it is.
-        rnd = accepted_pairs(jit, streams, n, ws)
-        f = ws.get("f", ((n + 1) // 2 + 1,), np.float64)
-        jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, rnd.full_rows, n, out, f)
-        for r in rnd.short_rows:
-            c = int(rnd.counts[r])
-            jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, np.array([r]), 2 * c, out, f)
-        # A short row (rare) continues from its own stream, in fresh buffers: the other rows'
-        # words and accepted pairs stay as they were.
-        for r in rnd.short_rows:
-            c = int(rnd.counts[r])
-            polar_rows([streams[r]], n - 2 * c, out[r : r + 1, 2 * c : n], keep_words=keep_words)
-        return out
+        _compiled_rows(jit, streams, n, out, ws, keep_words)
+    else:
+        _numpy_rows(streams, n, out, ws, keep_words)
+    return out
+
+
+def _compiled_rows(
+    jit: ModuleType,
+    streams: Sequence[WordSource],
+    n: int,
+    out: np.ndarray,
+    ws: Workspace,
+    keep_words: bool,
+) -> None:
+    """:func:`polar_rows` through the compiled kernels: one round, then any short row alone."""
+    # The compiled path never writes into the words, so keep_words holds as it is.
+    rnd = accepted_pairs(jit, streams, n, ws)
+    f = ws.get("f", ((n + 1) // 2 + 1,), np.float64)
+    jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, rnd.full_rows, n, out, f)
+    for r in rnd.short_rows:
+        c = int(rnd.counts[r])
+        jit.finish(rnd.us, rnd.vs, rnd.ss, rnd.logs, np.array([r]), 2 * c, out, f)
+    # A short row (rare) continues from its own stream, in fresh buffers: the other rows'
+    # words and accepted pairs stay as they were.
+    for r in rnd.short_rows:
+        c = int(rnd.counts[r])
+        polar_rows([streams[r]], n - 2 * c, out[r : r + 1, 2 * c : n], keep_words=keep_words)
+
+
+def _numpy_rows(
+    streams: Sequence[WordSource],
+    n: int,
+    out: np.ndarray,
+    ws: Workspace,
+    keep_words: bool,
+) -> None:
+    """:func:`polar_rows` in numpy: one round of uniforms, its accepted pairs selected in
+    stream order, the draws written; a row short of pairs continues from its own stream."""
+    k = len(streams)
     pairs = (n + 1) // 2
     m = candidates(pairs)
+    w, uv = _round_uniforms(streams, m, ws, keep_words)
+    s, keep, bounds = _accepted(uv, m, ws)
+    counts = np.diff(bounds)
+    full = bool((counts >= pairs).all())
+    if k == 1:
+        got = min(pairs, len(keep))
+        sel = keep[:got].reshape(1, got)
+    elif not full:
+        for r in range(k):
+            row_keep = keep[bounds[r] : bounds[r + 1]] - r * m
+            _row(streams[r], n, out[r : r + 1], row_keep, uv[r], keep_words)
+        return
+    else:
+        got = pairs
+        sel = ws.get("sel", (k, pairs), np.int64)
+        np.add(bounds[:-1, None], np.arange(pairs), out=sel)
+        np.take(keep, sel, out=sel, mode="clip")
+    _write_draws(w, s, sel, m, got, n, out, ws)
+    if not full:  # one stream (k == 1) short of pairs: continue from its own stream
+        # With keep_words in fresh buffers (rare), so this round's words stay as they were read.
+        more = Workspace() if keep_words else ws
+        polar_rows(streams, n - 2 * got, out[:, 2 * got : n], more, keep_words=keep_words)
+
+
+def _round_uniforms(
+    streams: Sequence[WordSource], m: int, ws: Workspace, keep_words: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read ``2m`` words per stream and map them to uniforms on (-1, 1), ``u`` then ``v``.
+
+    Returns the padded ``[K, 2m + 2]`` word buffer the uniforms were written into (viewed as
+    float64 they are the uniforms) and the ``[K, 2m]`` uniforms themselves.
+    """
+    k = len(streams)
     # Two spare words per row: room for a cipher block more than the input, as update_into
     # documents for ciphers (CTR writes exactly the input's length).
     raw = ws.get("raw", (k, 2 * m + 2), np.uint64)
@@ -169,6 +228,13 @@ def polar_rows(
     uv = bits.view(np.float64)
     uv *= 2.0
     uv -= 3.0
+    return w, uv
+
+
+def _accepted(uv: np.ndarray, m: int, ws: Workspace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The round's ``s = u^2 + v^2`` (``[K, m]``), the flat indices of its accepted pairs
+    (``s < 1``) in stream order per row, and where each row's indices begin (``K + 1``)."""
+    k = uv.shape[0]
     u, v = uv[:, :m], uv[:, m:]
     s = ws.get("s", (k, m), np.float64)
     t = ws.get("t", (k, m), np.float64)
@@ -179,23 +245,26 @@ def polar_rows(
     np.less(s, 1.0, out=ok)
     keep = np.flatnonzero(ok)  # flat indices into [k, m], row-major: stream order per row
     bounds = np.searchsorted(keep, np.arange(k + 1) * m)
-    counts = np.diff(bounds)
-    full = bool((counts >= pairs).all())
-    if k == 1:
-        got = min(pairs, len(keep))
-        sel = keep[:got].reshape(1, got)
-    elif not full:
-        for r in range(k):
-            row_keep = keep[bounds[r] : bounds[r + 1]] - r * m
-            _row(streams[r], n, out[r : r + 1], row_keep, uv[r], keep_words)
-        return out
-    else:
-        got = pairs
-        sel = ws.get("sel", (k, pairs), np.int64)
-        np.add(bounds[:-1, None], np.arange(pairs), out=sel)
-        np.take(keep, sel, out=sel, mode="clip")
-    # The temporaries below reuse the buffers of s and t once they are spent: fresh arrays of
-    # this size cost page faults, and a small footprint stays in cache.
+    return s, keep, bounds
+
+
+def _write_draws(
+    w: np.ndarray,
+    s: np.ndarray,
+    sel: np.ndarray,
+    m: int,
+    got: int,
+    n: int,
+    out: np.ndarray,
+    ws: Workspace,
+) -> None:
+    """``out[:, :2 got]`` <- ``u f, v f`` of the ``got`` selected pairs per row (``sel``: flat
+    indices into ``s``, overwritten), ``f = sqrt(-2 ln s / s)``; a trailing odd draw unused."""
+    k = len(sel)
+    pairs = (n + 1) // 2
+    # The temporaries below reuse the buffers of s and t (:func:`_accepted`) once they are
+    # spent: fresh arrays of this size cost page faults, and a small footprint stays in cache.
+    t = ws.get("t", (k, m), np.float64)
     ss = t.reshape(-1)[: k * got].reshape(k, got)
     np.take(s, sel, out=ss, mode="clip")
     f = s.reshape(-1)[: k * got].reshape(k, got)
@@ -215,11 +284,6 @@ def polar_rows(
     ui += m
     np.take(flat, ui, out=ss, mode="clip")
     np.multiply(ss[:, :lo], f[:, :lo], out=out[:, 1 : 2 * lo : 2])
-    if not full:  # one stream (k == 1) short of pairs: continue from its own stream
-        # With keep_words in fresh buffers (rare), so this round's words stay as they were read.
-        more = Workspace() if keep_words else ws
-        polar_rows(streams, n - 2 * got, out[:, 2 * got : n], more, keep_words=keep_words)
-    return out
 
 
 def polar_snap_rows(
