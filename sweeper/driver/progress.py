@@ -151,7 +151,9 @@ class Progress:
                 else None
             )
             eta = eta if remaining else 0.0
-            message = self.last_event
+            # Once nothing is left the last pack's event ("finished 1 trial(s) of fixed")
+            # would read as the whole sweep's: say what ended instead.
+            message = self.last_event if remaining else _ended(self.counts)
         self.on_progress(
             Snapshot(
                 counts=dict(self.counts),
@@ -165,6 +167,15 @@ class Progress:
                 searching=searching,
             )
         )
+
+
+def _ended(counts: dict[str, int]) -> str:
+    """The line of a sweep with no trial left to run: how many ended in each state."""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    parts = [f"{n} {state}" for state, n in sorted(counts.items()) if n]
+    return f"all {total} trial(s) ended: " + ", ".join(parts)
 
 
 def run_outcome(engine: Engine, sweep_id: str) -> RunOutcome:

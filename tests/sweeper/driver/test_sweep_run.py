@@ -112,6 +112,8 @@ def test_end_to_end_on_local_ray(local_ray: Any, engine: Any) -> None:
     out = run_sweep(engine, sid, on_progress=snaps.append)
     assert out.state == "done" and out.counts == {"done": 6}
     assert snaps and snaps[-1].counts["done"] == 6
+    # The last line is the sweep's end, not the last pack's "finished 1 trial(s) of ...".
+    assert snaps[-1].last_event == "all 6 trial(s) ended: 6 done"
     _check_books(engine, sid)
     with Session(engine) as s:
         sweep = s.get(Sweep, sid)
