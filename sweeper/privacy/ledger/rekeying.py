@@ -13,7 +13,7 @@ from sweeper.privacy.ledger.amounts import add_exact, stricter_cap
 from sweeper.privacy.ledger.core import LedgerCore
 from sweeper.privacy.ledger.keys import checked_key, checked_note
 from sweeper.privacy.ledger.records import BudgetSummary, CarriedOver, summary_of
-from sweeper.privacy.ledger.rows import LedgerEntry, SweepTotals, utcnow
+from sweeper.privacy.ledger.rows import DatasetBudget, LedgerEntry, SweepTotals, utcnow
 from sweeper.privacy.ledger.statements import TOTAL_AMOUNTS
 
 __all__ = ["KeyMoves"]
@@ -71,44 +71,11 @@ class KeyMoves(LedgerCore):
                 return None
             new = rows[target] or self._lock_budget(session, target, create=True)
             assert new is not None
-            clamped = False
-            for name in ("epsilon", "delta"):
-                spent = add_exact(getattr(new, f"{name}_spent"), getattr(old, f"{name}_spent"))
-                reserved = add_exact(
-                    getattr(new, f"{name}_reserved"), getattr(old, f"{name}_reserved")
-                )
-                cap = stricter_cap(getattr(new, f"{name}_cap"), getattr(old, f"{name}_cap"))
-                committed = add_exact(spent, reserved)
-                if cap is not None and committed > cap:
-                    cap, clamped = committed, True
-                setattr(new, f"{name}_spent", spent)
-                setattr(new, f"{name}_reserved", reserved)
-                setattr(new, f"{name}_cap", cap)
+            clamped = _add_budget(new, old)
             new.updated_at = utcnow()
             session.flush()  # the target row exists before entries point at it (foreign key)
-            moved = session.execute(
-                update(LedgerEntry)
-                .where(LedgerEntry.dataset == source)
-                .values(dataset=target, note=LedgerEntry.note + note)
-                .execution_options(synchronize_session=False)
-            ).rowcount  # type: ignore[attr-defined]
-            # The sweeps' running totals follow their entries (merged with the target's own
-            # totals for a sweep that, unusually, has entries under both keys).
-            for totals in session.scalars(
-                select(SweepTotals).where(SweepTotals.dataset == source)
-            ).all():
-                there = session.scalars(
-                    select(SweepTotals).where(
-                        SweepTotals.dataset == target, SweepTotals.sweep_id == totals.sweep_id
-                    )
-                ).one_or_none()
-                if there is None:
-                    totals.dataset = target
-                    continue
-                for field in TOTAL_AMOUNTS:
-                    setattr(there, field, add_exact(getattr(there, field), getattr(totals, field)))
-                there.reservations = there.reservations + totals.reservations
-                session.delete(totals)
+            moved = _move_entries(session, source, target, note)
+            _move_sweep_totals(session, source, target)
             session.flush()
             moved_totals = (
                 old.epsilon_spent,
@@ -163,3 +130,52 @@ class KeyMoves(LedgerCore):
             new.updated_at = utcnow()
             self._check_totals(new)
             return summary_of(new)
+
+
+def _add_budget(new: DatasetBudget, old: DatasetBudget) -> bool:
+    """Add ``old``'s spent and reserved amounts to ``new``'s, and give ``new`` the stricter of
+    the two caps (per quantity; no cap counts as the loosest). A cap below what the two have
+    committed together becomes that total; returns whether any cap was so clamped."""
+    clamped = False
+    for name in ("epsilon", "delta"):
+        spent = add_exact(getattr(new, f"{name}_spent"), getattr(old, f"{name}_spent"))
+        reserved = add_exact(getattr(new, f"{name}_reserved"), getattr(old, f"{name}_reserved"))
+        cap = stricter_cap(getattr(new, f"{name}_cap"), getattr(old, f"{name}_cap"))
+        committed = add_exact(spent, reserved)
+        if cap is not None and committed > cap:
+            cap, clamped = committed, True
+        setattr(new, f"{name}_spent", spent)
+        setattr(new, f"{name}_reserved", reserved)
+        setattr(new, f"{name}_cap", cap)
+    return clamped
+
+
+def _move_entries(session: Session, source: str, target: str, note: str) -> int | None:
+    """Re-key every ledger entry of ``source`` to ``target``, ``note`` appended to each
+    entry's note, in the caller's transaction; returns how many moved."""
+    return session.execute(
+        update(LedgerEntry)
+        .where(LedgerEntry.dataset == source)
+        .values(dataset=target, note=LedgerEntry.note + note)
+        .execution_options(synchronize_session=False)
+    ).rowcount  # type: ignore[attr-defined]
+
+
+def _move_sweep_totals(session: Session, source: str, target: str) -> None:
+    """Re-key the sweeps' running totals of ``source`` to ``target``, in the caller's
+    transaction."""
+    # The sweeps' running totals follow their entries (merged with the target's own
+    # totals for a sweep that, unusually, has entries under both keys).
+    for totals in session.scalars(select(SweepTotals).where(SweepTotals.dataset == source)).all():
+        there = session.scalars(
+            select(SweepTotals).where(
+                SweepTotals.dataset == target, SweepTotals.sweep_id == totals.sweep_id
+            )
+        ).one_or_none()
+        if there is None:
+            totals.dataset = target
+            continue
+        for field in TOTAL_AMOUNTS:
+            setattr(there, field, add_exact(getattr(there, field), getattr(totals, field)))
+        there.reservations = there.reservations + totals.reservations
+        session.delete(totals)
