@@ -68,54 +68,16 @@ def verify_plan(plan: GridPlan) -> GridPlan:
     claimed = [plan.epsilon_total]
     if plan.accounting == "basic":
         claimed.append(plan.trials * plan.epsilon_per_trial)
-    calibrator = _calibrator_name(plan)
-    second = bounds.accountant + (", per trial times K" if plan.accounting == "basic" else "")
     sigma_e, releases = plan_eval_releases(plan)
-    evaluation = (
-        f", {releases} noisy evaluation(s) per trial at sigma_e {sigma_e:.6g}"
-        if sigma_e is not None
-        else ""
-    )
-    figures = (
-        f"the plan states epsilon {plan.epsilon_total:.4f} ({calibrator}) but {second} gives "
-        f"{bounds.estimate:.4f}, bounds {bounds.lower:.4f} to {bounds.upper:.4f}, at sigma "
-        f"{plan.noise_multiplier:.6g}, q {plan.sample_rate:.6g}, {plan.trials} trial(s) of "
-        f"{plan.steps_per_trial} steps{evaluation}, delta {plan.delta:.3g}"
-    )
+    figures = _both_figures(plan, bounds, sigma_e, releases)
     if not min(claimed) >= bounds.lower:
         raise PrivacyError(
             f"{where}: {figures}: the plan under-states its privacy cost (below the verifier's "
             "lower bound); plan refused"
         )
     if plan_accountant(plan.accountant).tight and plan.accounting in ("compose", "basic"):
-        # The planner's PLD composes the evaluations as one more (Gaussian) loss.
-        extra = 1 if sigma_e is not None else 0
-        if plan.accounting == "compose":
-            slack = pld_overstatement(
-                epsilon=bounds.upper, steps=plan.trials * plan.steps_per_trial + extra
-            )
-        else:  # K separate PLD figures, each with its own over-statement
-            slack = plan.trials * pld_overstatement(
-                epsilon=bounds.upper / plan.trials, steps=plan.steps_per_trial + extra
-            )
-        if not max(claimed) <= bounds.upper + slack:
-            raise PrivacyError(
-                f"{where}: {figures}: the plan's PLD figure exceeds the verifier's upper bound "
-                f"by more than the PLD's stated over-statement ({slack:.3g}: "
-                f"{PLD_STATED_ERROR:.0%} plus the grid's share), so it does not describe this "
-                "noise multiplier; plan refused"
-            )
-    budget = plan.epsilon_budget * (1 + 1e-9)
-    if not max(claimed) <= budget:
-        raise PrivacyError(
-            f"{where}: the plan's epsilon {max(claimed):.4f} ({calibrator}) exceeds the budget; "
-            "plan refused"
-        )
-    if not bounds.lower <= budget:
-        raise PrivacyError(
-            f"{where}: independently verified epsilon {bounds.lower:.4f} (the lower bound of "
-            f"{second}) exceeds the budget; plan rejected"
-        )
+        _refuse_pld_above_upper(plan, bounds, max(claimed), sigma_e, f"{where}: {figures}")
+    _refuse_over_budget(plan, bounds, max(claimed), where)
     return replace(
         plan,
         epsilon_verified=bounds.estimate,
@@ -124,6 +86,78 @@ def verify_plan(plan: GridPlan) -> GridPlan:
         verifier=bounds.accountant,
         verified_by=verified_by,
     )
+
+
+def _second_accountant(plan: GridPlan, bounds: EpsilonBounds) -> str:
+    """The verifier's name as its figure was computed (per trial times K for basic)."""
+    return bounds.accountant + (", per trial times K" if plan.accounting == "basic" else "")
+
+
+def _both_figures(
+    plan: GridPlan, bounds: EpsilonBounds, sigma_e: float | None, releases: int
+) -> str:
+    """Both accountants' figures, with the verifier's error bars and the plan's run, for a
+    refusal's message."""
+    evaluation = (
+        f", {releases} noisy evaluation(s) per trial at sigma_e {sigma_e:.6g}"
+        if sigma_e is not None
+        else ""
+    )
+    return (
+        f"the plan states epsilon {plan.epsilon_total:.4f} ({_calibrator_name(plan)}) but "
+        f"{_second_accountant(plan, bounds)} gives "
+        f"{bounds.estimate:.4f}, bounds {bounds.lower:.4f} to {bounds.upper:.4f}, at sigma "
+        f"{plan.noise_multiplier:.6g}, q {plan.sample_rate:.6g}, {plan.trials} trial(s) of "
+        f"{plan.steps_per_trial} steps{evaluation}, delta {plan.delta:.3g}"
+    )
+
+
+def _refuse_pld_above_upper(
+    plan: GridPlan, bounds: EpsilonBounds, highest: float, sigma_e: float | None, context: str
+) -> None:
+    """A PLD-calibrated compose or basic plan's highest figure (``highest``) must not lie above
+    the verifier's upper bound by more than the PLD's own stated over-statement.
+
+    Raises:
+        PrivacyError: it does (``context``: where, and both figures).
+    """
+    # The planner's PLD composes the evaluations as one more (Gaussian) loss.
+    extra = 1 if sigma_e is not None else 0
+    if plan.accounting == "compose":
+        slack = pld_overstatement(
+            epsilon=bounds.upper, steps=plan.trials * plan.steps_per_trial + extra
+        )
+    else:  # K separate PLD figures, each with its own over-statement
+        slack = plan.trials * pld_overstatement(
+            epsilon=bounds.upper / plan.trials, steps=plan.steps_per_trial + extra
+        )
+    if not highest <= bounds.upper + slack:
+        raise PrivacyError(
+            f"{context}: the plan's PLD figure exceeds the verifier's upper bound "
+            f"by more than the PLD's stated over-statement ({slack:.3g}: "
+            f"{PLD_STATED_ERROR:.0%} plus the grid's share), so it does not describe this "
+            "noise multiplier; plan refused"
+        )
+
+
+def _refuse_over_budget(plan: GridPlan, bounds: EpsilonBounds, highest: float, where: str) -> None:
+    """The plan's highest figure (``highest``), and the verifier's lower bound, must both fit
+    the budget.
+
+    Raises:
+        PrivacyError: either exceeds it.
+    """
+    budget = plan.epsilon_budget * (1 + 1e-9)
+    if not highest <= budget:
+        raise PrivacyError(
+            f"{where}: the plan's epsilon {highest:.4f} ({_calibrator_name(plan)}) exceeds the "
+            "budget; plan refused"
+        )
+    if not bounds.lower <= budget:
+        raise PrivacyError(
+            f"{where}: independently verified epsilon {bounds.lower:.4f} (the lower bound of "
+            f"{_second_accountant(plan, bounds)}) exceeds the budget; plan rejected"
+        )
 
 
 def _verify_grid(plan: GridPlan) -> tuple[EpsilonBounds, str]:
