@@ -15,6 +15,7 @@ resolved where it comes in (:func:`dpsweep.accountants.resolve`) and refused her
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -22,6 +23,8 @@ from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, LEGACY_NAMES
 from dpsweep.errors import ConfigError, PrivacyError
 
 ACCOUNTANT_FIELD = "privacy.accountant"
+# The fields the accounting entry points always named for these inputs' errors.
+_FIELDS = {"delta": "privacy.delta", "evaluations": "eval"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +59,7 @@ class AccountingInputs:
 
     def __post_init__(self) -> None:
         self._check_accountant()
+        self._check_types()
         if not 0.0 < self.sample_rate <= 1.0:
             raise ConfigError(
                 f"sample rate must be in (0, 1]; got {self.sample_rate}", field="sample_rate"
@@ -98,6 +102,21 @@ class AccountingInputs:
                 "it was stored; resolve it where it comes in (dpsweep.accountants.resolve)",
                 field=ACCOUNTANT_FIELD,
             )
+
+    def _check_types(self) -> None:
+        # A bool or a string compares without complaint in places; refuse them by name.
+        for name in ("sample_rate", "delta", "steps", "evaluations"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(
+                    f"{name} must be a number; got {value!r}", field=_FIELDS.get(name, name)
+                )
+        for name in ("noise_multiplier", "eval_noise_multiplier"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Real)
+            ):
+                raise ConfigError(f"{name} must be a number or None; got {value!r}", field=name)
 
     def _check_eval_noise(self) -> None:
         sigma_e = self.eval_noise_multiplier
