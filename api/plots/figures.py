@@ -22,6 +22,7 @@ from api.plots.drawing import (
 from sweeper.sweeps.results import FrontPoint
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 
@@ -69,53 +70,62 @@ def epsilon_front_figure(
     styles = label_styles([*labels, *(arms or ())])
     handles: list[Any] = []
     for label in labels:
-        colour, marker = styles[label]
         series = sorted((p for p in pts if str(p.label) == label), key=lambda p: (p.x, p.y))
-        xs = [float(p.x) for p in series]
-        ys = [float(p.y) for p in series]
-        errs = []
-        for p in series:
-            std = p.payload.get("objective_std") if isinstance(p.payload, dict) else None
-            try:
-                err = float(std) if std is not None else 0.0
-            except (TypeError, ValueError):
-                err = 0.0
-            errs.append(err if math.isfinite(err) and err > 0 else 0.0)
-        if any(errs):
-            ax.errorbar(
-                xs,
-                ys,
-                yerr=errs,
-                fmt="none",
-                ecolor=colour,
-                elinewidth=1.0,
-                capsize=3,
-                alpha=0.6,
-                zorder=1,
-                gid=f"errorbar:{label}",
-            )
-        (line,) = ax.plot(
-            xs,
-            ys,
-            linestyle="-",
-            linewidth=1.5,
-            marker=marker,
-            markersize=6,
-            markerfacecolor="none",
-            markeredgecolor=colour,
-            color=colour,
-            alpha=0.75,
-            zorder=2,
-            gid=f"series:{label}",
-            label=label,
-        )
-        handles.append(line)
+        handles.append(_draw_arm_line(ax, label, series, *styles[label]))
 
     front = [p for p in pts if not p.dominated]
     draw_front(ax, front, [styles[str(p.label)][0] for p in front], where="post")
     epsilon_ticks(ax, [float(p.x) for p in pts])
     add_legend(ax, handles, dominated_hollow=True)
     return fig
+
+
+def _draw_arm_line(ax: Axes, label: str, series: list[FrontPoint], colour: Any, marker: str) -> Any:
+    """One arm's points (sorted by ε) as a line with hollow markers, and error bars where a
+    point carries a positive ``objective_std``; returns the line, for the legend."""
+    xs = [float(p.x) for p in series]
+    ys = [float(p.y) for p in series]
+    errs = [_objective_std(p) for p in series]
+    if any(errs):
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=errs,
+            fmt="none",
+            ecolor=colour,
+            elinewidth=1.0,
+            capsize=3,
+            alpha=0.6,
+            zorder=1,
+            gid=f"errorbar:{label}",
+        )
+    (line,) = ax.plot(
+        xs,
+        ys,
+        linestyle="-",
+        linewidth=1.5,
+        marker=marker,
+        markersize=6,
+        markerfacecolor="none",
+        markeredgecolor=colour,
+        color=colour,
+        alpha=0.75,
+        zorder=2,
+        gid=f"series:{label}",
+        label=label,
+    )
+    return line
+
+
+def _objective_std(p: FrontPoint) -> float:
+    """The point's standard deviation over seeds: its payload's ``objective_std`` when that is
+    a positive finite number, else 0 (no error bar)."""
+    std = p.payload.get("objective_std") if isinstance(p.payload, dict) else None
+    try:
+        err = float(std) if std is not None else 0.0
+    except (TypeError, ValueError):
+        err = 0.0
+    return err if math.isfinite(err) and err > 0 else 0.0
 
 
 def calibration_front_figure(
