@@ -16,6 +16,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from dpsweep.columns import metric_column, param_column
 from dpsweep.errors import ConnectionFailed, ServerError
 from dpsweep.transport import Event, HttpTransport
 from dpsweep.trial import Trial
@@ -263,13 +264,13 @@ def _pandas() -> Any:
 
 
 def _prefixed(params: dict[str, Any], taken: dict[str, Any]) -> dict[str, Any]:
-    return {(f"param_{k}" if k in taken else k): v for k, v in params.items()}
+    return {param_column(k, taken): v for k, v in params.items()}
 
 
 def _flat_trial(t: dict[str, Any]) -> dict[str, Any]:
     row = {k: v for k, v in t.items() if k not in ("params", "metrics")}
     row |= _prefixed(t.get("params") or {}, row)
-    row |= {(f"metric_{k}" if k in row else k): v for k, v in (t.get("metrics") or {}).items()}
+    row |= {metric_column(k, row): v for k, v in (t.get("metrics") or {}).items()}
     return row
 
 

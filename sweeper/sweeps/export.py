@@ -14,6 +14,7 @@ import json
 
 from sqlalchemy import Engine
 
+from dpsweep.columns import metric_column, param_column
 from dpsweep.errors import ConfigError
 from dpsweep.plan import SweepPlan
 from dpsweep.spec import randomness_label
@@ -73,7 +74,11 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     ]
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(base + list(MODEL_COLUMNS) + [f"param.{p}" for p in param_names] + metric_names)
+    # The SDK's DataFrame columns (dpsweep.columns): `lr`, `accuracy`; prefixed where taken.
+    taken = [*base, *MODEL_COLUMNS]
+    params_header = [param_column(p, taken) for p in param_names]
+    metrics_header = [metric_column(m, [*taken, *params_header]) for m in metric_names]
+    writer.writerow(taken + params_header + metrics_header)
     label = randomness_label(sweep.spec)
     evaluation = evaluation_statement(SweepPlan.from_stored(sweep.plan).grids)["mode"]
     for r in res.records:

@@ -141,13 +141,17 @@ def text_shape(text: str) -> list[str]:
     return out
 
 
+#: The hyperparameters' CSV columns of the sweeps below (their values are drawn at random).
+PARAM_COLUMNS = ("lr", "clip")
+
+
 def csv_shape(text: str) -> list[dict[str, Any]]:
     rows = list(csv.DictReader(io.StringIO(text)))
     out = []
     for row in rows:
         cells: dict[str, Any] = {}
         for k, v in row.items():
-            if k.startswith("param."):
+            if k in PARAM_COLUMNS:
                 cells[k] = "<param>"
             elif re.fullmatch(r"-?\d+", v or ""):
                 cells[k] = int(v)

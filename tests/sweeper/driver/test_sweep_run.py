@@ -280,6 +280,9 @@ def test_cli_show_export_sweeps(local_ray: Any, engine: Any, capsys: Any, tmp_pa
     assert main(["export", sid, "--db", url, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("id,arm,strategy,epsilon_budget") and len(lines) == 1 + 3
+    # The SDK DataFrame's columns: hyperparameters and metrics under their own names.
+    header = lines[0].split(",")
+    assert {"lr", "accuracy"} <= set(header) and not any(h.startswith("param") for h in header)
     out = tmp_path / "x.json"
     assert main(["export", sid, "--db", url, "--format", "json", "-o", str(out)]) == 0
     assert len(json.loads(out.read_text())["trials"]) == 3
