@@ -201,44 +201,19 @@ def _attempt(
 ) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] | _Deallocated:
     # deferred: psycopg, PostgreSQL only (see _session)
     from psycopg import errors
-    from psycopg.adapt import PyFormat  # deferred: psycopg, as above
-    from psycopg.pq import ExecStatus, TransactionStatus  # deferred: psycopg, as above
+    from psycopg.pq import TransactionStatus  # deferred: psycopg, as above
 
-    transformer = session.transformer
-    out: list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] = []
     with raw.lock:
         pgconn = raw.pgconn
         began = pgconn.transaction_status == TransactionStatus.IDLE
         named = began or session.clean_in is transaction
-        # What each result will answer: ("begin"|"commit", None), ("prepare", (sql, name))
-        # or ("run", index of the statement).
-        sent: list[tuple[str, Any]] = []
         # Dumped before anything is queued: a value the driver refuses leaves nothing sent.
-        dumped_all = []
-        for sql, params in statements:
-            values = [params[name] for name in sql.order]
-            dumped_all.append(transformer.dump_sequence(values, [PyFormat.TEXT] * len(values)))
+        dumped_all = _dump_parameters(session.transformer, statements)
         pgconn.enter_pipeline_mode()
         try:
-            if began:
-                pgconn.send_query_params(_begin_command(raw), None)
-                sent.append(("begin", None))
-            for index, ((sql, _), dumped) in enumerate(zip(statements, dumped_all, strict=True)):
-                if not named:
-                    pgconn.send_query_params(sql.sql, dumped)
-                    sent.append(("run", index))
-                    continue
-                name = session.prepared.get(sql.sql)
-                if name is None:
-                    pending = sum(kind == "prepare" for kind, _ in sent)
-                    name = f"dpsweep_ledger_{len(session.prepared) + pending}".encode()
-                    pgconn.send_prepare(name, sql.sql)
-                    sent.append(("prepare", (sql.sql, name)))
-                pgconn.send_query_prepared(name, dumped)
-                sent.append(("run", index))
-            if commit:
-                pgconn.send_query_params(b"COMMIT", None)
-                sent.append(("commit", None))
+            sent = _queue(
+                raw, session, statements, dumped_all, began=began, named=named, commit=commit
+            )
             pgconn.pipeline_sync()
             results = _until_sync(pgconn)
         except BaseException:
@@ -247,15 +222,7 @@ def _attempt(
             _leave(raw, quiet=True)
             raise
         _leave(raw, quiet=False)
-        rows: list[Any] = [None] * len(statements)
-        failed: Any = None
-        for (kind, what), result in zip(sent, results, strict=True):
-            if kind == "prepare" and result.status == ExecStatus.COMMAND_OK:
-                session.prepared[what[0]] = what[1]
-            elif kind == "run":
-                rows[what] = result
-            if failed is None and result.status == ExecStatus.FATAL_ERROR:
-                failed = result
+        rows, failed = _sort_results(session, sent, results, len(statements))
         if failed is not None:
             session.clean_in = None
             error = errors.error_from_result(failed, encoding=raw.info.encoding)
@@ -266,16 +233,102 @@ def _attempt(
             session.clean_in = None
         elif began:
             session.clean_in = transaction
-        for result in rows:
-            if result.status != ExecStatus.TUPLES_OK:
-                out.append((None, ()))
-                continue
-            codes = tuple(result.ftype(i) for i in range(result.nfields))
-            if result.ntuples == 0:
-                out.append((None, codes))
-                continue
-            transformer.set_pgresult(result)
-            out.append((transformer.load_row(0, tuple), codes))
+        return _first_rows(session.transformer, rows)
+
+
+def _dump_parameters(
+    transformer: Any, statements: Sequence[tuple[Numbered, Mapping[str, Any]]]
+) -> list[Any]:
+    """Each statement's parameters, in its placeholders' order, dumped as text by the
+    connection's transformer."""
+    from psycopg.adapt import PyFormat  # deferred: psycopg, PostgreSQL only (see _session)
+
+    dumped_all = []
+    for sql, params in statements:
+        values = [params[name] for name in sql.order]
+        dumped_all.append(transformer.dump_sequence(values, [PyFormat.TEXT] * len(values)))
+    return dumped_all
+
+
+def _queue(
+    raw: Any,
+    session: _Session,
+    statements: Sequence[tuple[Numbered, Mapping[str, Any]]],
+    dumped_all: list[Any],
+    *,
+    began: bool,
+    named: bool,
+    commit: bool,
+) -> list[tuple[str, Any]]:
+    """Queue ``BEGIN`` (when ``began``), the statements and ``COMMIT`` (when ``commit``) on
+    the pipeline: statements by name when ``named`` (each prepared first, in this pipeline, if
+    the session has not got it yet), else unprepared.
+
+    Returns:
+        What each result will answer: ("begin"|"commit", None), ("prepare", (sql, name)) or
+        ("run", index of the statement).
+    """
+    pgconn = raw.pgconn
+    sent: list[tuple[str, Any]] = []
+    if began:
+        pgconn.send_query_params(_begin_command(raw), None)
+        sent.append(("begin", None))
+    for index, ((sql, _), dumped) in enumerate(zip(statements, dumped_all, strict=True)):
+        if not named:
+            pgconn.send_query_params(sql.sql, dumped)
+            sent.append(("run", index))
+            continue
+        name = session.prepared.get(sql.sql)
+        if name is None:
+            pending = sum(kind == "prepare" for kind, _ in sent)
+            name = f"dpsweep_ledger_{len(session.prepared) + pending}".encode()
+            pgconn.send_prepare(name, sql.sql)
+            sent.append(("prepare", (sql.sql, name)))
+        pgconn.send_query_prepared(name, dumped)
+        sent.append(("run", index))
+    if commit:
+        pgconn.send_query_params(b"COMMIT", None)
+        sent.append(("commit", None))
+    return sent
+
+
+def _sort_results(
+    session: _Session, sent: list[tuple[str, Any]], results: list[Any], n_statements: int
+) -> tuple[list[Any], Any]:
+    """Each statement's result, in order, and the pipeline's first failed result (or None);
+    the statements the server prepared are recorded as the session's."""
+    from psycopg.pq import ExecStatus  # deferred: psycopg, PostgreSQL only (see _session)
+
+    rows: list[Any] = [None] * n_statements
+    failed: Any = None
+    for (kind, what), result in zip(sent, results, strict=True):
+        if kind == "prepare" and result.status == ExecStatus.COMMAND_OK:
+            session.prepared[what[0]] = what[1]
+        elif kind == "run":
+            rows[what] = result
+        if failed is None and result.status == ExecStatus.FATAL_ERROR:
+            failed = result
+    return rows, failed
+
+
+def _first_rows(
+    transformer: Any, rows: list[Any]
+) -> list[tuple[tuple[Any, ...] | None, tuple[int, ...]]]:
+    """Each statement's first row (``None`` if none) and its columns' type codes (empty when
+    it returns no rows), loaded by the connection's transformer."""
+    from psycopg.pq import ExecStatus  # deferred: psycopg, PostgreSQL only (see _session)
+
+    out: list[tuple[tuple[Any, ...] | None, tuple[int, ...]]] = []
+    for result in rows:
+        if result.status != ExecStatus.TUPLES_OK:
+            out.append((None, ()))
+            continue
+        codes = tuple(result.ftype(i) for i in range(result.nfields))
+        if result.ntuples == 0:
+            out.append((None, codes))
+            continue
+        transformer.set_pgresult(result)
+        out.append((transformer.load_row(0, tuple), codes))
     return out
 
 
