@@ -46,6 +46,11 @@ class UploadLedger(_Out):
     epsilon_reserved: float
     delta_reserved: float
     epsilon_remaining: float | None
+    held_elsewhere: list[str] | None = Field(
+        default=None,
+        description="admins only: other owners' datasets of the same records, each with "
+        "whose it is (other ledgers: their spending does not count on this one)",
+    )
     message: str = Field(description="the same, in a sentence")
 
 

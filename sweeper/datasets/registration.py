@@ -152,7 +152,7 @@ def _checked_options(
 def whose(owner: str | None) -> str:
     """How messages name a dataset's owner (None: the operator, who registered it on the
     command line without ``--owner``)."""
-    return "the operator's" if owner is None else f"{owner!r}'s"
+    return "the operator's" if owner is None else f"{owner}'s"
 
 
 def _kept_view(engine: Engine, name: str, owner: str | None) -> dict[str, Any]:

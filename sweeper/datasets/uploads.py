@@ -34,7 +34,7 @@ from sweeper.datasets.names import (
     file_noun,
     upload_suffix,
 )
-from sweeper.datasets.registration import names_of
+from sweeper.datasets.registration import names_of, whose
 from sweeper.datasets.views import describe
 from sweeper.privacy.ledger.amounts import (
     ZERO,
@@ -73,6 +73,7 @@ def store_upload(
     epsilon_cap: float | None = None,
     delta_cap: float | None = None,
     declare_counted: bool = False,
+    admin: bool = False,
 ) -> dict[str, Any]:
     """Validate and store an uploaded file of an uploadable format (CSV, NPZ, a plug-in's:
     :data:`~sweeper.datasets.names.UPLOAD_FORMATS`), optionally with lifetime caps.
@@ -95,7 +96,9 @@ def store_upload(
     private data).
 
     The same file with the same settings uploaded again by its owner is not stored twice:
-    the earlier upload is returned (``ledger.existing``).
+    the earlier upload is returned (``ledger.existing``). An ``admin`` (who sees every
+    owner's datasets) is also told of other owners' names of the same records
+    (``ledger.held_elsewhere``): other ledgers, whose spending does not count on this one.
 
     With ``declare_counted``, the counted number of records, class list and feature shape
     are declared public at once (:mod:`sweeper.datasets.fixed_view`): the owner's choice,
@@ -131,7 +134,28 @@ def store_upload(
     except (DpsweepError, IntegrityError):
         _discard(engine, uid, path)
         raise
-    return _answer(engine, owner, same or uid, key, earlier, before, existing=same is not None)
+    elsewhere = _held_elsewhere(engine, records.content_sha256, owner) if admin else None
+    out = _answer(engine, owner, same or uid, key, earlier, before, existing=same is not None)
+    if elsewhere:
+        out["ledger"]["held_elsewhere"] = elsewhere
+        out["ledger"]["message"] += (
+            f"; other owners' datasets hold the same records ({', '.join(elsewhere)}): other "
+            "ledgers, whose spending does not count on this one"
+        )
+    return out
+
+
+def _held_elsewhere(engine: Engine, content_sha256: str, owner: str | None) -> list[str]:
+    """Other owners' names of the same records, for an admin's upload (admins see them all),
+    each with whose it is."""
+    other = Dataset.owner.is_not(None) if owner is None else Dataset.owner.is_distinct_from(owner)
+    with Session(engine) as session:
+        rows = session.execute(
+            select(Dataset.name, Dataset.owner)
+            .where(Dataset.content_sha256 == content_sha256, other)
+            .order_by(Dataset.name)
+        ).all()
+    return [f"{name!r} ({whose(o)})" for name, o in rows]
 
 
 def _answer(

@@ -194,7 +194,7 @@ def test_owner_makes_the_command_lines_work_a_tenants(world: World, server: Serv
     # owner would be another ledger of the records).
     again = dpsweep("datasets", "register", str(theirs), "--name", "anas", "--label-column",
                     "label", db=world.db)  # fmt: skip
-    assert again.returncode != 0 and "'ana''s dataset" in again.stderr
+    assert again.returncode != 0 and "ana's dataset" in again.stderr
     run = ok(
         dpsweep(
             "run",
@@ -317,3 +317,28 @@ def test_uploading_registered_records_again_says_it_shares_their_ledger(
         assert other["id"] != first["id"]
         assert other["ledger"]["shared_with"] == sorted([first["id"], "mydata"])
         assert other["ledger"]["epsilon_cap"] == 20
+
+
+def test_an_admins_upload_is_told_of_other_owners_copies_a_tenants_is_not(
+    world: World, server: Server
+) -> None:
+    def upload(token: str) -> dict[str, Any]:
+        with server.client(token) as c:
+            r = c.post(
+                "/api/v1/datasets",
+                files={"file": ("mydata.csv", world.mydata.read_bytes(), "text/csv")},
+                data={"label_column": "label"},
+            )
+        assert r.status_code == 201, r.text
+        return dict(r.json()["ledger"])
+
+    # An admin sees every owner's datasets: their upload (a ledger of their own) names the
+    # operator's registered copy of the records, and says its spending does not count here.
+    mine = upload(server.token("root", admin=True))
+    assert mine["shared_with"] == [] and mine["epsilon_committed"] == 0
+    assert "'mydata' (the operator's)" in mine["held_elsewhere"]
+    assert "does not count on this one" in mine["message"]
+    # A tenant learns nothing of anyone else's records: not that they exist, not their names.
+    theirs = upload(server.token("bob"))
+    assert "held_elsewhere" not in theirs and theirs["shared_with"] == []
+    assert "mydata'" not in json.dumps(theirs) and theirs["message"].startswith("a ledger of")
