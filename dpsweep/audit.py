@@ -27,6 +27,7 @@ __all__ = [
     "MAX_TRIALS",
     "TRIAL_FIELDS",
     "AuditRequest",
+    "audit_summary",
     "audit_verdict",
     "result_view",
 ]
@@ -109,6 +110,12 @@ class AuditRequest(BaseModel):
         description="of the lower bound: an honest run's bound exceeds its claim with "
         "probability at most 1 - confidence",
     )
+    confirm: bool = Field(
+        default=False,
+        description="charge a private dataset the audit's claimed epsilon: without it an "
+        "audit that would be charged is refused (422 naming confirm, with its cost; nothing "
+        "reserved); see the cost first with POST /audits/quote. Public data needs none",
+    )
 
     def check(self) -> AuditRequest:
         """Refuse combinations no single field shows (the error names the field).
@@ -143,6 +150,57 @@ def _percent(rate: float) -> str:
     return f"{100.0 * rate:.3g} %"
 
 
+#: A bound below this fraction of the claim is "near 0": the audit showed next to nothing.
+#: An ideal audit's bound reaches 0.15-0.4 of an honest claim (docs/auditing.md, the ceiling),
+#: so a bound under 5 % of it says more about the audit's weakness than about the run.
+WEAK_FRACTION = 0.05
+
+
+def _pair(bound: float, claimed: float) -> tuple[str, str]:
+    """Two figures at 2 decimals, more where 2 would read the same but differ."""
+    a, b = f"{bound:.2f}", f"{claimed:.2f}"
+    if a == b and bound != claimed:
+        a, b = f"{bound:.6g}", f"{claimed:.6g}"
+    return a, b
+
+
+def audit_summary(
+    *, bound: float | None, claimed: float, confidence: float, estimate: float | None = None
+) -> str:
+    """The verdict in one line: the bound beside the claim, and what that shows.
+
+    A lower bound below the claim never confirms the claim; near 0 it shows nothing at all
+    (the black-box setting, small q, few canaries). One above the claim is evidence of a
+    leak, at a false-alarm rate of ``1 - confidence``; the Gaussian estimate is named only as
+    evidence under its model.
+    """
+    level = f"{100.0 * confidence:.3g} %"
+    if bound is None:
+        return f"no bound (claimed ε {claimed:.2f}): this audit shows nothing about the claim"
+    b, c = _pair(bound, claimed)
+    head = f"{level} lower bound {b}"
+    if bound > claimed:
+        rate = _percent(round(1.0 - confidence, 12))
+        return (
+            f"{head} > claimed ε {c}: the run may leak more than it claims (an honest run "
+            f"shows this with probability at most {rate}); repeat the audit on public data"
+        )
+    if estimate is not None and estimate > claimed:
+        return (
+            f"{head} ≤ claimed ε {c}, but the Gaussian estimate {estimate:.2f} exceeds it: a "
+            "leak if its model holds (no guarantee); repeat the audit on public data"
+        )
+    if bound < WEAK_FRACTION * claimed:
+        return (
+            f"{head} ≤ claimed ε {c}: consistent, but this audit is too weak to show much "
+            "(a bound near 0 proves nothing)"
+        )
+    return (
+        f"{head} ≤ claimed ε {c}: consistent, no evidence of a leak (a lower bound never "
+        "confirms the claim; one run rarely shows more than about 0.4 of an honest claim)"
+    )
+
+
 def audit_verdict(
     *, bound: float | None, claimed: float, confidence: float, estimate: float | None = None
 ) -> dict[str, Any]:
@@ -155,8 +213,9 @@ def audit_verdict(
     never a guarantee.
 
     Returns:
-        ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate`` and
-        ``verdict`` (the words the CLI, the API and the dashboard show).
+        ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate``,
+        ``verdict`` (the words the CLI, the API and the dashboard show) and ``summary`` (the
+        same in one line, :func:`audit_summary`).
     """
     rate = round(1.0 - confidence, 12)  # 0.05, not 0.050000000000000044
     exceeds = bound is not None and bound > claimed
@@ -185,6 +244,9 @@ def audit_verdict(
         "estimate_exceeds_claim": estimate_exceeds,
         "false_alarm_rate": rate,
         "verdict": text,
+        "summary": audit_summary(
+            bound=bound, claimed=claimed, confidence=confidence, estimate=estimate
+        ),
     }
 
 
@@ -194,23 +256,30 @@ def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
     Results stored before issue 49 reported the larger of the one-run and the Gaussian bound,
     the Gaussian one unchecked: their ``epsilon_lower_bound`` becomes the one-run bound (stored
     at 1 - (1 - confidence) / 2, so it holds at ``confidence`` a fortiori), the unchecked
-    Gaussian figure is withheld, and the verdict is added.
+    Gaussian figure is withheld, and the verdict is added. Every result gets its one-line
+    ``summary`` (:func:`audit_summary`; the worker stores none), computed from its figures.
     """
-    if result is None or "verdict" in result:
-        return result
+    if result is None:
+        return None
     out = dict(result)
-    if "epsilon_lower_bound_one_run" in out:
+    if "verdict" not in out and "epsilon_lower_bound_one_run" in out:
         out["epsilon_lower_bound"] = out.pop("epsilon_lower_bound_one_run")
         out.pop("epsilon_lower_bound_gaussian", None)
         out["method"] = "one-run"
     out.setdefault("epsilon_estimate", None)
     claimed, bound = out.get("epsilon_claimed"), out.get("epsilon_lower_bound")
-    if isinstance(claimed, int | float):
-        out.update(
-            audit_verdict(
-                bound=bound if isinstance(bound, int | float) else None,
-                claimed=float(claimed),
-                confidence=float(out.get("confidence", 0.95)),
-            )
-        )
+    estimate = out.get("epsilon_estimate")
+    if not isinstance(claimed, int | float):
+        return out
+    figures: dict[str, Any] = {
+        "bound": bound if isinstance(bound, int | float) else None,
+        "claimed": float(claimed),
+        "confidence": float(out.get("confidence", 0.95)),
+    }
+    if "verdict" not in out:
+        # Before issue 49 the estimate was unchecked: the verdict rests on the bound alone.
+        out.update(audit_verdict(**figures))
+    elif isinstance(estimate, int | float):
+        figures["estimate"] = float(estimate)
+    out["summary"] = audit_summary(**figures)
     return out

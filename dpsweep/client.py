@@ -135,6 +135,7 @@ class Client(HttpTransport):
     def audit(
         self,
         *,
+        confirm: bool = False,
         wait: bool = True,
         timeout: float | None = None,
         poll_seconds: float = 1.0,
@@ -147,15 +148,18 @@ class Client(HttpTransport):
         ``noise_multiplier``, ``batch_size`` or ``sample_rate``, ``steps``, ``lrs``) or a
         finished ``trial``; ``setting`` (``white-box`` or ``black-box``), ``canaries``,
         ``confidence``. Public data spends nothing; your private dataset is charged the
-        claimed epsilon.
+        claimed epsilon, and only with ``confirm=True`` (see the cost first with
+        :meth:`audit_cost`).
 
         Returns:
             The audit: ``id``, ``state`` (``running``, ``succeeded``, ``failed``),
-            ``result`` (``epsilon_lower_bound`` beside ``epsilon_claimed``, the ``verdict``
-            and its ``false_alarm_rate``, ...), ``charge``, ``error``.
+            ``result`` (``epsilon_lower_bound`` beside ``epsilon_claimed``, the ``verdict``,
+            its one-line ``summary`` and its ``false_alarm_rate``, ...), ``charge``, ``error``.
 
         Raises:
-            ValidationError: a bad field (locally or from the server), naming it.
+            ValidationError: a bad field (locally or from the server), naming it; a charge
+                not confirmed is one naming ``confirm``, its ``problem["cost"]`` the cost
+                (nothing was reserved).
             PermissionDenied: an analyst's audit of a dataset granted to them.
             TimeoutError: ``timeout`` seconds passed while it was still running.
 
@@ -165,6 +169,33 @@ class Client(HttpTransport):
                              canaries=500)
             a["result"]["epsilon_lower_bound"] <= a["result"]["epsilon_claimed"]
         """
+        body = self._audit_body({**fields, "confirm": confirm} if confirm else fields)
+        audit = dict(self._json("POST", "/audits", json=body))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while wait and audit["state"] == "running":
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"audit {audit['id']} still running after {timeout} s")
+            time.sleep(poll_seconds)
+            audit = self.get_audit(audit["id"])
+        return audit
+
+    def audit_cost(self, **fields: Any) -> dict[str, Any]:
+        """What :meth:`audit` with these ``fields`` would charge (``POST /audits/quote``);
+        nothing is started, reserved or stored.
+
+        Returns:
+            ``charged`` (False: public data), ``dataset``, ``ledger``, ``epsilon`` and
+            ``delta`` (what is charged), ``epsilon_left_before`` and ``epsilon_left_after``
+            (None: no cap), ``fits``, and ``text``: the same in one line.
+
+        Raises:
+            ValidationError, PermissionDenied, NotFound: the audit would be refused.
+        """
+        return dict(self._json("POST", "/audits/quote", json=self._audit_body(fields)))
+
+    @staticmethod
+    def _audit_body(fields: dict[str, Any]) -> dict[str, Any]:
+        """``fields`` as an audit request's JSON, checked locally first (naming the field)."""
         # deferred, as spec_body's: pydantic (about 80 ms) loads on the first validation, not
         # with the client (which needs only httpx)
         from pydantic import ValidationError
@@ -177,15 +208,7 @@ class Client(HttpTransport):
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or None
             raise ConfigError(f"{field}: {first['msg']}", field=field) from None
-        body = request.model_dump(mode="json", exclude_unset=True)
-        audit = dict(self._json("POST", "/audits", json=body))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while wait and audit["state"] == "running":
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"audit {audit['id']} still running after {timeout} s")
-            time.sleep(poll_seconds)
-            audit = self.get_audit(audit["id"])
-        return audit
+        return request.model_dump(mode="json", exclude_unset=True)
 
     def get_audit(self, audit_id: str) -> dict[str, Any]:
         """One of your audits by id (raises NotFound)."""

@@ -7,14 +7,17 @@ claim and how often an honest run's would.
 The run is described by flags (as ``dpsweep train``'s) or is a finished trial's (``--trial``).
 Public data (a built-in set such as ``digits`` or ``synthetic``, or a registered name its
 owner declared public) spends no budget; a private dataset of ``--db`` is charged the claimed
-epsilon (the K trials' T steps, composed) before anything trains. The audit is stored in
-``--db`` (``GET /api/v1/audits`` lists it).
+epsilon (the K trials' T steps, composed) before anything trains, once confirmed: the charge
+is shown first (ε and δ, the ledger, the ε left before and after), then ``--yes`` or a yes at
+the prompt (stdin a terminal) lets it proceed; without either it is refused and nothing is
+spent. The audit is stored in ``--db`` (``GET /api/v1/audits`` lists it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from pydantic import ValidationError
@@ -103,6 +106,12 @@ def add_parsers(sub: Any) -> None:
     )
     c.add_argument("--confidence", type=float, default=0.95)
     a.add_argument("--db", help="database of the datasets, ledger and stored audits")
+    a.add_argument(
+        "--yes",
+        action="store_true",
+        help="charge a private dataset without asking (the charge is shown first; on a "
+        "terminal without --yes the audit asks, elsewhere it is refused)",
+    )
     a.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a.set_defaults(func=cmd_audit, subparser=a)
 
@@ -112,9 +121,8 @@ def _flag(field: str | None) -> str:
 
 
 def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run one audit as the flags say; print its result."""
-    from sweeper.audits import start_audit  # deferred: SQLAlchemy
-    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+    """Run one audit as the flags say (a charge on private data confirmed first); print its
+    result."""
     from workers.devices import DEVICES  # deferred: torch
     from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
 
@@ -159,14 +167,10 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     engine = open_engine(args.db, migrate=True)
     try:
-        audit = start_audit(
-            engine,
-            request,
-            Viewer(None),
-            background=False,
-            device=args.device,
-            threads=args.threads,
-        )
+        audit = _confirm_and_run(engine, request, args)
+    except AuditRefused as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_FAILURE
     except ConfigError as exc:
         parser.error(f"{_flag(exc.field)}: {exc}" if exc.field else str(exc))
         return EXIT_USAGE  # unreachable: parser.error exits
@@ -184,6 +188,46 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 0
     _print_result(Console(), audit)
     return 0
+
+
+class AuditRefused(DpsweepError):
+    """A charge on private data that the user did not confirm (nothing was reserved)."""
+
+
+def _confirm_and_run(engine: Any, request: AuditRequest, args: argparse.Namespace) -> Any:
+    """Settle the audit, show what it charges and, on private data, ask; then run it.
+
+    Raises:
+        AuditRefused: private data, neither ``--yes`` nor a yes at the prompt.
+    """
+    from sweeper.audits import audit_cost, prepare_audit, start_prepared  # deferred: SQLAlchemy
+    from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
+
+    viewer = Viewer(None)
+    prepared = prepare_audit(engine, request, viewer, device=args.device, threads=args.threads)
+    cost = audit_cost(engine, prepared)
+    if cost.charged and not _confirmed(args, cost.describe()):
+        raise AuditRefused(
+            f"refused: {cost.describe()}; nothing was charged. Run again with --yes to charge it"
+        )
+    return start_prepared(engine, prepared, viewer, confirmed=True, background=False)
+
+
+def _confirmed(args: argparse.Namespace, cost: str) -> bool:
+    """``--yes``, or a yes typed at the prompt when stdin is a terminal: an audit of private
+    records spends their owner's budget for good, so its cost is shown first and asked."""
+    if args.yes:
+        print(f"{cost}: confirmed by --yes", file=sys.stderr)
+        return True
+    if not sys.stdin.isatty():
+        return False
+    # The prompt goes to stderr: stdout stays the result (one JSON object with --json).
+    print(f"{cost}. Charge it? [y/N] ", end="", file=sys.stderr, flush=True)
+    try:
+        answer = input()
+    except EOFError:
+        return False
+    return answer.strip().lower() in {"y", "yes"}
 
 
 def _print_result(console: Any, audit: dict[str, Any]) -> None:
@@ -211,6 +255,9 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    if r.get("summary"):
+        # The verdict in one line: what the bound shows (a bound near 0 shows nothing).
+        console.print(f"verdict: {r['summary']}", style="bold", highlight=False, markup=False)
     if r.get("verdict"):
         style = "red" if r.get("exceeds_claim") or r.get("estimate_exceeds_claim") else "green"
         console.print(f"[{style}]{r['verdict']}[/{style}]")

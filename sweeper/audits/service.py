@@ -1,10 +1,12 @@
-"""Audits: charge, store, run (in the foreground or a background thread), read and page.
+"""Audits: quote, charge, store, run (in the foreground or a background thread), read and page.
 
-:func:`start_audit` is the one path of the CLI and the API: the request is checked and the
-run settled (:func:`sweeper.audits.prepare.prepare_audit`); on a private dataset the claimed
-epsilon is reserved and charged (:func:`charge_audit`, as ``dpsweep train`` charges a run);
-only then is the audit stored (state ``running``) and trained. A refused request (a bad
-setting, an analyst, a cap that cannot cover it) stores nothing and charges nothing.
+:func:`start_audit` is the API's path, :func:`start_prepared` the CLI's (which shows the cost
+and asks in between): the request is checked and the run settled
+(:func:`sweeper.audits.prepare.prepare_audit`); on a private dataset the charge must be
+confirmed (:mod:`sweeper.audits.cost`: the cost is quoted first), then the claimed epsilon is
+reserved and charged (:func:`charge_audit`, as ``dpsweep train`` charges a run); only then is
+the audit stored (state ``running``) and trained. A refused request (a bad setting, an
+analyst, an unconfirmed charge, a cap that cannot cover it) stores nothing and charges nothing.
 
 A failed audit stores a fixed public reason (:mod:`sweeper.driver.failures`); the exception's
 text goes to the operator's log only.
@@ -23,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from dpsweep.audit import AuditRequest, result_view
 from dpsweep.errors import ConfigError, NotFound
+from sweeper.audits.cost import AuditCost, AuditNotConfirmed, audit_cost
 from sweeper.audits.prepare import PreparedAudit, prepare_audit
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.identity import bind_name
@@ -94,6 +97,19 @@ def charge_audit(
     }
 
 
+def quote_audit(
+    engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str = "cpu", threads: int = 1
+) -> AuditCost:
+    """What ``request`` would charge, checked as :func:`start_audit` checks it; nothing is
+    stored, reserved or charged.
+
+    Raises:
+        ConfigError, PermissionDenied, TrialNotFound: the audit would be refused.
+    """
+    prepared = prepare_audit(engine, request, viewer, device=device, threads=threads)
+    return audit_cost(engine, prepared)
+
+
 def start_audit(
     engine: Engine,
     request: AuditRequest,
@@ -103,14 +119,38 @@ def start_audit(
     device: str = "cpu",
     threads: int = 1,
 ) -> dict[str, Any]:
-    """Check, charge, store and run one audit; its view (state ``running`` when in the
-    background, else its final state).
+    """Check, charge (when ``request.confirm`` says so), store and run one audit; its view
+    (state ``running`` when in the background, else its final state).
 
     Raises:
         ConfigError, PermissionDenied, TrialNotFound: refused (nothing charged or stored).
+        AuditNotConfirmed: private data without ``confirm`` (nothing reserved or stored).
         BudgetExhausted: the cap cannot cover the claimed epsilon (nothing charged or stored).
     """
     prepared = prepare_audit(engine, request, viewer, device=device, threads=threads)
+    return start_prepared(
+        engine, prepared, viewer, confirmed=request.confirm, background=background
+    )
+
+
+def start_prepared(
+    engine: Engine,
+    prepared: PreparedAudit,
+    viewer: Viewer,
+    *,
+    confirmed: bool,
+    background: bool = True,
+) -> dict[str, Any]:
+    """Charge (once ``confirmed``), store and run an audit :func:`prepare_audit` settled.
+
+    Raises:
+        AuditNotConfirmed: private data, not ``confirmed`` (nothing reserved or stored).
+        BudgetExhausted: the cap cannot cover the claimed epsilon (nothing charged or stored).
+    """
+    cost = audit_cost(engine, prepared)
+    if cost.charged and not confirmed:
+        # Fail closed: a spend of someone's budget happens only when asked for in so many words.
+        raise AuditNotConfirmed(cost)
     audit_id = new_id()
     charge = charge_audit(engine, prepared, audit_id, principal=viewer.owner)
     with Session(engine) as session, session.begin():
@@ -121,7 +161,7 @@ def start_audit(
                 dataset=prepared.dataset,
                 sweep_id=prepared.sweep_id,
                 trial_id=prepared.trial_id,
-                request=request.model_dump(mode="json", exclude_unset=True),
+                request=prepared.request.model_dump(mode="json", exclude_unset=True),
                 state=AuditState.running,
                 charge=charge,
             )

@@ -1,8 +1,10 @@
 """``/api/v1/audits`` and ``Client.audit`` over real HTTP (one ``dpsweep serve`` on SQLite).
 
 ``olga`` uploads a CSV and grants it to ``ana``. Olga's audits run (public data: free; her
-upload: charged the claimed epsilon; one of her trials by id); ana's audit of the granted
-data is a 403 that charges and stores nothing; bad input is a 422 naming the field, free.
+upload: charged the claimed epsilon once she confirms it, and quoted first; one of her trials
+by id); an unconfirmed audit of her upload is a 422 naming ``confirm`` with its cost, free
+(issue 51); ana's audit of the granted data is a 403 that charges and stores nothing; bad
+input is a 422 naming the field, free.
 Every audit is tiny (a few steps, a few hundred canaries).
 """
 
@@ -159,16 +161,59 @@ def test_owner_audit_of_a_private_upload_is_charged_the_claim(
         "canaries": 200,
         "lrs": [0.1, 0.3],
     }
-    r = olga.post(f"{V1}/audits", json=body)
+    quote = olga.post(f"{V1}/audits/quote", json=body)
+    assert quote.status_code == 200, quote.text
+    cost = quote.json()
+    assert _spent(server, ds) == before  # a quote reserves nothing
+    r = olga.post(f"{V1}/audits", json={**body, "confirm": True})
     assert r.status_code == 201, r.text
     charged = r.json()["charge"]["epsilon_charged"]
     assert float(_spent(server, ds) - before) == pytest.approx(charged, rel=1e-9)
+    # The cost quoted first is the very epsilon charged, and the cap's figures add up.
+    assert cost["charged"] is True and cost["epsilon"] == charged and cost["delta"] == 1e-5
+    assert cost["epsilon_left_before"] == pytest.approx(50 - float(before))
+    assert cost["epsilon_left_after"] == pytest.approx(50 - float(before) - charged)
+    assert r.json()["request"]["confirm"] is True
     a = _finished(olga, r.headers["location"])
     assert a["state"] == "succeeded", a
     assert a["result"]["trials"] == 2
     # The claim charged before training is the one the audit reports.
     assert a["result"]["epsilon_claimed"] == pytest.approx(charged, rel=1e-9)
     assert 0.0 <= a["result"]["epsilon_lower_bound"] <= charged
+
+
+def test_an_unconfirmed_charge_is_a_422_with_its_cost_and_spends_nothing(
+    server: Server, world: dict[str, Any]
+) -> None:
+    """Issue 51: an audit of private data without ``confirm: true`` is refused before
+    anything is reserved; the problem names ``confirm`` and carries the cost, the same as the
+    quote's; public data needs no confirmation (quoted as free)."""
+    olga, ds = world["c"]["olga"], world["ds"]
+    before, stored = _spent(server, ds), _stored(server)
+    body = {"dataset": ds, "model": "logreg", "noise_multiplier": 2.0, "batch_size": 64,
+            "steps": 8, "canaries": 200}  # fmt: skip
+    for sent in (body, {**body, "confirm": False}):
+        problem = assert_problem(olga.post(f"{V1}/audits", json=sent), 422, field="confirm")
+        cost = problem["cost"]
+        assert cost["charged"] is True and cost["dataset"] == ds and cost["epsilon"] > 0
+        assert cost["ledger"].startswith("sha256:") and cost["fits"] is True
+        assert f"this audit charges ε {cost['epsilon']:.4g}, δ 1e-05" in problem["detail"]
+        assert "nothing was reserved" in problem["detail"] and "confirm" in problem["detail"]
+        assert cost["epsilon_left_before"] == pytest.approx(50 - float(before))
+    quote = olga.post(f"{V1}/audits/quote", json=body).json()
+    assert {k: v for k, v in quote.items() if k != "text"} == {
+        k: v for k, v in cost.items() if k != "text"
+    }
+    assert _spent(server, ds) == before
+    assert _stored(server) == stored
+    free = olga.post(f"{V1}/audits/quote", json={"dataset": "digits", "noise_multiplier": 1.0})
+    assert free.status_code == 200 and free.json()["charged"] is False
+    assert free.json()["epsilon"] == 0.0 and free.json()["ledger"] is None
+    # A quote is checked as the audit is: the analyst's is the same 403, bad input a 422.
+    assert_problem(world["c"]["ana"].post(f"{V1}/audits/quote", json=body), 403)
+    assert_problem(olga.post(f"{V1}/audits/quote", json={**body, "canaries": 1}), 422,
+                   field="canaries")  # fmt: skip
+    assert _stored(server) == stored
 
 
 def test_analyst_and_bad_input_are_refused_free_and_unstored(
@@ -216,7 +261,11 @@ def test_audit_of_a_trial_reuses_its_configuration(server: Server, world: dict[s
     before = _spent(server, ds)
     # Someone who does not see the trial: not found, nothing charged.
     assert_problem(ana.post(f"{V1}/audits", json={"trial": trial["id"]}), 404)
-    r = olga.post(f"{V1}/audits", json={"trial": trial["id"], "canaries": 200})
+    # The issue's case: a trial of a private dataset, refused until confirmed.
+    assert_problem(olga.post(f"{V1}/audits", json={"trial": trial["id"], "canaries": 200}),
+                   422, field="confirm")  # fmt: skip
+    assert _spent(server, ds) == before
+    r = olga.post(f"{V1}/audits", json={"trial": trial["id"], "canaries": 200, "confirm": True})
     assert r.status_code == 201, r.text
     assert r.json()["trial_id"] == trial["id"] and r.json()["sweep_id"] == sid
     a = _finished(olga, r.headers["location"])
@@ -254,5 +303,21 @@ def test_sdk_audit_waits_for_the_result(server: Server, world: dict[str, Any]) -
         with pytest.raises(ConfigError) as exc:
             client.audit(dataset="digits", epsilon=1.0, noise_multiplier=1.0)
         assert exc.value.field == "noise_multiplier"
+        # Private data: the cost first, refused without confirm=True (nothing reserved).
+        ds, before = world["ds"], _spent(server, world["ds"])
+        run = {"dataset": ds, "model": "logreg", "noise_multiplier": 2.0, "steps": 3,
+               "canaries": 100}  # fmt: skip
+        cost = client.audit_cost(**run)
+        assert cost["charged"] is True and cost["epsilon"] > 0
+        with pytest.raises(ConfigError) as refused:
+            client.audit(**run)
+        assert refused.value.field == "confirm" and refused.value.status == 422
+        assert refused.value.problem["cost"]["epsilon"] == cost["epsilon"]
+        assert _spent(server, ds) == before
+        a = client.audit(**run, confirm=True, timeout=180, poll_seconds=0.3)
+        assert a["state"] == "succeeded", a
+        assert a["charge"]["epsilon_charged"] == cost["epsilon"]
+        assert float(_spent(server, ds) - before) == pytest.approx(cost["epsilon"], rel=1e-9)
+        assert a["result"]["summary"].startswith("95 % lower bound ")
     with Client(server.base, token=server.token("ana")) as client, pytest.raises(PermissionDenied):
         client.audit(dataset=world["ds"], noise_multiplier=1.0, steps=3, canaries=100)

@@ -1,8 +1,10 @@
 """``dpsweep audit``: a canary audit from the command line, on a real SQLite database.
 
-Public data (digits) spends nothing; a registered (private) dataset is charged the claimed
-epsilon, computed before training; refused input charges and stores nothing. Every run is
-tiny (digits or 300 records, 10 steps, a few hundred canaries).
+Public data (digits) spends nothing and asks nothing; a registered (private) dataset is
+charged the claimed epsilon, computed and shown before training, and only with ``--yes``
+(issue 51: without it, and no terminal to ask on, the audit is refused and nothing is
+spent); refused input charges and stores nothing. Every run is tiny (digits or 300 records,
+10 steps, a few hundred canaries).
 """
 
 from __future__ import annotations
@@ -123,13 +125,89 @@ def test_audit_of_a_registered_dataset_charges_the_claim(
     before = _spent(db, "clinic")
     rc = main(["audit", "--dataset", "clinic", "--model", "logreg", "--noise-multiplier", "1.5",
                "--batch-size", "64", "--steps", "10", "--lr", "0.1", "--lr", "0.3",
-               "--canaries", "200", "--json", "--db", db])  # fmt: skip
+               "--canaries", "200", "--json", "--yes", "--db", db])  # fmt: skip
     assert rc == 0
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
     assert out["trials"] == 2 and out["noise_multiplier"] == 1.5
     # Charged exactly the claim: the two trials' 10 steps each, composed.
     assert float(_spent(db, "clinic") - before) == pytest.approx(out["epsilon_claimed"], rel=1e-9)
     assert 0.0 <= out["epsilon_lower_bound"] <= out["epsilon_claimed"]
+    # The charge was shown first (on stderr: stdout is the JSON), as the ledger took it.
+    assert f"this audit charges ε {out['epsilon_claimed']:.4g}, δ 1e-05" in captured.err
+    assert "'clinic'" in captured.err and "confirmed by --yes" in captured.err
+    assert out["summary"].startswith("95 % lower bound ")
+
+
+def _clinic(tmp_path: Path, cap: float | None = None) -> str:
+    """A database with a registered private dataset ``clinic`` (its ε cap when given)."""
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.datasets.registration import register_file
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+
+    db = f"sqlite:///{tmp_path / 'p.db'}"
+    upgrade(db)
+    data = tmp_path / "clinic.csv"
+    _csv(data)
+    engine = make_engine(db)
+    try:
+        register_file(engine, data, name="clinic", label_column="label")
+        if cap is not None:
+            BudgetLedger(engine).set_cap(ledger_key_of(engine, "clinic"), epsilon_cap=cap)
+    finally:
+        engine.dispose()
+    return db
+
+
+AUDIT = ["audit", "--dataset", "clinic", "--model", "logreg", "--noise-multiplier", "1.5",
+         "--batch-size", "64", "--steps", "10", "--canaries", "200"]  # fmt: skip
+
+
+def test_an_unconfirmed_audit_of_private_data_is_refused_and_spends_nothing(
+    tmp_path: Path,
+) -> None:
+    """Issue 51: no --yes and no terminal (stdin is not one): one line that says what it
+    would charge and how to proceed; the ledger and the stored audits are unchanged."""
+    db = _clinic(tmp_path, cap=8.19)
+    before = _spent(db, "clinic")
+    p = subprocess.run(
+        [DPSWEEP, *AUDIT, "--db", db], capture_output=True, text=True, timeout=300,
+        stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    line = lines[0]
+    assert line.startswith("refused: this audit charges ε "), line
+    assert "'clinic'" in line and "ε left 8.19 → " in line and "δ 1e-05" in line
+    assert "nothing was charged" in line and "--yes" in line
+    assert _spent(db, "clinic") == before == Decimal(0)
+    assert _audits(db) == 0
+
+
+def test_a_confirmed_audit_prints_its_cost_then_the_verdict_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --yes: the charge shown is the one taken, and the table ends with the one-line
+    verdict (what the bound shows) before the long one."""
+    monkeypatch.setenv("COLUMNS", "300")
+    db = _clinic(tmp_path, cap=8.19)
+    assert main([*AUDIT, "--yes", "--db", db]) == 0
+    captured = capsys.readouterr()
+    spent = _spent(db, "clinic")
+    assert spent > 0
+    err = " ".join(captured.err.split())
+    after = Decimal("8.19") - spent
+    assert f"this audit charges ε {float(spent):.4g}, δ 1e-05" in err, err
+    assert f"ε left 8.19 → ≈{float(after):.6g}" in err or f"ε left 8.19 → {after}" in err, err
+    out = " ".join(captured.out.split())
+    verdict = next(x for x in captured.out.splitlines() if x.startswith("verdict: "))
+    assert verdict.startswith("verdict: 95 % lower bound "), verdict
+    assert "≤ claimed ε" in verdict and "consistent" in verdict, verdict
+    assert "no evidence of a leak" in out
+    assert f"charged ε {float(spent):.4g}" in out
+    assert _audits(db) == 1
 
 
 def test_the_table_shows_the_bound_the_estimate_and_the_verdict(
