@@ -1,7 +1,8 @@
 """The dashboard's Audits panel (issue 38), in a real headless Chromium against a real
 ``dpsweep serve``: on a finished trial's page, "Audit this trial" starts a canary audit, the
 panel polls it until it ends and shows its lower bound beside the claimed epsilon; the sweep's
-page lists the same audit; a refused request shows the server's own words.
+page lists the same audit; a refused request shows the server's own words. An audit of private
+data shows its cost and asks first (issue 51): nothing is charged until the user confirms.
 
 The server is ``test_dashboard``'s (its fixtures are reused); the sweep is a tiny one of its own.
 """
@@ -233,3 +234,93 @@ def test_a_bound_above_the_claim_shows_the_servers_verdict(
     assert "Gaussian estimate ε ≈ 6.6 (not a bound)" in text, text
     assert "the Gaussian estimate does" in text, text
     screenshot(page, "trial-audit-verdicts")
+
+
+def _spent(server: Server, dataset: str) -> float:
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.privacy.ledger.budget_ledger import BudgetLedger
+    from sweeper.store.engine import create_ledger_engine
+
+    engine = create_ledger_engine(server.db_url)
+    try:
+        s = BudgetLedger(engine).summary(ledger_key_of(engine, dataset))
+        return float(s.epsilon_spent + s.epsilon_reserved)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def private_trial(api: httpx.Client) -> tuple[str, str]:
+    """Alice's finished trial on her own private upload: (dataset id, trial id)."""
+    rng = np.random.default_rng(51)
+    x = np.round(rng.normal(size=(200, 4)), 3)
+    y = (x[:, 0] > 0).astype(int)
+    lines = ["a,b,c,d,label"] + [
+        ",".join(repr(float(v)) for v in row) + f",{t}" for row, t in zip(x, y, strict=True)
+    ]
+    r = api.post(
+        "/api/v1/datasets",
+        files={"file": ("confirm.csv", "\n".join(lines) + "\n", "text/csv")},
+        data={"label_column": "label", "epsilon_cap": "20", "name": "audit-confirm",
+              "declare_counted": "true"},
+    )  # fmt: skip
+    assert r.status_code == 201, r.text
+    ds = r.json()["id"]
+    spec = {
+        "name": "confirm-audit",
+        "dataset": {"name": ds},
+        "model": {"name": "logreg"},
+        "training": {"steps": 4, "batch_size": 32, "eval_every": 2},
+        "privacy": {"budgets": [1], "delta": 1e-5},
+        "arms": [{"strategy": "fixed", "grid": {"lr": [0.1], "clip": [1.0]}}],
+    }
+    r = api.post("/api/v1/sweeps", json=spec)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    _dash._wait_state(api, sid, {"done"}, timeout=240)
+    items = api.get(f"/api/v1/sweeps/{sid}/trials", params={"limit": 500}).json()["items"]
+    done = [t for t in items if t["state"] == "done"]
+    assert done, items
+    return ds, str(done[0]["id"])
+
+
+def test_an_audit_of_private_data_shows_its_cost_and_asks_first(
+    page: Any, server: Server, api: httpx.Client, private_trial: tuple[str, str]
+) -> None:
+    """Issue 51: "Audit this trial" on private data shows what it will charge (the server's
+    quote) and sends nothing until confirmed; Cancel leaves the budget as it was; Confirm
+    charges exactly the quoted epsilon and the audit runs."""
+    ds, trial = private_trial
+    before = _spent(server, ds)
+    quote = api.post("/api/v1/audits/quote", json={"trial": trial, "canaries": 200}).json()
+    assert quote["charged"] is True and quote["epsilon"] > 0
+    page.goto(f"/trials/{trial}")
+    page.wait_for_selector("#audits-panel #audit-form")
+    page.fill("#audit-canaries", "200")
+    page.click("#audit-start")
+    page.wait_for_selector("#audit-confirm-box")
+    cost = page.inner_text("#audit-cost")
+    assert cost == quote["text"], cost
+    assert f"this audit charges ε {quote['epsilon']:.4g}, δ 1e-05" in cost
+    assert "ε left " in cost and "→" in cost
+    assert f"Charge ε {quote['epsilon']:.4g}" in page.inner_text("#audit-confirm")
+    screenshot(page, "trial-audit-confirm")
+    # Asked, not sent: nothing is charged or stored.
+    assert _spent(server, ds) == before
+    assert api.get("/api/v1/audits", params={"trial": trial}).json()["items"] == []
+    page.click("#audit-cancel")
+    assert page.locator("#audit-confirm-box").count() == 0
+    assert _spent(server, ds) == before
+    assert page.locator("#audits-list li").count() == 0
+
+    page.click("#audit-start")
+    page.click("#audit-confirm")
+    page.wait_for_selector("#audits-list li[data-state=succeeded]", timeout=300_000)
+    assert page.locator("#audit-confirm-box").count() == 0
+    (audit,) = api.get("/api/v1/audits", params={"trial": trial}).json()["items"]
+    assert audit["request"]["confirm"] is True
+    assert audit["charge"]["epsilon_charged"] == quote["epsilon"]
+    assert _spent(server, ds) - before == pytest.approx(quote["epsilon"], rel=1e-9)
+    row = page.inner_text(f"#audits-list li[data-audit='{audit['id']}']")
+    assert "Verdict: 95 % lower bound " in row and "≤ claimed ε" in row, row
+    assert audit["result"]["summary"] in row

@@ -83,17 +83,21 @@ export function auditsPanel({ trial = null, sweep = null, canStart = false } = {
     const f = h("form", { class: "row audit-form", id: "audit-form", novalidate: true },
       h("label", { for: "audit-setting" }, "Setting"), setting,
       h("label", { for: "audit-canaries" }, "Canaries"), canaries, button);
+    // An audit of private data spends its owner's budget: its cost is quoted first
+    // (POST /audits/quote, nothing reserved) and the audit sent with confirm: true only once
+    // the user has said yes. Public data charges nothing and starts at once.
     f.addEventListener("submit", async (ev) => {
       ev.preventDefault();
       flash.replaceChildren();
       button.disabled = true;
+      const body = { trial, setting: setting.value, canaries: Number(canaries.value) };
       try {
-        const a = await api("/audits", {
-          method: "POST",
-          body: { trial, setting: setting.value, canaries: Number(canaries.value) },
-        });
-        show(a, true);
-        updateStatus();
+        const cost = await api("/audits/quote", { method: "POST", body });
+        if (cost.charged) {
+          flash.replaceChildren(confirmBox(cost, body));
+          return;
+        }
+        await start(body);
       } catch (e) {
         flash.replaceChildren(problem(e));
       } finally {
@@ -101,6 +105,35 @@ export function auditsPanel({ trial = null, sweep = null, canStart = false } = {
       }
     });
     return f;
+  }
+
+  async function start(body) {
+    const a = await api("/audits", { method: "POST", body: { ...body, confirm: true } });
+    show(a, true);
+    updateStatus();
+  }
+
+  /** The charge, in the server's words, and the two answers: charge it, or not. */
+  function confirmBox(cost, body) {
+    const yes = h("button", { type: "button", id: "audit-confirm" }, `Charge ε ${num(cost.epsilon, 4)} and audit`);
+    const no = h("button", { type: "button", id: "audit-cancel" }, "Cancel");
+    const box = h("div", { class: "audit-confirm", role: "alertdialog", id: "audit-confirm-box" },
+      h("strong", {}, "This audit spends privacy budget. "),
+      h("span", { id: "audit-cost" }, cost.text),
+      cost.fits ? "" : h("div", { class: "error small" }, "The cap does not leave enough: it will be refused."),
+      h("div", { class: "row" }, yes, no));
+    no.addEventListener("click", () => flash.replaceChildren());
+    yes.addEventListener("click", async () => {
+      yes.disabled = true;
+      no.disabled = true;
+      try {
+        await start(body);
+        flash.replaceChildren();
+      } catch (e) {
+        flash.replaceChildren(problem(e));
+      }
+    });
+    return box;
   }
 
   return panel;
@@ -130,6 +163,7 @@ function row(a) {
       ` · ${r.setting} · ${r.canaries} canaries`,
       typeof r.seconds === "number" ? ` · ${num(r.seconds, 3)} s` : "",
       r.strategy ? h("span", { class: "muted" }, ` · ${r.strategy}${r.engine_path ? ` (${r.engine_path})` : ""}`) : "",
+      r.summary ? h("div", { class: "audit-summary" }, h("strong", {}, "Verdict: "), r.summary) : "",
       r.verdict ? h("div", { class: "audit-verdict small" }, r.verdict) : "");
   } else if (a.state === "failed") {
     body = h("span", { class: "audit-failed" }, a.error || "the audit failed");
