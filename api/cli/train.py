@@ -272,7 +272,10 @@ def _keep_model(
     ``dpsweep model -o``); the paths written (None: no checkpoint to keep, said on stderr)."""
     from api.cli.models import CARD_FILE, MODEL_FILE, README_FILE, _write  # deferred: rich
     from sweeper.artifacts.cards import card_bytes  # deferred: SQLAlchemy
-    from sweeper.artifacts.run_card import render_run_card_markdown, training_run_card
+    from sweeper.artifacts.run_card import (  # deferred: SQLAlchemy
+        render_run_card_markdown,
+        training_run_card,
+    )
 
     if result.weights is None:
         Console(stderr=True).print(

@@ -100,8 +100,8 @@ def _data_and_model_flags(d: Any) -> None:
 
 
 def _privacy_flags(p: Any) -> None:
-    # Torch-free: the registry imports no accountant library.
-    from workers.accounting.registry import WORKER_ALIASES, accountant_names, get_accountant
+    # Torch-free: the one table of names imports no accountant library.
+    from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, choices_text
 
     p.add_argument("--strategy", default="fixed", help="clipping strategy (default: fixed)")
     p.add_argument("--epsilon", type=positive_float("epsilon"), help="target epsilon")
@@ -113,12 +113,10 @@ def _privacy_flags(p: Any) -> None:
     p.add_argument("--delta", type=delta, default=1e-5, help="target delta (default 1e-5)")
     p.add_argument(
         "--accountant",
-        default="opacus-rdp",
-        choices=(*accountant_names(), *WORKER_ALIASES),
+        default=DEFAULT_RUN_ACCOUNTANT,
         metavar="ACCOUNTANT",
         help="the accountant of the reported epsilon (and of --epsilon's calibration): "
-        + ", ".join(f"{d.name} ({d.library})" for d in map(get_accountant, accountant_names()))
-        + "; default opacus-rdp. Legacy names: rdp = opacus-rdp, prv = opacus-prv",
+        f"{choices_text()}, or a plug-in's; default {DEFAULT_RUN_ACCOUNTANT}",
     )
     p.add_argument(
         "--reproducible",

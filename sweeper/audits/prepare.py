@@ -29,6 +29,8 @@ from pydantic import ValidationError
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
+from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
 from dpsweep.plan import SweepPlan
@@ -43,7 +45,7 @@ from sweeper.runs.single_run import DataView, SingleRun, check_single_run, prepa
 from sweeper.store import Dataset, Sweep, Trial, TrialState
 from sweeper.sweeps.stored import grid_key, typed_spec
 from sweeper.sweeps.sweep_pages import sweep_head
-from workers.accounting import compute_epsilon
+from workers.accounting import epsilon_for, worker_accountant
 from workers.accounting.registry import trial_accountant_for_plan
 from workers.datasets.loading import load_dataset
 from workers.plan_check import PlannedRun
@@ -56,7 +58,7 @@ DEFAULT_DELTA = 1e-5
 DEFAULT_STEPS = 100
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_LR = 0.5
-DEFAULT_ACCOUNTANT = "opacus-rdp"
+DEFAULT_ACCOUNTANT = DEFAULT_RUN_ACCOUNTANT
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,6 @@ def _prepare_run(
         engine, run, viewer, params=params, view=view, device=device, threads=threads,
         name="dpsweep-audit",
     )  # fmt: skip
-    assert prepared.noise_multiplier is not None  # check_single_run(require_private=True)
     return _finish(
         engine,
         request,
@@ -194,11 +195,8 @@ def _prepare_run(
         trial_id=None,
         pack=prepared.pack,
         data=prepared.data,
-        q=prepared.sample_rate,
-        steps=prepared.steps,
-        sigma=prepared.noise_multiplier,
-        delta=run.delta,
-        accountant=run.accountant,
+        # check_single_run(require_private=True): a noise multiplier, which the value checks.
+        inputs=prepared.inputs(),
     )
 
 
@@ -298,11 +296,13 @@ def _prepare_trial(
         trial_id=trial.id,
         pack=pack,
         data=data,
-        q=q,
-        steps=steps,
-        sigma=sigma,
-        delta=delta,
-        accountant=accountant,
+        inputs=AccountingInputs(
+            noise_multiplier=sigma,
+            sample_rate=q,
+            steps=steps,
+            delta=delta,
+            accountant=worker_accountant(accountant).name,
+        ),
     )
 
 
@@ -344,31 +344,22 @@ def _finish(
     trial_id: str | None,
     pack: Any,
     data: Any,
-    q: float,
-    steps: int,
-    sigma: float,
-    delta: float,
-    accountant: str,
+    inputs: AccountingInputs,
 ) -> PreparedAudit:
+    """Check the pack for the audit's canaries and settle its claim: the K trials' T steps
+    each (``inputs`` is one trial's), composed."""
     # deferred: workers.canary_audit.run imports torch, and the API imports this module
     from workers.canary_audit.run import check_audit_pack
 
     check_audit_pack(pack, setting=request.setting, canaries=request.canaries)
+    field = "trial" if trial_id is not None else "noise_multiplier"
     # What the K trials' T steps each release, composed: the audit's claim and its charge.
-    claimed = _field_errors(
-        lambda: compute_epsilon(
-            noise_multiplier=sigma,
-            sample_rate=q,
-            steps=steps * len(pack.trials),
-            target_delta=delta,
-            accountant=accountant,
-        ),
-        field="trial" if trial_id is not None else "noise_multiplier",
-    )
+    composed = dataclasses.replace(inputs, steps=inputs.steps * len(pack.trials))
+    claimed = _field_errors(lambda: epsilon_for(composed), field=field)
     if not math.isfinite(claimed):
         raise ConfigError(
             "the claimed epsilon of these settings is not finite: there is nothing to audit",
-            field="trial" if trial_id is not None else "noise_multiplier",
+            field=field,
         )
     public = is_public_dataset(engine, name)
     return PreparedAudit(
@@ -381,10 +372,10 @@ def _finish(
         public=public,
         ledger_key=None if public or not in_catalog(name) else ledger_key_of(engine, name),
         content_sha256=str(data.content_sha256),
-        sample_rate=q,
-        steps=steps,
-        noise_multiplier=sigma,
-        delta=delta,
-        accountant=accountant,
+        sample_rate=inputs.sample_rate,
+        steps=inputs.steps,
+        noise_multiplier=inputs.sigma,
+        delta=inputs.delta,
+        accountant=inputs.accountant,
         epsilon_claimed=float(claimed),
     )

@@ -137,7 +137,7 @@ class Quote:
 def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -> Quote:
     """What :func:`charge_training_run` will charge ``prepared``, read-only (nothing is bound,
     reserved or charged)."""
-    from workers.accounting import compute_epsilon  # deferred: scipy
+    from workers.accounting import epsilon_for  # deferred: scipy
 
     if prepared.stored:
         key = ledger_key_of(engine, dataset)
@@ -147,13 +147,7 @@ def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -
     summary = BudgetLedger(engine).summary(key)
     epsilon = None
     if prepared.noise_multiplier is not None:
-        epsilon = compute_epsilon(
-            noise_multiplier=prepared.noise_multiplier,
-            sample_rate=prepared.sample_rate,
-            steps=prepared.steps,
-            target_delta=prepared.run.delta,
-            accountant=prepared.run.accountant,
-        )
+        epsilon = epsilon_for(prepared.inputs())
     # A file read by a loader is never public; a name is when its records are.
     name = dataset if prepared.stored else prepared.run.dataset.name
     public = prepared.run.dataset.path is None and is_public_dataset(engine, name)

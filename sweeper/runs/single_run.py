@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
+from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import ConfigError, PrivacyError
 from dpsweep.spec import (
     ArmConfig,
@@ -110,7 +111,17 @@ class PreparedRun:
 
     @property
     def private(self) -> bool:
+        """Whether the run adds noise (it has an epsilon)."""
         return self.noise_multiplier is not None
+
+    def inputs(self, *, trials: int = 1) -> AccountingInputs:
+        """The run's accounting inputs (``trials``: K trials composed, as an audit's claim)."""
+        return run_inputs(
+            self.run,
+            sample_rate=self.sample_rate,
+            steps=self.steps * trials,
+            noise_multiplier=self.noise_multiplier,
+        )
 
 
 def _first_error(exc: ValidationError) -> ConfigError:
@@ -142,19 +153,18 @@ def check_single_run(run: SingleRun, *, require_private: bool = False) -> dict[s
             naming the request's field.
     """
     # These load the torch side of the registries, and the API imports this module.
-    from workers.accounting import ACCOUNTANTS  # deferred: scipy
     from workers.models import get_model_descriptor, model_names  # deferred: torch side
     from workers.strategies import STRATEGIES, strategy_names  # deferred: torch classes
 
     for name, value, known in (
         ("model", run.model.name, model_names()),
         ("strategy", run.strategy, strategy_names()),
-        ("accountant", run.accountant, list(ACCOUNTANTS)),
     ):
         if value not in known:
             raise ConfigError(
                 f"unknown {name} {value!r}; choose one of: {', '.join(known)}", field=name
             )
+    run_accountant(run)
     private = STRATEGIES[run.strategy].private
     if require_private and not private:
         raise ConfigError(
@@ -182,6 +192,34 @@ def check_single_run(run: SingleRun, *, require_private: bool = False) -> dict[s
     except ConfigError as exc:
         raise ConfigError(str(exc), field="model_options") from None
     return params
+
+
+def run_accountant(run: SingleRun) -> str:
+    """The canonical name of the run's accountant: a single run's record is a worker's, so a
+    legacy ``rdp``/``prv`` is Opacus's (:func:`dpsweep.accountants.resolve`, context worker).
+
+    Raises:
+        ConfigError: an unknown accountant (field ``accountant``), the canonical names listed.
+    """
+    from workers.accounting import worker_accountant  # deferred: the accountants' registry
+
+    try:
+        return worker_accountant(run.accountant).name
+    except ConfigError as exc:
+        raise ConfigError(str(exc), field="accountant") from None
+
+
+def run_inputs(
+    run: SingleRun, *, sample_rate: float, steps: int, noise_multiplier: float | None
+) -> AccountingInputs:
+    """The run's accounting inputs as one value (``noise_multiplier`` None: to calibrate)."""
+    return AccountingInputs(
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        steps=steps,
+        delta=run.delta,
+        accountant=run_accountant(run),
+    )
 
 
 def one_arm_spec(run: SingleRun, *, name: str, batch_size: int | None = None) -> SweepSpec:
@@ -318,20 +356,13 @@ def _planned_steps(training: TrainingConfig, planning: Any) -> tuple[float, int]
 
 def _noise_multiplier(run: SingleRun, q: float, steps: int) -> float | None:
     """The run's sigma: given, or calibrated to its epsilon by the one calibrator."""
-    from workers.accounting import calibrate_noise_multiplier  # deferred: scipy
+    from workers.accounting import calibrate_for  # deferred: scipy
 
     if run.epsilon is None:
         return run.noise_multiplier
     try:
-        return float(
-            calibrate_noise_multiplier(
-                target_epsilon=run.epsilon,
-                target_delta=run.delta,
-                sample_rate=q,
-                steps=steps,
-                accountant=run.accountant,
-            )
-        )
+        inputs = run_inputs(run, sample_rate=q, steps=steps, noise_multiplier=None)
+        return float(calibrate_for(inputs, target_epsilon=run.epsilon))
     except ConfigError as exc:
         raise ConfigError(str(exc), field="epsilon") from None
     except (PrivacyError, ArithmeticError, ValueError):
@@ -386,7 +417,7 @@ def _pack(
         strategy=run.strategy,
         trials=trials,
         dataset=dataset_spec,
-        accountant=run.accountant,
+        accountant=run_accountant(run),
         reproducible=run.reproducible,
         planned=planned,
         device=device,
