@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import update
@@ -21,7 +22,7 @@ from sweeper.artifacts.keeper import ModelKeeper
 from sweeper.driver import failures, ray_backend
 from sweeper.driver.claims import Claims
 from sweeper.driver.crash import CrashPolicy
-from sweeper.driver.held_sweep import HeldSweep, InFlight
+from sweeper.driver.held_sweep import HeldSweep, InFlight, PendingTrial
 from sweeper.driver.liveness import utc_now
 from sweeper.driver.progress import Progress
 from sweeper.driver.tpe import TpeSearch
@@ -158,79 +159,94 @@ class PackEvents:
             events.lock_sweep(session, held.sweep_id)
             sweep = session.get(Sweep, held.sweep_id)
             for t, r, w in zip(flight.trials, event["results"], weights, strict=True):
-                res = session.execute(
-                    update(Trial)
-                    .where(Trial.id == t.id, Trial.state == TrialState.running)
-                    .values(
-                        state=TrialState.done,
-                        finished_at=now,
-                        train_seconds=seconds,
-                        error=None,
-                    )
-                )
-                if not res.rowcount:  # type: ignore[attr-defined]
+                if not _mark_done(session, t.id, now, seconds):
                     continue  # cancelled meanwhile: its late result is dropped
-                m = r["metrics"]
-                session.add(
-                    TrialResultRow(
-                        trial_id=t.id,
-                        metrics={k: v for k, v in m.items() if k != "reliability"},
-                        final_metrics={
-                            k: v for k, v in r["final_metrics"].items() if k != "reliability"
-                        },
-                        epsilon=r["epsilon"],
-                        delta=r["target_delta"],
-                        accountant=r["accountant"],
-                        steps=r["steps"],
-                        best_step=r["best_step"],
-                        reliability=m.get("reliability"),
-                        trajectories=r["trajectories"],
-                        step_time_ms_median=r["step_time_ms_median"],
-                        diverged_at=r["diverged_at"],
-                        objective=finite(m.get(held.metric)),
-                        engine_path=r.get("engine_path"),
-                    )
-                )
+                session.add(_result_row(t.id, r, held.metric))
                 # Kept models are staged with their result (one transaction), then written.
                 self.keeper.stage(
                     session,
                     trial_id=t.id,
                     grid=t.grid,
                     private=bool(r["private"]),
-                    metrics=m,
+                    metrics=r["metrics"],
                     weights=w,
                     info=r.get("model_info") or {},
                 )
                 self.progress.count(t, "running", "done")
                 if held.shows(t.grid):
-                    self.progress.done_this_run += 1  # (the ETA's rate: shown grids only)
-                    events.emit(
-                        session,
-                        held.sweep_id,
-                        events.TRIAL,
-                        held.trial_data(
-                            t,
-                            "done",
-                            metrics={k: v for k, v in m.items() if k != "reliability"},
-                            # What this run alone would cost; not what was spent (see releases).
-                            single_run_epsilon=r["epsilon"],
-                        ),
-                        trial_id=t.id,
-                    )
-                    self.progress.note_best(t.arm, m.get(held.metric))
-                    # The audit log, in the release's own transaction.
-                    if sweep is not None:
-                        release_log.record_trial(
-                            session,
-                            sweep,
-                            trial_id=t.id,
-                            grid=t.grid,
-                            kind="trial",
-                            what=["metrics", "params", "history"],
-                        )
+                    self._announce_done(session, sweep, t, r)
         self.keeper.flush()
         for t in flight.trials:
             self.tpe.tell(t)
         shown = [t for t in flight.trials if held.shows(t.grid)]
         if shown:
             self.progress.last_event = f"finished {len(shown)} trial(s) of {shown[0].arm}"
+
+    def _announce_done(
+        self, session: Session, sweep: Sweep | None, t: PendingTrial, r: dict[str, Any]
+    ) -> None:
+        """A shown trial's ``done``: its event, the tally's best, and the release's audit log
+        entry, all in the caller's transaction."""
+        held = self.held
+        m = r["metrics"]
+        self.progress.done_this_run += 1  # (the ETA's rate: shown grids only)
+        events.emit(
+            session,
+            held.sweep_id,
+            events.TRIAL,
+            held.trial_data(
+                t,
+                "done",
+                metrics={k: v for k, v in m.items() if k != "reliability"},
+                # What this run alone would cost; not what was spent (see releases).
+                single_run_epsilon=r["epsilon"],
+            ),
+            trial_id=t.id,
+        )
+        self.progress.note_best(t.arm, m.get(held.metric))
+        # The audit log, in the release's own transaction.
+        if sweep is not None:
+            release_log.record_trial(
+                session,
+                sweep,
+                trial_id=t.id,
+                grid=t.grid,
+                kind="trial",
+                what=["metrics", "params", "history"],
+            )
+
+
+def _mark_done(session: Session, trial_id: str, now: datetime, seconds: float) -> bool:
+    """Set a running trial ``done``; False when it is no longer running (cancelled)."""
+    res = session.execute(
+        update(Trial)
+        .where(Trial.id == trial_id, Trial.state == TrialState.running)
+        .values(
+            state=TrialState.done,
+            finished_at=now,
+            train_seconds=seconds,
+            error=None,
+        )
+    )
+    return bool(res.rowcount)  # type: ignore[attr-defined]
+
+
+def _result_row(trial_id: str, r: dict[str, Any], metric: str) -> TrialResultRow:
+    """A worker's result for one trial as its row (``metric``: the objective's)."""
+    m = r["metrics"]
+    return TrialResultRow(
+        trial_id=trial_id,
+        metrics={k: v for k, v in m.items() if k != "reliability"},
+        final_metrics={k: v for k, v in r["final_metrics"].items() if k != "reliability"},
+        epsilon=r["epsilon"],
+        delta=r["target_delta"],
+        accountant=r["accountant"],
+        steps=r["steps"],
+        best_step=r["best_step"],
+        reliability=m.get("reliability"),
+        trajectories=r["trajectories"],
+        step_time_ms_median=r["step_time_ms_median"],
+        diverged_at=r["diverged_at"],
+        objective=finite(m.get(metric)),
+        engine_path=r.get("engine_path"),
+    )
