@@ -214,17 +214,49 @@ def accuracy_figure(
 
 
 def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
+    """Experiment 1: each dataset's sweep under compose and basic accounting, the non-private
+    ceilings, the figures, and the section's text.
+
+    Returns:
+        The section's Markdown, and its facts (each sweep's wall time, the ceilings).
+    """
+    pairs, changes = _run_sweeps(scale, work)
+    ceilings = {
+        n: ceiling(c.spec, steps=int(c.summary["plan"][0]["steps_per_trial"]))
+        for n, (c, _) in pairs.items()
+        if n in CEILING
+    }
+    images = _draw_figures(pairs, ceilings, figures)
+    text = _protocol_lines(scale, pairs, images)
+    for name, (compose, basic) in pairs.items():
+        text += _dataset_lines(name, compose, basic, changes[name], ceilings.get(name))
+    text += reading("strategies", scale)
+    seconds = {
+        f"{n}_{kind}": r.seconds
+        for n, (c, b) in pairs.items()
+        for kind, r in (("compose", c), ("basic", b))
+    }
+    facts: dict[str, Any] = {"seconds": seconds}
+    facts["ceiling"] = {n: round(c.mean, 4) for n, c in ceilings.items()}
+    return "\n".join(text), facts
+
+
+def _run_sweeps(scale: str, work: Path) -> tuple[dict[str, tuple[Run, Run]], dict[str, str]]:
+    """Each dataset's sweep under compose and under basic accounting, and what the basic
+    variant had to change."""
     pairs: dict[str, tuple[Run, Run]] = {}
     changes: dict[str, str] = {}
     for name in DATASETS if scale == "full" else TINY:
         spec = load(f"strategies-{name}", scale)
         basic_spec, changes[name] = basic_variant(spec, work / name)
         pairs[name] = (run_spec(spec, work / name), run_spec(basic_spec, work / name))
-    ceilings = {
-        n: ceiling(c.spec, steps=int(c.summary["plan"][0]["steps_per_trial"]))
-        for n, (c, _) in pairs.items()
-        if n in CEILING
-    }
+    return pairs, changes
+
+
+def _draw_figures(
+    pairs: dict[str, tuple[Run, Run]], ceilings: dict[str, Ceiling], figures: Path
+) -> list[str]:
+    """The first figure (scikit-learn's sets together), then one per other dataset."""
     first_pairs = {n: p for n, p in pairs.items() if n in FIRST_FIGURE}
     images = [accuracy_figure(first_pairs, figures / "strategies-accuracy.png", ceilings)]
     images += [
@@ -232,11 +264,11 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
         for n, p in pairs.items()
         if n not in FIRST_FIGURE
     ]
-    seconds = {
-        f"{n}_{kind}": r.seconds
-        for n, (c, b) in pairs.items()
-        for kind, r in (("compose", c), ("basic", b))
-    }
+    return images
+
+
+def _protocol_lines(scale: str, pairs: dict[str, tuple[Run, Run]], images: list[str]) -> list[str]:
+    """The section's title, the protocol (grids, seeds, levels, what is charged), the figures."""
     first = next(iter(pairs.values()))[0]
     seeds = first.spec.get("seeds", 1)
     seeds_by = {n: c.spec.get("seeds", 1) for n, (c, _) in pairs.items()}
@@ -245,7 +277,7 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
     grid_runs = {
         n: {g["arm"]: g["trials"] for g in c.summary["plan"]} for n, (c, _) in pairs.items()
     }
-    text = [
+    return [
         TITLE,
         "",
         f"Scale: {scale}. The 004 protocol: fixed (lr × C, {points.get('fixed')} points), "
@@ -265,39 +297,39 @@ def run(scale: str, work: Path, figures: Path) -> tuple[str, dict[str, Any]]:
         "",
         *[line for image in images for line in (image, "")],
     ]
-    for name, (compose, basic) in pairs.items():
-        text += [
-            f"### {name}",
-            "",
-            spec_block(compose.spec),
-            "",
-            f"The basic-accounting sweep is the same spec with {changes[name]}.",
-            "",
-            "**Best-of-grid accuracy** (mean ± std over the best configuration's "
-            f"{seeds_by[name]} seeds; its parameters under compose):",
-            "",
-            results_table(compose, basic),
-            "",
-            *_ceiling_lines(ceilings.get(name)),
-            "**Plan, compose** (σ per arm and level; the grid's ε verified by a second "
-            "accountant):",
-            "",
-            plan_table(compose),
-            "",
-            "<details><summary>Plan, basic (each run gets ε/K and δ/K)</summary>",
-            "",
-            plan_table(basic),
-            "",
-            "</details>",
-            "",
-            f"Wall time: compose {compose.seconds:.0f} s ({len(compose.trials)} runs), basic "
-            f"{basic.seconds:.0f} s ({len(basic.trials)} runs).",
-            "",
-        ]
-    text += reading("strategies", scale)
-    facts: dict[str, Any] = {"seconds": seconds}
-    facts["ceiling"] = {n: round(c.mean, 4) for n, c in ceilings.items()}
-    return "\n".join(text), facts
+
+
+def _dataset_lines(
+    name: str, compose: Run, basic: Run, change: str, top: Ceiling | None
+) -> list[str]:
+    """One dataset's subsection: its spec, results, ceiling, both plans and wall times."""
+    return [
+        f"### {name}",
+        "",
+        spec_block(compose.spec),
+        "",
+        f"The basic-accounting sweep is the same spec with {change}.",
+        "",
+        "**Best-of-grid accuracy** (mean ± std over the best configuration's "
+        f"{compose.spec.get('seeds', 1)} seeds; its parameters under compose):",
+        "",
+        results_table(compose, basic),
+        "",
+        *_ceiling_lines(top),
+        "**Plan, compose** (σ per arm and level; the grid's ε verified by a second accountant):",
+        "",
+        plan_table(compose),
+        "",
+        "<details><summary>Plan, basic (each run gets ε/K and δ/K)</summary>",
+        "",
+        plan_table(basic),
+        "",
+        "</details>",
+        "",
+        f"Wall time: compose {compose.seconds:.0f} s ({len(compose.trials)} runs), basic "
+        f"{basic.seconds:.0f} s ({len(basic.trials)} runs).",
+        "",
+    ]
 
 
 def _ceiling_lines(top: Ceiling | None) -> list[str]:
