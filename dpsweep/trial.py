@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,29 @@ def model_loader(name: str) -> Callable[..., Any]:
         f"no model loader {name!r} is installed (entry-point group {MODEL_LOADERS_GROUP}); "
         f"install the server extra: {INSTALL_HINT}"
     )
+
+
+def scaled_inputs_reason(card: dict[str, Any]) -> str | None:
+    """Why a kept model does not take raw records (its card's ``model.input_transform``), or
+    None when it does."""
+    described = (card.get("model") or {}).get("input_transform")
+    if not isinstance(described, dict):
+        return "it was kept before model files carried their input transform"
+    if described.get("raw_inputs"):
+        return None
+    return str(described.get("reason") or "its card says it takes scaled inputs")
+
+
+def warn_scaled_inputs(card: dict[str, Any], trial_id: str) -> None:
+    """A ``UserWarning`` when the model of ``card`` takes scaled inputs, not raw records."""
+    reason = scaled_inputs_reason(card)
+    if reason is not None:
+        warnings.warn(
+            f"the model of trial {trial_id} takes inputs scaled as its trainer scaled them, "
+            f"not raw records: {reason}",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 class Trial(dict[str, Any]):
@@ -132,6 +156,11 @@ class Trial(dict[str, Any]):
         """The trained model as a ``torch.nn.Module`` in eval mode: the card's architecture,
         built from the model registry, with the downloaded weights.
 
+        It takes raw records: the file carries the input transform the trainer applied, and
+        the module applies it first (the card's ``model.input_transform``). A model whose
+        transform may not leave with it (scaled by statistics of a carve-out of the private
+        records) takes inputs scaled as the trainer scaled them; a ``UserWarning`` says so.
+
         Needs torch and the model registry (the server extra: ``pip install
         "dpsweep[server]"``); a plug-in architecture also needs its package installed.
 
@@ -157,7 +186,9 @@ class Trial(dict[str, Any]):
                 f"the model card of trial {self.id} does not describe its architecture "
                 "(model.name, input_shape, num_classes)"
             )
-        return build_trained(info, self._model_bytes())
+        module = build_trained(info, self._model_bytes())
+        warn_scaled_inputs(card, self.id)
+        return module
 
     def export_onnx(self, path: str | os.PathLike[str]) -> Path:
         """Export the trained model to ONNX at ``path`` (built-in architectures; a dynamic
@@ -181,7 +212,9 @@ class Trial(dict[str, Any]):
         export_trained = model_loader("onnx")
 
         card = self.model_card()
-        return export_trained(card["model"], self._model_bytes(), Path(path).expanduser())
+        out = export_trained(card["model"], self._model_bytes(), Path(path).expanduser())
+        warn_scaled_inputs(card, self.id)
+        return Path(out)
 
     # -- bytes ------------------------------------------------------------------------------
 

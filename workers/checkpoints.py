@@ -4,25 +4,37 @@ The worker serialises the best checkpoint of each kept trial (:func:`weights_byt
 downloads it rebuilds the architecture from the registry with the card's ``model`` section and
 loads the weights (:func:`build_trained`). safetensors holds tensors only, so loading runs no
 code from the file (unlike a pickled ``torch.save``).
+
+The file also carries the input transform the trainer applied, when its constants may be
+released (:mod:`workers.datasets.input_transform`): :func:`build_trained` then puts it in
+front of the network (:class:`RawInputModel`), so the model takes raw records, as does its
+ONNX export.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from safetensors.torch import load, save
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from workers.datasets.input_transform import PREFIX, InputTransform, transform_tensors
 from workers.models.descriptors import ModelSpec
 from workers.models.registry import build_model
 
 
-def weights_bytes(module: nn.Module) -> bytes:
-    """``module``'s state dict (parameters and buffers) as safetensors bytes."""
+def weights_bytes(module: nn.Module, transform: InputTransform | None = None) -> bytes:
+    """``module``'s state dict (parameters and buffers) as safetensors bytes, with
+    ``transform``'s tensors when it may be exported (none otherwise: fail closed)."""
     tensors = {
         name: t.detach().to("cpu").contiguous().clone() for name, t in module.state_dict().items()
     }
+    for name, array in transform_tensors(transform).items():
+        if name in tensors:
+            raise ConfigError(f"the model has a tensor named {name!r}, reserved by dpsweep")
+        tensors[name] = torch.from_numpy(array.copy())
     data = bytes(save(tensors, metadata=_METADATA))
     # safetensors writes the metadata from a hash map, in an order that changes from process
     # to process; the same weights must give the same bytes (and so the same SHA-256 in the
@@ -46,7 +58,7 @@ def load_weights(module: nn.Module, data: bytes) -> nn.Module:
     Raises:
         ConfigError: the weights do not fit the module's architecture.
     """
-    tensors = load(data)
+    tensors = {k: v for k, v in load(data).items() if not k.startswith(PREFIX)}
     try:
         module.load_state_dict(tensors, strict=True)
     except RuntimeError as exc:
@@ -78,8 +90,44 @@ def model_info(
     }
 
 
-def build_trained(info: dict[str, Any], data: bytes) -> nn.Module:
+class RawInputModel(nn.Module):
+    """A kept model with its input transform in front: it takes raw records.
+
+    The transform runs as the trainer's did (:func:`workers.datasets.scaling._scale`): in
+    float64, the same operations in the same order, then float32, so a raw record gives the
+    network the very input it was evaluated on.
+    """
+
+    centre: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(self, model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("centre", tensors[PREFIX + "centre"].to(torch.float64))
+        self.register_buffer("scale", tensors[PREFIX + "scale"].to(torch.float64))
+        lo, hi = (float(v) for v in tensors[PREFIX + "clip"])
+        self.clip = (lo, hi)
+        bounds = tensors.get(PREFIX + "bounds")
+        self.bounds = None if bounds is None else (float(bounds[0]), float(bounds[1]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.flatten(1).to(torch.float64)
+        if self.bounds is not None:
+            z = z.clamp(self.bounds[0], self.bounds[1])
+        z = ((z - self.centre) / self.scale).clamp(self.clip[0], self.clip[1])
+        return self.model(z.to(torch.float32).reshape(x.shape))
+
+
+def build_trained(info: dict[str, Any], data: bytes, *, raw_inputs: bool = True) -> nn.Module:
     """The model a card's ``model`` section describes, with ``data``'s weights, in eval mode.
+
+    Args:
+        info: The card's ``model`` section.
+        data: The safetensors file.
+        raw_inputs: With the file's input transform in front (:class:`RawInputModel`), when
+            it has one; False gives the bare network, which takes scaled inputs (the trainer's
+            own checks feed it the scaled records).
 
     Raises:
         ConfigError: the architecture is not registered here (a plug-in model needs its
@@ -93,6 +141,9 @@ def build_trained(info: dict[str, Any], data: bytes) -> nn.Module:
         seed=0,
     )
     load_weights(module, data)
+    transform = {k: v for k, v in load(data).items() if k.startswith(PREFIX)}
+    if raw_inputs and transform:
+        return RawInputModel(module, transform).eval()
     return module.eval()
 
 
@@ -101,4 +152,11 @@ def parameter_bytes(module: nn.Module) -> int:
     return int(sum(t.numel() * 4 for t in module.state_dict().values()))
 
 
-__all__ = ["build_trained", "load_weights", "model_info", "parameter_bytes", "weights_bytes"]
+__all__ = [
+    "RawInputModel",
+    "build_trained",
+    "load_weights",
+    "model_info",
+    "parameter_bytes",
+    "weights_bytes",
+]

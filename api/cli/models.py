@@ -5,7 +5,9 @@ It reads the local database (``--db``, as ``dpsweep show``) and the artifact sto
 settings (``DPSWEEP_ARTIFACT_URL``; by default ``<db>-artifacts`` beside the SQLite file), and
 writes into DIR:
 
-* ``model.safetensors``: the weights of the trial's best checkpoint;
+* ``model.safetensors``: the weights of the trial's best checkpoint, with the input transform
+  its trainer applied when that may be released (then the model takes raw records; a line
+  says which it takes, :mod:`workers.datasets.input_transform`);
 * ``card.json``: its model card, byte for byte as stored;
 * ``README.md``: the card rendered for people;
 * ``model.onnx`` with ``--onnx``: the same model exported to ONNX (any architecture torch's
@@ -14,7 +16,8 @@ writes into DIR:
   error says why and nothing is written.
 
 ``--check`` (with or without ``-o``) rebuilds the evaluation split from the card's
-``dataset.split`` with the workers' loading code, evaluates the model on it and prints the
+``dataset.split`` with the workers' loading code, evaluates the model on it (fed the raw
+records when its file carries its input transform, as its user will feed it) and prints the
 re-computed metrics beside the card's, with a verdict (exit code 1 when they differ):
 :mod:`sweeper.artifacts.recheck`. ``--check FILE`` checks a downloaded copy (a safetensors
 file, or a folder holding ``model.safetensors``) against the trial's stored card. The local
@@ -40,6 +43,7 @@ from rich.markup import escape
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
 from dpsweep.errors import DpsweepError, TrialNotFound
+from dpsweep.trial import scaled_inputs_reason
 
 MODEL_FILE = "model.safetensors"
 CARD_FILE = "card.json"
@@ -122,6 +126,7 @@ def cmd_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             return code
     for line in privacy_lines(card):
         console.print(escape(line), soft_wrap=True)
+    console.print(escape(inputs_line(card)), soft_wrap=True)
     for line in warning_lines(card, reproducible=kept.reproducible):
         console.print(f"[bold yellow]warning:[/bold yellow] {escape(line)}", soft_wrap=True)
     if args.check is not None:
@@ -201,6 +206,21 @@ def privacy_lines(card: dict[str, Any]) -> list[str]:
             f"{sweep.get('covers', '')}"
         )
     return lines
+
+
+def inputs_line(card: dict[str, Any]) -> str:
+    """What the model takes: raw records (its file carries the input transform), token ids,
+    or inputs scaled as its trainer scaled them, with why (the card's model.input_transform)."""
+    reason = scaled_inputs_reason(card)
+    if reason is not None:
+        return f"inputs: scaled as the trainer scaled them, not raw records: {reason}"
+    described = (card.get("model") or {}).get("input_transform") or {}
+    if not described.get("in_model_file"):
+        return f"inputs: raw records ({described.get('reason', '')})"
+    return (
+        f"inputs: raw records; the model file carries the trainer's input transform "
+        f"({described.get('method')}: {described.get('applies')})"
+    )
 
 
 def warning_lines(card: dict[str, Any], *, reproducible: bool) -> list[str]:

@@ -41,6 +41,7 @@ from sweeper.store import Sweep
 from sweeper.store.artifact_files import sha256_hex
 from sweeper.sweeps.stored import typed_spec
 from workers.datasets.loading import load_dataset
+from workers.datasets.raw_records import raw_evaluation_inputs
 from workers.models.descriptors import get_model_descriptor
 
 #: The probability that the check calls a DP-evaluated model that is its card's "differs".
@@ -54,6 +55,10 @@ DP_NOTE = (
     "{r} such evaluations; the check allows {tol:.3g} (all {r} noise draws stay below it with "
     "probability {p})"
 )
+RAW_NOTE = (
+    "fed the raw evaluation records: the model file carries the input transform its trainer applied"
+)
+SCALED_NOTE = "fed the evaluation records scaled as the trainer scaled them: {reason}"
 OWNER_ONLY = (
     "the re-computed accuracy is exact, from the private evaluation records: it is shown to "
     "you as the data's owner and is not a release; do not share it"
@@ -132,6 +137,11 @@ def rebuild_split(engine: Engine | None, split: dict[str, Any]) -> Any:
         ConfigError, DatasetError: as resolution and loading (an unknown dataset, a file
             that is gone...).
     """
+    return load_dataset(_split_spec(engine, split))
+
+
+def _split_spec(engine: Engine | None, split: dict[str, Any]) -> Any:
+    """The card's split settings as the workers' ``DatasetSpec`` (see :func:`rebuild_split`)."""
     dataset = {
         "name": split["loader"],
         "path": split.get("path"),
@@ -148,11 +158,23 @@ def rebuild_split(engine: Engine | None, split: dict[str, Any]) -> Any:
     if split.get("classes") is not None:
         # The class list the card states: the encoding the model was trained with.
         spec = replace(spec, classes=tuple(str(c) for c in split["classes"]))
-    return load_dataset(spec)
+    return spec
 
 
-def measure(module: Any, data: Any, *, task: str, dp: bool, chunk: int = 2048) -> dict[str, float]:
+def measure(
+    module: Any,
+    data: Any,
+    *,
+    task: str,
+    dp: bool,
+    inputs: Any = None,
+    chunk: int = 2048,
+) -> dict[str, float]:
     """The model's metrics on ``data``'s evaluation split, computed as the trainer does.
+
+    ``inputs``: what the model is fed, the raw evaluation records for a model that takes raw
+    records (default: the scaled ones, ``data.x_test``, which a reconstruction is compared
+    with either way).
 
     ``dp``: the exact count of correct predictions (a non-finite logit row counts as wrong, as
     in the noisy count) over the denominator the noisy count used
@@ -165,12 +187,13 @@ def measure(module: Any, data: Any, *, task: str, dp: bool, chunk: int = 2048) -
     from workers.metrics import classification_metrics, reconstruction_metrics
 
     x = torch.from_numpy(data.x_test)
+    fed = x if inputs is None else torch.from_numpy(inputs)
     y = torch.from_numpy(data.y_test)
     module.eval()
     outs = []
     with torch.no_grad():
-        for start in range(0, x.shape[0], chunk):
-            outs.append(module(x[start : start + chunk]))
+        for start in range(0, fed.shape[0], chunk):
+            outs.append(module(fed[start : start + chunk]))
     out = torch.cat(outs, dim=0).unsqueeze(0)
     if task != "classification":
         return {k: float(v) for k, v in reconstruction_metrics(out, x)[0].items()}
@@ -207,7 +230,7 @@ def check_model(
         ConfigError, DatasetError: the model or the data cannot be rebuilt here.
     """
     # deferred: workers.checkpoints pulls torch (see measure)
-    from workers.checkpoints import build_trained
+    from workers.checkpoints import RawInputModel, build_trained
 
     sid = sweep_id or str((card.get("trial") or {}).get("sweep") or "")
     with Session(engine) as session:
@@ -215,16 +238,24 @@ def check_model(
         stored_spec = None if sweep is None else dict(sweep.spec or {})
         plan = SweepPlan.from_stored(None if sweep is None else sweep.plan).grids
     split = split_settings(card, stored_spec)
-    data = rebuild_split(engine, split)
+    spec = _split_spec(engine, split)
+    data = load_dataset(spec)
     info = card["model"]
     module = build_trained(info, weights)
     task = get_model_descriptor(str(info["name"])).task
     mode = str(split.get("eval_mode") or "carve-out")
     dp = mode == "dp" and task == "classification"
-    got = measure(module, data, task=task, dp=dp)
+    notes: list[str] = []
+    inputs = None
+    if isinstance(module, RawInputModel):
+        # The model carries its transform: fed the raw records, as its user will feed it.
+        inputs = raw_evaluation_inputs(spec)
+        notes.append(RAW_NOTE)
+    elif data.kind != "tokens":
+        notes.append(SCALED_NOTE.format(reason=_transform_reason(info)))
+    got = measure(module, data, task=task, dp=dp, inputs=inputs)
     values = dict((card.get("metrics") or {}).get("values") or {})
     n_records = int(data.x_test.shape[0])
-    notes: list[str] = []
     comparisons: list[Comparison] = []
     if dp:
         ev = card.get("evaluation") or {}
@@ -268,6 +299,14 @@ def check_model(
         weights_match_card=sha256_hex(weights) == weights_sha,
         notes=notes,
     )
+
+
+def _transform_reason(info: dict[str, Any]) -> str:
+    """Why the card's model file holds no input transform (an older card says nothing)."""
+    described = info.get("input_transform")
+    if isinstance(described, dict) and described.get("reason"):
+        return str(described["reason"])
+    return "it was kept before model files carried their input transform"
 
 
 def _same_records(plan: Sequence[GridPlan], identity: str) -> bool | None:

@@ -27,6 +27,7 @@ from dpsweep.errors import QuotaExceeded
 from sweeper.datasets.resolution import resolve
 from sweeper.settings import SweeperSettings
 from sweeper.store.artifact_files import quota_bytes, usage_bytes
+from workers.datasets.input_transform import transform_tensors
 from workers.datasets.loading import load_dataset
 from workers.models.descriptors import ModelSpec
 from workers.strategies import get_descriptor
@@ -96,8 +97,14 @@ def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) ->
         num_classes=int(data.num_classes),
         seed=0,
     )
-    state = module.state_dict()
-    return parameter_bytes(module) + _header_bytes(state) + CARD_ALLOWANCE_BYTES
+    # The file also carries the input transform when it may leave (float64 tensors).
+    transform = transform_tensors(getattr(data, "input_transform", None))
+    # In the file's order: the widest dtype first, then by name (safetensors' layout).
+    state: dict[str, Any] = dict(sorted(transform.items())) | dict(
+        sorted(module.state_dict().items())
+    )
+    extra = sum(int(t.nbytes) for t in transform.values())
+    return parameter_bytes(module) + extra + _header_bytes(state) + CARD_ALLOWANCE_BYTES
 
 
 def _header_bytes(state: dict[str, Any]) -> int:
@@ -108,8 +115,9 @@ def _header_bytes(state: dict[str, Any]) -> int:
     }
     offset = 0
     for name, t in state.items():
-        end = offset + int(t.numel()) * int(t.element_size())
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, end]}
+        end = offset + int(t.nbytes)  # a torch tensor's or a numpy array's
+        dtype = "F64" if str(t.dtype).endswith("float64") else "F32"
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, end]}
         offset = end
     text = json.dumps(header, separators=(",", ":"))
     return 8 + len(text.encode()) + 8

@@ -111,9 +111,86 @@ def test_model_writes_the_model_card_and_readme_whose_hashes_match(
     from safetensors.torch import load
 
     from workers.checkpoints import build_trained
+    from workers.datasets.input_transform import PREFIX
 
-    module = build_trained(card["model"], (out / "model.safetensors").read_bytes())
-    assert set(module.state_dict()) == set(load((out / "model.safetensors").read_bytes()))
+    data = (out / "model.safetensors").read_bytes()
+    module = build_trained(card["model"], data, raw_inputs=False)
+    names = set(load(data))
+    assert set(module.state_dict()) == {n for n in names if not n.startswith(PREFIX)}
+    # Beside the weights, the input transform the trainer applied (digits: the pixel format's
+    # constant, public), which the card names and the command says the model applies.
+    transform = card["model"]["input_transform"]
+    assert transform["in_model_file"] is True and transform["method"] == "pixel"
+    assert {n for n in names if n.startswith(PREFIX)} == set(transform["tensors"])
+    assert "inputs: raw records; the model file carries the trainer's input transform" in printed
+
+
+def _onnx_ready() -> bool:
+    return (
+        importlib.util.find_spec("onnx") is not None
+        and importlib.util.find_spec("workers.onnx_export") is not None
+    )
+
+
+def _raw_split(url: str, card: dict[str, Any]) -> tuple[Any, Any]:
+    """The card's evaluation records as they are on disk (unscaled), and their labels."""
+    from sweeper.artifacts.recheck import _split_spec, rebuild_split
+    from workers.datasets.raw_records import raw_evaluation_inputs
+
+    engine = make_engine(url)
+    try:
+        split = card["dataset"]["split"]
+        raw = raw_evaluation_inputs(_split_spec(engine, split))
+        return raw, rebuild_split(engine, split).y_test
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_the_downloaded_model_scores_its_cards_accuracy_on_raw_records(
+    ran: Ran, tmp_path: Path
+) -> None:
+    """Issue 51: a kept model takes raw inputs. The file written by ``dpsweep model``, loaded
+    with the SDK's loader (the ``build`` entry point), is fed the raw pixel values (0..16)
+    and scores exactly the card's accuracy; the bare network on the same raw values does not
+    (it expects them scaled to [0, 1])."""
+    import torch
+
+    from dpsweep.trial import model_loader
+
+    out = tmp_path / "raw"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url]) == 0
+    card = json.loads((out / "card.json").read_text())
+    data = (out / "model.safetensors").read_bytes()
+    raw, labels = _raw_split(ran.url, card)
+    assert float(raw.max()) > 1.0  # raw: digits' pixels are 0..16
+    module = model_loader("build")(card["model"], data)
+    with torch.no_grad():
+        pred = module(torch.from_numpy(raw)).argmax(dim=-1).numpy()
+        bare = model_loader("build")(card["model"], data, raw_inputs=False)
+        bare_pred = bare(torch.from_numpy(raw).float()).argmax(dim=-1).numpy()
+    accuracy = float((pred == labels).mean())
+    assert accuracy == pytest.approx(card["metrics"]["values"]["accuracy"], abs=1.5 / len(raw))
+    assert float((bare_pred == labels).mean()) != pytest.approx(accuracy, abs=1.5 / len(raw))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _onnx_ready(), reason="the onnx package is not installed")
+def test_the_onnx_file_scores_its_cards_accuracy_on_raw_records(ran: Ran, tmp_path: Path) -> None:
+    """The ONNX export carries the same transform: raw float32 pixels in, the card's accuracy
+    out (onnx's reference runtime)."""
+    import numpy as np
+    from onnx.reference import ReferenceEvaluator
+
+    out = tmp_path / "onnx-raw"
+    assert main(["model", ran.kept, "-o", str(out), "--db", ran.url, "--onnx"]) == 0
+    card = json.loads((out / "card.json").read_text())
+    raw, labels = _raw_split(ran.url, card)
+    (logits,) = ReferenceEvaluator(str(out / "model.onnx")).run(
+        None, {"input": raw.astype(np.float32)}
+    )
+    accuracy = float((np.asarray(logits).argmax(axis=-1) == labels).mean())
+    assert accuracy == pytest.approx(card["metrics"]["values"]["accuracy"], abs=1.5 / len(raw))
 
 
 @pytest.mark.slow
@@ -152,13 +229,6 @@ def test_privacy_lines_state_the_grid_and_the_sweep_epsilon() -> None:
         "ε 2.2 (δ 2e-05) for the whole sweep: everything this sweep releases",
     ]
     assert privacy_lines({"privacy": {"private": False}}) == []
-
-
-def _onnx_ready() -> bool:
-    return (
-        importlib.util.find_spec("onnx") is not None
-        and importlib.util.find_spec("workers.onnx_export") is not None
-    )
 
 
 @pytest.mark.slow
@@ -234,6 +304,8 @@ def test_check_re_evaluates_the_kept_model_and_matches_its_card(
     assert "loss: card" in printed and "check: matches its card" in printed
     assert f"eval mode carve-out, {card['dataset']['n_eval']} records" in printed
     assert "wrote" not in printed  # no -o: nothing written
+    # The model carries its input transform: the check feeds it raw records.
+    assert "fed the raw evaluation records" in printed
 
     # A downloaded copy checks the same; with -o the files are written, then checked.
     out = tmp_path / "m"

@@ -77,11 +77,13 @@ def _run(client: httpx.Client, spec: str | dict[str, Any]) -> str:
     return sid
 
 
-def _test_split(db_url: str, sweep_id: str) -> Any:
-    """The sweep's dataset as its workers loaded it (same resolution, split and scaling)."""
+def _test_split(db_url: str, sweep_id: str) -> tuple[Any, Any]:
+    """The sweep's dataset as its workers loaded it (same resolution, split and scaling), and
+    its evaluation records' raw inputs (as on disk, unscaled)."""
     from sweeper.datasets.resolution import resolve
     from sweeper.sweeps.stored import typed_spec
     from workers.datasets.loading import load_dataset
+    from workers.datasets.raw_records import raw_evaluation_inputs
 
     engine = make_engine(db_url)
     try:
@@ -89,18 +91,21 @@ def _test_split(db_url: str, sweep_id: str) -> Any:
             row = session.get(Sweep, sweep_id)
             assert row is not None
             spec = typed_spec(row)
-        return load_dataset(resolve(engine, spec.dataset, spec.eval))
+        dataset = resolve(engine, spec.dataset, spec.eval)
+        return load_dataset(dataset), raw_evaluation_inputs(dataset)
     finally:
         engine.dispose()
 
 
-def _accuracy(module: Any, data: Any) -> float:
+def _accuracy(module: Any, split: tuple[Any, Any]) -> float:
     """The accuracy as the trainer measures it (workers.metrics.classification_metrics: the
-    mean, in float64, of argmax == label over the evaluation split)."""
+    mean, in float64, of argmax == label over the evaluation split), the model fed the raw
+    records: a kept model carries its input transform (issue 51)."""
     import torch
 
+    data, raw = split
     with torch.no_grad():
-        logits = module(torch.from_numpy(data.x_test))
+        logits = module(torch.from_numpy(raw))
     pred = logits.double().softmax(dim=-1).argmax(dim=-1)
     return float((pred == torch.from_numpy(data.y_test)).double().mean())
 
@@ -138,7 +143,10 @@ def _round_trip(
         assert store.get(f"{sweep_prefix(sweep_id)}/{best.id}/model.safetensors") == data
 
         module = best.load_model()
-        accuracy = _accuracy(module, _test_split(server.db_url, sweep_id))
+        split = _test_split(server.db_url, sweep_id)
+        assert card["model"]["input_transform"]["raw_inputs"] is True
+        assert float(split[1].max()) > 1.0  # raw pixels, not the scaled [0, 1]
+        accuracy = _accuracy(module, split)
         # Exactly equal: the same weights on the same records; the packed engine's forward
         # and the rebuilt module's agree on every argmax here.
         assert accuracy == best["metrics"]["accuracy"]
@@ -153,6 +161,11 @@ def _round_trip(
             (out,) = ReferenceEvaluator(str(onnx_path)).run(None, {"input": x.numpy()})
             with torch.no_grad():
                 np.testing.assert_allclose(out, module(x).numpy(), atol=1e-4)
+            # On the raw evaluation records it scores the trial's accuracy too.
+            raw = split[1].astype(np.float32)
+            (logits,) = ReferenceEvaluator(str(onnx_path)).run(None, {"input": raw})
+            got = float((np.asarray(logits).argmax(axis=-1) == split[0].y_test).mean())
+            assert got == pytest.approx(best["metrics"]["accuracy"], abs=1.5 / len(raw))
         return best, card
 
 

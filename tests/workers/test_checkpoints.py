@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from dpsweep.errors import ConfigError
 from workers.checkpoints import build_trained, load_weights, model_info, weights_bytes
 from workers.datasets.loading import load_dataset
+from workers.datasets.raw_records import raw_evaluation_inputs
 from workers.datasets.records import DatasetSpec
 from workers.generic.dispatch import build_pack_model
 from workers.generic.model import GenericModel
@@ -233,7 +234,10 @@ def test_kept_weights_give_exactly_the_recorded_test_accuracy(
     dataset = DatasetSpec("digits")
     results = train_pack(keep_spec(dataset, model, keep=True, strategy=strategy))
     data = load_dataset(dataset)
-    x, y = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    # The kept file carries the input transform (digits: the pixel format's), so the module
+    # takes the raw records and scores exactly what the trainer measured on scaled ones.
+    x, y = torch.from_numpy(raw_evaluation_inputs(dataset)), torch.from_numpy(data.y_test)
+    assert float(x.max()) == 16.0
     for r in results:
         assert r.weights is not None and r.best_step is not None
         assert r.model_info["name"] == model.name and r.model_info["engine_path"] == "packed"

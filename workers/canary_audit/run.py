@@ -343,7 +343,8 @@ def _canary_losses(result: TrialResult, x: np.ndarray, y: np.ndarray) -> np.ndar
     """Each canary's cross-entropy under the trial's final model."""
     if result.weights is None:
         raise ConfigError("the audited trial diverged: lower the learning rate", field="lr")
-    module = build_trained(result.model_info, result.weights)
+    # The canaries are scaled inputs (drawn inside the clip range): the bare network.
+    module = build_trained(result.model_info, result.weights, raw_inputs=False)
     with torch.no_grad():
         out = module(torch.from_numpy(x))
         loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y).long(), reduction="none")

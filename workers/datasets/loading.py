@@ -79,7 +79,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     labels = _encode_labels(raw, spec)
     x = _with_channel_axis(raw.kind, raw.x)
     x_fit, y_fit, x_eval, y_eval = _training_and_evaluation(spec, raw, x, labels)
-    x_train, x_test, scaling = _normalise(raw, spec, x_fit, x_eval)
+    x_train, x_test, scaling, transform = _normalise(raw, spec, x_fit, x_eval)
     return Dataset(
         name=spec.name,
         kind=raw.kind,
@@ -90,6 +90,7 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         num_classes=len(labels.classes),
         classes=labels.classes,
         input_scaling=scaling,
+        input_transform=transform,
         content_sha256=identity,
         evaluation=spec.evaluation,
         vocab_size=raw.vocab_size if raw.kind == "tokens" else None,

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from workers.datasets.input_transform import InputTransform
+
 Kind = Literal["image", "tabular", "tokens"]
 #: How evaluation records are separated from training records (see the module docstring).
 EVAL_MODES = ("carve-out", "public", "dp")
@@ -139,6 +141,9 @@ class Dataset:
     num_classes: int
     classes: list[str]
     input_scaling: dict[str, Any] = field(default_factory=dict)
+    #: The transform that scaled the inputs (None: token ids), with whether it may travel
+    #: with a kept model (:mod:`workers.datasets.input_transform`). Never in a plan or card.
+    input_transform: InputTransform | None = None
     content_sha256: str = ""
     evaluation: str = "carve-out"
     #: Kind ``tokens``: the embedding size a model needs (the public tokenizer's); else None.

@@ -13,8 +13,14 @@ use no training record, then clipped to a fixed range, then cast to float32:
    to [0, 1];
 3. other float images: a robust range from the public evaluation records (the carve-out or
    the public evaluation dataset; refused in mode ``dp``), clip to [0, 1];
-4. other tabular data: robust standardisation (median, IQR) from the public evaluation
-   records (likewise; refused in mode ``dp``), clip to [-feature_clip, feature_clip].
+4. other tabular data: robust standardisation from the public evaluation records (likewise;
+   refused in mode ``dp``): per feature, subtract the median and divide by IQR / 1.349 (the
+   standard deviation a normal distribution of that IQR has), then clip to
+   [-feature_clip, feature_clip].
+
+The transform travels with a kept model when its constants may be released
+(:mod:`workers.datasets.input_transform`): 1, 2, and 3-4 from a public evaluation dataset;
+never 3-4 from a carve-out.
 
 Token ids (kind ``tokens``) are not scaled: the public tokenizer already bounds them to
 ``[0, vocab_size)`` (:func:`_token_ids`).
@@ -31,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from dpsweep.errors import ConfigError, DatasetError
+from workers.datasets.input_transform import InputTransform
 from workers.datasets.records import _CHUNK_VALUES, DatasetSpec, RawData
 
 _FLOAT_MAX = float(np.finfo(np.float64).max)
@@ -38,7 +45,7 @@ _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 def _normalise(
     raw: RawData, spec: DatasetSpec, x_train: np.ndarray, x_test: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any], InputTransform | None]:
     """Scale both splits by one rule that uses no training record, and bound the result.
 
     ``x_test`` holds the evaluation records: the public carve-out, the public evaluation
@@ -49,12 +56,14 @@ def _normalise(
         float32 ``x_train`` and ``x_test`` with every value inside ``scaling["clip"]``, and
         ``scaling``: the method, that clip range and where the scaling came from. It holds no
         record's values (only declared bounds or a format's constant), so it can be shown.
+        Then the transform itself (None for token ids), marked exportable only when its
+        constants are public or declared (:mod:`workers.datasets.input_transform`).
 
     Raises:
         ConfigError: ``input_bounds`` that are not two finite numbers lo < hi.
     """
     if raw.kind == "tokens":
-        return _token_ids(raw, spec, x_train, x_test)
+        return (*_token_ids(raw, spec, x_train, x_test), None)
     image = raw.kind == "image"
     out: tuple[float, float] = (0.0, 1.0) if image else (-1.0, 1.0)
     centre: float | np.ndarray
@@ -107,10 +116,15 @@ def _normalise(
             else "public evaluation split"
         )
     scaling = {"method": method, "clip": list(out), "source": source, **extra}
+    # A carve-out's statistics are record values from a split that every record shapes
+    # (input_transform's docstring): never exported. A public dataset's or a constant are.
+    exportable = method != "public-robust" or spec.evaluation == "public"
+    transform = InputTransform.of(method, centre, scale, out, raw_clip, exportable=exportable)
     return (
         _scale(x_train, centre, scale, out, raw_clip),
         _scale(x_test, centre, scale, out, raw_clip),
         scaling,
+        transform,
     )
 
 

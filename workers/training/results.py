@@ -7,6 +7,7 @@ from typing import Any
 
 from workers.accounting import epsilon_for
 from workers.checkpoints import model_info, weights_bytes
+from workers.datasets.input_transform import describe
 from workers.training.prepare import PreparedPack
 from workers.training.records import PackRecords
 from workers.training.specs import TrialResult
@@ -38,7 +39,11 @@ def _trial_result(
     info = _model_info(pack, records, i, best_module)
     # Only a checkpoint that was selected (a finite evaluation) is worth keeping.
     selected = records.best_step[i] is not None
-    weights = weights_bytes(best_module) if pack.spec.keep_weights and selected else None
+    # The file carries the input transform when it may be released (fail closed otherwise),
+    # so the kept model takes raw records.
+    transform = getattr(pack.data, "input_transform", None)
+    keep = pack.spec.keep_weights and selected
+    weights = weights_bytes(best_module, transform) if keep else None
     eps = None
     if pack.private:
         # Epsilon from the noise, rate and steps this trial actually ran with.
@@ -89,6 +94,10 @@ def _model_info(pack: PreparedPack, records: PackRecords, i: int, module: Any) -
         num_classes=pack.data.num_classes,
         engine_path=pack.engine_path,
     )
+    # Whether the file holds the input transform (the model takes raw records), and if not
+    # why: names and a formula, no value.
+    data = pack.data
+    info["input_transform"] = describe(getattr(data, "input_transform", None), data.kind)
     if pack.average is not None:
         info["weights_kept"] = records.best_kept[i]
         info["ema_decay"] = pack.average.decay
