@@ -94,6 +94,12 @@ def add_parsers(sub: Any) -> None:
     o.add_argument("--seed", type=int, default=None)
     o.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     o.add_argument("--threads", type=positive_int("threads"), default=1)
+    _audit_flags(a)
+    a.set_defaults(func=cmd_audit, subparser=a)
+
+
+def _audit_flags(a: argparse.ArgumentParser) -> None:
+    """The audit's own flags, the outputs and the confirmation of a charge."""
     c = a.add_argument_group("audit")
     c.add_argument("--setting", choices=("white-box", "black-box"), default="white-box")
     c.add_argument("--canaries", type=positive_int("canaries"), default=1000, help="m")
@@ -113,7 +119,6 @@ def add_parsers(sub: Any) -> None:
         "terminal without --yes the audit asks, elsewhere it is refused)",
     )
     a.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    a.set_defaults(func=cmd_audit, subparser=a)
 
 
 def _flag(field: str | None) -> str:

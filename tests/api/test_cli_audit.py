@@ -9,6 +9,7 @@ spent); refused input charges and stores nothing. Every run is tiny (digits or 3
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -258,3 +259,34 @@ def test_refused_audits_charge_and_store_nothing(
     assert message in capsys.readouterr().err
     assert _spent(db, "clinic") == before
     assert _audits(db) == 0
+
+
+class _Terminal(io.StringIO):
+    """Stdin as a terminal that types ``answer``."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(("answer", "charged"), [("n\n", False), ("\n", False), ("y\n", True)])
+def test_on_a_terminal_the_audit_asks_and_only_yes_charges(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    answer: str,
+    charged: bool,
+) -> None:
+    """Without --yes on a terminal: the cost, then "Charge it? [y/N]" (on stderr: stdout stays
+    the result); anything but a yes refuses and spends nothing."""
+    db = _clinic(tmp_path)
+    monkeypatch.setattr(sys, "stdin", _Terminal(answer))
+    rc = main([*AUDIT, "--json", "--db", db])
+    captured = capsys.readouterr()
+    assert "this audit charges ε " in captured.err and "Charge it? [y/N]" in captured.err
+    if charged:
+        assert rc == 0 and _audits(db) == 1
+        out = json.loads(captured.out)
+        assert float(_spent(db, "clinic")) == pytest.approx(out["epsilon_claimed"], rel=1e-9)
+    else:
+        assert rc == 1 and captured.out == "" and "Run again with --yes" in captured.err
+        assert _spent(db, "clinic") == 0 and _audits(db) == 0
