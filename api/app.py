@@ -55,30 +55,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        require_head(url)
-        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
-        app.state.engine = _engine(url, settings)
-        app.state.read_engine = _read_engine(app.state.engine, settings)
-        app.state.planner = Planner(settings.planner_processes)
-        app.state.live = EventHub(app.state.read_engine, watch_seconds=settings.sse_poll_seconds)
-        app.state.live.start(asyncio.get_running_loop())
-        if settings.warm_summaries:
-            threading.Thread(
-                target=_warm, args=(app, settings.warm_summaries), name="dpsweep-warm", daemon=True
-            ).start()
-        if freeze_gc:
-            # What start-up made (modules, the app) lives as long as the server: keep it out
-            # of the collector's full passes, which otherwise stall every request for ~0.1 s.
-            gc.collect()
-            gc.freeze()
+        _start(app, url, settings, freeze_gc=freeze_gc)
         try:
             yield
         finally:
-            app.state.live.stop()
-            app.state.planner.close()
-            app.state.engine.dispose()
-            if app.state.read_engine.pool is not app.state.engine.pool:
-                app.state.read_engine.dispose()
+            _stop(app)
 
     app = FastAPI(
         title="dpsweep",
@@ -91,6 +72,45 @@ def create_app(
     app.state.summaries = SummaryCache()
     app.state.trial_pages = PageCache()
     errors.install(app)
+    _include_routers(app)
+    dashboard.install(app)
+    _install_openapi(app)
+    return app
+
+
+def _start(app: FastAPI, url: str, settings: ApiSettings, *, freeze_gc: bool) -> None:
+    """Start-up: the schema checked, the thread limit, engines, planner, live events, the
+    summaries' warm-up, and (``freeze_gc``) the garbage collector's freeze."""
+    require_head(url)
+    anyio.to_thread.current_default_thread_limiter().total_tokens = settings.threads
+    app.state.engine = _engine(url, settings)
+    app.state.read_engine = _read_engine(app.state.engine, settings)
+    app.state.planner = Planner(settings.planner_processes)
+    app.state.live = EventHub(app.state.read_engine, watch_seconds=settings.sse_poll_seconds)
+    app.state.live.start(asyncio.get_running_loop())
+    if settings.warm_summaries:
+        threading.Thread(
+            target=_warm, args=(app, settings.warm_summaries), name="dpsweep-warm", daemon=True
+        ).start()
+    if freeze_gc:
+        # What start-up made (modules, the app) lives as long as the server: keep it out
+        # of the collector's full passes, which otherwise stall every request for ~0.1 s.
+        gc.collect()
+        gc.freeze()
+
+
+def _stop(app: FastAPI) -> None:
+    """Shut-down: live events, the planner and the engines, in that order."""
+    app.state.live.stop()
+    app.state.planner.close()
+    app.state.engine.dispose()
+    if app.state.read_engine.pool is not app.state.engine.pool:
+        app.state.read_engine.dispose()
+
+
+def _include_routers(app: FastAPI) -> None:
+    """The health check open to all; every other route under :data:`API_PREFIX`, for a
+    signed-in viewer only."""
     app.include_router(health.router)
     secured = [Depends(current_viewer)]
     routers = (
@@ -103,7 +123,11 @@ def create_app(
     )
     for r in routers:
         app.include_router(r, prefix=API_PREFIX, dependencies=secured)
-    dashboard.install(app)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """The app's OpenAPI schema, built once on first use: with the sweep spec's model and
+    every error as problem+json."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -118,7 +142,6 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
-    return app
 
 
 def _problems_as_problem_json(schema: dict[str, Any]) -> None:
