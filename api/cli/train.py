@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.cli.arguments import strategy_flags
-from api.cli.common import EXIT_FAILURE, open_engine
+from api.cli.common import EXIT_FAILURE, check_owner, open_engine
 from api.cli.train_flags import DEFAULT_LR, LIPSCHITZ_LR, add_train_parser, default_lr
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
@@ -212,21 +212,25 @@ def _prepare_and_charge(
             )
         if args.output is not None:
             _check_output(Path(args.output), usage)
-        # Local use: the owner's view of a stored dataset.
+        check_owner(engine, args.owner, Console(stderr=True))
+        # The operator (or --owner's tenant): a stored dataset read with its owner's view.
         prepared = prepare_single_run(
-            engine, run, Viewer(None), params=params, device=args.device,
+            engine, run, Viewer(args.owner), params=params, device=args.device,
             threads=args.threads, name="dpsweep-train", keep_weights=args.output is not None,
         )  # fmt: skip
         if stored or args.data_path is None:
             name = args.dataset
         else:
             name = f"{args.dataset}:{args.data_path}"
-        quote = quote_training_run(engine, prepared, dataset=name)
+        quote = quote_training_run(engine, prepared, dataset=name, principal=args.owner)
         if quote.needs_confirmation and not _confirmed(args, quote):
             raise Unconfirmed(
                 f"{quote.describe()}; nothing was charged. Run again with --yes to charge it"
             )
-        return prepared, charge_training_run(engine, prepared, dataset=name, quote=quote), name
+        charge = charge_training_run(
+            engine, prepared, dataset=name, quote=quote, principal=args.owner
+        )
+        return prepared, charge, name
     finally:
         engine.dispose()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from api.cli.arguments import delta, key_value, positive_float, positive_int, strategy_flags
+from api.cli.common import add_owner_argument
 
 #: The learning rate of a run that names none.
 DEFAULT_LR = 0.5
@@ -39,6 +40,7 @@ def add_train_parser(sub: Any, *, func: Any) -> None:
         "DPSWEEP_DATABASE_URL or sqlite:///dpsweep.db): the run spends the dataset's lifetime "
         "budget like a one-trial grid, and is refused if the cap would be exceeded",
     )
+    add_owner_argument(t, "the run's charge (and a file's name, bound here)")
     t.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     t.add_argument(
         "-o",

@@ -55,9 +55,9 @@ def ledger_key_for(engine: Engine, charge: OneOffCharge) -> str:
     """The ledger ``charge`` goes to: a stored dataset's bound one, else the name bound here."""
     if charge.stored:
         return ledger_key_of(engine, charge.dataset)
-    return bind_name(
-        engine, charge.dataset, charge.content_sha256, new_row={"config": charge.config}
-    ).ledger_key
+    # A name bound here is the run's principal's (None: the operator's), as a sweep's is.
+    new_row = {"config": charge.config, "owner": charge.principal}
+    return bind_name(engine, charge.dataset, charge.content_sha256, new_row=new_row).ledger_key
 
 
 def charge_one_off(engine: Engine, charge: OneOffCharge, *, ledger_key: str | None = None) -> str:
@@ -134,7 +134,9 @@ class Quote:
         return line + f"; ε left {show_amount(self.epsilon_left)} → {show_amount(after)})"
 
 
-def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -> Quote:
+def quote_training_run(
+    engine: Engine, prepared: PreparedRun, *, dataset: str, principal: str | None = None
+) -> Quote:
     """What :func:`charge_training_run` will charge ``prepared``, read-only (nothing is bound,
     reserved or charged)."""
     from workers.accounting import epsilon_for  # deferred: scipy
@@ -143,7 +145,7 @@ def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -
         key = ledger_key_of(engine, dataset)
     else:
         # A loader name is bound to its records when charged; its ledger is the records'.
-        key = scoped_identity_key(str(prepared.data.content_sha256), owner=None)
+        key = scoped_identity_key(str(prepared.data.content_sha256), owner=principal)
     summary = BudgetLedger(engine).summary(key)
     epsilon = None
     if prepared.noise_multiplier is not None:
@@ -162,7 +164,12 @@ def quote_training_run(engine: Engine, prepared: PreparedRun, *, dataset: str) -
 
 
 def charge_training_run(
-    engine: Engine, prepared: PreparedRun, *, dataset: str, quote: Quote | None = None
+    engine: Engine,
+    prepared: PreparedRun,
+    *,
+    dataset: str,
+    quote: Quote | None = None,
+    principal: str | None = None,
 ) -> dict[str, Any] | None:
     """Charge a ``dpsweep train`` run; what was charged (None: a non-private run).
 
@@ -172,13 +179,14 @@ def charge_training_run(
         dataset: The dataset's name as the user gave it (``loader:path`` for a file).
         quote: The quote shown to the user (:func:`quote_training_run`): its epsilon is the
             one charged (default: computed here the same way).
+        principal: Who runs it (``dpsweep train --owner``; None: the operator).
 
     Raises:
         BudgetExhausted: the dataset's cap cannot cover the run (nothing is charged).
         PrivacyError: a non-private run on a dataset with an epsilon cap.
     """
     run = prepared.run
-    quote = quote or quote_training_run(engine, prepared, dataset=dataset)
+    quote = quote or quote_training_run(engine, prepared, dataset=dataset, principal=principal)
     charge = OneOffCharge(
         dataset=dataset,
         stored=prepared.stored,
@@ -189,6 +197,7 @@ def charge_training_run(
         kind="train",
         run_id=new_id(),
         note=f"dpsweep train: one {run.strategy} run on {dataset!r}",
+        principal=principal,
         detail={"released": ["model", "metrics"], "strategy": run.strategy},
     )
     if quote.epsilon is None:

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from sqlalchemy import Engine
 
 from dpsweep.accounting_inputs import AccountingInputs
-from dpsweep.errors import ConfigError, PrivacyError
+from dpsweep.errors import ConfigError, PermissionDenied, PrivacyError
 from dpsweep.spec import (
     ArmConfig,
     DatasetConfig,
@@ -336,8 +336,15 @@ def _admitted_dataset(
 
     if engine is None:
         return resolve(None, spec.dataset), spec
-    admitted = admit(engine, spec, viewer).spec
-    return resolve(engine, admitted.dataset), admitted
+    admission = admit(engine, spec, viewer)
+    if admission.terms is not None:
+        # A grant's allowance and terms bind sweeps, which an analyst submits; a one-off run
+        # outside a sweep is the owner's (fail closed: no second path to spend a grant).
+        raise PermissionDenied(
+            f"dataset {spec.dataset.name!r} is not yours: a run outside a sweep is for a "
+            "dataset's owner; submit a sweep under your grant instead"
+        )
+    return resolve(engine, admission.spec.dataset), admission.spec
 
 
 def _planned_steps(training: TrainingConfig, planning: Any) -> tuple[float, int]:

@@ -163,3 +163,34 @@ def test_train_by_registered_name_uses_the_owners_view_and_its_ledger(tmp_path: 
         assert len(ledger.entries(key)) == entries
     finally:
         engine.dispose()
+
+
+def test_train_as_a_tenant_sees_only_theirs_and_is_charged_as_them(tmp_path: Path) -> None:
+    """``--owner NAME``: the run is NAME's (admission as NAME's token would be), its charge is
+    logged as NAME's, and the operator's registered names are not NAME's to train on."""
+    from sweeper.datasets.identity import ledger_key_of
+    from sweeper.privacy.release_log import read_log
+    from sweeper.store.engine import make_engine
+
+    db = f"sqlite:///{tmp_path / 'tenant.db'}"
+    data = tmp_path / "clinic.csv"
+    write_csv(data, 200, seed=0)
+    p = dpsweep("datasets", "register", str(data), "--name", "clinic", "--label-column",
+                "target", db=db)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    p = dpsweep("train", "--owner", "bob", "--dataset", "clinic", "--epsilon", "1", "--yes",
+                *FAST, db=db)  # fmt: skip
+    assert p.returncode == 2 and "unknown dataset 'clinic'" in p.stderr, p.stderr
+
+    p = dpsweep("train", "--owner", "bob", "--dataset", "digits", "--epsilon", "1", "--json",
+                *FAST, db=db)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    run_id = json.loads(p.stdout)["ledger"]["run"].removeprefix("train_")
+    engine = make_engine(db)
+    try:
+        log = read_log(engine, ledger_key_of(engine, "digits"), everyone=True)
+        assert [(e["kind"], e["principal"], e["sweep_id"]) for e in log] == [
+            ("train", "bob", run_id)
+        ]
+    finally:
+        engine.dispose()
