@@ -93,6 +93,7 @@ def test_every_charge_is_a_budget_row_and_a_release(tmp_path: Path) -> None:
             "batch_size": 64,
             "steps": 4,
             "canaries": 100,
+            "confirm": True,  # a private dataset: the charge is confirmed
         }
         r = olga.post(f"{V1}/audits", json=audit)
         assert r.status_code == 201, r.text
