@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
 
 from api.dataset_schemas import (  # re-exported
     AnalystBudgetOut,
@@ -25,6 +26,7 @@ from api.registry_schemas import (  # re-exported
     RegistryStrategy,
 )
 from dpsweep.plan import GridPlan
+from dpsweep.plan_fields import DRY_RUN, public_fields, public_view
 
 
 class _Out(BaseModel):
@@ -112,82 +114,48 @@ class SweepOut(_Out):
     pareto: Pareto
 
 
-class PlanGrid(_Out):
-    arm: str
-    strategy: str
-    epsilon_budget: float
-    delta: float
-    accounting: str
-    accountant: str | None
-    noise_multiplier: float
-    gradient_noise_multiplier: float | None
-    steps_per_trial: int
-    sample_rate: float
-    trials: int = Field(description="planned runs (the mean for papernot-steinke)")
-    retries: int
-    epsilon_per_trial: float | None = Field(
-        description="what one run alone would cost (a single run's epsilon, not a spend)"
-    )
-    epsilon_total: float = Field(description="the grid's epsilon: releasing all its trials")
-    epsilon_verified: float | None
-    epsilon_reserved: float
-    delta_reserved: float
-    count_noise: float | None = Field(
-        default=None, description="quantile: the count noise sigma_b chosen (spec left it out)"
-    )
-    warnings: list[str] = Field(
-        default_factory=list, description="judgements to read (e.g. high noise), not refusals"
-    )
-    input_scaling: dict[str, Any] | None = None
-    eval_mode: str = Field(
-        default="carve-out",
-        description="how the evaluation records are protected: carve-out (unprotected), "
-        "public (a dataset declared public) or dp (noisy accuracy, charged in this grid)",
-    )
-    eval_dataset: str | None = Field(default=None, description="public: the evaluation dataset")
-    eval_releases: int = Field(default=0, description="dp: noisy counts per trial")
-    eval_noise_multiplier: float | None = Field(
-        default=None, description="dp: the noise multiplier of each noisy count"
-    )
-    epsilon_eval: float | None = Field(
-        default=None, description="dp: what the grid's evaluations alone cost (included)"
-    )
-    engine_path: str | None = Field(
-        default=None,
-        description="the engine path its model trains on: packed (the fast batched path), "
-        "generic (any nn.Module; per-example gradients from torch.func) or auto (decided "
-        "when the model is built, for a plug-in)",
-    )
-    tuned_on: str | None = Field(
-        default=None,
-        description="public pre-tuning (the arm's tune_on): the public dataset the grid's "
-        "points were trained on first, at this grid's noise multiplier (no epsilon spent)",
-    )
-    tuned_params: dict[str, Any] | None = Field(
-        default=None, description="the best point on the public records (lr included)"
-    )
-    tuned_score: float | None = Field(
-        default=None, description="its objective on the public records"
-    )
-    tuned_grid: dict[str, Any] | None = Field(
-        default=None,
-        description="the grid centred on the best point, which the trials are created from "
-        "(same size as the spec's grid)",
-    )
+class _PlanGridView(_Out):
+    """The dry run's view of one grid's plan; its fields are :func:`_plan_grid_fields`."""
 
     @classmethod
     def of(cls, plan: GridPlan, *, epsilon_reserved: Decimal, delta_reserved: Decimal) -> PlanGrid:
-        """A dry run's view of one grid's plan: every field of the same name in
-        :class:`dpsweep.plan.GridPlan` (a test keeps the names a subset), and its reservation."""
-        d = plan.to_stored()
-        fields = {k: d[k] for k in cls.model_fields if k in d}
+        """A dry run's view of one grid's plan (:data:`dpsweep.plan_fields.DRY_RUN`), and its
+        reservation."""
+        fields = public_view(plan, DRY_RUN)
         # A strategy without a second release has no split of sigma to show.
         fields["gradient_noise_multiplier"] = plan.gradient_noise_multiplier or None
-        return cls(
-            **fields,
-            epsilon_reserved=float(epsilon_reserved),
-            delta_reserved=float(delta_reserved),
-        )
+        fields["epsilon_reserved"] = float(epsilon_reserved)
+        fields["delta_reserved"] = float(delta_reserved)
+        return cls.model_validate(fields)
+
+
+def _plan_grid_fields() -> dict[str, Any]:
+    """The dry run's fields: each public field of the view (dpsweep/plan_fields.py), typed as
+    :class:`dpsweep.plan.GridPlan` types it and titled and described by the declaration, then
+    the grid's reservation."""
+    # A pydantic dataclass's fields, which mypy's view of the dataclass does not know.
+    types: dict[str, FieldInfo] = GridPlan.__pydantic_fields__  # type: ignore[attr-defined]
+    out: dict[str, Any] = {}
+    for f in public_fields(DRY_RUN):
+        info = types[f.name]
+        typ: Any = list[str] if info.annotation == tuple[str, ...] else info.annotation
+        default = ... if info.is_required() else info.get_default(call_default_factory=True)
+        if f.name == "gradient_noise_multiplier":
+            typ, default = float | None, ...  # always sent; null where nothing is split (of)
+        if isinstance(default, tuple):
+            default = list(default)
+        out[f.name] = (typ, Field(default=default, title=f.label, description=f.help or None))
+    out["epsilon_reserved"] = (float, Field(title="reserved ε"))
+    out["delta_reserved"] = (float, Field(title="reserved δ"))
+    return out
+
+
+if TYPE_CHECKING:
+    PlanGrid = _PlanGridView
+else:
+    # Derived from the one declaration of the plan's public fields (a test checks each is
+    # GridPlan's, of its type).
+    PlanGrid = create_model("PlanGrid", __base__=_PlanGridView, **_plan_grid_fields())
 
 
 class PlanOut(_Out):

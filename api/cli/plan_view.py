@@ -9,88 +9,47 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.sweeps import describe_scaling
+from dpsweep.plan import GridPlan
+from dpsweep.plan_fields import CLI, plan_field, public_fields, public_view
 from dpsweep.spec import DEFAULT_GRIDS, propose_grid
 
-PLAN_KEYS = (
-    "arm",
-    "strategy",
-    "epsilon_budget",
-    "delta",
-    "trials",
-    "steps_per_trial",
-    "sample_rate",
-    "noise_multiplier",
-    "epsilon_per_trial",
-    "epsilon_total",
-    "epsilon_verified",
-    "accounting",
+#: ``dpsweep plan --json``'s keys (:data:`dpsweep.plan_fields.CLI`'s view).
+PLAN_KEYS = tuple(f.name for f in public_fields(CLI))
+
+#: The table's columns, by field: header and cell format come from the one declaration
+#: (:data:`dpsweep.plan_fields.PUBLIC_PLAN_FIELDS`); arm and release are left-aligned.
+PLAN_COLUMNS = tuple(
+    plan_field(name)
+    for name in (
+        "arm",
+        "epsilon_budget",
+        "trials",
+        "noise_multiplier",
+        "gradient_noise_multiplier",
+        "epsilon_per_trial",
+        "epsilon_total",
+        "epsilon_verified",
+        "steps_per_trial",
+        "sample_rate",
+        "release",
+    )
 )
-
-#: ``--json`` adds these to :data:`PLAN_KEYS`.
-PLAN_JSON_EXTRA = (
-    "delta_per_trial",
-    "gradient_noise_multiplier",
-    "accountant",
-    "verified_by",
-    "release",
-    "input_scaling",
-    "count_noise",
-    "warnings",
-    "n_train",
-    "n_eval",
-    "eval_mode",
-    "eval_dataset",
-    "eval_releases",
-    "eval_noise_multiplier",
-    "epsilon_eval",
-    "engine_path",
-    "tuned_on",
-    "tuned_params",
-    "tuned_score",
-    "tuned_grid",
-)
-
-#: The table's columns (left-aligned: arm and release).
-PLAN_COLUMNS = (
-    "arm",
-    "level ε",
-    "trials",
-    "σ",
-    "σ_g",
-    "ε per trial",
-    "grid ε",
-    "verified ε",
-    "steps",
-    "q",
-    "release",
-)
+_LEFT = ("arm", "release")
 
 
-def plan_json(rows: list[Any]) -> str:
-    """The plan's rows as one JSON array (the public keys and the extra ones)."""
-    stored = [r.to_stored() for r in rows]
-    return json.dumps([{k: d[k] for k in (*PLAN_KEYS, *PLAN_JSON_EXTRA)} for d in stored])
+def plan_json(rows: list[GridPlan]) -> str:
+    """The plan's rows as one JSON array (:data:`PLAN_KEYS`)."""
+    return json.dumps([public_view(r, CLI) for r in rows])
 
 
-def plan_table(title: str, rows: list[Any]) -> Table:
+def plan_table(title: str, rows: list[GridPlan]) -> Table:
     """The plan as a table, one row per grid."""
     table = Table(title=title)
     for col in PLAN_COLUMNS:
-        table.add_column(col, justify="left" if col in ("arm", "release") else "right")
+        table.add_column(col.label, justify="left" if col.name in _LEFT else "right")
     for r in rows:
-        table.add_row(
-            r.arm,
-            f"{r.epsilon_budget:g}",
-            str(r.trials),
-            f"{r.noise_multiplier:.4g}",
-            f"{r.gradient_noise_multiplier:.4g}",
-            f"{r.epsilon_per_trial:.4g}",
-            f"{r.epsilon_total:.4g}",
-            f"{r.epsilon_verified:.4g}",
-            str(r.steps_per_trial),
-            f"{r.sample_rate:.4g}",
-            r.release,
-        )
+        stored = r.to_stored()
+        table.add_row(*(col.cell(stored[col.name]) for col in PLAN_COLUMNS))
     return table
 
 

@@ -231,7 +231,7 @@ async def plan(
             "name": spec.name,
             "dataset": dataset_key(spec),
             "grids": grids,
-            "trials": sum(g.trials for g in grids),
+            "trials": sum(g.trials for g in prepared.plan.grids),
             "epsilon_reserved": float(e),
             "delta_reserved": float(d),
         }

@@ -15,7 +15,8 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from dpsweep.plan import GridPlan, SweepPlan
+from dpsweep.plan import SweepPlan
+from dpsweep.plan_fields import SUMMARY, public_view
 from dpsweep.spec import ArmConfig, randomness_label
 from sweeper.datasets.grants import dataset_row
 from sweeper.datasets.names import BUILTIN
@@ -139,50 +140,6 @@ def _lifetime(engine: Engine, sweep: Sweep, key: str) -> dict[str, Any]:
     return lifetime_release(BudgetLedger(engine).summary(key))
 
 
-# What a summary shows of each grid's stored plan (its charge schedule and the records' hash
-# stay inside; a papernot-steinke grid's number of stored runs is shown only when not hidden).
-_SUMMARY_PLAN_FIELDS = (
-    "arm",
-    "strategy",
-    "epsilon_budget",
-    "delta",
-    "noise_multiplier",
-    "gradient_noise_multiplier",
-    "steps_per_trial",
-    "sample_rate",
-    "epsilon_total",
-    "epsilon_per_trial",
-    "epsilon_verified",
-    "verified_by",
-    "accountant",
-    "accounting",
-    "release",
-    "retries",
-    "input_scaling",
-    "count_noise",
-    "warnings",
-    "n_train",
-    "n_eval",
-    "eval_mode",
-    "eval_dataset",
-    "eval_releases",
-    "eval_noise_multiplier",
-    "epsilon_eval",
-    "engine_path",
-    # Public pre-tuning (an arm's tune_on): the public dataset, its best point and score, and
-    # the centred grid the trials were created from (public information only).
-    "tuned_on",
-    "tuned_params",
-    "tuned_score",
-    "tuned_grid",
-)
-
-
-def _plan_row(g: GridPlan) -> dict[str, Any]:
-    d = g.to_stored()
-    return {k: d[k] for k in _SUMMARY_PLAN_FIELDS}
-
-
 def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> dict[str, Any]:
     """What `dpsweep show --json` and the API return for a sweep (``sweep``: already loaded
     with :func:`load_sweep`)."""
@@ -232,9 +189,9 @@ def summarize(engine: Engine, sweep_id: str, *, sweep: Sweep | None = None) -> d
             {"name": arm.label, "strategy": arm.strategy} | _grid_and_params(arm)
             for arm in typed_spec(sweep).arms
         ],
-        "plan": [
-            _plan_row(g) | ({} if g.grid in hidden else {"trials": g.planned_trials}) for g in plan
-        ],
+        # Each grid's public fields (dpsweep/plan_fields.py; its charge schedule and the
+        # records' hash stay inside), the number of stored runs only where it is not secret.
+        "plan": [public_view(g, SUMMARY, hide_count=g.grid in hidden) for g in plan],
         "trials": counts,
         "privacy": privacy,
         "budget": {
