@@ -81,6 +81,7 @@ def render_card_markdown(card: dict[str, Any]) -> str:
         f"{m.get('parameters')} parameters.",
         f"- Weights: {m['weights']['format']}, {m['weights']['size_bytes']} bytes, sha256 "
         f"`{m['weights']['sha256']}`.",
+        f"- Inputs: {_inputs(card)}.",
         f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
         f"{t['seed']} ({t['seed_seeds']}).",
         "",
@@ -118,6 +119,19 @@ def _split_markdown(d: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _inputs(card: dict[str, Any]) -> str:
+    """What the model takes (the card's ``model.input_transform``): raw records, or inputs
+    scaled as its trainer scaled them, and why."""
+    t = (card.get("model") or {}).get("input_transform")
+    if not isinstance(t, dict):
+        return "scaled as the trainer scaled them (kept before model files carried the transform)"
+    if t.get("in_model_file"):
+        return f"raw records; the model file carries the input transform ({t.get('applies')})"
+    if t.get("raw_inputs"):
+        return f"as they are ({t.get('reason')})"
+    return f"scaled as the trainer scaled them, not raw records: {t.get('reason')}"
 
 
 __all__ = ["render_card_markdown"]

@@ -123,6 +123,7 @@ def test_model_writes_the_model_card_and_readme_whose_hashes_match(
     assert transform["in_model_file"] is True and transform["method"] == "pixel"
     assert {n for n in names if n.startswith(PREFIX)} == set(transform["tensors"])
     assert "inputs: raw records; the model file carries the trainer's input transform" in printed
+    assert "- Inputs: raw records; the model file carries" in (out / "README.md").read_text()
 
 
 def _onnx_ready() -> bool:
