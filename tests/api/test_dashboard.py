@@ -22,6 +22,7 @@ import yaml
 
 from api.testing.browser import chromium, screenshot
 from api.testing.server import Server, start_server
+from dpsweep.plan_fields import plan_field
 from sweeper.store.engine import make_engine
 from sweeper.store.tokens import create_token, revoke_token
 from tests.sweeper.sweeps.test_public_tuning import _spec as tuned_spec
@@ -385,7 +386,9 @@ def test_trials_table_filters_columns_sort_and_csv(
     )
 
 
-def test_plan_and_budget_panel_matches_the_stored_plan(page: Any, finished: dict[str, Any]) -> None:
+def test_plan_and_budget_panel_matches_the_stored_plan(
+    page: Any, api: httpx.Client, finished: dict[str, Any]
+) -> None:
     page.goto(f"/sweeps/{finished['id']}?tab=plan")
     page.wait_for_selector("#plan-table tbody tr")
     rows = page.locator("#plan-table tbody tr")
@@ -393,6 +396,13 @@ def test_plan_and_budget_panel_matches_the_stored_plan(page: Any, finished: dict
     g = finished["plan"][0]
     text = rows.first.inner_text()
     assert g["arm"] in text and str(g["steps_per_trial"]) in text
+    # The headers are the plan's public fields as the API's schema titles and describes them:
+    # the one declaration (dpsweep/plan_fields.py) the CLI's table shows too.
+    schema = api.get("/openapi.json").json()["components"]["schemas"]["PlanGrid"]["properties"]
+    for name in ("epsilon_budget", "noise_multiplier", "epsilon_verified"):
+        head = page.locator(f"#plan-table th[data-field={name}]")
+        assert head.inner_text() == schema[name]["title"] == plan_field(name).label
+        assert head.get_attribute("title") == schema[name]["description"]
     assert "ε charged" in page.inner_text("#sweep-budget")
     # One ε per release, each saying what it covers, and the evaluation statement.
     privacy = finished["privacy"]

@@ -48,19 +48,37 @@ export function axisText(axis) {
   return String(axis);
 }
 
+// The plan's public fields as the API's schema titles and describes them (its PlanGrid: one
+// declaration, dpsweep/plan_fields.py, gives the CLI's table, the summaries and these headers).
+// Read once; without it a header shows the field's name.
+let planFieldsRead = null;
+
+/** @returns {Promise<Object<string, {title?: string, description?: string}>>} by field name */
+export function planFields() {
+  planFieldsRead ||= fetch("/openapi.json").then((r) => r.json())
+    .then((d) => d.components?.schemas?.PlanGrid?.properties || {}).catch(() => ({}));
+  return planFieldsRead;
+}
+
+/** A plan table's header row: each field's title, its description as the tooltip. */
+export function planHeader(fields, names) {
+  return h("thead", {}, h("tr", {}, names.map((n) => h("th",
+    { "data-field": n, title: fields[n]?.description || "" }, fields[n]?.title || n))));
+}
+
 /**
  * Public pre-tuning (an arm's tune_on): for each grid tuned first on a public dataset, where,
  * the best point there and its score, and the private grid centred on it. Nothing when no
  * grid was tuned. No ε is spent by the tuning: only public records are read.
  */
-export function tuningCard(grids) {
+export function tuningCard(grids, fields) {
   const tuned = (grids || []).filter((g) => g.tuned_on);
   if (!tuned.length) return "";
-  const cols = ["arm", "ε level", "tuned on (public)", "best there", "its score", "private grid centred on it"];
+  const cols = ["arm", "epsilon_budget", "tuned_on", "tuned_params", "tuned_score", "tuned_grid"];
   return h("div", { class: "card", id: "tuning-card" }, h("h2", {}, "Public pre-tuning"),
     h("p", { class: "muted small" }, "These grids were first trained on a dataset declared public, at the grid's σ; no ε is spent. The private grid then centres on the best point there."),
     h("table", { class: "grid compact", id: "tuning-table" },
-      h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+      planHeader(fields, cols),
       h("tbody", {}, tuned.map((g) => h("tr", { "data-arm": g.arm, "data-level": g.epsilon_budget },
         h("td", {}, g.arm), h("td", {}, num(g.epsilon_budget)), h("td", {}, g.tuned_on),
         h("td", {}, params(g.tuned_params)), h("td", {}, num(g.tuned_score)),

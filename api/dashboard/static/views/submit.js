@@ -1,5 +1,5 @@
 import { api } from "../api.js";
-import { errorBox, h, navigate, num, tuningCard } from "../ui.js";
+import { errorBox, h, navigate, num, planFields, planHeader, tuningCard } from "../ui.js";
 import { registryHints } from "./registry.js";
 
 const EXAMPLE = `name: my-sweep
@@ -44,7 +44,7 @@ export function submitView(el) {
       const plan = await api("/sweeps:plan", { method: "POST", body, contentType: ctype() });
       planned = body;
       submitBtn.disabled = false;
-      out.replaceChildren(planTable(plan));
+      out.replaceChildren(planTable(plan, await planFields()));
     } catch (e) { invalidate(); out.replaceChildren(errorBox(e)); }
   });
 
@@ -63,17 +63,18 @@ export function submitView(el) {
   return null;
 }
 
-function planTable(p) {
-  const cols = ["arm", "strategy", "ε level", "trials", "σ", "steps", "q", "ε per trial", "grid ε", "verified ε", "reserved ε"];
+function planTable(p, fields) {
+  const cols = ["arm", "strategy", "epsilon_budget", "trials", "noise_multiplier", "steps_per_trial",
+    "sample_rate", "epsilon_per_trial", "epsilon_total", "epsilon_verified", "epsilon_reserved"];
   return h("div", { class: "card", id: "plan-result" },
     h("h2", {}, `Plan for ${p.name}`),
     h("p", {}, `${p.trials} trials on ${p.dataset}; reserves ε ${num(p.epsilon_reserved)}, δ ${num(p.delta_reserved)}.`),
     h("table", { class: "grid compact", id: "plan-table" },
-      h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+      planHeader(fields, cols),
       h("tbody", {}, p.grids.map((g) => h("tr", {},
         h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)), h("td", {}, g.trials),
         h("td", {}, num(g.noise_multiplier)), h("td", {}, g.steps_per_trial), h("td", {}, num(g.sample_rate)),
         h("td", {}, num(g.epsilon_per_trial)), h("td", {}, num(g.epsilon_total)),
         h("td", {}, num(g.epsilon_verified)), h("td", {}, num(g.epsilon_reserved)))))),
-    tuningCard(p.grids));
+    tuningCard(p.grids, fields));
 }

@@ -1,8 +1,8 @@
 import { api, followEvents } from "../api.js";
 import { armStyles, naturalOrder } from "../palette.js";
 import {
-  badge, confirmDialog, errorBox, h, navigate, num, params, plot, progress, query,
-  setQuery, TERMINAL, tuningCard, when,
+  badge, confirmDialog, errorBox, h, navigate, num, params, planFields, planHeader, plot,
+  progress, query, setQuery, TERMINAL, tuningCard, when,
 } from "../ui.js";
 import { auditsPanel } from "./audits.js";
 import { trialsTable } from "./trials-table.js";
@@ -270,16 +270,18 @@ export function sweepView(el, id) {
       : h("p", { class: "muted" }, "No finished trials yet."));
   }
 
-  function drawPlan() {
+  async function drawPlan() {
+    const fields = await planFields();
     const s = summary;
     const b = s.budget;
-    const cols = ["arm", "strategy", "ε level", "trials", "σ", "σ gradient", "steps", "q",
-      "single-run ε", "grid ε", "verified ε", "accounting"];
+    const cols = ["arm", "strategy", "epsilon_budget", "trials", "noise_multiplier",
+      "gradient_noise_multiplier", "steps_per_trial", "sample_rate", "epsilon_per_trial",
+      "epsilon_total", "epsilon_verified", "accounting"];
     panes.plan.replaceChildren(
       h("div", { class: "card" }, h("h2", {}, "Plan"),
         h("p", { class: "muted small" }, "Per arm and ε level: the noise every trial of the grid uses, and the ε the grid's runs compose to, verified by a second accountant."),
         h("table", { class: "grid compact", id: "plan-table" },
-          h("thead", {}, h("tr", {}, cols.map((c) => h("th", {}, c)))),
+          planHeader(fields, cols),
           h("tbody", {}, s.plan.map((g) => h("tr", { "data-arm": g.arm, "data-level": g.epsilon_budget },
             h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)),
             h("td", {}, g.trials ?? h("span", { class: "muted", title: "Papernot–Steinke: the number of runs is private" }, "private")),
@@ -290,7 +292,7 @@ export function sweepView(el, id) {
             h("td", { title: g.verified_by ? `verified by ${g.verified_by}` : "" }, num(g.epsilon_verified),
               g.verified_by ? h("span", { class: "muted small" }, ` (${g.verified_by})`) : ""),
             h("td", {}, g.accounting, g.retries ? ` +${g.retries} retries` : "")))))),
-      tuningCard(s.plan),
+      tuningCard(s.plan, fields),
       privacyCard(s.privacy),
       h("div", { class: "card" }, h("h2", {}, "Budget"),
         h("dl", { class: "kv", id: "sweep-budget" },
@@ -321,7 +323,7 @@ export function sweepView(el, id) {
   function draw(name = tab()) {
     if (!summary) return;
     if (name === "fronts") drawFronts().catch(showError);
-    else if (name === "plan") drawPlan();
+    else if (name === "plan") drawPlan().catch(showError);
     else if (name === "trials") {
       if (!table) { table = trialsTable(panes.trials, id, summary); } else table.reload(summary);
     }
