@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from dpsweep.plan_fields import plan_field
 from sweeper.datasets.access import Viewer
 from sweeper.store.engine import make_engine
 from sweeper.store.schema import upgrade
@@ -281,13 +282,26 @@ def params_text(params: dict[str, Any] | None) -> str:
     )
 
 
+_PLAN_COLUMNS = (
+    "arm",
+    "epsilon_budget",
+    "trials",
+    "noise_multiplier",
+    "gradient_noise_multiplier",
+    "steps_per_trial",
+    "sample_rate",
+    "epsilon_per_trial",
+    "epsilon_total",
+    "epsilon_verified",
+)
+
+
 def plan_table(run: Run) -> str:
     """The plan: per arm and ε level, trials, σ (and the gradient's σ_g after a noise split),
     steps, q, per-trial ε, the grid's ε and its verification by an independent accountant."""
-    rows = [
-        "| arm | ε level | trials | σ | σ_g | steps | q | ε per trial | grid ε | verified ε |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    # Headers from the one declaration of the plan's public fields (dpsweep/plan_fields.py).
+    labels = [plan_field(name).label for name in _PLAN_COLUMNS]
+    rows = ["| " + " | ".join(labels) + " |", "|" + "---|" * len(labels)]
     for g in run.summary["plan"]:
         rows.append(
             f"| {g['arm']} | {fmt(g['epsilon_budget'])} | {g.get('trials', 'hidden')} | "
