@@ -8,6 +8,7 @@ cards of version 2 and later, how the evaluation split is rebuilt.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sweeper.artifacts.card_texts import NOT_PRIVATE_WARNING, SINGLE_RUN_NOTE, SPLIT_CHECK
@@ -81,7 +82,7 @@ def render_card_markdown(card: dict[str, Any]) -> str:
         f"{m.get('parameters')} parameters.",
         f"- Weights: {m['weights']['format']}, {m['weights']['size_bytes']} bytes, sha256 "
         f"`{m['weights']['sha256']}`.",
-        f"- Inputs: {_inputs(card)}.",
+        f"- Inputs: {inputs_text(card)}.",
         f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
         f"{t['seed']} ({t['seed_seeds']}).",
         "",
@@ -121,7 +122,7 @@ def _split_markdown(d: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _inputs(card: dict[str, Any]) -> str:
+def inputs_text(card: Mapping[str, Any]) -> str:
     """What the model takes (the card's ``model.input_transform``): raw records, or inputs
     scaled as its trainer scaled them, and why."""
     t = (card.get("model") or {}).get("input_transform")
@@ -134,4 +135,4 @@ def _inputs(card: dict[str, Any]) -> str:
     return f"scaled as the trainer scaled them, not raw records: {t.get('reason')}"
 
 
-__all__ = ["render_card_markdown"]
+__all__ = ["inputs_text", "render_card_markdown"]

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sweeper.artifacts.card_markdown import inputs_text
 from sweeper.artifacts.card_texts import (
     NOT_PRIVATE_WARNING,
     SEED_REPRODUCIBLE,
@@ -207,6 +208,7 @@ def render_run_card_markdown(card: Mapping[str, Any]) -> str:
         f"- Hyperparameters: `{json.dumps(r['hyperparameters'], sort_keys=True)}`; seed "
         f"{r['seed']} ({r['seed_seeds']}).",
         f"- Input scaling: `{json.dumps(d.get('input_scaling') or {}, sort_keys=True)}`.",
+        f"- Inputs: {inputs_text(card)}.",
         "",
     ]
     return "\n".join(lines)

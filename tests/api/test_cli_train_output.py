@@ -34,6 +34,7 @@ def test_train_o_writes_a_model_its_card_and_readme(tmp_path: Path) -> None:
     from sweeper.artifacts.recheck import measure
     from workers.checkpoints import build_trained
     from workers.datasets.loading import load_dataset
+    from workers.datasets.raw_records import raw_evaluation_inputs
     from workers.datasets.records import DatasetSpec
 
     out = tmp_path / "kept"
@@ -62,14 +63,17 @@ def test_train_o_writes_a_model_its_card_and_readme(tmp_path: Path) -> None:
     assert "this run alone" in readme and f"{privacy['epsilon']:.4g}" in readme
 
     # The weights are the best checkpoint: on the rebuilt evaluation split they score what the
-    # card says.
+    # card says, fed the raw records (the file carries digits' input transform).
+    assert card["model"]["input_transform"]["in_model_file"] is True
+    assert "Inputs: raw records" in readme
     module = build_trained(card["model"], weights)
     split = card["dataset"]["split"]
-    data = load_dataset(
-        DatasetSpec(name="digits", test_fraction=split["test_fraction"],
-                    split_seed=split["split_seed"])
-    )  # fmt: skip
-    got = measure(module, data, task="classification", dp=False)
+    spec = DatasetSpec(
+        name="digits", test_fraction=split["test_fraction"], split_seed=split["split_seed"]
+    )
+    data = load_dataset(spec)
+    raw = raw_evaluation_inputs(spec)
+    got = measure(module, data, task="classification", dp=False, inputs=raw)
     assert got["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-9)
 
 
