@@ -256,7 +256,6 @@ def check_model(
     got = measure(module, data, task=task, dp=dp, inputs=inputs)
     values = dict((card.get("metrics") or {}).get("values") or {})
     n_records = int(data.x_test.shape[0])
-    comparisons: list[Comparison] = []
     if dp:
         ev = card.get("evaluation") or {}
         sigma = ev.get("eval_noise_multiplier")
@@ -276,20 +275,10 @@ def check_model(
             )
         )
         notes.append(OWNER_ONLY)
-        comparisons.append(
-            Comparison("accuracy", _num(values.get("accuracy")), got["accuracy"], tol, True)
-        )
+        card_accuracy = _num(values.get("accuracy"))
+        comparisons = [Comparison("accuracy", card_accuracy, got["accuracy"], tol, True)]
     else:
-        for key in ("accuracy", "loss", "mse"):
-            if key not in got:
-                continue
-            card_value = _num(values.get(key))
-            if key == "accuracy":
-                tol = 1.0 / max(1, n_records) + 1e-12
-            else:
-                tol = REL_TOLERANCE * max(1.0, abs(card_value or 0.0))
-            if card_value is not None or key == "accuracy":
-                comparisons.append(Comparison(key, card_value, got[key], tol))
+        comparisons = _exact_comparisons(values, got, n_records)
     weights_sha = ((info.get("weights") or {}).get("sha256")) or ""
     return CheckResult(
         eval_mode=mode,
@@ -299,6 +288,25 @@ def check_model(
         weights_match_card=sha256_hex(weights) == weights_sha,
         notes=notes,
     )
+
+
+def _exact_comparisons(
+    values: dict[str, Any], got: dict[str, float], n_records: int
+) -> list[Comparison]:
+    """Exactly evaluated metrics beside the card's: accuracy within one record, loss and mse
+    within :data:`REL_TOLERANCE`."""
+    out = []
+    for key in ("accuracy", "loss", "mse"):
+        if key not in got:
+            continue
+        card_value = _num(values.get(key))
+        if key == "accuracy":
+            tol = 1.0 / max(1, n_records) + 1e-12
+        else:
+            tol = REL_TOLERANCE * max(1.0, abs(card_value or 0.0))
+        if card_value is not None or key == "accuracy":
+            out.append(Comparison(key, card_value, got[key], tol))
+    return out
 
 
 def _transform_reason(info: dict[str, Any]) -> str:

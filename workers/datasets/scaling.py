@@ -72,13 +72,7 @@ def _normalise(
     # Only constants that are no record's value: declared bounds or a format's pixel maximum.
     extra: dict[str, Any] = {}
     if spec.input_bounds is not None:
-        lo, hi = (float(v) for v in spec.input_bounds)
-        if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi and np.isfinite(hi - lo)):
-            raise ConfigError(
-                f"input_bounds must be two finite numbers [lo, hi] with lo < hi; got "
-                f"{list(spec.input_bounds)}",
-                field="dataset.input_bounds",
-            )
+        lo, hi = _declared_bounds(spec.input_bounds)
         # Data-independent: clip to the owner's bounds, then map them onto the output range.
         raw_clip = (lo, hi)
         centre, scale = (lo, hi - lo) if image else (lo / 2 + hi / 2, (hi - lo) / 2)
@@ -126,6 +120,21 @@ def _normalise(
         scaling,
         transform,
     )
+
+
+def _declared_bounds(bounds: Any) -> tuple[float, float]:
+    """The owner's ``input_bounds`` as two floats.
+
+    Raises:
+        ConfigError: not two finite numbers lo < hi.
+    """
+    lo, hi = (float(v) for v in bounds)
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi and np.isfinite(hi - lo)):
+        raise ConfigError(
+            f"input_bounds must be two finite numbers [lo, hi] with lo < hi; got {list(bounds)}",
+            field="dataset.input_bounds",
+        )
+    return lo, hi
 
 
 def _token_ids(
