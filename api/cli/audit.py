@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from api.cli.arguments import delta, key_value, positive_float, positive_int, strategy_flags
-from api.cli.common import EXIT_FAILURE, EXIT_USAGE, open_engine
+from api.cli.common import EXIT_FAILURE, EXIT_USAGE, confirm_charge, open_engine
 from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, choices_text
 from dpsweep.audit import AuditRequest
 from dpsweep.errors import ConfigError, DpsweepError
@@ -128,6 +128,7 @@ def _flag(field: str | None) -> str:
 def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run one audit as the flags say (a charge on private data confirmed first); print its
     result."""
+    from sweeper.runs.one_off_cost import NotConfirmed  # deferred: SQLAlchemy
     from workers.devices import DEVICES  # deferred: torch
     from workers.factories import is_factory_name, load_factory  # deferred: not for the parser
 
@@ -173,8 +174,9 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     engine = open_engine(args.db, migrate=True)
     try:
         audit = _confirm_and_run(engine, request, args)
-    except AuditRefused as exc:
-        print(str(exc), file=sys.stderr)
+    except NotConfirmed as exc:
+        # One line, unwrapped: the cost and how to go on.
+        print(f"refused: {exc}", file=sys.stderr)
         return EXIT_FAILURE
     except ConfigError as exc:
         parser.error(f"{_flag(exc.field)}: {exc}" if exc.field else str(exc))
@@ -195,44 +197,19 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
-class AuditRefused(DpsweepError):
-    """A charge on private data that the user did not confirm (nothing was reserved)."""
-
-
 def _confirm_and_run(engine: Any, request: AuditRequest, args: argparse.Namespace) -> Any:
     """Settle the audit, show what it charges and, on private data, ask; then run it.
 
     Raises:
-        AuditRefused: private data, neither ``--yes`` nor a yes at the prompt.
+        NotConfirmed: private data, neither ``--yes`` nor a yes at the prompt.
     """
     from sweeper.audits import audit_cost, prepare_audit, start_prepared  # deferred: SQLAlchemy
     from sweeper.datasets.access import Viewer  # deferred: SQLAlchemy
 
     viewer = Viewer(None)
     prepared = prepare_audit(engine, request, viewer, device=args.device, threads=args.threads)
-    cost = audit_cost(engine, prepared)
-    if cost.charged and not _confirmed(args, cost.describe()):
-        raise AuditRefused(
-            f"refused: {cost.describe()}; nothing was charged. Run again with --yes to charge it"
-        )
+    confirm_charge(audit_cost(engine, prepared), yes=args.yes)
     return start_prepared(engine, prepared, viewer, confirmed=True, background=False)
-
-
-def _confirmed(args: argparse.Namespace, cost: str) -> bool:
-    """``--yes``, or a yes typed at the prompt when stdin is a terminal: an audit of private
-    records spends their owner's budget for good, so its cost is shown first and asked."""
-    if args.yes:
-        print(f"{cost}: confirmed by --yes", file=sys.stderr)
-        return True
-    if not sys.stdin.isatty():
-        return False
-    # The prompt goes to stderr: stdout stays the result (one JSON object with --json).
-    print(f"{cost}. Charge it? [y/N] ", end="", file=sys.stderr, flush=True)
-    try:
-        answer = input()
-    except EOFError:
-        return False
-    return answer.strip().lower() in {"y", "yes"}
 
 
 def _print_result(console: Any, audit: dict[str, Any]) -> None:

@@ -198,3 +198,33 @@ def check_owner(engine: Any, owner: str | None, console: Console) -> None:
             f"{owner}` makes the one that sees what is made as {owner!r}",
             soft_wrap=True,
         )
+
+
+def confirm_charge(cost: Any, *, yes: bool) -> None:
+    """Go on only if a one-off run's charge on private records is confirmed: ``--yes``, or a
+    yes typed at the prompt when stdin is a terminal. Such a charge spends the records'
+    budget for good, so its cost is shown first (on stderr: stdout stays the result).
+
+    Args:
+        cost: The run's :class:`sweeper.runs.one_off_cost.OneOffCost`.
+        yes: ``--yes`` was given.
+
+    Raises:
+        NotConfirmed: neither ``--yes`` nor a yes at the prompt (nothing was charged).
+    """
+    from sweeper.runs.one_off_cost import NotConfirmed  # deferred: SQLAlchemy
+
+    if not cost.charged:
+        return
+    if yes:
+        print(f"{cost.describe()}: confirmed by --yes", file=sys.stderr)
+        return
+    if sys.stdin.isatty():
+        print(f"{cost.describe()}. Charge it? [y/N] ", end="", file=sys.stderr, flush=True)
+        try:
+            answer = input()
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() in {"y", "yes"}:
+            return
+    raise NotConfirmed(cost, how="Run again with --yes to charge it", nothing="nothing was charged")

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from api.cli.arguments import strategy_flags
-from api.cli.common import EXIT_FAILURE, check_owner, open_engine
+from api.cli.common import EXIT_FAILURE, check_owner, confirm_charge, open_engine
 from api.cli.train_flags import DEFAULT_LR, LIPSCHITZ_LR, add_train_parser, default_lr
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
@@ -39,6 +39,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     same admission, checks and plan as a sweep's, then its charge
     (:func:`sweeper.runs.one_off_charge.charge_training_run`), before anything trains.
     """
+    from sweeper.runs.one_off_cost import NotConfirmed  # deferred: SQLAlchemy
     from workers.strategies import STRATEGIES  # deferred: torch (its classes)
 
     def usage(msg: str) -> NoReturn:
@@ -50,6 +51,10 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
         prepared, charge, name = _prepare_and_charge(args, usage, run, stored=stored)
+    except NotConfirmed as exc:
+        # One line, unwrapped: the cost and how to go on.
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     except ConfigError as exc:
         usage(_flag_message(exc))
     except DpsweepError as exc:
@@ -223,32 +228,13 @@ def _prepare_and_charge(
         else:
             name = f"{args.dataset}:{args.data_path}"
         quote = quote_training_run(engine, prepared, dataset=name, principal=args.owner)
-        if quote.needs_confirmation and not _confirmed(args, quote):
-            raise Unconfirmed(
-                f"{quote.describe()}; nothing was charged. Run again with --yes to charge it"
-            )
+        confirm_charge(quote, yes=args.yes)
         charge = charge_training_run(
             engine, prepared, dataset=name, quote=quote, principal=args.owner
         )
         return prepared, charge, name
     finally:
         engine.dispose()
-
-
-class Unconfirmed(DpsweepError):
-    """A charge on private data that the user did not confirm (nothing was charged)."""
-
-
-def _confirmed(args: argparse.Namespace, quote: Any) -> bool:
-    """``--yes``, or a yes typed at the prompt when stdin is a terminal: a run on private
-    records spends their owner's budget for good, so it is shown first and asked."""
-    if args.yes:
-        print(f"{quote.describe()}: confirmed by --yes", file=sys.stderr)
-        return True
-    if not sys.stdin.isatty():
-        return False
-    answer = input(f"{quote.describe()}. Charge it? [y/N] ")
-    return answer.strip().lower() in {"y", "yes"}
 
 
 def _check_output(out: Path, usage: Callable[[str], NoReturn]) -> None:

@@ -28,10 +28,8 @@ from dpsweep.errors import ConfigError, NotFound
 from sweeper.audits.cost import AuditCost, AuditNotConfirmed, audit_cost
 from sweeper.audits.prepare import PreparedAudit, prepare_audit
 from sweeper.datasets.access import Viewer
-from sweeper.datasets.identity import bind_name
 from sweeper.driver.failures import log_failure
-from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.release_log import record_run
+from sweeper.runs.one_off_charge import OneOffCharge, charge_one_off
 from sweeper.store import Audit, AuditState, iso, new_id
 from sweeper.store.cursors import Page, decode_cursor, encode_cursor
 
@@ -49,8 +47,9 @@ def charge_audit(
     engine: Engine, prepared: PreparedAudit, audit_id: str, *, principal: str | None = None
 ) -> dict[str, Any] | None:
     """Reserve and charge a private dataset's ledger the audit's claimed epsilon, before
-    anything trains (``dpsweep train``'s path: reserve, then charge, one run's key), and log
-    the charge in the release log (kind ``audit``), so every ε committed is attributable.
+    anything trains, and log the charge in the release log (kind ``audit``), so every ε
+    committed is attributable: the one charge of one-off runs
+    (:func:`sweeper.runs.one_off_charge.charge_one_off`, as ``dpsweep train``'s).
 
     Public data (a shared set or one declared public) is charged nothing (returns None).
 
@@ -59,36 +58,24 @@ def charge_audit(
     """
     if prepared.public:
         return None
-    key = prepared.ledger_key
-    if key is None:
-        # A loader name read locally (a factory): bound here to the records read, as
-        # `dpsweep train` binds it.
-        key = bind_name(
-            engine,
-            prepared.dataset,
-            prepared.content_sha256,
-            new_row={"config": {"name": prepared.dataset, "path": None}},
-        ).ledger_key
-    run = f"audit_{audit_id}"
-    note = (
-        f"dpsweep audit: {prepared.trials} {prepared.pack.strategy} trial(s) on "
-        f"{prepared.dataset!r}"
-    )
-    ledger = BudgetLedger(engine)
-    eps, delta = prepared.epsilon_claimed, prepared.delta
-    ledger.reserve(key, sweep_id=run, epsilon=eps, delta=delta, note=note, principal=principal)
-    ledger.charge(key, sweep_id=run, trial_id=run, epsilon=eps, delta=delta, note=note)
-    record_run(
-        engine,
-        ledger_key=key,
-        dataset_name=prepared.dataset,
-        principal=principal,
-        run_id=audit_id,
+    # A loader name read locally (a factory) has no ledger yet: it is bound here to the
+    # records read, as `dpsweep train` binds it (one_off_charge.ledger_key_for).
+    charge = OneOffCharge(
+        dataset=prepared.dataset,
+        stored=False,
+        content_sha256=prepared.content_sha256,
+        config={"name": prepared.dataset, "path": None},
+        epsilon=prepared.epsilon_claimed,
+        delta=prepared.delta,
         kind="audit",
-        epsilon=eps,
-        delta=delta,
+        run_id=audit_id,
+        note=f"dpsweep audit: {prepared.trials} {prepared.pack.strategy} trial(s) on "
+        f"{prepared.dataset!r}",
+        principal=principal,
         detail={"released": ["epsilon_lower_bound"], "setting": prepared.request.setting},
     )
+    charge_one_off(engine, charge, ledger_key=prepared.ledger_key)
+    run, eps, delta = f"audit_{audit_id}", prepared.epsilon_claimed, prepared.delta
     return {
         "run": run,
         "dataset": prepared.dataset,

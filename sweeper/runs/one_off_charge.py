@@ -11,7 +11,6 @@ cap and, elsewhere, runs uncharged (the summary says so).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.engine import Engine
@@ -20,10 +19,10 @@ from dpsweep.errors import PrivacyError
 from sweeper.datasets.identity import bind_name, ledger_key_of
 from sweeper.datasets.names import BUILTIN
 from sweeper.datasets.resolution import is_public
-from sweeper.privacy.ledger.amounts import show_amount
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.privacy.release_log import record_run
+from sweeper.runs.one_off_cost import OneOffCost, read_cost
 from sweeper.runs.single_run import PreparedRun
 from sweeper.store import new_id
 
@@ -104,39 +103,9 @@ def is_public_dataset(engine: Engine, name: str) -> bool:
     return name in BUILTIN or is_public(engine, name)
 
 
-@dataclass(frozen=True)
-class Quote:
-    """What a one-off run will charge, shown before it is charged (``dpsweep train`` asks to
-    confirm it on private data). The ledger's figures are the owner's own (local use)."""
-
-    dataset: str
-    public: bool  # public records: nothing to confirm
-    epsilon: float | None  # None: a non-private run (nothing charged)
-    delta: float
-    epsilon_spent: Decimal
-    epsilon_left: Decimal | None  # None: no cap
-
-    @property
-    def needs_confirmation(self) -> bool:
-        """A private run on records that are not public spends their owner's budget."""
-        return self.epsilon is not None and not self.public
-
-    def describe(self) -> str:
-        """One line: the charge, on whose budget, and what the cap leaves before and after."""
-        eps = Decimal(repr(self.epsilon or 0.0))
-        line = (
-            f"this run charges ε {show_amount(eps)}, δ {self.delta:g} to the lifetime budget of "
-            f"{self.dataset!r} (spent so far: ε {show_amount(self.epsilon_spent)}"
-        )
-        if self.epsilon_left is None:
-            return line + "; no cap)"
-        after = self.epsilon_left - eps
-        return line + f"; ε left {show_amount(self.epsilon_left)} → {show_amount(after)})"
-
-
 def quote_training_run(
     engine: Engine, prepared: PreparedRun, *, dataset: str, principal: str | None = None
-) -> Quote:
+) -> OneOffCost:
     """What :func:`charge_training_run` will charge ``prepared``, read-only (nothing is bound,
     reserved or charged)."""
     from workers.accounting import epsilon_for  # deferred: scipy
@@ -146,20 +115,18 @@ def quote_training_run(
     else:
         # A loader name is bound to its records when charged; its ledger is the records'.
         key = scoped_identity_key(str(prepared.data.content_sha256), owner=principal)
-    summary = BudgetLedger(engine).summary(key)
-    epsilon = None
-    if prepared.noise_multiplier is not None:
-        epsilon = epsilon_for(prepared.inputs())
+    epsilon = epsilon_for(prepared.inputs()) if prepared.noise_multiplier is not None else None
     # A file read by a loader is never public; a name is when its records are.
     name = dataset if prepared.stored else prepared.run.dataset.name
     public = prepared.run.dataset.path is None and is_public_dataset(engine, name)
-    return Quote(
+    return read_cost(
+        engine,
+        what="this run",
         dataset=dataset,
         public=public,
         epsilon=epsilon,
         delta=prepared.run.delta,
-        epsilon_spent=summary.epsilon_spent,
-        epsilon_left=summary.remaining.epsilon,
+        ledger=key,
     )
 
 
@@ -168,7 +135,7 @@ def charge_training_run(
     prepared: PreparedRun,
     *,
     dataset: str,
-    quote: Quote | None = None,
+    quote: OneOffCost | None = None,
     principal: str | None = None,
 ) -> dict[str, Any] | None:
     """Charge a ``dpsweep train`` run; what was charged (None: a non-private run).

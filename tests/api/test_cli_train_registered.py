@@ -69,7 +69,7 @@ def test_train_by_registered_name_uses_the_owners_view_and_its_ledger(tmp_path: 
     assert p.returncode == 1 and not p.stdout, p.stderr
     said = " ".join(p.stderr.split())  # rich wraps lines
     assert "this run charges ε" in said and "to the lifetime budget of 'clinic'" in said
-    assert "spent so far: ε 0" in said and "nothing was charged" in said
+    assert "spent or reserved so far ε 0" in said and "nothing was charged" in said
     assert "--yes" in said
     probe = make_engine(db)
     try:
