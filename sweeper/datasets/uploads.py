@@ -124,13 +124,9 @@ def store_upload(
         before = BudgetLedger(engine).summary(key)
         # Before anything is stored: a cap this upload cannot apply refuses it whole.
         _check_caps(before, earlier, epsilon_cap, delta_cap)
-        same = _same_upload(engine, owner, records.row)
-        if same is None:
-            bind_name(engine, uid, records.content_sha256, new_row=records.row)
-        else:
-            path.unlink(missing_ok=True)
-        if epsilon_cap is not None or delta_cap is not None:
-            BudgetLedger(engine).tighten_caps(key, epsilon_cap=epsilon_cap, delta_cap=delta_cap)
+        same = _keep_upload(
+            engine, uid, path, owner, records, key, epsilon_cap=epsilon_cap, delta_cap=delta_cap
+        )
     except (DpsweepError, IntegrityError):
         _discard(engine, uid, path)
         raise
@@ -143,6 +139,30 @@ def store_upload(
             "ledgers, whose spending does not count on this one"
         )
     return out
+
+
+def _keep_upload(
+    engine: Engine,
+    uid: str,
+    path: Path,
+    owner: str | None,
+    records: _Records,
+    key: str,
+    *,
+    epsilon_cap: float | None,
+    delta_cap: float | None,
+) -> str | None:
+    """Keep a checked upload: bound to its records as ``uid`` or, if its owner uploaded the
+    same file with the same settings before, not at all (its file goes); then its caps
+    tighten the ledger ``key``. Returns the earlier upload's id, if any."""
+    same = _same_upload(engine, owner, records.row)
+    if same is None:
+        bind_name(engine, uid, records.content_sha256, new_row=records.row)
+    else:
+        path.unlink(missing_ok=True)
+    if epsilon_cap is not None or delta_cap is not None:
+        BudgetLedger(engine).tighten_caps(key, epsilon_cap=epsilon_cap, delta_cap=delta_cap)
+    return same
 
 
 def _held_elsewhere(engine: Engine, content_sha256: str, owner: str | None) -> list[str]:
