@@ -17,6 +17,7 @@ name the dataset by its name.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy import Engine, select, update
@@ -103,24 +104,14 @@ def bind_name(
         old_key = scoped_identity_key(previous, owner=owner)
         inherited = ledger.inherit_caps(old_key, key) is not None
 
-    def bind(session: Session) -> None:
-        # Sweeps stored before ledgers were keyed by content reserved under the name; their
-        # entries move to the identity in this same transaction, so they follow.
-        session.execute(
-            update(Sweep)
-            .where(Sweep.ledger_key.is_(None), Sweep.dataset == name)
-            .values(ledger_key=key)
-            .execution_options(synchronize_session=False)
-        )
-        row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
-        if row is None:
-            session.add(Dataset(name=name, content_sha256=content_sha256, **(new_row or {})))
-        else:
-            row.content_sha256 = content_sha256
-            for field, value in (row_update or {}).items():
-                setattr(row, field, value)
-        session.flush()
-
+    bind = partial(
+        _bind_row,
+        name=name,
+        content_sha256=content_sha256,
+        key=key,
+        new_row=new_row,
+        row_update=row_update,
+    )
     note = f" [carried over from the ledger of name {name!r}]"
     try:
         carried = ledger.carry_over(name, key, note=note, within=bind)
@@ -144,6 +135,36 @@ def bind_name(
         inherited_caps=inherited,
         shared_with=tuple(shared),
     )
+
+
+def _bind_row(
+    session: Session,
+    *,
+    name: str,
+    content_sha256: str,
+    key: str,
+    new_row: dict[str, Any] | None,
+    row_update: dict[str, Any] | None,
+) -> None:
+    """Within the ledger's carry-over transaction (``session``): the sweeps stored under
+    ``name`` re-pointed at the ledger ``key``, and ``name``'s row added or bound to
+    ``content_sha256`` (:func:`bind_name`)."""
+    # Sweeps stored before ledgers were keyed by content reserved under the name; their
+    # entries move to the identity in this same transaction, so they follow.
+    session.execute(
+        update(Sweep)
+        .where(Sweep.ledger_key.is_(None), Sweep.dataset == name)
+        .values(ledger_key=key)
+        .execution_options(synchronize_session=False)
+    )
+    row = session.scalars(select(Dataset).where(Dataset.name == name)).first()
+    if row is None:
+        session.add(Dataset(name=name, content_sha256=content_sha256, **(new_row or {})))
+    else:
+        row.content_sha256 = content_sha256
+        for field, value in (row_update or {}).items():
+            setattr(row, field, value)
+    session.flush()
 
 
 _BUILTIN_IDENTITY: dict[str, str] = {}
