@@ -256,70 +256,30 @@ def flush_staged(
         )
     written = 0
     for trial_id in ids:
-        with Session(engine) as session:
-            staged = session.get(StagedModel, trial_id)
-            trial = session.get(Trial, trial_id)
-            if staged is None or trial is None or trial.result is None:
-                continue
-            sweep = trial.sweep
-            weights = staged.weights
-            sha = sha256_hex(weights)
-            card = model_card(
-                session,
-                trial,
-                model=staged.info,
-                weights_sha256=sha,
-                weights_size_bytes=len(weights),
-            )
-            card_data = card_bytes(card)
-            owner = sweep.owner
-            keep = str((sweep.spec.get("artifacts") or {}).get("keep", "best_per_grid"))
-            reproducible = bool((sweep.spec.get("privacy") or {}).get("reproducible", True))
-            grid = staged.grid
-        size = len(weights) + len(card_data)
-        if quota_bytes is not None:
-            with Session(engine) as session:
-                used = usage_bytes(session, owner)
-            if used + size > quota_bytes:
-                reason = (
-                    f"model of trial {trial_id} not kept: its {size} bytes would take the "
-                    f"tenant's kept models past the quota of {quota_bytes} bytes "
-                    "(DPSWEEP_ARTIFACT_QUOTA_MB); delete sweeps whose models are no longer "
-                    "needed"
-                )
-                log.warning(reason)
-                if keeper is not None:
-                    keeper.last_skip = reason
-                with Session(engine) as session, session.begin():
-                    row = session.get(StagedModel, trial_id)
-                    if row is not None:
-                        session.delete(row)
-                continue
-        try:
-            store.put(model_key(sweep_id, trial_id), weights)
-            store.put(card_key(sweep_id, trial_id), card_data)
-        except Exception as exc:  # the store is down or full: training goes on
-            # The weights stay staged; the next flush (or the sweep's next driver) retries.
-            reason = f"model of trial {trial_id} not written yet ({type(exc).__name__}: {exc})"
-            log.warning(reason)
-            if keeper is not None:
-                keeper.last_skip = reason
+        staged = _read_staged(engine, trial_id)
+        if staged is None:
+            continue
+        if quota_bytes is not None and _drop_over_quota(
+            engine, trial_id, staged, quota_bytes=quota_bytes, keeper=keeper
+        ):
+            continue
+        if not _put_files(store, sweep_id, trial_id, staged, keeper=keeper):
             continue
         replaced = _commit_artifact(
             engine,
             sweep_id,
             trial_id,
-            grid=grid,
-            replace_grid=keep == "best_per_grid",
+            grid=staged.grid,
+            replace_grid=staged.keep == "best_per_grid",
             fields={
-                "owner": owner,
+                "owner": staged.owner,
                 "key": model_key(sweep_id, trial_id),
-                "sha256": sha,
-                "size_bytes": len(weights),
-                "card": card,
-                "card_sha256": sha256_hex(card_data),
-                "card_size_bytes": len(card_data),
-                "reproducible": reproducible,
+                "sha256": staged.sha,
+                "size_bytes": len(staged.weights),
+                "card": staged.card,
+                "card_sha256": sha256_hex(staged.card_data),
+                "card_size_bytes": len(staged.card_data),
+                "reproducible": staged.reproducible,
             },
         )
         if replaced is None:  # the sweep (or trial) was deleted meanwhile: its files go too
@@ -329,6 +289,105 @@ def flush_staged(
             store.delete_folder(trial_prefix(sweep_id, old_id))
         written += 1
     return written
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A staged model as :func:`flush_staged` writes it: its weights and card, and what of its
+    sweep decides how it is kept."""
+
+    weights: bytes
+    sha: str
+    card: dict[str, Any]
+    card_data: bytes
+    owner: str | None
+    keep: str
+    reproducible: bool
+    grid: str
+
+
+def _read_staged(engine: Engine, trial_id: str) -> _Staged | None:
+    """The staged model of ``trial_id`` with its card, or None if it is gone (written, or its
+    sweep deleted) or its trial has no result."""
+    with Session(engine) as session:
+        staged = session.get(StagedModel, trial_id)
+        trial = session.get(Trial, trial_id)
+        if staged is None or trial is None or trial.result is None:
+            return None
+        sweep = trial.sweep
+        weights = staged.weights
+        sha = sha256_hex(weights)
+        card = model_card(
+            session,
+            trial,
+            model=staged.info,
+            weights_sha256=sha,
+            weights_size_bytes=len(weights),
+        )
+        return _Staged(
+            weights=weights,
+            sha=sha,
+            card=card,
+            card_data=card_bytes(card),
+            owner=sweep.owner,
+            keep=str((sweep.spec.get("artifacts") or {}).get("keep", "best_per_grid")),
+            reproducible=bool((sweep.spec.get("privacy") or {}).get("reproducible", True)),
+            grid=staged.grid,
+        )
+
+
+def _drop_over_quota(
+    engine: Engine,
+    trial_id: str,
+    staged: _Staged,
+    *,
+    quota_bytes: int,
+    keeper: ModelKeeper | None,
+) -> bool:
+    """Whether the model would take its tenant over ``quota_bytes``; if so its staged row is
+    dropped (it is not kept) and the reason logged."""
+    size = len(staged.weights) + len(staged.card_data)
+    with Session(engine) as session:
+        used = usage_bytes(session, staged.owner)
+    if used + size <= quota_bytes:
+        return False
+    reason = (
+        f"model of trial {trial_id} not kept: its {size} bytes would take the "
+        f"tenant's kept models past the quota of {quota_bytes} bytes "
+        "(DPSWEEP_ARTIFACT_QUOTA_MB); delete sweeps whose models are no longer "
+        "needed"
+    )
+    log.warning(reason)
+    if keeper is not None:
+        keeper.last_skip = reason
+    with Session(engine) as session, session.begin():
+        row = session.get(StagedModel, trial_id)
+        if row is not None:
+            session.delete(row)
+    return True
+
+
+def _put_files(
+    store: ArtifactStore,
+    sweep_id: str,
+    trial_id: str,
+    staged: _Staged,
+    *,
+    keeper: ModelKeeper | None,
+) -> bool:
+    """Write the model's weights, then its card, to the store; False (the reason logged) if
+    the store fails."""
+    try:
+        store.put(model_key(sweep_id, trial_id), staged.weights)
+        store.put(card_key(sweep_id, trial_id), staged.card_data)
+    except Exception as exc:  # the store is down or full: training goes on
+        # The weights stay staged; the next flush (or the sweep's next driver) retries.
+        reason = f"model of trial {trial_id} not written yet ({type(exc).__name__}: {exc})"
+        log.warning(reason)
+        if keeper is not None:
+            keeper.last_skip = reason
+        return False
+    return True
 
 
 def _commit_artifact(
