@@ -269,10 +269,12 @@ def _owner_setup(server: Any, records: list[str]) -> tuple[str, str]:
     olga = server.client(server.token("olga"))
     server.token("ana")  # the analyst's tenant exists before anything is granted
     ids = []
-    for _ in range(2):  # one to declare, one left undeclared
+    # One to declare, one left undeclared: the same records, in another row order (the same
+    # file again would return the first upload rather than store a second).
+    for rows in (records, list(reversed(records))):
         r = olga.post(
             f"{V1}/datasets",
-            files={"file": ("patients.csv", _csv(records), "text/csv")},
+            files={"file": ("patients.csv", _csv(rows), "text/csv")},
             data={"format": "csv", "label_column": "label", "epsilon_cap": "20"},
         )
         assert r.status_code == 201, r.text
@@ -353,14 +355,16 @@ def _world(tmp: Path, records: list[str], guesses: dict[str, list[str]]) -> list
             return resp, raw
 
         # The analyst's guesses of the owner's records, as her own files: one of them equals
-        # the owner's records in each world. A tiny cap, then a cap below the owner's spend.
+        # the owner's records in each world. A cap below the owner's spend, then a tiny one on
+        # a second upload of the same records (another row order: the same file again would
+        # return the first upload), which shares the first's ledger and tightens its cap.
         uploads = []
         for name, guess in guesses.items():
-            for cap in ("0.01", "3.5"):
+            for cap, rows in (("3.5", guess), ("0.01", list(reversed(guess)))):
                 resp, raw = ask(
                     "POST",
                     f"{V1}/datasets",
-                    files={"file": (f"{name}.csv", _csv(guess), "text/csv")},
+                    files={"file": (f"{name}.csv", _csv(rows), "text/csv")},
                     data={"format": "csv", "label_column": "label", "epsilon_cap": cap},
                 )
                 assert resp.status_code == 201, raw
