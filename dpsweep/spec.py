@@ -17,6 +17,8 @@ here, so every name is read from ``dpsweep.spec`` as before:
 * :mod:`dpsweep.spec_privacy`: ``privacy`` (:class:`PrivacyConfig`,
   :class:`SearchDistribution`);
 * :mod:`dpsweep.spec_eval`: ``eval`` (:class:`EvalConfig`);
+* :mod:`dpsweep.spec_model`: ``model`` (:class:`ModelConfig`: checkpoint, trainable part, LoRA,
+  public pre-training);
 * :mod:`dpsweep.default_grids`: the built-in strategies' default grids (:data:`DEFAULT_GRIDS`,
   :func:`propose_grid`), and :mod:`dpsweep.model_sizes`: the large models whose default
   learning rates are smaller (:data:`LARGE_MODELS`).
@@ -38,6 +40,13 @@ from dpsweep.errors import ConfigError
 from dpsweep.model_sizes import LARGE_MODEL_LR_SCALE, LARGE_MODELS, model_size_class
 from dpsweep.spec_base import StrictSection
 from dpsweep.spec_eval import DEFAULT_EVAL_EPSILON_SHARE, EVAL_MODES, EvalConfig
+from dpsweep.spec_model import (
+    LORA_RANK_AXIS,
+    TRAINABLE_PARTS,
+    LoraConfig,
+    ModelConfig,
+    PretrainConfig,
+)
 from dpsweep.spec_privacy import (
     ACCOUNTING_METHODS,
     DISTRIBUTIONS,
@@ -82,11 +91,6 @@ class DatasetConfig(StrictSection):
                 f"input_bounds must be two finite numbers [lo, hi] with lo < hi; got {list(v)}"
             )
         return v
-
-
-class ModelConfig(StrictSection):
-    name: str
-    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class Axis(StrictSection):
@@ -364,15 +368,19 @@ __all__ = [
     "EVAL_MODES",
     "LARGE_MODELS",
     "LARGE_MODEL_LR_SCALE",
+    "LORA_RANK_AXIS",
     "LR_SCHEDULES",
+    "TRAINABLE_PARTS",
     "ArmConfig",
     "ArtifactsConfig",
     "Axis",
     "DatasetConfig",
     "EmaConfig",
     "EvalConfig",
+    "LoraConfig",
     "ModelConfig",
     "ObjectiveConfig",
+    "PretrainConfig",
     "PrivacyConfig",
     "ResourcesConfig",
     "SearchConfig",
