@@ -80,6 +80,23 @@ MNIST1D_TEST = DatasetDescriptor(
     public=True,
 )
 
+#: The mnist1d package's seed of the public set (its default, 42, makes mnist1d and
+#: mnist1d-test): another generation, so no signal of it is one of theirs.
+MNIST1D_PUBLIC_SEED = 1
+
+MNIST1D_PUBLIC = DatasetDescriptor(
+    name="mnist1d-public",
+    input_kind="flat",
+    description="1,000 MNIST-1D signals of another generation (mnist1d package, seed "
+    f"{MNIST1D_PUBLIC_SEED}), declared public and disjoint from mnist1d and mnist1d-test: "
+    "model.pretrain_on (pre-training at zero epsilon), tune_on or eval.dataset",
+    shared=True,
+    size=1000,
+    classes=MNIST1D_CLASSES,
+    input_bounds=MNIST1D_BOUNDS,
+    public=True,
+)
+
 CSV = DatasetDescriptor(
     name="csv",
     input_kind="flat",
@@ -198,6 +215,7 @@ BUILTIN_DESCRIPTORS: tuple[DatasetDescriptor, ...] = (
     SYNTHETIC,
     MNIST1D,
     MNIST1D_TEST,
+    MNIST1D_PUBLIC,
     CSV,
     NPZ,
     IDX,
@@ -215,6 +233,8 @@ __all__ = [
     "MNIST1D",
     "MNIST1D_BOUNDS",
     "MNIST1D_CLASSES",
+    "MNIST1D_PUBLIC",
+    "MNIST1D_PUBLIC_SEED",
     "MNIST1D_SHAPE",
     "MNIST1D_TEST",
     "NPZ",
