@@ -26,7 +26,8 @@ beside it (shown only where its normality check passes; not a bound), and the wa
 * ``--per-strategy`` instead: bound / claim for every strategy and engine path (one audit per
   cell of epsilon 8 and 2, q = 1 and the default q, m = 1000 and 10,000);
 * ``--noise-scale`` instead: noise at 1, 0.9 and 0.8 of its planned scale (q = 1, claim 8),
-  5 audits each at m = 1000 and 5000, and how often each is caught.
+  5 audits each at m = 1000 and 5000, and how often each is caught (by the bound, the
+  estimate, and the curve test, with its p-values and noise scale bounds).
 
 Usage: ``python bench/audit.py [--canaries M] [--quick] [--json]
 [--tightness | --ceiling | --per-strategy | --noise-scale]``
@@ -126,6 +127,11 @@ def _audit(data: Any, **kw: Any) -> dict[str, Any]:
         "epsilon_estimate": None if r.epsilon_estimate is None else round(r.epsilon_estimate, 3),
         "exceeds_claim": r.exceeds_claim,
         "estimate_exceeds_claim": r.estimate_exceeds_claim,
+        "claim_refuted": r.claim_refuted,
+        "claim_p_value": round(r.claim_p_value, 4),
+        "noise_scale_upper_bound": (
+            None if r.noise_scale_upper_bound is None else round(r.noise_scale_upper_bound, 3)
+        ),
         "seconds": round(r.seconds, 2),
         "direction": r.direction,
         "noise_multiplier": sigma,
@@ -208,6 +214,8 @@ def main() -> None:
             if row["exceeds_claim"]
             else ("estimate" if row["estimate_exceeds_claim"] else None)
         )
+        # The curve test is sound for any mechanism, as the bound is: named beside it.
+        row["curve"] = "refuted" if row["claim_refuted"] else "not refuted"
         rows.append(row)
 
     if args.json:
@@ -217,6 +225,8 @@ def main() -> None:
     for r in rows:
         est = "-" if r["epsilon_estimate"] is None else f"{r['epsilon_estimate']:.2f}"
         flag = "" if "detected" not in r else f"  detected: {r['detected'] or 'MISSED'}"
+        if "curve" in r:
+            flag += f"; curve {r['curve']} (p {r['claim_p_value']:.2g})"
         print(
             f"{r['case']:<26} {r['engine_path']:<8} {r['canaries']:>5} "
             f"{r['epsilon_claimed']:>8.2f} {r['epsilon_lower_bound']:>7.2f} {est:>8} "
@@ -407,19 +417,28 @@ def noise_scale(data: Any, *, as_json: bool) -> None:
                     "estimates": [f["epsilon_estimate"] for f in found],
                     "caught_by_bound": sum(f["exceeds_claim"] for f in found),
                     "caught_by_estimate": sum(bool(f["estimate_exceeds_claim"]) for f in found),
+                    "caught_by_curve": sum(bool(f["claim_refuted"]) for f in found),
+                    "curve_p_values": [f["claim_p_value"] for f in found],
+                    "noise_scale_bounds": [f["noise_scale_upper_bound"] for f in found],
                 }
             )
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    print("| noise | m | claimed ε | bounds | estimates | caught (bound / estimate) |")
-    print("|---:|---:|---:|---|---|---:|")
+    print(
+        "| noise | m | claimed ε | bounds | estimates | caught (bound / estimate / curve) "
+        "| curve p | noise scale bound |"
+    )
+    print("|---:|---:|---:|---|---|---:|---|---|")
     for r in rows:
         ests = ", ".join("-" if e is None else f"{e:.2f}" for e in r["estimates"])
+        ps = ", ".join(f"{p:.2g}" for p in r["curve_p_values"])
+        scales = ", ".join("-" if s is None else f"{s:.2f}" for s in r["noise_scale_bounds"])
         print(
             f"| {r['scale']}x | {r['canaries']} | {r['epsilon_claimed']:.2f} | "
             f"{min(r['bounds']):.2f}-{max(r['bounds']):.2f} | {ests} | "
-            f"{r['caught_by_bound']}/5 / {r['caught_by_estimate']}/5 |"
+            f"{r['caught_by_bound']}/5 / {r['caught_by_estimate']}/5 / "
+            f"{r['caught_by_curve']}/5 | {ps} | {scales} |"
         )
 
 

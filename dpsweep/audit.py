@@ -29,6 +29,7 @@ __all__ = [
     "AuditRequest",
     "audit_summary",
     "audit_verdict",
+    "curve_phrase",
     "result_view",
 ]
 
@@ -165,15 +166,48 @@ def _pair(bound: float, claimed: float) -> tuple[str, str]:
 
 
 def audit_summary(
-    *, bound: float | None, claimed: float, confidence: float, estimate: float | None = None
+    *,
+    bound: float | None,
+    claimed: float,
+    confidence: float,
+    estimate: float | None = None,
+    claim_refuted: bool | None = None,
+    claim_p_value: float | None = None,
 ) -> str:
-    """The verdict in one line: the bound beside the claim, and what that shows.
+    """The verdict in one line: the bound beside the claim, what that shows, and the curve
+    test's outcome (where the result has one: :func:`curve_phrase`).
 
     A lower bound below the claim never confirms the claim; near 0 it shows nothing at all
     (the black-box setting, small q, few canaries). One above the claim is evidence of a
     leak, at a false-alarm rate of ``1 - confidence``; the Gaussian estimate is named only as
     evidence under its model.
     """
+    head = _bound_summary(bound=bound, claimed=claimed, confidence=confidence, estimate=estimate)
+    if claim_refuted is None:
+        return head
+    return f"{head}; {curve_phrase(claim_refuted, claim_p_value, confidence)}"
+
+
+def curve_phrase(refuted: bool, p_value: float | None, confidence: float) -> str:
+    """The curve test's outcome in a phrase, with its error rate for an honest run."""
+    rate = _percent(round(1.0 - confidence, 12))
+    p = "" if p_value is None else f" (p = {p_value:.2g})"
+    if refuted:
+        return (
+            f"the claimed privacy curve is refuted{p}: the run leaks more than its planned "
+            f"noise allows (an honest run is refuted with probability at most {rate}); repeat "
+            "the audit on public data before calling it a bug"
+        )
+    return (
+        f"the claimed privacy curve is not refuted{p} (an honest run is refuted with "
+        f"probability at most {rate}; not refuting it does not confirm it)"
+    )
+
+
+def _bound_summary(
+    *, bound: float | None, claimed: float, confidence: float, estimate: float | None
+) -> str:
+    """The bound's part of :func:`audit_summary`."""
     level = f"{100.0 * confidence:.3g} %"
     if bound is None:
         return f"no bound (claimed ε {claimed:.2f}): this audit shows nothing about the claim"
@@ -202,7 +236,14 @@ def audit_summary(
 
 
 def audit_verdict(
-    *, bound: float | None, claimed: float, confidence: float, estimate: float | None = None
+    *,
+    bound: float | None,
+    claimed: float,
+    confidence: float,
+    estimate: float | None = None,
+    claim_refuted: bool | None = None,
+    claim_p_value: float | None = None,
+    noise_scale: float | None = None,
 ) -> dict[str, Any]:
     """Whether the bound exceeds the claim, the chance of that for an honest run, in words.
 
@@ -210,12 +251,15 @@ def audit_verdict(
     shows a bound above it with probability at most ``1 - confidence`` (the false-alarm rate).
     The estimate (a model's, None where its check refused the model) is named in the verdict
     only when it exceeds the claim and the bound does not: it is evidence under its model,
-    never a guarantee.
+    never a guarantee. ``claim_refuted`` (None: a result without the curve test) is the test
+    of the whole claimed privacy curve, sound for any mechanism too: an honest run is refuted
+    with probability at most ``1 - confidence``; ``noise_scale`` is its upper bound on the
+    noise's scale over the planned one.
 
     Returns:
         ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate``,
-        ``verdict`` (the words the CLI, the API and the dashboard show) and ``summary`` (the
-        same in one line, :func:`audit_summary`).
+        ``claim_refuted``, ``verdict`` (the words the CLI, the API and the dashboard show) and
+        ``summary`` (the same in one line, :func:`audit_summary`).
     """
     rate = round(1.0 - confidence, 12)  # 0.05, not 0.050000000000000044
     exceeds = bound is not None and bound > claimed
@@ -239,15 +283,44 @@ def audit_verdict(
             "lower bound below the claim proves nothing about the claim (it is not an upper "
             "bound)."
         )
+    if claim_refuted is not None:
+        text = f"{text} {_curve_sentence(claim_refuted, claim_p_value, noise_scale, rate)}"
     return {
         "exceeds_claim": exceeds,
         "estimate_exceeds_claim": estimate_exceeds,
         "false_alarm_rate": rate,
+        "claim_refuted": claim_refuted,
         "verdict": text,
         "summary": audit_summary(
-            bound=bound, claimed=claimed, confidence=confidence, estimate=estimate
+            bound=bound,
+            claimed=claimed,
+            confidence=confidence,
+            estimate=estimate,
+            claim_refuted=claim_refuted,
+            claim_p_value=claim_p_value,
         ),
     }
+
+
+def _curve_sentence(refuted: bool, p_value: float | None, scale: float | None, rate: float) -> str:
+    """The curve test's sentences of the verdict."""
+    p = "" if p_value is None else f" (p = {p_value:.2g})"
+    if scale is None:
+        noise = "The audit saw too little to bound the noise's scale."
+    else:
+        noise = f"The noise acts as at most {scale:.2f} times its planned scale."
+    if refuted:
+        return (
+            f"The test of the whole claimed privacy curve refutes it{p}: the run leaks more "
+            "than the planned noise allows. A run that honours its claimed curve is refuted "
+            f"with probability at most {_percent(rate)}: repeat the audit on public data "
+            f"before calling it a bug. {noise}"
+        )
+    return (
+        f"The test of the whole claimed privacy curve does not refute it{p}; a run that "
+        f"honours it is refuted with probability at most {_percent(rate)}, and not refuting "
+        f"it does not confirm it. {noise}"
+    )
 
 
 def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -267,6 +340,9 @@ def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
         out.pop("epsilon_lower_bound_gaussian", None)
         out["method"] = "one-run"
     out.setdefault("epsilon_estimate", None)
+    # Results stored before the curve test have none: None, never a made-up outcome.
+    for key in ("claim_refuted", "claim_p_value", "noise_scale_upper_bound"):
+        out.setdefault(key, None)
     claimed, bound = out.get("epsilon_claimed"), out.get("epsilon_lower_bound")
     estimate = out.get("epsilon_estimate")
     if not isinstance(claimed, int | float):
@@ -281,5 +357,10 @@ def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
         out.update(audit_verdict(**figures))
     elif isinstance(estimate, int | float):
         figures["estimate"] = float(estimate)
-    out["summary"] = audit_summary(**figures)
+    refuted, p_value = out.get("claim_refuted"), out.get("claim_p_value")
+    out["summary"] = audit_summary(
+        **figures,
+        claim_refuted=refuted if isinstance(refuted, bool) else None,
+        claim_p_value=float(p_value) if isinstance(p_value, int | float) else None,
+    )
     return out

@@ -226,6 +226,8 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
             "-" if low is None else f"{low:.4g} ({r.get('method', 'one-run')})",
         ),
         ("epsilon estimate (Gaussian model)", _estimate(r)),
+        (f"claimed curve ({r['confidence']:.0%} test, any mechanism)", _curve(r)),
+        ("noise scale (upper bound)", _noise_scale(r)),
         ("delta", f"{r['delta']:g}"),
         ("canaries", str(r["canaries"])),
         ("trials x steps", f"{r['trials']} x {r['steps']}"),
@@ -241,7 +243,8 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
         # The verdict in one line: what the bound shows (a bound near 0 shows nothing).
         console.print(f"verdict: {r['summary']}", style="bold", highlight=False, markup=False)
     if r.get("verdict"):
-        style = "red" if r.get("exceeds_claim") or r.get("estimate_exceeds_claim") else "green"
+        alarm = r.get("exceeds_claim") or r.get("estimate_exceeds_claim") or r.get("claim_refuted")
+        style = "red" if alarm else "green"
         console.print(f"[{style}]{r['verdict']}[/{style}]")
     charge = audit.get("charge")
     if charge:
@@ -251,6 +254,21 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
         )
     else:
         console.print("public data: nothing was charged")
+
+
+def _curve(r: dict[str, Any]) -> str:
+    """The curve test's outcome, its p-value, or '-' for a result stored before it."""
+    refuted, p = r.get("claim_refuted"), r.get("claim_p_value")
+    if not isinstance(refuted, bool):
+        return "-"
+    word = "refuted" if refuted else "not refuted"
+    return word if not isinstance(p, int | float) else f"{word} (p {p:.2g})"
+
+
+def _noise_scale(r: dict[str, Any]) -> str:
+    """The noise's scale bound, as the curve test reads it ('-': none found or none stored)."""
+    s = r.get("noise_scale_upper_bound")
+    return "-" if not isinstance(s, int | float) else f"at most {s:.2f} x planned"
 
 
 def _estimate(r: dict[str, Any]) -> str:

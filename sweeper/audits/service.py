@@ -72,7 +72,10 @@ def charge_audit(
         note=f"dpsweep audit: {prepared.trials} {prepared.pack.strategy} trial(s) on "
         f"{prepared.dataset!r}",
         principal=principal,
-        detail={"released": ["epsilon_lower_bound"], "setting": prepared.request.setting},
+        detail={
+            "released": ["epsilon_lower_bound", "claim_p_value", "noise_scale_upper_bound"],
+            "setting": prepared.request.setting,
+        },
     )
     charge_one_off(engine, charge, ledger_key=prepared.ledger_key)
     run, eps, delta = f"audit_{audit_id}", prepared.epsilon_claimed, prepared.delta

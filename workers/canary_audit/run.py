@@ -36,6 +36,7 @@ from workers.accounting import epsilon_for
 from workers.accounting.registry import worker_accountant
 from workers.canary_audit.bounds import one_run_bound
 from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
+from workers.canary_audit.curve_test import curve_test
 from workers.canary_audit.estimate import ASSUMPTION, gaussian_estimate
 from workers.canary_audit.scores import black_box_scores, white_box_scores
 from workers.checkpoints import build_trained
@@ -85,6 +86,11 @@ class AuditResult:
     estimate_assumption: str
     normality_p_in: float
     normality_p_out: float
+    # The test of the whole claimed curve (workers.canary_audit.curve_test), any mechanism:
+    # refuted at most 1 - confidence of the time for a run that honours the claimed curve.
+    claim_refuted: bool = False
+    claim_p_value: float = 1.0
+    noise_scale_upper_bound: float | None = None
     direction: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -225,11 +231,24 @@ def _result(
     # The bound alone carries the confidence: the estimate is no bound, so no union is paid.
     bound = one_run_bound(scores, included, delta=delta, confidence=confidence)
     estimate = gaussian_estimate(gauss_scores, included, delta=delta, confidence=confidence)
+    # The same scores test the claimed curve itself (its own level: a second test, not a
+    # union with the bound's; each alone errs at most 1 - confidence for an honest run).
+    curve = curve_test(
+        scores,
+        included,
+        noise_multiplier=claim.sigma,
+        sample_rate=claim.sample_rate,
+        steps=claim.steps,
+        confidence=confidence,
+    )
     verdict = audit_verdict(
         bound=bound.epsilon_lower_bound,
         claimed=claimed,
         confidence=confidence,
         estimate=estimate.epsilon_estimate,
+        claim_refuted=curve.claim_refuted,
+        claim_p_value=curve.claim_p_value,
+        noise_scale=curve.noise_scale_upper_bound,
     )
     return AuditResult(
         epsilon_claimed=claimed,
@@ -256,6 +275,9 @@ def _result(
         estimate_assumption=ASSUMPTION,
         normality_p_in=estimate.normality_p_in,
         normality_p_out=estimate.normality_p_out,
+        claim_refuted=curve.claim_refuted,
+        claim_p_value=curve.claim_p_value,
+        noise_scale_upper_bound=curve.noise_scale_upper_bound,
         direction=direction if setting == "white-box" else None,
     )
 

@@ -160,6 +160,13 @@ function row(a) {
         ? h("span", { class: "audit-estimate", title: r.estimate_assumption || "" },
           ` · Gaussian estimate ε ≈ ${num(est)} (not a bound)`)
         : "",
+      typeof r.claim_refuted === "boolean"
+        ? h("span", { class: "audit-curve" },
+          ` · claimed curve ${r.claim_refuted ? "refuted" : "not refuted"}`
+          + (typeof r.claim_p_value === "number" ? ` (p = ${num(r.claim_p_value, 2)})` : "")
+          + (typeof r.noise_scale_upper_bound === "number"
+            ? ` · noise at most ${num(r.noise_scale_upper_bound)} × planned` : ""))
+        : "",
       ` · ${r.setting} · ${r.canaries} canaries`,
       typeof r.seconds === "number" ? ` · ${num(r.seconds, 3)} s` : "",
       r.strategy ? h("span", { class: "muted" }, ` · ${r.strategy}${r.engine_path ? ` (${r.engine_path})` : ""}`) : "",
@@ -172,7 +179,7 @@ function row(a) {
       `${req.setting || "white-box"} · ${req.canaries ?? 1000} canaries · training…`);
   }
   // The server's verdict decides (result.exceeds_claim); its sentence is shown as written.
-  const above = a.state === "succeeded" && r.exceeds_claim === true;
+  const above = a.state === "succeeded" && (r.exceeds_claim === true || r.claim_refuted === true);
   const suspect = a.state === "succeeded" && !above && r.estimate_exceeds_claim === true;
   const cls = `audit${above ? " audit-above" : ""}${suspect ? " audit-suspect" : ""}`;
   return h("li", { class: cls, "data-audit": a.id, "data-state": a.state },
