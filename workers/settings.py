@@ -27,3 +27,20 @@ class WorkerSettings(BaseSettings):
             "(identical draws; a pack then keeps one more core busy: DPSWEEP_NOISE_AHEAD=1)"
         ),
     )
+    checkpoints_dir: str = Field(
+        default="./dpsweep-checkpoints",
+        description=(
+            "where registered checkpoints live (one subdirectory per name, with its manifest "
+            "dpsweep-checkpoint.json): DPSWEEP_CHECKPOINTS_DIR"
+        ),
+    )
+    # Public pre-training's weights (workers.pretraining), one file per digest of their inputs:
+    # public records only, so the directory holds nothing private. Empty: <data cache>/pretrained.
+    pretrain_cache: str = Field(
+        default="",
+        description=(
+            "where public pre-training (model.pretrain_on) keeps its weights, one file per "
+            "digest of their inputs, reused by later trials and sweeps: DPSWEEP_PRETRAIN_CACHE "
+            "(default: pretrained/ under DPSWEEP_DATA_CACHE)"
+        ),
+    )
