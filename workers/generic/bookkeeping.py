@@ -36,6 +36,12 @@ gradients, for its parameters only. Fail closed:
 
 BAM's perturbed pass (per-example parameters) runs on the materialised path.
 
+Frozen parameters (``requires_grad == False``) are no layer at all: no hook records them, the
+watch ignores them, and the one backward computes only the activation gradients that flow
+through them to the trained layers (LoRA's low-rank ``nn.Linear`` pair, a head, LayerNorm,
+embeddings), so a frozen backbone costs its forward and its activation backward, nothing per
+example.
+
 Which layers have a rule, and the watch on how their parameters are used, are
 :mod:`workers.generic.layer_rules`; each rule layer's norms and weighted sums from its records
 are :mod:`workers.generic.ghost`. This module holds the model: the hooks that record, the
@@ -55,7 +61,7 @@ from torch.func import functional_call, grad, vmap
 
 from workers.generic.ghost import _GhostConv, _GhostLinear, as_materialised, conv_info, info_sq
 from workers.generic.layer_rules import RULE_OPS, UsageMode, rule_of
-from workers.generic.model import GenericCaptured, GenericModel, _stack, _take
+from workers.generic.model import GenericCaptured, GenericModel
 
 # A Linear layer over positions materialises its per-example gradients up to this many elements
 # (256 MiB in float32); above it, the ghost norm's Gram matrices save the memory.
@@ -98,8 +104,11 @@ class BookkeepingModel(GenericModel):
         super().__init__(modules, device, batched_trials=batched_trials)
         mods = dict(self.template.named_modules())
         self.layer_modules = [mods[n] for n in self.layer_names]
+        # A tied weight (one Parameter under several names, used by several modules) has no
+        # rule: its per-example gradient sums every use, which only the materialised torch.func
+        # path sees (the usage watch would catch it too; this says so up front).
         self.rules = [
-            rule_of(m, names)
+            None if any(n in self.tied for n in names) else rule_of(m, names)
             for m, names in zip(self.layer_modules, self.layer_params, strict=True)
         ]
         # Off for good when the first check finds the module mixing examples.
@@ -163,12 +172,12 @@ class BookkeepingModel(GenericModel):
         try:
             for k in range(self.k):
                 pk = {n: t[k] for n, t in params.items()}
-                bk = {n: t[k] for n, t in self.buffers.items()}
+                # Only trained parameters are watched: a frozen one is a constant here.
                 watched = {id(t): n for n, t in pk.items()}
                 mode = UsageMode(watched, self._stack)
                 n_before = [len(r) for r in record]
                 with mode:
-                    out_k = functional_call(self.template, (pk, bk), (x[k],))
+                    out_k = functional_call(self.template, (pk, self.consts_of(k)), (x[k],))
                 if not isinstance(out_k, Tensor):
                     raise TypeError("the generic DP path needs a module that returns one tensor")
                 outs.append(out_k)
@@ -280,18 +289,12 @@ class BookkeepingModel(GenericModel):
         rest = {n: t for n, t in cap.params.items() if n not in sub}
 
         def dot(
-            s: dict[str, Tensor], r: dict[str, Tensor], b: dict[str, Tensor], x: Tensor, vv: Tensor
+            s: dict[str, Tensor], c: dict[str, Tensor], r: dict[str, Tensor], x: Tensor, vv: Tensor
         ) -> Tensor:
-            return self._dot({**r, **s}, b, x, vv)
+            return self._dot({**r, **s}, c, x, vv)
 
         per_b = vmap(grad(dot), in_dims=(None, None, None, 0, 0))
-        if self.batched_trials:
-            return vmap(per_b, in_dims=(0, 0, 0, 0, 0))(sub, rest, self.buffers, cap.x, v)
-        outs = [
-            per_b(_take(sub, k), _take(rest, k), _take(self.buffers, k), cap.x[k], v[k])
-            for k in range(self.k)
-        ]
-        return _stack(outs)
+        return self._over_trials(per_b, sub, rest, cap.x, v)
 
     def _info(self, li: int, a_list: list[Tensor], g_list: list[Tensor]) -> Any:
         rule = self.rules[li]

@@ -6,6 +6,11 @@ gradients analytically and is much faster. Every other ``nn.Module`` takes the g
 (:class:`~workers.generic.bookkeeping.BookkeepingModel`: book-keeping per-example norms where a
 layer has a rule, materialised ``torch.func`` gradients where not), after the up-front check
 of its layers.
+
+A model with frozen parameters (``requires_grad == False``: a pretrained backbone under LoRA
+adapters or a new head) takes the generic path, which keeps them out of the trained, clipped
+and noised parameters (:class:`~workers.generic.model.GenericModel`); the packed path trains
+every parameter of its layers.
 """
 
 from __future__ import annotations
@@ -26,9 +31,12 @@ EnginePath = Literal["packed", "generic"]
 
 
 def packable(module: nn.Module) -> TypeGuard[nn.Sequential]:
-    """Whether the fast packed path covers ``module`` (an ``nn.Sequential`` of known layers)."""
+    """Whether the fast packed path covers ``module`` (an ``nn.Sequential`` of known layers,
+    every parameter trained)."""
     if not isinstance(module, nn.Sequential):
         return False
+    if any(not p.requires_grad for p in module.parameters()):
+        return False  # frozen parameters: the generic path keeps them out of the noise
     try:
         for layer in module:
             convert_layer(layer)
@@ -48,9 +56,13 @@ def build_pack_model(
     ``batched_trials``: on the generic path, whether the K trials run as one ``vmap`` or one
     after another (the model descriptor's ``generic_packs``, measured by bench/generic_packs.py).
 
+    A parameter with ``requires_grad == False`` in ``modules`` is frozen: not trained, clipped
+    or noised, and kept as it is in every module read back (``to_module``). The model's
+    ``trained_numel`` and ``total_numel`` count the trained and all parameters.
+
     Raises:
         ConfigError: a model the generic path refuses too (e.g. BatchNorm; the message names
-            the layer and the fix).
+            the layer and the fix), or one whose every parameter is frozen.
     """
     if not modules:
         raise ValueError("a pack needs at least one trial")

@@ -63,8 +63,24 @@ RULE_OPS: dict[str, Any] = {
 }
 
 
+# Reads of a tensor's metadata, not of its values: no gradient flows through them, so they are
+# no use of a parameter (peft's lora.Linear reads ``lora_A.weight.dtype`` from its own forward
+# to cast the input; that must not send the adapter to the materialised fallback).
+_METADATA_READS: frozenset[Any] = frozenset(
+    [
+        *(
+            getattr(Tensor, a).__get__
+            for a in ("dtype", "shape", "device", "ndim", "requires_grad", "layout", "is_cuda")
+        ),
+        Tensor.size,
+        Tensor.dim,
+    ]
+)
+
+
 class UsageMode(TorchFunctionMode):
-    """Records, for every op touching a watched tensor, the op and the innermost module."""
+    """Records, for every op touching a watched tensor, the op and the innermost module
+    (metadata reads such as ``.dtype`` or ``.shape`` excepted: they read no value)."""
 
     def __init__(self, watched: dict[int, str], stack: list[nn.Module]) -> None:
         super().__init__()
@@ -76,7 +92,7 @@ class UsageMode(TorchFunctionMode):
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
     ) -> Any:
         kwargs = kwargs or {}
-        if self.watched:
+        if self.watched and func not in _METADATA_READS:
             for leaf in _tensors((args, kwargs)):
                 name = self.watched.get(id(leaf))
                 if name is not None:

@@ -1,7 +1,8 @@
 """A generous memory estimate for one trial on the generic path (for the packer's budget).
 
 The generic path materialises every example's full gradient (``[B, P]`` per trial and gradient
-pass) and, inside ``vmap(grad)``, every layer's activations and their gradients per example.
+pass, P the trained parameters) and, inside ``vmap(grad)``, every layer's activations and their
+gradients per example.
 :func:`generic_trial_floats` counts both, measuring the activations with forward hooks on one
 example of zeros (public: no data is read).
 """
@@ -54,6 +55,9 @@ def generic_trial_floats(
         passes: gradient passes per step (2 for BAM's perturbed pass).
         param_buffers: parameter-sized buffers (parameters, gradient, noise, optimizer, ...).
     """
-    numel = sum(p.numel() for p in module.parameters())
+    # Only trained parameters have gradients, optimizer state and per-example gradients; a
+    # frozen one is held once (counted per trial here: generous when the pack shares it).
+    numel = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    frozen = sum(p.numel() for p in module.parameters() if not p.requires_grad)
     acts = activation_floats(module, input_shape)
-    return param_buffers * numel + passes * batch * (2 * numel + 3 * acts)
+    return frozen + param_buffers * numel + passes * batch * (2 * numel + 3 * acts)

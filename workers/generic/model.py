@@ -18,8 +18,13 @@ unchanged. It trades the packed path's speed for generality:
 * BAM's perturbed pass runs each example at its own ``theta + s_i g_i`` (a ``vmap`` over
   per-example parameters).
 
-Every parameter is trained (as on the packed path). Noise and sampling stay in the engine:
-nothing here draws randomness.
+Frozen parameters (``requires_grad == False`` in the modules handed in, e.g. a pretrained
+backbone under LoRA adapters or a new head) are constants of the pack: they are not in the
+flat buffer (so they get no per-example gradient, no clipping and no noise: the engine noises
+the ``[K, P]`` buffer, P the *trained* parameter count), they are held once when every trial
+holds the same values (one checkpoint) and stacked per trial otherwise, and ``to_module`` puts
+them back. Clipping layers are the submodules owning trained parameters. Noise and sampling stay
+in the engine: nothing here draws randomness.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from dpsweep.errors import ConfigError
 from workers.generic.validation import validate_module
 
 # Per-layer info: the per-example gradients of the layer's parameters, each [K, B, *shape].
@@ -60,9 +66,15 @@ class GenericModel:
         batched_trials: run the K trials as one ``vmap`` over the trial dimension (True), or
             one after another in this worker (False); the results are the same.
 
+    Attributes:
+        numel / trained_numel: the trained parameter count P (the flat buffer's width, and so
+            the dimension of the Gaussian noise).
+        total_numel: every parameter of the model, frozen ones included.
+
     Raises:
         ConfigError: a layer that breaks per-example DP (see
-            :func:`workers.generic.validation.validate_module`).
+            :func:`workers.generic.validation.validate_module`), or a model whose every
+            parameter is frozen.
     """
 
     def __init__(
@@ -82,23 +94,49 @@ class GenericModel:
         self.batched_trials = batched_trials
         self.device = torch.device(device)
         self.template = copy.deepcopy(modules[0]).to(self.device).train()
-        self.names = [n for n, _ in self.template.named_parameters()]
-        shapes = [tuple(p.shape) for _, p in self.template.named_parameters()]
-        self.shapes = dict(zip(self.names, shapes, strict=True))
-        self.numel = sum(math.prod(s) for s in shapes)
+        named = list(self.template.named_parameters())
+        # Tied weights: one Parameter under several names counts once (named_parameters drops
+        # the duplicates) and functional_call feeds every alias the same tensor, so torch.func
+        # treats it as the one parameter it is. Book-keeping watches how each is used and sends
+        # a tied one to the exact materialised path (workers.generic.bookkeeping).
+        self.tied = tied_aliases(self.template)
+        self.names = [n for n, p in named if p.requires_grad]
+        self.frozen_names = [n for n, p in named if not p.requires_grad]
+        if named and not self.names:
+            raise ConfigError(
+                "every parameter of the model is frozen (requires_grad=False): there is nothing "
+                "to train; leave at least one part trainable (e.g. the head)",
+                field="model.trainable",
+            )
+        every = {n: tuple(p.shape) for n, p in named}
+        self.shapes = {n: every[n] for n in self.names}
+        self.numel = sum(math.prod(s) for s in self.shapes.values())
+        self.trained_numel = self.numel
+        self.total_numel = sum(math.prod(s) for s in every.values())
         self.flat = torch.empty(self.k, self.numel, device=self.device)
+        arch = [(n, every[n], n in self.shapes) for n, _ in named]
         buffers: list[dict[str, Tensor]] = []
         for i, m in enumerate(modules):
-            named = list(m.named_parameters())
-            if [(n, tuple(p.shape)) for n, p in named] != list(
-                zip(self.names, shapes, strict=True)
-            ):
-                raise ValueError("all modules in a pack must share one architecture")
-            if named:
-                self.flat[i] = torch.cat([p.detach().reshape(-1) for _, p in named])
+            mine = list(m.named_parameters())
+            if [(n, tuple(p.shape), p.requires_grad) for n, p in mine] != arch:
+                raise ValueError(
+                    "all modules in a pack must share one architecture and one trained part"
+                )
+            trained = [p for _, p in mine if p.requires_grad]
+            if trained:
+                self.flat[i] = torch.cat([p.detach().reshape(-1) for p in trained])
             buffers.append({n: b.detach().to(self.device) for n, b in m.named_buffers()})
         self.buffers = {n: torch.stack([b[n] for b in buffers]) for n in buffers[0]}
-        # Layers: consecutive parameters owned by the same submodule (one clipping group each).
+        self.frozen, self.frozen_shared = _frozen_values(self.template, modules, self.frozen_names)
+        # Trial dimension of each constant (frozen parameter or buffer) for vmap: None for
+        # frozen values shared by every trial (one copy, broadcast), else 0.
+        self.const_dims: dict[str, int | None] = {
+            **{n: None if self.frozen_shared else 0 for n in self.frozen},
+            **{n: 0 for n in self.buffers},
+        }
+        # Layers: consecutive trained parameters owned by the same submodule (one clipping
+        # group each). A submodule whose parameters are all frozen is no layer: it has no
+        # per-example gradient to clip.
         self.layer_names: list[str] = []
         self.layer_params: list[list[str]] = []
         for name in self.names:
@@ -109,7 +147,7 @@ class GenericModel:
             self.layer_params[-1].append(name)
         self.slices: dict[str, tuple[int, int]] = {}
         off = 0
-        for name, s in zip(self.names, shapes, strict=True):
+        for name, s in self.shapes.items():
             self.slices[name] = (off, off + math.prod(s))
             off += math.prod(s)
 
@@ -118,37 +156,51 @@ class GenericModel:
         return len(self.layer_names)
 
     def params(self, buf: Tensor | None = None) -> dict[str, Tensor]:
-        """Views ``[K, *shape]`` of ``buf`` (the flat parameters by default), by name."""
+        """Views ``[K, *shape]`` of ``buf`` (the flat trained parameters by default), by name."""
         src = self.flat if buf is None else buf
         return {n: src[:, a:b].view(self.k, *self.shapes[n]) for n, (a, b) in self.slices.items()}
+
+    def consts(self) -> dict[str, Tensor]:
+        """The pack's constants by name: frozen parameters (trial dimension per
+        :attr:`const_dims`) and buffers (``[K, *shape]``)."""
+        return {**self.frozen, **self.buffers}
+
+    def consts_of(self, trial: int) -> dict[str, Tensor]:
+        """Trial ``trial``'s constants (frozen parameters and buffers), without the trial dim."""
+        return {n: t if self.const_dims[n] is None else t[trial] for n, t in self.consts().items()}
 
     # -- forward ------------------------------------------------------------------------------
 
     def _example_out(
-        self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor
+        self, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor
     ) -> Tensor:
         # One example as a batch of one: the module sees the shapes it was written for.
-        out = functional_call(self.template, (params, buffers), (x.unsqueeze(0),))
+        out = functional_call(self.template, (params, consts), (x.unsqueeze(0),))
         if not isinstance(out, Tensor):
             raise TypeError("the generic DP path needs a module that returns one tensor")
         return out.squeeze(0)
 
     def _dot(
-        self, params: dict[str, Tensor], buffers: dict[str, Tensor], x: Tensor, v: Tensor
+        self, params: dict[str, Tensor], consts: dict[str, Tensor], x: Tensor, v: Tensor
     ) -> Tensor:
-        return (self._example_out(params, buffers, x) * v).sum()
+        return (self._example_out(params, consts, x) * v).sum()
 
-    def _over_trials(self, fn: Any, *args: Any) -> Any:
-        """``fn`` on each trial's slice of ``args`` (tensors and dicts of tensors, trial
-        dimension first), stacked: one ``vmap``, or a loop when trials run one by one."""
+    def _over_trials(self, fn: Any, params: Any, *args: Any) -> Any:
+        """``fn(params, consts, *args)`` for each trial, stacked: one ``vmap``, or a loop when
+        trials run one by one. ``params`` and ``args`` (tensors and dicts of tensors) have the
+        trial dimension first; the constants' is per :attr:`const_dims`."""
         if self.batched_trials:
-            return vmap(fn, in_dims=(0,) * len(args))(*args)
-        outs = [fn(*(_take(a, k) for a in args)) for k in range(self.k)]
+            dims = (0, self.const_dims, *((0,) * len(args)))
+            return vmap(fn, in_dims=dims)(params, self.consts(), *args)
+        outs = [
+            fn(_take(params, k), self.consts_of(k), *(_take(a, k) for a in args))
+            for k in range(self.k)
+        ]
         return _stack(outs)
 
     def _run(self, params: dict[str, Tensor], per_example: bool, x: Tensor) -> Tensor:
         inner = vmap(self._example_out, in_dims=(0 if per_example else None, None, 0))
-        return self._over_trials(inner, params, self.buffers, x)
+        return self._over_trials(inner, params, x)
 
     def forward(
         self,
@@ -183,7 +235,7 @@ class GenericModel:
         """Per-example gradients of ``loss_sum`` (a sum of per-example losses), per layer."""
         (v,) = torch.autograd.grad(loss_sum, cap.out)
         per_b = vmap(grad(self._dot), in_dims=(0 if cap.per_example else None, None, 0, 0))
-        g = self._over_trials(per_b, cap.params, self.buffers, cap.x, v.detach())
+        g = self._over_trials(per_b, cap.params, cap.x, v.detach())
         return [[g[n] for n in names] for names in self.layer_params]
 
     def sq_norms(self, infos: list[LayerInfo]) -> Tensor:
@@ -229,14 +281,53 @@ class GenericModel:
     # -- export -------------------------------------------------------------------------------
 
     def to_module(self, trial: int, flat_row: Tensor | None = None) -> nn.Module:
-        """A standalone module holding trial ``trial``'s (or ``flat_row``'s) weights."""
+        """A standalone module holding trial ``trial``'s (or ``flat_row``'s) trained weights,
+        its frozen values and its buffers: the whole model (``requires_grad`` flags kept)."""
         m = copy.deepcopy(self.template)
-        row = self.flat[trial] if flat_row is None else flat_row
-        torch.nn.utils.vector_to_parameters(row.detach().clone(), m.parameters())
+        row = (self.flat[trial] if flat_row is None else flat_row).detach()
+        mine = dict(m.named_parameters())
         with torch.no_grad():
-            for n, b in m.named_buffers():
-                b.copy_(self.buffers[n][trial])
+            for n, (a, b) in self.slices.items():
+                mine[n].copy_(row[a:b].view(self.shapes[n]))
+            if not self.frozen_shared:  # shared values are the template's own already
+                for n, t in self.frozen.items():
+                    mine[n].copy_(t[trial])
+            for n, buf in m.named_buffers():
+                buf.copy_(self.buffers[n][trial])
         return m
+
+
+def tied_aliases(module: nn.Module) -> dict[str, list[str]]:
+    """Tied weights: each Parameter reachable under several names, by the name
+    ``named_parameters()`` keeps (its first), with its other names."""
+    first: dict[int, str] = {}
+    aliases: dict[str, list[str]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        kept = first.setdefault(id(p), n)
+        if kept != n:
+            aliases.setdefault(kept, []).append(n)
+    return aliases
+
+
+def _frozen_values(
+    template: nn.Module, modules: Sequence[nn.Module], names: list[str]
+) -> tuple[dict[str, Tensor], bool]:
+    """The frozen parameters' values, and whether every trial holds the same ones.
+
+    Shared values (one checkpoint for the whole pack, the common case) are kept once: the
+    template's own tensors (no copy); else they are stacked ``[K, *shape]``.
+    """
+    own = dict(template.named_parameters())
+    per = [dict(m.named_parameters()) for m in modules]
+    shared = all(
+        torch.equal(per[0][n].detach(), p[n].detach().to(per[0][n].device))
+        for p in per[1:]
+        for n in names
+    )
+    if shared:
+        return {n: own[n].detach() for n in names}, True
+    device = own[names[0]].device
+    return {n: torch.stack([p[n].detach().to(device) for p in per]) for n in names}, False
 
 
 def _take(a: Any, k: int) -> Any:

@@ -74,7 +74,13 @@ class PackedModel:
         ref = [tuple(p.shape) for p in modules[0].parameters()]
         if [tuple(s) for s in shapes] != ref:
             raise ConfigError(f"model has parameters outside supported layers ({self.SUPPORTED})")
+        if any(not p.requires_grad for p in modules[0].parameters()):
+            # The packed layers train every parameter; frozen ones take the generic path
+            # (workers.generic.dispatch), which keeps them out of the noise.
+            raise ConfigError("the packed path trains every parameter; this model has frozen ones")
         self.numel = sum(math.prod(s) for s in shapes)
+        # Every parameter is trained here (the generic path's counts, for the plan and card).
+        self.trained_numel = self.total_numel = self.numel
         self.flat = torch.empty(self.k, self.numel, device=self.device)
         for i, m in enumerate(modules):
             params = list(m.parameters())
