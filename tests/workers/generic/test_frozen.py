@@ -9,6 +9,7 @@ trained coordinates only, and a pack of three equals three single trials.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +37,15 @@ from tests.workers.generic.frozen_nets import (
 )
 from tests.workers.streams import noise_stream, normals, sample_stream
 from workers.checkpoints import load_weights, weights_bytes
+from workers.datasets.records import DatasetSpec
 from workers.engine import DPEngine, per_sample_loss
 from workers.generic import BookkeepingModel, GenericModel, build_pack_model
+from workers.models.descriptors import DESCRIPTORS, ModelDescriptor, ModelSpec
+from workers.models.registry import MODELS, ModelEntry
 from workers.optim import PackedOptimizer
 from workers.strategies import NoiseSource, get_strategy
+from workers.training.loop import train_pack
+from workers.training.specs import PackSpec, TrialSpec
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
 
@@ -282,15 +288,76 @@ def test_a_pack_of_three_equals_three_single_trials() -> None:
         torch.testing.assert_close(pack.flat[i], single.flat[0], rtol=1e-5, atol=1e-6)
 
 
-def test_trials_with_different_frozen_values_keep_their_own() -> None:
-    modules = [freeze_except(head_mlp(s), any_match(["4."])) for s in (0, 1)]
-    for batched in (True, False):
-        model = GenericModel(modules, batched_trials=batched)
-        assert not model.frozen_shared
-        x = torch.randn(2, B, 12)
-        out, _ = model.forward(x)
+@pytest.mark.parametrize("cls", [GenericModel, BookkeepingModel])
+@pytest.mark.parametrize("batched", [True, False])
+def test_trials_with_different_frozen_values_keep_their_own(
+    cls: type[GenericModel], batched: bool
+) -> None:
+    # Each trial's own frozen body (as if from two checkpoints): stacked, not shared.
+    modules = [freeze_except(head_mlp(s), any_match(["2.", "4."])) for s in (0, 1)]
+    model = cls(modules, batched_trials=batched)
+    assert not model.frozen_shared and model.frozen["0.weight"].shape == (2, 16, 12)
+    gen = torch.Generator().manual_seed(8)
+    x, y = torch.randn(2, B, 12, generator=gen), torch.randint(CLASSES, (2, B), generator=gen)
+    for _ in range(2):
+        out, cap = model.forward(x, capture=True)
+        assert cap is not None
+        infos = model.layer_grads(per_sample_loss(out, y, "classification").sum(), cap)
+        sq = model.sq_norms(infos)
         for i, m in enumerate(modules):
-            torch.testing.assert_close(out[i], m(x[i]))
-            back = model.to_module(i)
-            for n, t in frozen_state(m).items():
-                assert torch.equal(frozen_state(back)[n], t)
+            torch.testing.assert_close(out[i].detach(), m(x[i]))
+            ref = torch_func_grads(m, x[i], y[i])
+            want = torch.stack(
+                [sum(ref[n].flatten(1).pow(2).sum(dim=1) for n in ns) for ns in model.layer_params],
+                dim=-1,
+            )
+            torch.testing.assert_close(sq[i], want, rtol=1e-4, atol=1e-9)
+    for i, m in enumerate(modules):
+        back = model.to_module(i)
+        for n, t in frozen_state(m).items():
+            assert torch.equal(frozen_state(back)[n], t)
+
+
+FROZEN_MLP = "test_frozen_head_mlp"
+
+
+def _frozen_head_mlp(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A registered model whose hidden layers are a fixed "checkpoint" (seed 0, frozen) and
+    whose head is drawn from the trial's seed (the registry seeds the builder)."""
+    head = nn.Linear(16, num_classes)
+    torch.manual_seed(0)
+    body = nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.Tanh())
+    return freeze_except(nn.Sequential(*body, head), any_match(["3."]))
+
+
+def test_a_frozen_model_trains_end_to_end_with_an_average_and_kept_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    desc = ModelDescriptor(FROZEN_MLP, input_kind="any", description="frozen body, trained head")
+    monkeypatch.setitem(DESCRIPTORS, FROZEN_MLP, desc)
+    monkeypatch.setitem(MODELS, FROZEN_MLP, ModelEntry(desc, _frozen_head_mlp))  # type: ignore[arg-type]
+    spec = PackSpec(
+        dataset=DatasetSpec("digits"),
+        model=ModelSpec(FROZEN_MLP),
+        strategy="fixed",
+        trials=[
+            TrialSpec(lr=0.5, seed=0, noise_multiplier=1.0, params={"clip": 1.0}),
+            TrialSpec(lr=1.0, seed=1, noise_multiplier=100.0, params={"clip": 1.0}),
+        ],
+        batch_size=32,
+        steps=6,
+        eval_every=3,
+        ema_decay=0.5,
+        keep_weights=True,
+        randomness="reproducible",
+    )
+    results = train_pack(spec)
+    shape = (64,)
+    reference = frozen_state(_frozen_head_mlp(shape, 10))
+    for r in results:
+        assert r.engine_path == "generic" and r.weights is not None
+        m = _frozen_head_mlp(shape, 10)
+        load_weights(m, r.weights)
+        for n, t in frozen_state(m).items():
+            assert torch.equal(t, reference[n]), n  # the kept file holds them untouched
+        assert r.checkpoint is not None and r.checkpoint.numel() == 16 * 10 + 10
