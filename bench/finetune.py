@@ -109,19 +109,18 @@ def build(cfg: Config, *, lora: bool) -> nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    bert = BertForSequenceClassification(
-        BertConfig(
-            vocab_size=cfg.vocab,
-            hidden_size=cfg.hidden,
-            num_hidden_layers=cfg.layers,
-            num_attention_heads=cfg.heads,
-            intermediate_size=cfg.intermediate,
-            max_position_embeddings=cfg.seq_len,
-            hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0,
-            num_labels=cfg.classes,
-        )
+    config = BertConfig(
+        vocab_size=cfg.vocab,
+        hidden_size=cfg.hidden,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        intermediate_size=cfg.intermediate,
+        max_position_embeddings=cfg.seq_len,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
     )
+    config.num_labels = cfg.classes
+    bert = BertForSequenceClassification(config)
     if not lora:
         return Logits(bert).train()
     from peft import LoraConfig, get_peft_model

@@ -67,6 +67,17 @@ def torch_func_grads(module: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tenso
     return out
 
 
+def layer_sq(grads: dict[str, Tensor], layers: list[list[str]]) -> Tensor:
+    """``[B, L]`` per-example squared norms of each layer's per-example gradients."""
+    return torch.stack(
+        [
+            torch.cat([grads[n].flatten(1) for n in names], dim=1).pow(2).sum(dim=1)
+            for names in layers
+        ],
+        dim=-1,
+    )
+
+
 def check_against_torch_func(
     make: Callable[[], nn.Module], x: Tensor, classes: int = CLASSES
 ) -> BookkeepingModel:
@@ -82,10 +93,7 @@ def check_against_torch_func(
         assert cap is not None
         infos = bk.layer_grads(per_sample_loss(out, y.unsqueeze(0), "classification").sum(), cap)
         ref = torch_func_grads(module, x, y)
-        want = torch.stack(
-            [sum(ref[n].flatten(1).pow(2).sum(dim=1) for n in names) for names in bk.layer_params],
-            dim=-1,
-        )
+        want = layer_sq(ref, bk.layer_params)
         torch.testing.assert_close(bk.sq_norms(infos)[0], want, rtol=1e-4, atol=1e-9)
         for w in (torch.rand(1, B, 1, generator=gen), torch.rand(1, B, bk.n_param_layers)):
             got = torch.empty(1, bk.numel)
@@ -276,7 +284,7 @@ def test_noise_is_drawn_for_the_trained_coordinates_only() -> None:
 def test_a_pack_of_three_equals_three_single_trials() -> None:
     x, y = data()
     pack, _ = build_pack_model([lora_bert(s) for s in (1, 2, 3)])
-    assert pack.frozen_shared  # one backbone, held once
+    assert isinstance(pack, GenericModel) and pack.frozen_shared  # one backbone, held once
     engine = make_engine(pack, x, y, "fixed", {"clip": 0.5}, seeds=[0, 1, 2])
     for _ in range(3):
         engine.step()
@@ -307,10 +315,7 @@ def test_trials_with_different_frozen_values_keep_their_own(
         for i, m in enumerate(modules):
             torch.testing.assert_close(out[i].detach(), m(x[i]))
             ref = torch_func_grads(m, x[i], y[i])
-            want = torch.stack(
-                [sum(ref[n].flatten(1).pow(2).sum(dim=1) for n in ns) for ns in model.layer_params],
-                dim=-1,
-            )
+            want = layer_sq(ref, model.layer_params)
             torch.testing.assert_close(sq[i], want, rtol=1e-4, atol=1e-9)
     for i, m in enumerate(modules):
         back = model.to_module(i)
@@ -335,7 +340,7 @@ def test_a_frozen_model_trains_end_to_end_with_an_average_and_kept_weights(
 ) -> None:
     desc = ModelDescriptor(FROZEN_MLP, input_kind="any", description="frozen body, trained head")
     monkeypatch.setitem(DESCRIPTORS, FROZEN_MLP, desc)
-    monkeypatch.setitem(MODELS, FROZEN_MLP, ModelEntry(desc, _frozen_head_mlp))  # type: ignore[arg-type]
+    monkeypatch.setitem(MODELS, FROZEN_MLP, ModelEntry(desc, _frozen_head_mlp))
     spec = PackSpec(
         dataset=DatasetSpec("digits"),
         model=ModelSpec(FROZEN_MLP),
