@@ -18,7 +18,7 @@ export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) -q -U pip setuptools wheel
-	$(PIP) -q -e '.[server,dev,onnx,docs]'
+	$(PIP) -q -e '.[server,dev,onnx,docs,finetune]'
 	touch $(STAMP)
 
 install: $(STAMP)

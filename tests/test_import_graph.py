@@ -7,7 +7,9 @@ are left out: they never run):
 2. no sweeper sub-package imports a higher one (:data:`SWEEPER_LAYERS`);
 3. an import inside a function says why it is there, in a comment on its line or the line
    before (heavy import, optional extra, ...);
-4. dpsweep imports nothing from workers (nor sweeper, nor api).
+4. dpsweep imports nothing from workers (nor sweeper, nor api);
+5. the optional fine-tuning extras (transformers, peft, timm, torchvision) are imported inside
+   functions only.
 
 No exception list: every sweeper sub-package imports only lower ones, and every function-level
 import says why.
@@ -208,3 +210,24 @@ def test_dpsweep_imports_no_server_layer() -> None:
         if target.split(".")[0] in ("workers", "sweeper", "api")
     )
     assert bad == []
+
+
+#: The packages of the optional extras ``finetune`` and ``vision``: never imported at module
+#: level, so the base install and the SDK load without them (and import no more than before).
+OPTIONAL_EXTRAS = ("transformers", "peft", "timm", "torchvision")
+
+
+def test_optional_extras_are_imported_inside_functions_only() -> None:
+    top_level = sorted(
+        (module, name)
+        for module, path in MODULES.items()
+        for node, in_function in _imports(ast.parse(path.read_text()))
+        if not in_function
+        for name in _imported(module, path, node)
+        if name.split(".")[0] in OPTIONAL_EXTRAS
+    )
+    assert top_level == [], (
+        "a fine-tuning extra (transformers, peft, timm, torchvision) is imported at module "
+        "level; import it inside the function that needs it, with a ConfigError naming the "
+        f"extra to install when it is missing: {top_level}"
+    )

@@ -13,6 +13,7 @@ ONNX export.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -20,9 +21,11 @@ from safetensors.torch import load, save
 from torch import nn
 
 from dpsweep.errors import ConfigError
+from workers.checkpoint_store import checkpoint_facts, resolve_checkpoint
 from workers.datasets.input_transform import PREFIX, InputTransform, transform_tensors
-from workers.models.descriptors import ModelSpec
+from workers.models.descriptors import LoraSpec, ModelSpec
 from workers.models.registry import build_model
+from workers.settings import WorkerSettings
 
 
 def weights_bytes(module: nn.Module, transform: InputTransform | None = None) -> bytes:
@@ -76,10 +79,13 @@ def model_info(
     input_shape: tuple[int, ...],
     num_classes: int,
     engine_path: str,
+    spec: ModelSpec | None = None,
 ) -> dict[str, Any]:
     """What rebuilds ``module``'s architecture: the registered name and the options it was
-    built with, the input shape and number of outputs, with its parameter count."""
-    return {
+    built with, the input shape and number of outputs, with its parameter count; with
+    ``spec``, the checkpoint it started from (name, kind, digest and its registration's
+    declaration), what was trained and how many parameters that is."""
+    info: dict[str, Any] = {
         "name": name,
         "options": dict(options),
         "input_shape": [int(d) for d in input_shape],
@@ -88,6 +94,48 @@ def model_info(
         "engine_path": engine_path,
         "dtype": "float32",
     }
+    if spec is not None and not spec.plain:
+        info.update(starting_point(spec))
+        info["trained_parameters"] = int(
+            sum(p.numel() for p in module.parameters() if p.requires_grad)
+        )
+    return info
+
+
+def starting_point(spec: ModelSpec) -> dict[str, Any]:
+    """Public facts of where a model's weights started and what was trained (a card's)."""
+    return {
+        "checkpoint": checkpoint_facts(spec.checkpoint) if spec.checkpoint else None,
+        "trainable": spec.trainable if isinstance(spec.trainable, str) else list(spec.trainable),
+        "lora": asdict(spec.lora) if spec.lora is not None else None,
+    }
+
+
+def _card_spec(info: dict[str, Any]) -> ModelSpec:
+    """The model spec a card describes; its checkpoint resolved by name (registered) and its
+    digest checked, so a kept model rebuilds only on the weights it started from."""
+    name, options = str(info["name"]), dict(info.get("options") or {})
+    facts = info.get("checkpoint")
+    if not facts and info.get("trainable", "all") == "all":
+        return ModelSpec(name, options)
+    ref = None
+    if facts:
+        where = facts.get("name") or facts.get("path")
+        if not where:
+            raise ConfigError("the card names no checkpoint to rebuild the model on")
+        ref = resolve_checkpoint(
+            str(where), checkpoints_dir=WorkerSettings().checkpoints_dir,
+            allow_paths=facts.get("name") is None, kind=facts.get("kind"),
+            digest=facts.get("digest"),
+        )  # fmt: skip
+    trainable = info.get("trainable", "all")
+    lora = info.get("lora")
+    return ModelSpec(
+        name, options, checkpoint=ref,
+        trainable=trainable if isinstance(trainable, str) else tuple(trainable),
+        lora=LoraSpec(**{**lora, "target_modules": tuple(lora["target_modules"])
+                         if lora.get("target_modules") else None}) if lora else None,
+    )  # fmt: skip
 
 
 class RawInputModel(nn.Module):
@@ -135,7 +183,7 @@ def build_trained(info: dict[str, Any], data: bytes, *, raw_inputs: bool = True)
     """
     # An unknown name is the registry's ConfigError (a plug-in model needs its package).
     module = build_model(
-        ModelSpec(str(info["name"]), dict(info.get("options") or {})),
+        _card_spec(info),
         input_shape=tuple(int(d) for d in info["input_shape"]),
         num_classes=int(info["num_classes"]),
         seed=0,

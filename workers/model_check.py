@@ -57,9 +57,12 @@ def check_model(
     except DatasetError as exc:
         # About the spec's choice of model (a 422 naming the field), not about the file.
         raise ConfigError(str(exc), field="model.name") from None
-    if descriptor.engine_path == "packed":
+    if descriptor.engine_path == "packed" and model.plain:
         return "packed"  # declared (and held to it by the contract tests): no torch needed
+    # A checkpoint is resolved, digested and loaded here as a trial loads it, and what is
+    # trained is applied: a bad checkpoint or pattern is refused before anything is reserved.
     module = _build_for_check(model, input_shape, num_classes, vocab_size)
+    _check_vocab(module, vocab_size)
     from workers.generic.dispatch import packable  # deferred: imports torch
 
     if packable(module):
@@ -82,6 +85,43 @@ def check_model(
             field="model.name",
         )
     return "generic"
+
+
+def _check_vocab(module: Any, vocab_size: int | None) -> None:
+    """A transformers text model's embedding rows cover the data's token ids: the data was
+    tokenized with the checkpoint's own tokenizer (``dataset.options.tokenizer`` naming the
+    checkpoint directory), not another one whose ids would index other tokens, or none."""
+    from workers.models.pretrained import HFTextClassifier  # deferred: imports torch
+
+    if vocab_size is None or not isinstance(module, HFTextClassifier):
+        return
+    embeddings: Any = module.model.get_input_embeddings()  # type: ignore[operator]
+    rows = int(embeddings.num_embeddings)
+    if int(vocab_size) - 2 > rows:  # the data's ids are the tokenizer's + 2 (0 pads, 1 unknown)
+        raise ConfigError(
+            f"the data's tokenizer has {int(vocab_size) - 2} tokens, the checkpoint embeds "
+            f"{rows}: tokenize the text with the checkpoint's own tokenizer "
+            "(dataset.options.tokenizer: the checkpoint directory)",
+            field="dataset.options.tokenizer",
+        )
+
+
+def model_size(
+    model: ModelSpec,
+    *,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    vocab_size: int | None = None,
+) -> tuple[int, int]:
+    """``(trained, total)`` parameters of the model a trial builds (the plan and the card:
+    frozen parameters are neither clipped nor noised). Builds it as :func:`check_model` does.
+
+    Raises:
+        ConfigError: as :func:`check_model`.
+    """
+    from workers.models.trainable import trained_counts  # deferred: imports torch
+
+    return trained_counts(_build_for_check(model, input_shape, num_classes, vocab_size))
 
 
 def _build_for_check(

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import SweepSpec
+from dpsweep.spec_model import LORA_RANK_AXIS
 from sweeper.datasets.resolution import resolve
 from sweeper.driver import failures, ray_backend
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
@@ -81,16 +82,21 @@ def pack_spec(
 
     Raises:
         StopIteration: a trial's arm is not in the spec.
+        ValueError: the trials have different LoRA ranks (``lora_r``).
         ConfigError: the grid's stored accountant is unknown.
         ValueError: neither ``grid`` nor ``accountant`` is given.
     """
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
     specs = []
+    ranks: set[Any] = set()
     for t in trials:
         arm = arm_named(spec, t.arm)
         params = {**arm.params, **t.params}
         lr = params.pop("lr", None)
+        # LoRA's rank shapes the model, not the strategy: it leaves the params here, and
+        # trials of other ranks never share a pack (their pack specs' models differ).
+        ranks.add(params.pop(LORA_RANK_AXIS, None))
         specs.append(
             TrialSpec(
                 lr=float(lr) if lr is not None else float("nan"),
@@ -100,8 +106,12 @@ def pack_spec(
                 params=params,
             )
         )
+    if len(ranks) > 1:
+        raise ValueError(f"a pack mixes trials of LoRA ranks {sorted(map(str, ranks))}")
+    rank = ranks.pop()
     return training_pack(
         model=spec.model,
+        lora_r=int(rank) if rank is not None else None,
         training=spec.training,
         strategy=trials[0].strategy,
         trials=specs,

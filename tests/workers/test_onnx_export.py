@@ -22,6 +22,7 @@ from dpsweep.errors import ConfigError
 from tests.workers.test_checkpoints import CLASSES, case, inputs
 from workers.checkpoints import build_trained, model_info, weights_bytes
 from workers.models.descriptors import DESCRIPTORS
+from workers.models.pretrained_descriptors import CHECKPOINT_MODELS
 from workers.models.registry import build_model, model_names
 from workers.onnx_export import (
     INPUT_NAME,
@@ -71,7 +72,8 @@ def run_onnx(path: Path, x: Tensor) -> np.ndarray:
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
-@pytest.mark.parametrize("name", model_names())
+# A checkpoint model (hf, timm, torchvision) needs its checkpoint: test_pretrained.py.
+@pytest.mark.parametrize("name", [n for n in model_names() if n not in CHECKPOINT_MODELS])
 def test_exported_builtin_matches_torch(name: str, exporter: str, tmp_path: Path) -> None:
     pytest.importorskip("onnx", reason="ONNX export needs the onnx extra")
     spec, shape = case(name)

@@ -11,7 +11,11 @@ tokenizer is one of two public files the operator provides, and no option builds
   3, ... in file order; texts are lowercased and split into words and punctuation marks
   (:func:`simple_tokens`);
 * ``tokenizer``: a pretrained ``tokenizer.json`` of the ``tokenizers`` library; its ids + 2
-  (its own unknown token becomes 1), padding and truncation as here, not as in the file.
+  (its own unknown token becomes 1), padding and truncation as here, not as in the file. Or a
+  checkpoint directory (a model's ``model.checkpoint``, registered or local): its own tokenizer,
+  read with ``transformers.AutoTokenizer`` from local files only (never remote code), special
+  tokens added as the tokenizer adds them, ids + 2 likewise; the model maps them back
+  (:mod:`workers.models.pretrained`).
 
 Neither may be the data file itself. Messages name lines and columns, never a text.
 """
@@ -28,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from dpsweep.errors import ConfigError, DatasetError
+from workers.checkpoint_store import cached_digest, check_code_free
 from workers.datasets.descriptors import TEXT_CSV
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
@@ -69,6 +74,8 @@ def read_vocab(path: Path) -> dict[str, int]:
 def _public_file(option: str, value: str, data: Path) -> Path:
     """The public file an option names; refused when it is the data file itself."""
     path = Path(value).expanduser()
+    if option == "tokenizer" and path.is_dir():
+        return path  # a checkpoint directory: its own tokenizer (_checkpoint_encoder)
     if not path.is_file():
         raise DatasetError(f"{path}: file not found (dataset.options.{option})")
     if data.is_file() and path.resolve() == data.resolve():
@@ -117,6 +124,37 @@ def _tokenizer_encoder(path: Path) -> tuple[Callable[[list[str]], list[list[int]
         ]
 
     return encode, size, "tokenizers"
+
+
+def _checkpoint_encoder(path: Path) -> tuple[Callable[[list[str]], list[list[int]]], int, str]:
+    """A checkpoint directory's own tokenizer (transformers, local files, no remote code)."""
+    # Code-free input, like the model's weights: the same refusal of code and pickles.
+    check_code_free(path, "hf")
+    try:
+        # optional extra (finetune): only a checkpoint's tokenizer needs transformers
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ConfigError(
+            "a checkpoint's tokenizer needs the transformers package: pip install "
+            "'dpsweep[finetune]'",
+            field="dataset.options.tokenizer",
+        ) from None
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            str(path), local_files_only=True, trust_remote_code=False
+        )
+    except (OSError, ValueError) as exc:
+        raise DatasetError(
+            f"{path}: no tokenizer transformers reads locally ({type(exc).__name__})"
+        ) from None
+    unk = tok.unk_token_id
+    size = len(tok) + FIRST_ID
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        ids = tok(texts, add_special_tokens=True, truncation=False)["input_ids"]
+        return [[UNKNOWN_ID if i == unk else int(i) + FIRST_ID for i in row] for row in ids]
+
+    return encode, size, "checkpoint"
 
 
 def _read_rows(path: Path, label_column: str, text_column: str) -> tuple[list[str], list[str]]:
@@ -188,7 +226,13 @@ def _text_csv(spec: DatasetSpec) -> RawData:
         )
     option, value = ("vocab", vocab) if vocab is not None else ("tokenizer", tokenizer)
     public = _public_file(option, str(value), data)
-    make = _vocab_encoder if option == "vocab" else _tokenizer_encoder
+    make = (
+        _vocab_encoder
+        if option == "vocab"
+        else _checkpoint_encoder
+        if public.is_dir()
+        else _tokenizer_encoder
+    )
     encode, vocab_size, method = make(public)
     texts, labels = _read_rows(data, spec.label_column, str(opts["text_column"]))
     length = int(opts["max_length"])
@@ -209,7 +253,10 @@ def _text_csv(spec: DatasetSpec) -> RawData:
 
 
 def _encoding(method: str, public: Path, length: int) -> str:
-    """A public description of the tokenization: method, the file's SHA-256 and the length."""
+    """A public description of the tokenization: method, the file's (or checkpoint
+    directory's) SHA-256 and the length."""
+    if public.is_dir():
+        return f"{method}:{cached_digest(public).removeprefix('sha256:')}:{length}"
     digest = hashlib.sha256(public.read_bytes()).hexdigest()
     return f"{method}:{digest}:{length}"
 

@@ -32,6 +32,7 @@ from workers.models.descriptors import (
     model_descriptor_names,
     register_model_descriptor,
 )
+from workers.models.pretrained_descriptors import check_lora_axis, model_spec, spec_of
 
 if TYPE_CHECKING:
     from workers.models.registry import (
@@ -84,11 +85,14 @@ __all__ = [
     "ModelSpec",
     "Task",
     "build_model",
+    "check_lora_axis",
     "get_model_descriptor",
     "load_builtin_models",
     "model_descriptor_names",
     "model_names",
+    "model_spec",
     "model_task",
     "register_model",
     "register_model_descriptor",
+    "spec_of",
 ]

@@ -25,6 +25,7 @@ from torch import nn
 
 from dpsweep.errors import ConfigError
 from dpsweep.registry import Registry
+from workers.checkpoint_store import verify_checkpoint
 from workers.models.descriptors import (
     DESCRIPTORS,
     ModelDescriptor,
@@ -32,6 +33,8 @@ from workers.models.descriptors import (
     Task,
     register_model_descriptor,
 )
+from workers.models.pretrained_descriptors import CHECKPOINT_MODELS
+from workers.models.trainable import apply_trainable
 from workers.plugins import load_plugins
 
 Builder = Callable[..., nn.Module]
@@ -49,6 +52,7 @@ BUILTIN_MODULES = (
     "wrn",
     "res_cnn",
     "text_classifier",
+    "pretrained",
 )
 
 
@@ -131,7 +135,14 @@ def model_task(name: str) -> Task:
 def build_model(
     spec: ModelSpec, *, input_shape: tuple[int, ...], num_classes: int, seed: int
 ) -> nn.Module:
-    """Build a freshly initialised model; the initial weights depend only on ``seed``.
+    """Build a model; initial weights that are not a checkpoint's depend only on ``seed``.
+
+    Where ``spec`` names a checkpoint its digest is checked again and its weights loaded (a
+    built-in architecture's strictly; ``hf`` / ``timm`` / ``torchvision`` with the head
+    resized to ``num_classes``, the new head from ``seed``), then ``spec.trainable`` freezes
+    what DP-SGD does not train (:mod:`workers.models.trainable`, LoRA's adapters from
+    ``seed`` too). Every user (trials, the model check, pack sizing, the quota, a kept
+    model's rebuild) builds through here, so they all get the same module.
 
     Raises:
         ConfigError: unknown model, unknown option or an option value out of its range.
@@ -153,4 +164,16 @@ def build_model(
     # Initialise from the trial's own seed without disturbing anyone else's global RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return entry.builder(tuple(input_shape), num_classes, **spec.options)
+        if spec.name in CHECKPOINT_MODELS:
+            module = entry.builder(
+                tuple(input_shape), num_classes, checkpoint=spec.checkpoint, **spec.options
+            )
+        else:
+            module = entry.builder(tuple(input_shape), num_classes, **spec.options)
+            if spec.checkpoint is not None:
+                # deferred: the checkpoint loaders (safetensors) are needed with a checkpoint only
+                from workers.models.weights import load_strict
+
+                verify_checkpoint(spec.checkpoint)  # fail closed on changed files
+                load_strict(module, spec.checkpoint)
+        return apply_trainable(module, spec)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 import torch
@@ -287,4 +287,5 @@ def with_data_vocab(model: ModelSpec, vocab_size: int | None) -> ModelSpec:
         or "vocab_size" not in descriptor.options
     ):
         return model
-    return ModelSpec(model.name, {**model.options, "vocab_size": int(vocab_size)})
+    # replace, not a new ModelSpec: the checkpoint and what is trained stay as they were
+    return replace(model, options={**model.options, "vocab_size": int(vocab_size)})

@@ -93,6 +93,7 @@ def _model_info(pack: PreparedPack, records: PackRecords, i: int, module: Any) -
         input_shape=pack.data.input_shape,
         num_classes=pack.data.num_classes,
         engine_path=pack.engine_path,
+        spec=pack.model_spec,
     )
     # Whether the file holds the input transform (the model takes raw records), and if not
     # why: names and a formula, no value.

@@ -14,6 +14,7 @@ from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, WORKER, resolve
 from dpsweep.accounting_inputs import AccountingInputs
 from workers.datasets.records import DatasetSpec
 from workers.models.descriptors import ModelSpec
+from workers.models.pretrained_descriptors import spec_of
 from workers.plan_check import PlannedRun
 from workers.randomness import REPRODUCIBLE_WARNING, Randomness
 
@@ -218,6 +219,8 @@ def training_pack(
     threads: int = 1,
     keep_weights: bool = False,
     steps: int | None = None,
+    lora_r: int | None = None,
+    allow_checkpoint_paths: bool = True,
 ) -> PackSpec:
     """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
 
@@ -244,10 +247,21 @@ def training_pack(
         keep_weights: Hand back each trial's best checkpoint (safetensors bytes).
         steps: Train exactly this many steps, whatever the training section says (public
             pre-tuning trains the private grid's planned number on other records).
+        lora_r: The trials' LoRA rank (their ``lora_r`` grid value; one per pack: trials of
+            other ranks have other architectures). None: the model section's.
+        allow_checkpoint_paths: ``model.checkpoint`` may be a path, not only a registered
+            name (the local command line; a server refuses paths at its edge).
+
+    Raises:
+        ConfigError: a checkpoint that does not resolve, or whose digest differs from the
+            spec's ``checkpoint_digest`` (:func:`workers.models.model_spec`).
     """
+    # The checkpoint resolved (and its digest checked) here, where the pack is formed: the
+    # worker checks the digest again before it loads anything.
+    model_spec = spec_of(model, lora_r=lora_r, allow_paths=allow_checkpoint_paths)
     return PackSpec(
         dataset=dataset() if callable(dataset) else dataset,
-        model=ModelSpec(model.name, model.options),
+        model=model_spec,
         strategy=strategy,
         trials=list(trials),
         batch_size=training.batch_size,
