@@ -10,6 +10,8 @@ records (by ``DatasetSpec.evaluation``) and normalises the inputs. The package, 
 * :mod:`~workers.datasets.builtin`: the sets bundled with scikit-learn;
 * :mod:`~workers.datasets.formats`: IDX, NPZ (images channels-first or -last) and CSV files;
 * :mod:`~workers.datasets.images`: image folders (``root/<label>/<image>``, Pillow);
+* :mod:`~workers.datasets.cifar`: CIFAR-10 and CIFAR-100 from their python batches (a
+  restricted unpickler: a data file never runs code);
 * :mod:`~workers.datasets.text`: text CSV files, tokenized by a public vocabulary or
   pretrained tokenizer (records of kind ``tokens``);
 * :mod:`~workers.datasets.identity`: the content hash that keys a dataset's privacy ledger;
@@ -25,7 +27,7 @@ when an image folder is, tokenizers when a tokenizer.json is), never torch.
 from __future__ import annotations
 
 # Imported for their registrations: the built-in loaders and the file formats.
-from workers.datasets import builtin, formats, images, text  # noqa: F401
+from workers.datasets import builtin, cifar, formats, images, text  # noqa: F401
 from workers.datasets.descriptors import (
     DATASET_DESCRIPTORS,
     INPUT_KINDS,

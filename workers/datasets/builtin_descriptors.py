@@ -171,6 +171,45 @@ IMAGE_FOLDER = DatasetDescriptor(
     directory=True,
 )
 
+#: Which part of a CIFAR directory a name reads: the training batches or the test batch.
+_CIFAR_PART = DatasetOption(
+    default="train",
+    kind="choice",
+    choices=("train", "test"),
+    help="train: the training batches (50,000 images); test: the test batch (10,000), "
+    "registered under a second name declared public (--public) for eval mode public",
+)
+
+CIFAR10 = DatasetDescriptor(
+    name="cifar10",
+    input_kind="image",
+    description="CIFAR-10 from its python batches in a directory (data_batch_1..5, test_batch, "
+    "batches.meta; never downloaded): uint8 [3, 32, 32] images, 10 classes",
+    options={"part": _CIFAR_PART},
+    needs=("path",),
+    registerable=True,
+    directory=True,
+)
+
+CIFAR100 = DatasetDescriptor(
+    name="cifar100",
+    input_kind="image",
+    description="CIFAR-100 from its python batches in a directory (train, test, meta; never "
+    "downloaded): uint8 [3, 32, 32] images, 100 fine or 20 coarse classes",
+    options={
+        "part": _CIFAR_PART,
+        "labels": DatasetOption(
+            default="fine",
+            kind="choice",
+            choices=("fine", "coarse"),
+            help="fine: the 100 classes; coarse: the 20 superclasses",
+        ),
+    },
+    needs=("path",),
+    registerable=True,
+    directory=True,
+)
+
 TEXT_CSV = DatasetDescriptor(
     name="text_csv",
     input_kind="tokens",
@@ -221,11 +260,16 @@ BUILTIN_DESCRIPTORS: tuple[DatasetDescriptor, ...] = (
     IDX,
     IMAGE_FOLDER,
     TEXT_CSV,
+    # After image_folder: a directory given without --format is still an image folder.
+    CIFAR10,
+    CIFAR100,
 )
 
 __all__ = [
     "BREAST_CANCER",
     "BUILTIN_DESCRIPTORS",
+    "CIFAR10",
+    "CIFAR100",
     "CSV",
     "DIGITS",
     "IDX",

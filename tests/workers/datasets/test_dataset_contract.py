@@ -87,6 +87,20 @@ def _text_csv_sample(tmp: Path) -> dict[str, Any]:
     }
 
 
+def _cifar10_sample(tmp: Path) -> dict[str, Any]:
+    from tests.workers.datasets.cifar_files import write_cifar10
+
+    return {"path": str(write_cifar10(tmp / "cifar-10-batches-py", per_batch=N // 5))}
+
+
+def _cifar100_sample(tmp: Path) -> dict[str, Any]:
+    from tests.workers.datasets.cifar_files import write_cifar100
+
+    # Coarse labels: 20 classes of 3 records each, so that a split keeps every class.
+    root = write_cifar100(tmp / "cifar-100-python", train=N)
+    return {"path": str(root), "options": {"labels": "coarse"}}
+
+
 #: Sample files for the datasets that read the user's files (``needs`` a path), by name. A
 #: sample may also give the options it needs (``options``: a public vocabulary's path).
 SAMPLES: dict[str, Callable[[Path], dict[str, Any]]] = {
@@ -95,6 +109,8 @@ SAMPLES: dict[str, Callable[[Path], dict[str, Any]]] = {
     "csv": _csv_sample,
     "image_folder": _image_folder_sample,
     "text_csv": _text_csv_sample,
+    "cifar10": _cifar10_sample,
+    "cifar100": _cifar100_sample,
 }
 
 
