@@ -88,10 +88,22 @@ class ModelOption(HParam):
         sequence: the option is a list of such values (a single value is accepted as a list of
             one), e.g. the hidden widths of an MLP. An empty list is allowed.
         multiple_of: each (integer) value must be a multiple of this (GroupSort pairs units).
+
+    Besides the kinds of an :class:`HParam`, ``kind="bool"``: ``true`` or ``false`` (a switch,
+    e.g. ``weight_standardization``; no number stands for one).
     """
 
     sequence: bool = False
     multiple_of: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "bool":
+            object.__setattr__(self, "positive", False)
+            return
+        super().__post_init__()
+
+    def range_text(self) -> str:
+        return "true or false" if self.kind == "bool" else super().range_text()
 
 
 #: How a model is trained: the fast packed path, the generic path, or decided when built.
@@ -201,6 +213,13 @@ class ModelDescriptor:
 
     def _check(self, name: str, opt: ModelOption, v: Any) -> Any:
         where = f"model.options.{name}"
+        if opt.kind == "bool":
+            if not isinstance(v, bool):
+                raise ConfigError(
+                    f"{name} for model {self.name!r} must be true or false; got {v!r}",
+                    field=where,
+                )
+            return v
         number = check_value(opt, v, name=name, owner=f"model {self.name!r}", field=where)
         if opt.kind == "int" and opt.multiple_of is not None and number % opt.multiple_of:
             raise ConfigError(
@@ -262,12 +281,24 @@ MLP = register_model_descriptor(
     )
 )
 
+#: The switch of the built-in convolutional models (cnn, res_cnn, wrn16_4): weight-standardised
+#: convolutions (workers.models.blocks.WSConv2d).
+WEIGHT_STANDARDIZATION = ModelOption(
+    default=False,
+    kind="bool",
+    help=(
+        "standardise each convolution's weight per output channel before use (Qiao et al. "
+        "2019; with GroupNorm, as De et al. 2022)"
+    ),
+)
+
 CNN = register_model_descriptor(
     ModelDescriptor(
         name="cnn",
         engine_path="packed",
         input_kind="image",
         description="the CNN of OSO-DPSGD (004, Table 5); 551,322 parameters on 28x28 MNIST",
+        options={"weight_standardization": WEIGHT_STANDARDIZATION},
     )
 )
 
@@ -336,6 +367,7 @@ WRN16_4 = register_model_descriptor(
             "norm_groups": ModelOption(
                 default=16, kind="int", low=1, high=16, help="groups per GroupNorm (divides 16)"
             ),
+            "weight_standardization": WEIGHT_STANDARDIZATION,
         },
     )
 )
@@ -354,6 +386,7 @@ RES_CNN = register_model_descriptor(
                 default=32, kind="int", low=8, high=256, multiple_of=8, help="base channels"
             ),
             "blocks": ModelOption(default=3, kind="int", low=1, high=6, help="residual blocks"),
+            "weight_standardization": WEIGHT_STANDARDIZATION,
         },
     )
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from workers.models.blocks import conv2d_class
 from workers.models.descriptors import RES_CNN
 from workers.models.registry import register_model
 
@@ -20,17 +21,17 @@ NORM_GROUPS = 8
 class ResBlock(nn.Module):
     """conv3x3, GroupNorm, ReLU, conv3x3, GroupNorm, plus the shortcut, then ReLU."""
 
-    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+    def __init__(self, c_in: int, c_out: int, stride: int, conv: type[nn.Conv2d]) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.conv1 = conv(c_in, c_out, 3, stride=stride, padding=1, bias=False)
         self.norm1 = nn.GroupNorm(NORM_GROUPS, c_out)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.conv2 = conv(c_out, c_out, 3, padding=1, bias=False)
         self.norm2 = nn.GroupNorm(NORM_GROUPS, c_out)
         self.act = nn.ReLU()
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
             self.shortcut = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
+                conv(c_in, c_out, 1, stride=stride, bias=False),
                 nn.GroupNorm(NORM_GROUPS, c_out),
             )
 
@@ -41,10 +42,17 @@ class ResBlock(nn.Module):
 
 
 class ResCNN(nn.Module):
-    def __init__(self, in_channels: int, num_classes: int, width: int, blocks: int) -> None:
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        width: int,
+        blocks: int,
+        conv: type[nn.Conv2d] = nn.Conv2d,
+    ) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, width, 3, padding=1, bias=False),
+            conv(in_channels, width, 3, padding=1, bias=False),
             nn.GroupNorm(NORM_GROUPS, width),
             nn.ReLU(),
         )
@@ -53,7 +61,7 @@ class ResCNN(nn.Module):
         for i in range(blocks):
             down = blocks > 1 and i == blocks // 2
             c_out = 2 * c if down else c
-            layers.append(ResBlock(c, c_out, 2 if down else 1))
+            layers.append(ResBlock(c, c_out, 2 if down else 1, conv))
             c = c_out
         self.blocks = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
@@ -65,6 +73,11 @@ class ResCNN(nn.Module):
 
 @register_model(RES_CNN)
 def _res_cnn(
-    input_shape: tuple[int, ...], num_classes: int, width: int = 32, blocks: int = 3
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    width: int = 32,
+    blocks: int = 3,
+    weight_standardization: bool = False,
 ) -> nn.Module:
-    return ResCNN(input_shape[0], num_classes, int(width), int(blocks))
+    conv = conv2d_class(bool(weight_standardization))
+    return ResCNN(input_shape[0], num_classes, int(width), int(blocks), conv)

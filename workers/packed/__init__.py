@@ -3,7 +3,7 @@
 * :mod:`workers.packed.layer`: activations with a layout, and the layer kinds (parameter-free,
   with parameters, composite);
 * :mod:`workers.packed.registry`: the hook that maps an ``nn.Module`` type to its packed layer;
-* :mod:`workers.packed.linear`, :mod:`workers.packed.conv`,
+* :mod:`workers.packed.linear`, :mod:`workers.packed.conv`, :mod:`workers.packed.ws_conv`,
   :mod:`workers.packed.parameter_free`: the built-in layer kinds;
 * :mod:`workers.packed.model`: :class:`PackedModel`, the flat ``[K, P]`` parameters, the
   capturing forward and the per-sample gradient algebra over all layers.

@@ -54,6 +54,16 @@ class _PConvBase(ParamLayer):
     def wrap(self, z: Tensor, x: Act) -> Act:
         return Act(z, "bk", x.k)
 
+    def _weight(self) -> Tensor:
+        """The weights the convolution applies, ``[K, *weight_shape]``: the parameters here; a
+        subclass may derive them from the parameters (weight standardisation)."""
+        return self.params[0]
+
+    def _example_weight(self, w: Tensor) -> Tensor:
+        """The weights an example applies, ``[B, rows, cols]``, from its own (perturbed)
+        parameters ``w`` of the same shape: ``w`` here, as :meth:`_weight` derives them."""
+        return w
+
     def _conv(self, a: Tensor, w: Tensor, bias: Tensor | None, groups: int) -> Tensor:
         raise NotImplementedError
 
@@ -67,9 +77,10 @@ class _PConvBase(ParamLayer):
         a5 = a.view(b, k, -1, *a.shape[2:])
         outs = []
         for t in range(k):
-            w = self.params[0][t].reshape(1, *info.ps_w[t].shape[1:]) + info.ps_w[t] * scale[
-                t
-            ].view(b, 1, 1)
+            w = self._example_weight(
+                self.params[0][t].reshape(1, *info.ps_w[t].shape[1:])
+                + info.ps_w[t] * scale[t].view(b, 1, 1)
+            )
             bias = None
             if info.ps_b is not None:  # the layer has a bias
                 bias = self.params[1][t].unsqueeze(0) + info.ps_b[t] * scale[t].unsqueeze(1)
@@ -148,6 +159,7 @@ class PConv2d(_PConvBase):
     def compute(self, x: Act) -> tuple[Tensor, Tensor]:
         a = x.as_bk()
         k = x.k
+        w_k = self._weight()
         if k > 1 and self.cin <= _PER_TRIAL_MAX_CIN and a.device.type == "cpu":
             # Few input channels per trial (an image model's first layer): on CPU the grouped
             # kernel is ~2.5x slower here than one plain convolution per trial on its own
@@ -158,7 +170,7 @@ class PConv2d(_PConvBase):
             outs = [
                 F.conv2d(
                     a5[:, t].contiguous(),
-                    self.params[0][t],
+                    w_k[t],
                     None if bias_k is None else bias_k[t],
                     self.stride,
                     self.padding,
@@ -167,7 +179,7 @@ class PConv2d(_PConvBase):
                 for t in range(k)
             ]
             return a, torch.cat(outs, dim=1)
-        w = self.params[0].reshape(k * self.cout, self.cin, *self.kernel)
+        w = w_k.reshape(k * self.cout, self.cin, *self.kernel)
         bias = self.params[1].reshape(k * self.cout) if self.bias else None
         return a, self._conv(a, w, bias, k)
 

@@ -1,7 +1,8 @@
 """The packed engine's layer hook: which packed implementation runs each ``nn.Module`` type.
 
 Every layer kind goes through this one registry, the built-in ones included
-(:mod:`workers.packed.linear`, :mod:`workers.packed.conv`, :mod:`workers.packed.parameter_free`),
+(:mod:`workers.packed.linear`, :mod:`workers.packed.conv`, :mod:`workers.packed.ws_conv`,
+:mod:`workers.packed.parameter_free`),
 and so do the Lipschitz layers (:mod:`workers.lipschitz.layers`). A new kind, such as a residual
 block (a :class:`~workers.packed.layer.CompositeLayer`), is one file with its packed class and
 one entry::
@@ -26,10 +27,10 @@ from workers.packed.layer import PackedLayer
 Converter = Callable[[Any], PackedLayer]
 
 #: The built-in layer kinds, for error messages.
-SUPPORTED = "Linear, Conv2d, ConvTranspose2d, pooling, Flatten, activations"
+SUPPORTED = "Linear, Conv2d, WSConv2d, ConvTranspose2d, pooling, Flatten, activations"
 
 #: The modules of the built-in layer kinds (each registers its kinds when imported).
-BUILTIN_MODULES = ("linear", "conv", "parameter_free")
+BUILTIN_MODULES = ("linear", "conv", "ws_conv", "parameter_free")
 
 
 def load_builtin_layers() -> None:
