@@ -24,7 +24,7 @@ from api.auth import current_viewer
 from api.live import EventHub
 from api.page_cache import PageCache
 from api.planning import Planner
-from api.routes import audits, datasets, health, me, registry, sweeps, trials
+from api.routes import audits, checkpoints, datasets, health, me, registry, sweeps, trials
 from api.settings import ApiSettings
 from api.views import SummaryCache
 from dpsweep.spec import SweepSpec
@@ -119,6 +119,7 @@ def _include_routers(app: FastAPI) -> None:
         datasets.router,
         me.router,
         registry.router,
+        checkpoints.router,
         audits.router,
     )
     for r in routers:

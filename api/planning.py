@@ -30,8 +30,11 @@ def _init_worker() -> None:
     os.environ["DPSWEEP_PLAN_PROCESSES"] = "1"
 
 
-def _prepare(spec_json: dict[str, Any], dataset: Any) -> PreparedSweep:
-    return prepare_sweep(SweepSpec.model_validate(spec_json), dataset=dataset)
+def _prepare(spec_json: dict[str, Any], dataset: Any, checkpoints_dir: str | None) -> PreparedSweep:
+    # A server's plan: model.checkpoint is a registered name, never a path (allow_paths off).
+    return prepare_sweep(
+        SweepSpec.model_validate(spec_json), dataset=dataset, checkpoints_dir=checkpoints_dir
+    )
 
 
 def _file_stamps(dataset: Any) -> list[list[Any]]:
@@ -63,17 +66,25 @@ class Planner:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, Future[PreparedSweep]] = OrderedDict()
 
-    def _submit(self, spec_json: dict[str, Any], dataset: Any) -> Future[PreparedSweep]:
+    def _submit(
+        self, spec_json: dict[str, Any], dataset: Any, checkpoints_dir: str | None
+    ) -> Future[PreparedSweep]:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
                 max_workers=self._processes,
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=_init_worker,
             )
-        return self._pool.submit(_prepare, spec_json, dataset)
+        return self._pool.submit(_prepare, spec_json, dataset, checkpoints_dir)
 
-    def prepare(self, spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
+    def prepare(
+        self, spec: SweepSpec, *, dataset: Any = None, checkpoints_dir: str | None = None
+    ) -> PreparedSweep:
         """The spec's plan and schedules (blocking; call from a worker thread).
+
+        ``checkpoints_dir``: the registered checkpoints ``model.checkpoint`` names (the
+        server's ``DPSWEEP_CHECKPOINTS_DIR``); the spec's checkpoint digest, pinned before,
+        is part of the cache's key, so changed weights get a new plan.
 
         Raises:
             ConfigError / InfeasiblePlan: as :func:`sweeper.sweeps.prepare_sweep`.
@@ -83,12 +94,12 @@ class Planner:
         # a new plan (with its new content hash), never the cached one.
         files = _file_stamps(dataset or spec.dataset)
         key = hashlib.sha256(
-            json.dumps([spec_json, repr(dataset), files], sort_keys=True).encode()
+            json.dumps([spec_json, repr(dataset), files, checkpoints_dir], sort_keys=True).encode()
         ).hexdigest()
         with self._lock:
             fut = self._cache.get(key)
             if fut is None:
-                fut = self._submit(spec_json, dataset)
+                fut = self._submit(spec_json, dataset, checkpoints_dir)
                 self._cache[key] = fut
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)

@@ -59,3 +59,21 @@ class RegistryOut(_Out):
     datasets: list[RegistryDataset]
     strategies: list[RegistryStrategy]
     accountants: list[RegistryAccountant]
+
+
+class CheckpointOut(_Out):
+    name: str = Field(description="what a spec's model.checkpoint names")
+    kind: str | None = Field(description="hf, timm, torchvision or state_dict")
+    digest: str | None = Field(
+        description="sha256:<hex> of its files, as a sweep pins it in model.checkpoint_digest; "
+        "null: the checkpoint no longer reads (a spec naming it is refused)"
+    )
+    description: str
+    trained_on: str | None = Field(description="the public data it was trained on, as registered")
+    private_records_seen: bool | None = Field(
+        description="false: its registration declares it has seen no private record"
+    )
+
+
+class CheckpointsOut(_Out):
+    checkpoints: list[CheckpointOut]

@@ -23,6 +23,12 @@ class ApiSettings(BaseSettings):
     max_trials_per_sweep: int = Field(
         default=5000, ge=1, description="most trials one sweep may plan"
     )
+    checkpoints_dir: str = Field(
+        default="./dpsweep-checkpoints",
+        description="where registered checkpoints live (one subdirectory per name, with its "
+        "manifest dpsweep-checkpoint.json; dpsweep checkpoints register): a spec's "
+        "model.checkpoint names one of them",
+    )
     artifact_url: str | None = Field(
         default=None,
         description="where trained models are kept: a directory or an fsspec URL (s3://, "

@@ -138,6 +138,18 @@ class GridPlan:
     tuned_params: dict[str, Any] | None = field(default=None, hash=False)
     tuned_score: float | None = None
     tuned_grid: dict[str, Any] | None = field(default=None, hash=False)
+    # Where the model's weights start (sweeper.sweeps.model_facts): the checkpoint's name (a
+    # local path's ``path`` instead), kind, digest (sha256:<hex>, the spec's pinned
+    # checkpoint_digest) and its registration's declaration (trained_on, private_records_seen).
+    # None: random initial weights.
+    checkpoint: dict[str, Any] | None = field(default=None, hash=False)
+    # What DP-SGD trains, in words (all, head, lora (r 8), or the name patterns), and how many
+    # parameters: the fewest and the most a trial of the grid trains (they differ where a
+    # lora_r axis gives several ranks) of the model's total (at the most). None: not counted.
+    trainable: str | None = None
+    trained_parameters: int | None = None
+    trained_parameters_max: int | None = None
+    total_parameters: int | None = None
     # -- set when the sweep is stored --
     # Trials stored for the grid (papernot-steinke: the rows a search may draw from).
     planned_trials: int | None = None

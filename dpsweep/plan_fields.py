@@ -155,6 +155,32 @@ PUBLIC_PLAN_FIELDS: tuple[PublicPlanField, ...] = (
         "the grid centred on the best point, which the trials are created from (same size as "
         "the spec's grid)",
     ),
+    _f(
+        "checkpoint",
+        "checkpoint",
+        "where the weights start: the registered checkpoint's name, kind and digest (the "
+        "sha256 of its files, pinned in the stored spec) and its registration's declaration "
+        "(trained_on: the public data it saw; private_records_seen: false); null: random "
+        "initial weights",
+    ),
+    _f("trainable", "trained", "what DP-SGD trains: all, head, lora (r ...) or name patterns"),
+    _f(
+        "trained_parameters",
+        "trained parameters",
+        "parameters DP-SGD trains (clipped and noised) in a run of the grid; the fewest where "
+        "a lora_r axis gives several ranks",
+    ),
+    _f(
+        "trained_parameters_max",
+        "at most",
+        "the most trained parameters a run of the grid has (its largest LoRA rank)",
+    ),
+    _f(
+        "total_parameters",
+        "of total",
+        "every parameter of the model as a run builds it (frozen ones included; LoRA's "
+        "adapters at the largest rank)",
+    ),
 )
 
 _BY_NAME = {f.name: f for f in PUBLIC_PLAN_FIELDS}

@@ -46,6 +46,12 @@ class SweeperSettings(BaseSettings):
     max_concurrent_sweeps: int = Field(
         default=1, ge=1, description="sweeps a scheduler drives at once"
     )
+    checkpoints_dir: str = Field(
+        default="./dpsweep-checkpoints",
+        description="where registered checkpoints live (one subdirectory per name, with its "
+        "manifest dpsweep-checkpoint.json; dpsweep checkpoints register): a spec's "
+        "model.checkpoint names one of them",
+    )
     artifact_url: str | None = Field(
         default=None,
         description="where trained models are kept: a directory or an fsspec URL (s3://, "

@@ -32,7 +32,18 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from api.cli import audit, database, datasets, models, plugins, run, sweeps, tokens, train
+from api.cli import (
+    audit,
+    checkpoints,
+    database,
+    datasets,
+    models,
+    plugins,
+    run,
+    sweeps,
+    tokens,
+    train,
+)
 from api.cli.common import EXIT_FAILURE, EXIT_USAGE, Parser, fail
 from api.serve import add_parsers as add_serve_parsers
 from dpsweep.errors import ConfigError, DpsweepError
@@ -53,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         sweeps.add_parsers,
         models.add_parsers,
         datasets.add_parsers,
+        checkpoints.add_parsers,
         plugins.add_parsers,
         tokens.add_parsers,
         add_serve_parsers,

@@ -63,6 +63,7 @@ def print_plan_notes(console: Console, spec: Any, plan: Any, rows: list[Any]) ->
         f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
         "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
     )
+    console.print(model_start_line(rows))
     for arm in spec.arms:
         # An arm that gives no grid gets its strategy's default (dpsweep.spec.DEFAULT_GRIDS),
         # written into the spec: say which grid that is.
@@ -77,6 +78,37 @@ def print_plan_notes(console: Console, spec: Any, plan: Any, rows: list[Any]) ->
     if rows[0].input_scaling:
         console.print(describe_scaling(rows[0].input_scaling))
     console.print(evaluation_statement(rows)["statement"])
+
+
+def model_start_line(rows: list[Any]) -> str:
+    """Where the model's weights start and how many parameters DP-SGD trains of the total
+    (the plan's ``checkpoint``, ``trainable`` and parameter counts; a range over the grids and
+    their LoRA ranks)."""
+    r = rows[0]
+    ckpt = r.checkpoint
+    if ckpt is None:
+        start = "weights start random"
+    else:
+        name = ckpt.get("name") or ckpt.get("path")
+        seen = ckpt.get("trained_on")
+        start = f"weights start from checkpoint {name} ({ckpt.get('kind')}, {ckpt.get('digest')})"
+        if seen:
+            start += f", trained on {seen}"
+    low = [g.trained_parameters for g in rows if g.trained_parameters is not None]
+    high = [
+        g.trained_parameters_max or g.trained_parameters
+        for g in rows
+        if g.trained_parameters is not None
+    ]
+    totals = [g.total_parameters for g in rows if g.total_parameters is not None]
+    kinds = sorted({g.trainable or "all" for g in rows})
+    if not low or not totals:
+        return f"{start}; trains {', '.join(kinds)} of its parameters"
+    count = f"{min(low):,}" if min(low) == max(high) else f"{min(low):,}-{max(high):,}"
+    line = f"{start}; trains {', '.join(kinds)}: {count} of {max(totals):,} parameters"
+    if max(high) < max(totals):
+        line += " (frozen parameters are neither clipped nor noised; the epsilon is the same)"
+    return line
 
 
 def whole_sweep_line(plan: Any, rows: list[Any]) -> str:

@@ -133,6 +133,19 @@ def use_local_factories(spec: Any) -> None:
     export_factories([(name, kind) for name, kind in named if is_factory_name(name)])
 
 
+def pin_local_checkpoint(spec: Any) -> Any:
+    """The spec with its checkpoint resolved and digested, as the local command line resolves
+    it: a registered name (``DPSWEEP_CHECKPOINTS_DIR``) or a path (stored absolute). The REST
+    API never passes ``allow_paths``: on a server a checkpoint is a registered name.
+
+    Raises:
+        ConfigError: as :func:`sweeper.sweeps.checkpoints.pin_checkpoint`.
+    """
+    from sweeper.sweeps.checkpoints import pin_checkpoint  # deferred: not for the parser
+
+    return pin_checkpoint(spec, allow_paths=True)
+
+
 def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Print a sweep spec's privacy plan (a table, or JSON with ``--json``)."""
     from sweeper.sweeps.planning import plan_sweep  # deferred: SQLAlchemy
@@ -140,8 +153,10 @@ def cmd_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
         use_local_factories(spec)
+        spec = pin_local_checkpoint(spec)
         spec, dataset = _admitted(spec, getattr(args, "db", None), getattr(args, "owner", None))
-        plan = plan_sweep(spec, dataset=dataset)
+        # The local command line: model.checkpoint may be a path (a server refuses paths).
+        plan = plan_sweep(spec, dataset=dataset, allow_paths=True)
     except ConfigError as exc:
         parser.error(str(exc))
         return EXIT_USAGE  # unreachable
@@ -172,6 +187,8 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         spec = load_spec(args.spec)
         use_local_factories(spec)
+        # Pinned before the spec's hash finds a sweep to resume: the stored spec is pinned.
+        spec = pin_local_checkpoint(spec)
     except ConfigError as exc:
         parser.error(str(exc))
     if args.reproducible:
@@ -222,7 +239,7 @@ def _plan_and_run(
             console.print(f"resuming sweep [bold]{sweep_id}[/bold] ({spec.name})")
         else:
             with console.status("planning the sweep's privacy (one noise multiplier per grid)"):
-                sweep_id = create_sweep(engine, spec, owner=args.owner)
+                sweep_id = create_sweep(engine, spec, owner=args.owner, allow_paths=True)
             console.print(
                 f"sweep [bold]{sweep_id}[/bold] ({spec.name}) planned and reserved, "
                 + acting_as(args.owner),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from decimal import Decimal
 from typing import Annotated, Any
 
@@ -35,12 +36,14 @@ from api.schemas import (
     SweepPage,
     TrialPage,
 )
+from api.settings import ApiSettings
 from api.spec_body import check_limits, parse_spec, read_body
 from api.views import pareto
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import SweepSpec
 from sweeper.privacy.charges import exact_sum
 from sweeper.sweeps.admission import Admission, admit, public_data_error
+from sweeper.sweeps.checkpoints import pin_checkpoint
 from sweeper.sweeps.create import (
     check_before_reserving,
     create_sweep,
@@ -72,18 +75,23 @@ NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 
 
 def _prepare(
-    engine: Any, planner: Any, viewer: Any, spec: SweepSpec, max_trials: int
+    engine: Any, planner: Any, viewer: Any, spec: SweepSpec, settings: ApiSettings
 ) -> tuple[Admission, Any]:
     """The one check and the plan, shared by the dry run and the submission (they answer
-    the same): limits, access, the grant's terms and the owner's view, then the plan of the
-    effective spec."""
-    check_limits(spec, max_trials)
+    the same): limits, access, the grant's terms and the owner's view, the checkpoint (a
+    registered name, never a path: resolved and its digest pinned in the spec), then the plan
+    of the effective spec. The admission returned carries the pinned spec."""
+    check_limits(spec, settings.max_trials_per_sweep)
     admission = admit(engine, spec, viewer)
-    spec = admission.spec
+    where = settings.checkpoints_dir
+    spec = pin_checkpoint(admission.spec, checkpoints_dir=where, allow_paths=False)
+    admission = replace(admission, spec=spec)
     try:
         # Loader names pass through; uploads, registered names, a public evaluation dataset
         # and the public datasets arms tune on are looked up in the catalog.
-        prepared = planner.prepare(spec, dataset=planning_dataset(engine, spec))
+        prepared = planner.prepare(
+            spec, dataset=planning_dataset(engine, spec), checkpoints_dir=where
+        )
     except DpsweepError as exc:
         public = public_data_error(exc, admission)
         if public is exc:
@@ -145,15 +153,14 @@ async def create(
                 )
         try:
             spec = parse_spec(ctype, body)
-            admission, prepared = _prepare(
-                engine, planner, viewer, spec, settings.max_trials_per_sweep
-            )
+            admission, prepared = _prepare(engine, planner, viewer, spec, settings)
             sweep_id = create_sweep(
                 engine,
                 admission.spec,
                 owner=viewer.owner,
                 prepared=prepared,
                 artifact_quota_mb=settings.artifact_quota_mb,
+                checkpoints_dir=settings.checkpoints_dir,
             )
             summary = _summary(request, engine, sweep_id, viewer)
         except DpsweepError as exc:
@@ -205,9 +212,7 @@ async def plan(
     ctype = request.headers.get("content-type", "")
 
     def work() -> dict[str, Any]:
-        admission, prepared = _prepare(
-            engine, planner, viewer, parse_spec(ctype, body), settings.max_trials_per_sweep
-        )
+        admission, prepared = _prepare(engine, planner, viewer, parse_spec(ctype, body), settings)
         spec = admission.spec
         # What a submission checks after planning, read-only: the tenant's quota of kept
         # models, and an analyst's allowance (their own use; never the lifetime cap's figures).

@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from sweeper.artifacts.card_finetuning import finetuning_markdown
 from sweeper.artifacts.card_texts import NOT_PRIVATE_WARNING, SINGLE_RUN_NOTE, SPLIT_CHECK
 
 
@@ -86,6 +87,7 @@ def render_card_markdown(card: dict[str, Any]) -> str:
         f"- Hyperparameters: `{json.dumps(t['hyperparameters'], sort_keys=True)}`; seed "
         f"{t['seed']} ({t['seed_seeds']}).",
         "",
+        *finetuning_markdown(card.get("finetuning")),
         *_split_markdown(d),
     ]
     return "\n".join(lines)

@@ -61,9 +61,28 @@ SPLIT_CHECK = (
     "re-evaluates the model on it"
 )
 
+CHECKPOINT_DECLARED = (
+    "its registration declares that these starting weights were trained on public data "
+    "({trained_on}) and have seen none of the private records: the frozen weights are then a "
+    "public input of this release, and cost no epsilon"
+)
+CHECKPOINT_UNDECLARED = (
+    "a local checkpoint (a path on the command line, not registered): no registration "
+    "declares what it was trained on; the epsilon holds only if it has seen none of the "
+    "private records"
+)
+FROZEN_NOTE = (
+    "frozen parameters were neither clipped nor noised; the epsilon is that of the trained "
+    "ones, the same as if every parameter were trained (the frozen values do not depend on the "
+    "private records)"
+)
+
 
 __all__ = [
+    "CHECKPOINT_DECLARED",
+    "CHECKPOINT_UNDECLARED",
     "CLASSES_NOTE",
+    "FROZEN_NOTE",
     "IDENTITY_NOTE",
     "NOT_PRIVATE_WARNING",
     "SEED_REPRODUCIBLE",

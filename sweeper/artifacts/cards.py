@@ -48,6 +48,7 @@ from sqlalchemy.orm import Session, selectinload
 from dpsweep import __version__
 from dpsweep.errors import ConfigError, IllegalState
 from dpsweep.plan import GridPlan, SweepPlan
+from sweeper.artifacts.card_finetuning import trial_finetuning
 from sweeper.artifacts.card_markdown import render_card_markdown
 from sweeper.artifacts.card_texts import (
     CLASSES_NOTE,
@@ -122,6 +123,9 @@ def model_card(
         "trial": _trial_section(trial, sweep, randomness["randomness"], selected_only, analyst),
         "dataset": _dataset_section(session, sweep, grid),
         "model": _model_section(model, weights_sha256, weights_size_bytes),
+        # Where the weights started (a checkpoint's digest and declaration) and what DP-SGD
+        # trained of them, as the grid's plan states it.
+        "finetuning": trial_finetuning(sweep.spec or {}, grid, trial.arm, trial.params or {}),
         "privacy": _privacy_section(trial, sweep, plan, grid, private, randomness, selected_only),
         "evaluation": _evaluation_section(plan, grid),
         "metrics": _metrics_section(result, metric=released.metric, mode=released.mode),

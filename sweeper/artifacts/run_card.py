@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from sweeper.artifacts.card_finetuning import finetuning_markdown, run_finetuning
 from sweeper.artifacts.card_markdown import inputs_text
 from sweeper.artifacts.card_texts import (
     NOT_PRIVATE_WARNING,
@@ -93,6 +94,8 @@ def training_run_card(
                 "size_bytes": int(weights_size_bytes),
             }
         },
+        # Where the weights started and what DP-SGD trained of them.
+        "finetuning": run_finetuning(prepared),
         "privacy": _privacy_section(prepared, summary, charge, private=private),
         "evaluation": {"mode": "carve-out", "statement": CARVE_OUT_STATEMENT},
         "metrics": {
@@ -210,5 +213,6 @@ def render_run_card_markdown(card: Mapping[str, Any]) -> str:
         f"- Input scaling: `{json.dumps(d.get('input_scaling') or {}, sort_keys=True)}`.",
         f"- Inputs: {inputs_text(card)}.",
         "",
+        *finetuning_markdown(card.get("finetuning")),
     ]
     return "\n".join(lines)

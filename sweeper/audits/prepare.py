@@ -257,6 +257,16 @@ def _prepare_trial(
             f"trial {trial_id!r} is not private: there is no epsilon to audit", field="trial"
         )
     spec = typed_spec(sweep)
+    if spec.model.checkpoint is not None or spec.model.trainable != "all":
+        # The canary audit trains every parameter of a model built from random weights; one
+        # that starts from a checkpoint or freezes parameters is not audited (yet): refused
+        # here, before anything is charged.
+        raise ConfigError(
+            f"trial {trial_id!r} fine-tunes a checkpoint or trains only part of its model "
+            f"(trainable: {spec.model.trainable}); the canary audit does not audit such "
+            "trials yet",
+            field="trial",
+        )
     key = grid_key(trial.arm, trial.epsilon_budget)
     grid = next((g for g in SweepPlan.from_stored(sweep.plan) if g.grid == key), None)
     if grid is None:

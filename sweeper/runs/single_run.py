@@ -25,7 +25,7 @@ into a 422. Charging the run is :mod:`sweeper.runs.one_off_charge`'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -264,6 +264,8 @@ def prepare_single_run(
     threads: int = 1,
     name: str = "dpsweep-run",
     keep_weights: bool = False,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
 ) -> PreparedRun:
     """Admit, load, check and plan ``run`` (see the module docstring), charging nothing.
 
@@ -277,24 +279,33 @@ def prepare_single_run(
         threads: The worker's torch threads.
         name: The one-arm spec's name (what the run is, in messages).
         keep_weights: Hand back each trial's best checkpoint (``dpsweep train -o``).
+        checkpoints_dir: The registered checkpoints ``model.checkpoint`` may name (default:
+            ``DPSWEEP_CHECKPOINTS_DIR``).
+        allow_paths: ``model.checkpoint`` may be a path (the local command line only; fail
+            closed by default). The checkpoint is resolved and its digest pinned in the run's
+            spec (``model.checkpoint_digest``) before anything is charged.
 
     Raises:
         ConfigError: a refused setting (naming the request's field), an unknown dataset, a
             model that cannot train on the data, delta >= 1/N, or no sigma for the epsilon.
         PermissionDenied: an analyst asks for reproducible mode.
     """
+    from sweeper.sweeps.checkpoints import configured_checkpoints_dir, pin_model  # deferred
     from workers.datasets.loading import load_dataset  # deferred: numpy
     from workers.model_check import check_model  # deferred: torch
-    from workers.models import ModelSpec  # deferred: torch side of the registry
+    from workers.models import model_spec  # deferred: torch side of the registry
 
     view = view or DataView()
+    where = configured_checkpoints_dir(checkpoints_dir)
+    # The checkpoint resolved, and its digest pinned, before anything is read or charged.
+    run = replace(run, model=pin_model(run.model, checkpoints_dir=where, allow_paths=allow_paths))
     spec = one_arm_spec(run, name=name)
     dataset_spec, spec = _admitted_dataset(engine, spec, viewer)
     data = view.train(load_dataset(dataset_spec))
     # The model on this data, as the run would build it, before anything is charged: a
     # refused model costs nothing (the same check as a sweep's planning).
     check_model(
-        ModelSpec(run.model.name, dict(run.model.options)),
+        model_spec(run.model, checkpoints_dir=where, allow_paths=allow_paths),
         input_shape=tuple(data.input_shape),
         num_classes=int(data.num_classes),
         vocab_size=data.vocab_size,
@@ -311,6 +322,7 @@ def prepare_single_run(
     check_delta_below_one_over_n(run.delta, int(data.planning_n_private), field="delta")
     sigma = _noise_multiplier(run, q, steps)
     pack = _pack(run, spec, params, dataset_spec, data, q, steps, sigma, device, threads)
+    pack.model = model_spec(spec.model, checkpoints_dir=where, allow_paths=allow_paths)
     pack.keep_weights = keep_weights
     return PreparedRun(
         run=run,

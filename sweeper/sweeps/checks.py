@@ -17,9 +17,10 @@ from typing import Any
 
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ArmConfig, Axis, SweepSpec
+from dpsweep.spec_model import LORA_RANK_AXIS
+from sweeper.sweeps.checkpoints import arm_ranks, configured_checkpoints_dir
 from workers.model_check import check_model
-from workers.models import get_model_descriptor
-from workers.models.descriptors import ModelSpec
+from workers.models import check_lora_axis, get_model_descriptor, model_spec
 from workers.strategies import get_descriptor
 
 
@@ -36,10 +37,17 @@ def check_spec(spec: SweepSpec) -> None:
             field="privacy.charge_repeats",
         )
     _check_model(spec)
+    _check_pretrain(spec)
     _check_arms(spec)
 
 
-def check_model_on_data(spec: SweepSpec, data: Any) -> str:
+def check_model_on_data(
+    spec: SweepSpec,
+    data: Any,
+    *,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
+) -> str:
     """The spec's model on the loaded data: will every trial be able to train it?
 
     The second half of the one check before any reservation or charge (the first is
@@ -51,19 +59,34 @@ def check_model_on_data(spec: SweepSpec, data: Any) -> str:
     BatchNorm or Dropout model is refused here, naming the layer and the fix, instead of by
     every trial after the sweep was reserved.
 
+    A model that starts from a checkpoint is built from it (its digest checked against the
+    spec's ``checkpoint_digest``), with what ``trainable`` trains (LoRA at the smallest rank
+    the grids give).
+
     Args:
         spec: The sweep spec.
         data: The loaded :class:`workers.datasets.Dataset` (``input_shape``, ``num_classes``,
             ``vocab_size``).
+        checkpoints_dir: The registered checkpoints (default: ``DPSWEEP_CHECKPOINTS_DIR``).
+        allow_paths: ``model.checkpoint`` may be a path (the local command line only).
 
     Returns:
         The engine path the trials will take (``packed`` or ``generic``).
 
     Raises:
-        ConfigError: naming the field (``model.name``, ``model.options.<name>``).
+        ConfigError: naming the field (``model.name``, ``model.options.<name>``,
+            ``model.checkpoint``, ``model.checkpoint_digest``, ``model.trainable``).
     """
+    _check_pretrain_fits(spec, data)
+    ranks = sorted({r for arm in spec.arms for r in arm_ranks(spec.model, arm.grid, arm.params)})
+    model = model_spec(
+        spec.model,
+        checkpoints_dir=configured_checkpoints_dir(checkpoints_dir),
+        allow_paths=allow_paths,
+        lora_r=ranks[0] if ranks else None,
+    )
     return check_model(
-        ModelSpec(spec.model.name, dict(spec.model.options)),
+        model,
         input_shape=tuple(data.input_shape),
         num_classes=int(data.num_classes),
         vocab_size=getattr(data, "vocab_size", None),
@@ -81,13 +104,66 @@ def _check_model(spec: SweepSpec) -> None:
     get_model_descriptor(spec.model.name).validate(spec.model.options)
 
 
+def _check_pretrain(spec: SweepSpec) -> None:
+    """``model.pretrain_on`` names a shared set declared public, not the training dataset:
+    pre-training reads its records without noise (ε 0), so they must be public
+    (:mod:`workers.pretraining`). Refused before anything is planned or reserved."""
+    name = spec.model.pretrain_on
+    if name is None:
+        return
+    # deferred: the dataset descriptors pull numpy (this module's checks are otherwise light)
+    from sweeper.datasets.resolution import public_builtin
+
+    field = "model.pretrain_on"
+    if name == spec.dataset.name:
+        raise ConfigError(
+            f"{field} {name!r} is the training dataset, whose records are private: pre-train "
+            "on a dataset declared public (e.g. mnist1d-public)",
+            field=field,
+        )
+    if not public_builtin(name):
+        raise ConfigError(
+            f"{field} {name!r} is not a shared dataset declared public: pre-training reads its "
+            "records without noise, so only public records may be used (e.g. mnist1d-public; "
+            "`dpsweep datasets list` marks them)",
+            field=field,
+        )
+
+
+def _check_pretrain_fits(spec: SweepSpec, data: Any) -> None:
+    """The public pre-training records fit the model the private data shapes (same input
+    shape, classes and vocabulary), checked on the loaded data before anything is reserved."""
+    name = spec.model.pretrain_on
+    if name is None:
+        return
+    # deferred: loads the public records (numpy, the loaders)
+    from workers.datasets.loading import load_dataset
+    from workers.datasets.records import DatasetSpec  # deferred: numpy
+    from workers.pretraining import check_fits  # deferred: torch (the pre-training)
+
+    check_fits(load_dataset(DatasetSpec(name)), data)
+
+
 def _check_arms(spec: SweepSpec) -> None:
     """Every arm names a known private strategy, a learning rate, and valid hyperparameters
     (:func:`check_arm`), and tunes on public data only where its points are known before the
     run (:func:`_check_tuning`)."""
     for arm in spec.arms:
         check_arm(arm)
+        _check_lora(spec, arm)
         _check_tuning(spec, arm)
+
+
+def _check_lora(spec: SweepSpec, arm: ArmConfig) -> None:
+    """An arm's ``lora_r`` (a grid axis or a fixed param) sweeps LoRA's rank: the model must
+    train LoRA, and every rank a trial may get must be a whole number in range."""
+    base = f"arms.{arm.label}"
+    if LORA_RANK_AXIS in arm.grid:
+        values = _axis_values(arm.grid[LORA_RANK_AXIS])
+        check_lora_axis(spec.model, values, field=f"{base}.grid.{LORA_RANK_AXIS}")
+    elif LORA_RANK_AXIS in arm.params:
+        values = [arm.params[LORA_RANK_AXIS]]
+        check_lora_axis(spec.model, values, field=f"{base}.params.{LORA_RANK_AXIS}")
 
 
 def _check_tuning(spec: SweepSpec, arm: ArmConfig) -> None:
@@ -137,7 +213,8 @@ def check_arm(arm: ArmConfig) -> None:
             "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
             field=f"{field}.grid.lr",
         )
-    names = (set(arm.grid) | set(arm.params)) - {"lr"}
+    # lr is the optimizer's, lora_r the model's (_check_lora): neither is the strategy's.
+    names = (set(arm.grid) | set(arm.params)) - {"lr", LORA_RANK_AXIS}
     unknown = names - set(strategy.hyperparameters)
     if unknown:
         raise ConfigError(
@@ -183,8 +260,9 @@ def _check_arm_values(arm: ArmConfig, strategy: Any) -> None:
             _check_lr(arm, v, f"{base}.grid.lr")
     elif "lr" in arm.params:
         _check_lr(arm, arm.params["lr"], f"{base}.params.lr")
-    params = {k: v for k, v in arm.params.items() if k != "lr"}
-    axes = {k: v for k, v in arm.grid.items() if k != "lr"}
+    own = ("lr", LORA_RANK_AXIS)  # not the strategy's (see check_arm)
+    params = {k: v for k, v in arm.params.items() if k not in own}
+    axes = {k: v for k, v in arm.grid.items() if k not in own}
 
     def check(values: dict[str, Any]) -> None:
         try:
@@ -198,7 +276,7 @@ def _check_arm_values(arm: ArmConfig, strategy: Any) -> None:
     check({k: v for k, v in params.items() if k not in axes})
     seen: set[str] = set()
     for point in arm.points():
-        values = {**params, **{k: v for k, v in point.items() if k != "lr"}}
+        values = {**params, **{k: v for k, v in point.items() if k not in own}}
         key = repr(sorted(values.items(), key=lambda kv: kv[0]))
         if key not in seen:
             seen.add(key)

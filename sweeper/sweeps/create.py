@@ -37,6 +37,7 @@ from sweeper.privacy.parallel import pmap_distinct
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
 from sweeper.sweeps.admission import admit
+from sweeper.sweeps.checkpoints import check_planned_checkpoint, pin_checkpoint
 from sweeper.sweeps.checks import check_spec
 from sweeper.sweeps.planning import plan_sweep
 from sweeper.sweeps.quota import check_quota, configured_quota_bytes, estimate_if_limited
@@ -231,8 +232,18 @@ class PreparedSweep:
     model_bytes: int | None = None
 
 
-def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
+def prepare_sweep(
+    spec: SweepSpec,
+    *,
+    dataset: Any = None,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
+) -> PreparedSweep:
     """Plan a spec and compute its charge schedules (see :class:`PreparedSweep`).
+
+    ``checkpoints_dir`` and ``allow_paths``: where ``model.checkpoint`` is resolved, and
+    whether it may be a path (the local command line only), as
+    :func:`~sweeper.sweeps.planning.plan_sweep`.
 
     Raises:
         ConfigError: the spec is invalid, or its model cannot be trained on the data (the
@@ -240,12 +251,16 @@ def prepare_sweep(spec: SweepSpec, *, dataset: Any = None) -> PreparedSweep:
             :func:`~sweeper.sweeps.checks.check_model_on_data`).
         InfeasiblePlan: no usable noise multiplier fits a grid's budget.
     """
-    plan = plan_sweep(spec, dataset=dataset)
+    plan = plan_sweep(
+        spec, dataset=dataset, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths
+    )
 
     return PreparedSweep(
         plan,
         charge_schedules(plan.grids),
-        model_bytes=estimate_if_limited(spec, dataset=dataset),
+        model_bytes=estimate_if_limited(
+            spec, dataset=dataset, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths
+        ),
     )
 
 
@@ -257,6 +272,8 @@ def create_sweep(
     plan: SweepPlan | None = None,
     prepared: PreparedSweep | None = None,
     artifact_quota_mb: float | None = None,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
 ) -> str:
     """Plan a spec, store the sweep and its trials, and reserve its whole cost.
 
@@ -264,7 +281,11 @@ def create_sweep(
     and ``charge_repeats: false`` with several seeds (every seed touches the data here).
 
     ``artifact_quota_mb``: the tenant's quota of kept models (default: the settings',
-    ``DPSWEEP_ARTIFACT_QUOTA_MB``).
+    ``DPSWEEP_ARTIFACT_QUOTA_MB``). ``checkpoints_dir``: the registered checkpoints
+    ``model.checkpoint`` may name (default: ``DPSWEEP_CHECKPOINTS_DIR``); ``allow_paths``: it
+    may also be a path (the local command line only). The checkpoint's digest is pinned in the
+    stored spec (``model.checkpoint_digest``) before anything is reserved
+    (:func:`sweeper.sweeps.checkpoints.pin_checkpoint`).
 
     Returns:
         The new sweep's id.
@@ -283,14 +304,23 @@ def create_sweep(
     admission = admit(engine, spec, Viewer(owner))
     spec, terms = admission.spec, admission.terms
     check_spec(spec)
+    # The checkpoint resolved and its digest pinned in the spec that is stored: the sweep
+    # names exactly the weights it starts from (a given digest that differs is refused here).
+    spec = pin_checkpoint(spec, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths)
     if prepared is None:
         if plan is None:
             # Loader names pass through; uploads, registered names, a public evaluation
             # dataset and the public datasets arms tune on are looked up in the catalog.
-            plan = plan_sweep(spec, dataset=planning_dataset(engine, spec))
+            plan = plan_sweep(
+                spec,
+                dataset=planning_dataset(engine, spec),
+                checkpoints_dir=checkpoints_dir,
+                allow_paths=allow_paths,
+            )
 
         prepared = PreparedSweep(plan, charge_schedules(plan.grids))
     plan = prepared.plan
+    check_planned_checkpoint(spec, plan)
 
     # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.
     check_quota(
@@ -299,6 +329,8 @@ def create_sweep(
         spec,
         configured_quota_bytes(artifact_quota_mb),
         model_bytes=prepared.model_bytes,
+        checkpoints_dir=checkpoints_dir,
+        allow_paths=allow_paths,
     )
     # An analyst's sweep (a grant on someone else's dataset) is bound by the grant: the
     # evaluation modes its owner allows (checked at admission), and its ε allowance (checked

@@ -22,6 +22,7 @@ from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_poi
 from sweeper.privacy.parallel import pmap_distinct
 from sweeper.privacy.planner import grid_requests, plan_accountant_name, plan_grid
 from sweeper.sweeps.checks import check_model_on_data, check_spec
+from sweeper.sweeps.model_facts import ModelFacts
 from sweeper.sweeps.tuning import centred_arm, grid_json, tuning_points
 from workers.accounting.registry import trial_accountant_for_plan
 from workers.count_noise import auto_count_noise
@@ -29,7 +30,13 @@ from workers.datasets.loading import load_dataset
 from workers.strategies import get_descriptor
 
 
-def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
+def plan_sweep(
+    spec: Any,
+    *,
+    dataset: Any = None,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
+) -> SweepPlan:
     """Plan every grid of a spec (loads the dataset to learn N; trains nothing).
 
     Loading also checks the data (NaN and inf are refused, naming the file and rows) and gives
@@ -40,6 +47,10 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
         dataset: The :class:`workers.datasets.DatasetSpec` to load, when the spec's dataset
             needs resolving (an upload, :func:`sweeper.datasets.resolution.resolve`);
             default: the spec's.
+        checkpoints_dir: The registered checkpoints ``model.checkpoint`` may name (default:
+            ``DPSWEEP_CHECKPOINTS_DIR``).
+        allow_paths: ``model.checkpoint`` may be a path: the local command line only (a
+            server refuses paths; fail closed by default).
     """
     # The one check before any reservation or charge, shared by every path that plans (the
     # CLI's plan and run, the API's plan and submit): the spec's values first (torch-free) ...
@@ -54,7 +65,12 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
     data = load_dataset(dataset)
     # ... then the model on the loaded data's shape (built on the meta device unless its
     # descriptor declares the packed path), before any grid is planned.
-    engine_path = check_model_on_data(spec, data)
+    engine_path = check_model_on_data(
+        spec, data, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths
+    )
+    # What the grids' models start from and what they train (the checkpoint's digest, the
+    # trained parameters of the total): public facts of the spec and the data's shape.
+    model_facts = ModelFacts(spec, data, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths)
     # N: the private records (in mode public the evaluation records are another dataset), as
     # declared by a stored dataset's owner: the plan is then the same on neighbouring data.
     n = data.planning_n_private
@@ -102,6 +118,7 @@ def plan_sweep(spec: Any, *, dataset: Any = None) -> SweepPlan:
                 eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
                 eval_dataset=getattr(evaluation, "dataset", None),
                 engine_path=engine_path,
+                **model_facts.of(arm),
             )
         )
     if any(getattr(a, "tune_on", None) for a in spec.arms):

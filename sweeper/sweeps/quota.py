@@ -29,7 +29,7 @@ from sweeper.settings import SweeperSettings
 from sweeper.store.artifact_files import quota_bytes, usage_bytes
 from workers.datasets.input_transform import transform_tensors
 from workers.datasets.loading import load_dataset
-from workers.models.descriptors import ModelSpec
+from workers.models import model_spec as resolve_model_spec
 from workers.strategies import get_descriptor
 
 #: Room for the model card beside each model (a card is a few KB of JSON).
@@ -64,7 +64,14 @@ def kept_models(spec: Any, keep: str | None = None) -> int:
     return total
 
 
-def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) -> int:
+def estimate_model_bytes(
+    spec: Any,
+    *,
+    data: Any = None,
+    dataset: Any = None,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
+) -> int:
     """The bytes one kept model of ``spec`` takes: its safetensors file and its card.
 
     The spec's model is built once with the registry on the dataset's input shape and classes
@@ -78,19 +85,27 @@ def estimate_model_bytes(spec: Any, *, data: Any = None, dataset: Any = None) ->
         dataset: Else the worker :class:`~workers.datasets.DatasetSpec` to load (a resolved
             upload or name, :func:`sweeper.datasets.resolution.resolve`); default: the spec's
             dataset resolved without a catalog, as :func:`sweeper.sweeps.planning.plan_sweep`.
+        checkpoints_dir: The registered checkpoints ``model.checkpoint`` names (default:
+            ``DPSWEEP_CHECKPOINTS_DIR``); the model is built from its checkpoint, LoRA's
+            adapters included, as a trial builds it.
+        allow_paths: ``model.checkpoint`` may be a path (the local command line only).
 
     Raises:
         ConfigError: the model cannot be built for the data (as a trial would fail).
     """
+    from sweeper.sweeps.checkpoints import configured_checkpoints_dir  # deferred: not at import
     from workers.checkpoints import parameter_bytes  # deferred: torch, for the estimate only
     from workers.models.registry import build_model  # deferred: torch
     from workers.training.prepare import with_data_vocab  # deferred: torch
 
     if data is None:
         data = load_dataset(dataset or resolve(None, spec.dataset, spec.eval))
-    model_spec = with_data_vocab(
-        ModelSpec(spec.model.name, dict(spec.model.options)), data.vocab_size
+    model = resolve_model_spec(
+        spec.model,
+        checkpoints_dir=configured_checkpoints_dir(checkpoints_dir),
+        allow_paths=allow_paths,
     )
+    model_spec = with_data_vocab(model, data.vocab_size)
     module = build_model(
         model_spec,
         input_shape=tuple(data.input_shape),
@@ -131,12 +146,13 @@ def configured_quota_bytes(quota_mb: float | None = None) -> int | None:
     return quota_bytes(quota_mb)
 
 
-def estimate_if_limited(spec: Any, *, dataset: Any = None) -> int | None:
+def estimate_if_limited(spec: Any, *, dataset: Any = None, **where: Any) -> int | None:
     """:func:`estimate_model_bytes` when a quota is configured and the spec keeps models, else
-    None (no torch import, no load: the default deployment has no quota)."""
+    None (no torch import, no load: the default deployment has no quota). ``where``: the
+    checkpoint's ``checkpoints_dir`` and ``allow_paths``, as :func:`estimate_model_bytes`."""
     if spec.artifacts.keep == "none" or configured_quota_bytes() is None:
         return None
-    return estimate_model_bytes(spec, dataset=dataset)
+    return estimate_model_bytes(spec, dataset=dataset, **where)
 
 
 def check_quota(
@@ -147,6 +163,8 @@ def check_quota(
     *,
     model_bytes: int | None = None,
     dataset: Any = None,
+    checkpoints_dir: str | None = None,
+    allow_paths: bool = False,
 ) -> None:
     """Refuse a sweep whose kept models could take ``owner`` over ``quota_bytes``.
 
@@ -158,6 +176,8 @@ def check_quota(
         model_bytes: One model's :func:`estimate_model_bytes`, when already known (the API
             computes it with the plan, off its request threads); else it is computed here.
         dataset: The resolved dataset for the estimate (see :func:`estimate_model_bytes`).
+        checkpoints_dir: As :func:`estimate_model_bytes`.
+        allow_paths: As :func:`estimate_model_bytes`.
 
     Raises:
         QuotaExceeded: what the tenant keeps plus this sweep's most would exceed the quota
@@ -178,7 +198,9 @@ def check_quota(
             )
             engine = bind if isinstance(bind, Engine) else bind.engine
             dataset = resolve(engine, spec.dataset, spec.eval)
-        model_bytes = estimate_model_bytes(spec, dataset=dataset)
+        model_bytes = estimate_model_bytes(
+            spec, dataset=dataset, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths
+        )
     if isinstance(session_or_engine, Session):
         used = usage_bytes(session_or_engine, owner)
     else:
