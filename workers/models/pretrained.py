@@ -72,7 +72,21 @@ def _zero_dropout_modules(module: nn.Module) -> None:
             m.p = 0.0
 
 
-class HFTextClassifier(nn.Module):
+class _Wrapper(nn.Module):
+    """A transformers model behind dpsweep's inputs; LoRA adapts the transformers model (its
+    config names the layers peft targets by default)."""
+
+    model: nn.Module
+
+    @property
+    def lora_base(self) -> nn.Module:
+        # A property, not an attribute: a second registration of the model as a submodule
+        # would give every parameter two names (twice in the state dict, and torch.func's
+        # functional_call would swap them back wrongly).
+        return self.model
+
+
+class HFTextClassifier(_Wrapper):
     """A transformers sequence classifier on dpsweep's token ids (see the module doc)."""
 
     def __init__(self, model: nn.Module, *, pad_id: int, unk_id: int) -> None:
@@ -81,18 +95,22 @@ class HFTextClassifier(nn.Module):
         self.pad_id = int(pad_id)
         self.unk_id = int(unk_id)
         self.dpsweep_head = f"model.{_hf_head_name(model)}"
-        self.lora_base = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids = x.long()
         mask = ids != 0
         hf = torch.where(ids >= 2, ids - 2, torch.full_like(ids, self.unk_id))
         hf = torch.where(mask, hf, torch.full_like(ids, self.pad_id))
-        out = self.model(input_ids=hf, attention_mask=mask.long())
+        # The 4-D additive mask, prepared here: transformers then uses it as it is, instead of
+        # inspecting the padding (data-dependent control flow, which per-example gradients by
+        # torch.func's vmap cannot trace).
+        blocked = (~mask)[:, None, None, :].to(torch.float32)
+        additive = blocked * torch.finfo(torch.float32).min
+        out = self.model(input_ids=hf, attention_mask=additive)
         return out.logits
 
 
-class HFImageClassifier(nn.Module):
+class HFImageClassifier(_Wrapper):
     """A transformers image classifier on images in [0, 1], resized and normalised as its
     processor says."""
 
@@ -116,7 +134,6 @@ class HFImageClassifier(nn.Module):
         self.register_buffer("mean", torch.tensor(mean or [0.0] * channels).view(-1, 1, 1))
         self.register_buffer("std", torch.tensor(std or [1.0] * channels).view(-1, 1, 1))
         self.dpsweep_head = f"model.{_hf_head_name(model)}"
-        self.lora_base = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] == 1 and self.channels == 3:
@@ -183,6 +200,7 @@ def build_hf(
     try:
         model = auto.from_pretrained(
             str(path), config=config, ignore_mismatched_sizes=True, use_safetensors=True,
+            attn_implementation="eager",
             **_hf_kwargs(),
         )  # fmt: skip
     except (OSError, ValueError) as exc:

@@ -102,7 +102,7 @@ def test_lora_trains_adapters_and_head_only(bert: Path) -> None:
 
 
 def test_lora_rank_needs_trainable_lora(bert: Path) -> None:
-    with pytest.raises(ConfigError, match="needs model.trainable: lora"):
+    with pytest.raises(ConfigError, match=r"needs model\.trainable: lora"):
         model_spec(
             ModelConfig(name="hf", checkpoint=str(bert)),
             checkpoints_dir="/x",
@@ -143,7 +143,7 @@ def test_refused_before_anything_is_charged(bert: Path, tmp_path: Path) -> None:
     torch.save({"w": torch.zeros(1)}, pickled / "pytorch_model.bin")
     with pytest.raises(ConfigError, match="pickle"):
         _spec(pickled)
-    with pytest.raises(ConfigError, match="needs model.checkpoint"):
+    with pytest.raises(ConfigError, match=r"needs model\.checkpoint"):
         model_spec(ModelConfig(name="hf"), checkpoints_dir="/x", allow_paths=True)
 
 
@@ -212,3 +212,52 @@ def test_builtin_architecture_from_its_own_weights(tmp_path: Path) -> None:
 def _one_row(path: Path) -> Path:
     path.write_text("text,label\nthe movie was good,pos\nthe film was bad,neg\n")
     return path
+
+
+def test_a_lora_pack_trains_adapters_and_keeps_the_backbone(bert: Path, tmp_path: Path) -> None:
+    """Two trials of one rank train as one pack: the adapters and the head move, every frozen
+    weight is the checkpoint's bit for bit, and the kept model rebuilds from its card."""
+    from safetensors.torch import load_file
+
+    from workers.checkpoints import build_trained, load_weights
+    from workers.training.loop import train_pack
+    from workers.training.specs import PackSpec, TrialSpec
+
+    csv_path = text_csv(tmp_path / "reviews.csv", rows=80)
+    dataset = DatasetSpec(
+        name="text_csv",
+        path=str(csv_path),
+        label_column="label",
+        options={"tokenizer": str(bert), "max_length": 16},
+    )
+    model = model_spec(
+        ModelConfig(name="hf", checkpoint=str(bert), trainable="lora", lora={"r": 2}),
+        checkpoints_dir="/x",
+        allow_paths=True,
+    )
+    trials = [
+        TrialSpec(lr=0.5, seed=s, noise_multiplier=1.0, params={"clip": 1.0}) for s in range(2)
+    ]
+    spec = PackSpec(
+        dataset=dataset, model=model, strategy="fixed", trials=trials, batch_size=16,
+        steps=4, eval_every=2, device="cpu", keep_weights=True,
+    )  # fmt: skip
+    results = train_pack(spec)
+    assert [r.engine_path for r in results] == ["generic", "generic"]
+    info = results[0].model_info
+    assert info["trainable"] == "lora" and info["lora"]["r"] == 2
+    assert info["checkpoint"]["digest"] == model.checkpoint.digest  # type: ignore[union-attr]
+    assert info["trained_parameters"] == 4 * (2 * 32 + 32 * 2) + 2 * 32 + 2
+    weights = results[0].weights
+    assert weights is not None
+    rebuilt = build_trained(info, weights, raw_inputs=False)
+    saved = load_file(str(bert / "model.safetensors"))
+    params = dict(rebuilt.named_parameters())
+    for key in (
+        "bert.embeddings.word_embeddings.weight",
+        "bert.encoder.layer.0.output.dense.weight",
+    ):
+        assert torch.equal(params[f"model.{key}"], saved[key])  # frozen: the checkpoint's
+    b = params["model.bert.encoder.layer.0.attention.self.query.lora_B.default.weight"]
+    assert b.abs().sum() > 0  # LoRA's B starts at zero: it was trained
+    assert load_weights(_build(model), weights) is not None

@@ -9,10 +9,30 @@ from pathlib import Path
 import torch
 
 #: The tiny tokenizer's words (after the special tokens).
-WORDS = (
-    "the a good bad movie film great awful plot actor loved hated it was is and not very fun "
-    "dull boring superb"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "good",
+    "bad",
+    "movie",
+    "film",
+    "great",
+    "awful",
+    "plot",
+    "actor",
+    "loved",
+    "hated",
+    "it",
+    "was",
+    "is",
+    "and",
+    "not",
+    "very",
+    "fun",
+    "dull",
+    "boring",
+    "superb",
+]
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
