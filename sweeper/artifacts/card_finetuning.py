@@ -88,7 +88,8 @@ def trial_finetuning(
         trained = at_rank
     return finetuning_section(
         checkpoint=grid.checkpoint,
-        trainable=grid.trainable,
+        # This trial's own rank, not the grid's range.
+        trainable=trainable_text(model, [lora_r]) if lora_r is not None else grid.trainable,
         lora_r=lora_r,
         trained=trained,
         total=total,

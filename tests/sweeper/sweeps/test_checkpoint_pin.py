@@ -143,7 +143,7 @@ def test_the_card_names_the_checkpoint_and_the_trials_counts() -> None:
         "arms": [{"strategy": "fixed", "grid": {"lr": [0.1], "lora_r": [2, 4, 8]}}],
     }
     section = trial_finetuning(spec, grid, "fixed", {"lr": 0.1, "lora_r": 4})
-    assert section["lora_r"] == 4
+    assert section["lora_r"] == 4 and section["trainable"] == "lora (r 4)"
     assert section["trained_parameters"] == lora_trained(4)  # exact: linear in the rank
     assert section["total_parameters"] == total_at_8 - (lora_trained(8) - lora_trained(4))
     ckpt = section["checkpoint"]
