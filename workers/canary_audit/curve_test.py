@@ -107,6 +107,7 @@ def claimed_curve(*, noise_multiplier: float, sample_rate: float, steps: int) ->
 
 def _profile(sigma: float, q: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
     """The privacy profile delta(eps) of the composition, pessimistic, on a grid of eps."""
+    # deferred: dp_accounting is heavy, and q = 1 (the exact Gaussian curve) never needs it
     from workers.accounting.gaussian_pld import composed_pld
 
     pld = composed_pld([(sigma, q, steps)], value_discretization_interval=CURVE_DISCRETIZATION)

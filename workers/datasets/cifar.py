@@ -86,8 +86,8 @@ class _BatchUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-class _Refused(Exception):
-    """A pickle named a global outside :data:`_ALLOWED_GLOBALS`."""
+class _Refused(DatasetError):
+    """A pickle named a global outside :data:`_ALLOWED_GLOBALS` (turned into the message below)."""
 
 
 def read_batch(path: Path, what: str) -> dict[str, Any]:

@@ -131,7 +131,9 @@ def test_malformed_batches_name_the_file_not_the_values(tmp_path: Path) -> None:
         batch.write_bytes(pickle.dumps(obj, protocol=2))
         with pytest.raises(DatasetError, match=message) as err:
             load_cifar("cifar10", root, part="train")
-        assert "data_batch_2" in str(err.value) and "97" not in str(err.value)
+        # the label 97 must not be quoted (the temporary path itself may hold the digits 97)
+        said = str(err.value).replace(str(root), "<root>")
+        assert "data_batch_2" in said and "97" not in said
     batch.write_bytes(pickle.dumps(good, protocol=2)[:200])  # truncated
     with pytest.raises(DatasetError, match="not a CIFAR batch"):
         load_cifar("cifar10", root, part="train")
