@@ -31,6 +31,7 @@ from workers.noise_ahead import NoiseAhead
 from workers.optim import PackedOptimizer, WeightAverage
 from workers.packed.model import PackedModel
 from workers.plan_check import check_pack
+from workers.pretraining import load_pretrained
 from workers.randomness import NoiseSource, TrialRandomness
 from workers.schedule import eval_releases
 from workers.seeding import stream_seed
@@ -217,6 +218,9 @@ def _build_model(
         )
         for t in spec.trials
     ]
+    # Public pre-training (model.pretrain_on): every trial starts from the weights trained at
+    # ε 0 on public records only (workers.pretraining), not from its own seed's.
+    load_pretrained(modules, spec.pretrain, model_spec, data)
     descriptor = DESCRIPTORS.get(spec.model.name)
     built, engine_path = build_pack_model(
         modules,

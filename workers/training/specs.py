@@ -16,6 +16,7 @@ from workers.datasets.records import DatasetSpec
 from workers.models.descriptors import ModelSpec
 from workers.models.pretrained_descriptors import spec_of
 from workers.plan_check import PlannedRun
+from workers.pretraining import PretrainRef, pretrain_ref
 from workers.randomness import REPRODUCIBLE_WARNING, Randomness
 
 if TYPE_CHECKING:
@@ -87,6 +88,9 @@ class PackSpec:
     # Hand back each trial's best checkpoint as safetensors bytes (TrialResult.weights), for
     # the sweep's artifact store (its spec's artifacts.keep is not "none").
     keep_weights: bool = False
+    # Public pre-training (model.pretrain_on): the trials start from weights trained without
+    # noise on these public records (workers.pretraining); None: from their own seeds.
+    pretrain: PretrainRef | None = None
 
     def trial_inputs(
         self, trial: TrialSpec, *, sample_rate: float, steps: int, evaluations: int
@@ -259,8 +263,9 @@ def training_pack(
     # The checkpoint resolved (and its digest checked) here, where the pack is formed: the
     # worker checks the digest again before it loads anything.
     model_spec = spec_of(model, lora_r=lora_r, allow_paths=allow_checkpoint_paths)
+    dataset = dataset() if callable(dataset) else dataset
     return PackSpec(
-        dataset=dataset() if callable(dataset) else dataset,
+        dataset=dataset,
         model=model_spec,
         strategy=strategy,
         trials=list(trials),
@@ -283,4 +288,5 @@ def training_pack(
         planned=planned,
         eval_noise_multiplier=eval_noise_multiplier,
         keep_weights=keep_weights,
+        pretrain=pretrain_ref(model, dataset),
     )
