@@ -22,6 +22,7 @@ from api.cli.common import EXIT_FAILURE, check_owner, confirm_charge, open_engin
 from api.cli.train_flags import DEFAULT_LR, LIPSCHITZ_LR, add_train_parser, default_lr
 from dpsweep.errors import ConfigError, DpsweepError
 from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
+from dpsweep.spec_model import LoraConfig
 
 # Re-exported: the tests and the report import them from here.
 __all__ = ["DEFAULT_LR", "LIPSCHITZ_LR", "add_parsers", "cmd_train", "default_lr"]
@@ -45,6 +46,7 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     def usage(msg: str) -> NoReturn:
         parser.error(msg)  # exits with code 2
 
+    args.model = _model_name(args)
     stored = _check_names(args, usage)
     params = _strategy_params(args, STRATEGIES[args.strategy], usage)
     run = _single_run(args, usage, params)
@@ -78,6 +80,67 @@ def cmd_train(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     else:
         _print_summary(Console(), summary, args)
     return 0
+
+
+def _model_name(args: argparse.Namespace) -> str:
+    """``--model``, or by default ``hf`` for a transformers ``--checkpoint`` directory (it
+    holds config.json) and ``mlp`` otherwise."""
+    if args.model is not None:
+        return str(args.model)
+    checkpoint = getattr(args, "checkpoint", None)
+    if checkpoint and (Path(checkpoint).expanduser() / "config.json").is_file():
+        return "hf"
+    return "mlp"
+
+
+def _model_config(args: argparse.Namespace, usage: Callable[[str], NoReturn]) -> ModelConfig:
+    """The model section from ``--model``, ``--model-option``, ``--checkpoint``,
+    ``--trainable`` and the ``--lora-*`` flags (a bad combination is a usage error)."""
+    trainable: Any = args.trainable
+    lora_given = args.lora_r is not None or args.lora_alpha is not None or args.lora_target
+    if trainable is None:
+        trainable = "lora" if lora_given else "all"
+    elif trainable not in ("all", "head", "lora"):
+        trainable = [p.strip() for p in trainable.split(",") if p.strip()]
+    if lora_given and trainable != "lora":
+        usage("--lora-r, --lora-alpha and --lora-target need --trainable lora")
+    lora: LoraConfig | None = None
+    if trainable == "lora":
+        given: dict[str, Any] = {
+            k: v
+            for k, v in (
+                ("r", args.lora_r),
+                ("alpha", args.lora_alpha),
+                ("target_modules", list(args.lora_target) or None),
+            )
+            if v is not None
+        }
+        lora = LoraConfig(**given)
+    return ModelConfig(
+        name=args.model,
+        options=dict(args.model_option),
+        checkpoint=args.checkpoint,
+        trainable=trainable,
+        lora=lora,
+    )
+
+
+def _dataset_options(args: argparse.Namespace, model: ModelConfig) -> dict[str, Any]:
+    """``--dataset-option`` pairs; a ``text_csv`` file read for a transformers checkpoint
+    (``--model hf``) is tokenized by the checkpoint's own tokenizer unless a vocabulary or
+    tokenizer is given (a local directory: the checkpoint path itself)."""
+    options: dict[str, Any] = dict(args.dataset_option)
+    checkpoint = model.checkpoint
+    if (
+        args.dataset == "text_csv"
+        and model.name == "hf"
+        and checkpoint is not None
+        and "vocab" not in options
+        and "tokenizer" not in options
+        and Path(checkpoint).expanduser().is_dir()
+    ):
+        options["tokenizer"] = str(Path(checkpoint).expanduser())
+    return options
 
 
 def _check_names(args: argparse.Namespace, usage: Callable[[str], NoReturn]) -> bool:
@@ -162,8 +225,11 @@ def _single_run(
         if (value := getattr(args, "data_path" if name == "path" else name)) is not None
     }
     try:
+        model = _model_config(args, usage)
+        options = _dataset_options(args, model)
+        if options:
+            given["options"] = options
         dataset = DatasetConfig(name=args.dataset, **given)
-        model = ModelConfig(name=args.model, options=dict(args.model_option))
         training = TrainingConfig(
             epochs=args.epochs,
             steps=args.steps,
@@ -222,6 +288,8 @@ def _prepare_and_charge(
         prepared = prepare_single_run(
             engine, run, Viewer(args.owner), params=params, device=args.device,
             threads=args.threads, name="dpsweep-train", keep_weights=args.output is not None,
+            # The local command line: --checkpoint may be a path (a server takes names only).
+            allow_paths=True,
         )  # fmt: skip
         if stored or args.data_path is None:
             name = args.dataset
@@ -290,6 +358,18 @@ def _keep_model(
     return {name: str(_write(out / name, data)[0]) for name, data in files.items()}
 
 
+#: The model section's fields the fine-tuning flags set.
+_MODEL_FLAGS = {
+    "model.name": "--model",
+    "model.checkpoint": "--checkpoint",
+    "model.checkpoint_digest": "--checkpoint",
+    "model.trainable": "--trainable",
+    "model.lora.r": "--lora-r",
+    "model.lora.alpha": "--lora-alpha",
+    "model.lora.target_modules": "--lora-target",
+}
+
+
 def _flag_message(exc: ConfigError) -> str:
     """A refusal naming a request field (``delta``, ``params.clip``, ``model_options``) as the
     flag that sets it (``--delta``, ``--clip``, ``--model-option``)."""
@@ -303,6 +383,8 @@ def _flag_message(exc: ConfigError) -> str:
         flag = f"--{sub.replace('_', '-')}" if sub in dests else "--param"
     elif head == "model_options":
         flag = "--model-option"
+    elif name in _MODEL_FLAGS:
+        flag = _MODEL_FLAGS[name]
     elif head == "dataset":
         flag = {"path": "--data-path", "name": "--dataset"}.get(sub, f"--{sub.replace('_', '-')}")
     else:

@@ -73,6 +73,16 @@ def _data_and_model_flags(d: Any) -> None:
     d.add_argument("--labels-path", help="labels file for the idx dataset")
     d.add_argument("--label-column", help="label column for the csv dataset")
     d.add_argument(
+        "--dataset-option",
+        type=key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="loader option, e.g. tokenizer=./tokenizer.json or max_length=64 for text_csv "
+        "(repeatable); with --model hf and a local --checkpoint directory, text_csv's tokenizer "
+        "defaults to the checkpoint's own",
+    )
+    d.add_argument(
         "--test-fraction",
         type=float,
         default=None,
@@ -87,9 +97,10 @@ def _data_and_model_flags(d: Any) -> None:
     )
     d.add_argument(
         "--model",
-        default="mlp",
-        help="registry name (default: mlp; `dpsweep plugins` lists them), or a local "
-        "module:function factory fn(input_shape, num_classes) -> torch.nn.Module",
+        default=None,
+        help="registry name (default: mlp, or hf with a --checkpoint directory holding "
+        "config.json; `dpsweep plugins` lists them), or a local module:function factory "
+        "fn(input_shape, num_classes) -> torch.nn.Module",
     )
     d.add_argument(
         "--model-option",
@@ -98,6 +109,46 @@ def _data_and_model_flags(d: Any) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="model builder option, e.g. hidden=[256,128] (repeatable)",
+    )
+    _finetune_flags(d)
+
+
+def _finetune_flags(d: Any) -> None:
+    """Where the weights start and what is trained (docs/finetuning.md)."""
+    d.add_argument(
+        "--checkpoint",
+        metavar="NAME_OR_PATH",
+        help="start from a checkpoint: a registered name (`dpsweep checkpoints list`) or a "
+        "local path (a transformers directory for --model hf, a safetensors state dict for a "
+        "built-in model); it must not have seen the private records",
+    )
+    d.add_argument(
+        "--trainable",
+        default=None,
+        metavar="PART",
+        help="what DP-SGD trains: all (default), head, lora, or comma-separated parameter-name "
+        "patterns (fnmatch, e.g. 'model.bert.encoder.layer.1.*'); the rest is frozen (no "
+        "clipping, no noise; the same ε)",
+    )
+    d.add_argument(
+        "--lora-r",
+        type=positive_int("LoRA rank"),
+        default=None,
+        help="LoRA's rank (implies --trainable lora; default 8)",
+    )
+    d.add_argument(
+        "--lora-alpha",
+        type=positive_float("LoRA alpha"),
+        default=None,
+        help="LoRA's alpha (the adapters' scale is alpha / r; default 16)",
+    )
+    d.add_argument(
+        "--lora-target",
+        action="append",
+        default=[],
+        metavar="LAYER",
+        help="a layer name (suffix) LoRA adapts, e.g. query (repeatable; default: peft's "
+        "choice for the architecture)",
     )
 
 
