@@ -4,7 +4,11 @@ sweep's trials without importing torch; :mod:`workers.packing` sizes the packs).
 Trials share a pack only if everything but their per-trial knobs (lr, seed, noise multiplier,
 delta and the strategy's per-trial hyperparameters) is equal: dataset and split, model,
 strategy and its *shared* hyperparameters (e.g. clip style), batch size, step count, optimizer,
-evaluation cadence, accountant, device and the plan the worker enforces.
+evaluation cadence, accountant, device and the plan the worker enforces. The model includes
+its checkpoint (digest) and what is trained, LoRA's rank too: trials of an arm's ``lora_r``
+axis have different architectures, so each rank forms its own packs
+(:func:`sweeper.driver.packs.pack_spec` takes the rank out of the strategy's params and into
+the pack's model).
 """
 
 from __future__ import annotations

@@ -261,3 +261,48 @@ def test_a_lora_pack_trains_adapters_and_keeps_the_backbone(bert: Path, tmp_path
     b = params["model.bert.encoder.layer.0.attention.self.query.lora_B.default.weight"]
     assert b.abs().sum() > 0  # LoRA's B starts at zero: it was trained
     assert load_weights(_build(model), weights) is not None
+
+
+def test_an_image_checkpoint_resizes_and_normalises_as_its_processor_says(
+    tmp_path: Path,
+) -> None:
+    """One-channel 12x12 images in [0, 1] reach a 3-channel 8x8 ViT resized and normalised
+    with the processor's mean and std; the head is resized to the data's classes."""
+    import torch.nn.functional as F
+
+    from tests.workers.models.tiny_checkpoints import tiny_vit
+
+    vit = tiny_vit(tmp_path / "vit", mean=0.5, std=0.25)
+    spec = model_spec(
+        ModelConfig(name="hf", checkpoint=str(vit), trainable="head"),
+        checkpoints_dir="/x",
+        allow_paths=True,
+    )
+    module = build_model(spec, input_shape=(1, 12, 12), num_classes=3, seed=0)
+    assert _trained(module) == {"model.classifier.weight", "model.classifier.bias"}
+    x = torch.rand(2, 1, 12, 12)
+    expected_input = F.interpolate(x.expand(-1, 3, -1, -1), size=(8, 8), mode="bilinear") - 0.5
+    expected = module.model(pixel_values=expected_input / 0.25).logits  # type: ignore[operator]
+    torch.testing.assert_close(module(x), expected)
+    assert expected.shape == (2, 3)
+    # The generic DP path takes it (the check run before anything is reserved).
+    assert check_model(spec, input_shape=(1, 12, 12), num_classes=3) == "generic"
+
+
+def test_timm_and_torchvision_load_their_weights(tmp_path: Path) -> None:
+    """Needs the vision extra (no CPU build through pip here: skipped without it)."""
+    timm = pytest.importorskip("timm")
+    base = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10)
+    file = tmp_path / "vit" / "model.safetensors"
+    file.parent.mkdir()
+    save_file({k: v.contiguous() for k, v in base.state_dict().items()}, str(file))
+    cfg = ModelConfig(name="timm", options={"arch": "vit_tiny_patch16_224"},
+                      checkpoint=str(file.parent), trainable="head")  # fmt: skip
+    module = build_model(
+        model_spec(cfg, checkpoints_dir="/x", allow_paths=True),
+        input_shape=(3, 224, 224),
+        num_classes=4,
+        seed=0,
+    )
+    assert _trained(module) == {"head.weight", "head.bias"}
+    assert torch.equal(module.patch_embed.proj.weight, base.patch_embed.proj.weight)

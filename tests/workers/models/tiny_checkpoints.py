@@ -86,3 +86,33 @@ def text_csv(path: Path, *, rows: int = 120, seed: int = 0) -> Path:
                 [f"the movie was {' '.join(pick)} and very {pick[0]}", "pos" if i % 2 else "neg"]
             )
     return path
+
+
+def tiny_vit(out: Path, *, mean: float = 0.5, std: float = 0.25, seed: int = 0) -> Path:
+    """A 1-layer ViTForImageClassification on 8x8 RGB images, with a processor config (size
+    8, the given mean and std), in ``out``."""
+    import json
+
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    config = ViTConfig(
+        image_size=8,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    config.num_labels = 5
+    ViTForImageClassification(config).save_pretrained(out)
+    processor = {
+        "do_resize": True,
+        "size": {"height": 8, "width": 8},
+        "do_normalize": True,
+        "image_mean": [mean] * 3,
+        "image_std": [std] * 3,
+    }
+    (out / "preprocessor_config.json").write_text(json.dumps(processor))
+    return out
