@@ -27,7 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from report import calibration, clip_bias, clipless, strategies, tuning_cost  # noqa: E402
+from report import (  # noqa: E402
+    calibration,
+    clip_bias,
+    clipless,
+    finetuning,
+    strategies,
+    tuning_cost,
+)
 from report.common import READINGS, one_process, reuse_runs  # noqa: E402
 
 Experiment = Callable[[str, Path, Path], tuple[str, dict[str, Any]]]
@@ -37,6 +44,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "clip-bias": clip_bias.run,
     "clipless": clipless.run,
     "tuning-cost": tuning_cost.run,
+    "finetuning": finetuning.run,
 }
 
 HEADER = """# Reproducing the papers' findings with dpsweep
@@ -65,6 +73,24 @@ def wall_line(seconds: float, scale: str, jobs: int, in_process: bool) -> str:
     )
 
 
+def splice(existing: str, sections: list[str]) -> str:
+    """``existing`` results.md with each of ``sections`` in place of the section of the same
+    ``## `` heading (a section runs to the next ``## `` heading), or appended when it has none:
+    ``--only`` then rewrites its experiments in the committed report and leaves the others."""
+    lines = existing.rstrip().split("\n")
+    for section in sections:
+        title = section.split("\n", 1)[0]
+        starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
+        at = next((i for i in starts if lines[i] == title), None)
+        new = section.rstrip().split("\n")
+        if at is None:
+            lines += ["", *new]
+            continue
+        end = next((i for i in starts if i > at), len(lines))
+        lines[at:end] = [*new, ""] if end < len(lines) else new
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scale", choices=("full", "tiny"), default="full")
@@ -73,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="+",
         choices=sorted(EXPERIMENTS),
-        help="run only these experiments (results.md then holds only them)",
+        help="run only these experiments: their sections replace (or are appended to) those "
+        "of an existing results.md, whose other sections and header stay as they are",
     )
     p.add_argument("--keep", help="keep the experiments' databases under this directory")
     p.add_argument(
@@ -133,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale == "full" and not args.only:
         head += "\n\n" + summary.read_text().rstrip()
     sections = [head] + [done[n][0] for n in chosen]
-    (out / "results.md").write_text("\n\n".join(sections).rstrip() + "\n")
+    results = out / "results.md"
+    if args.only and results.exists():
+        results.write_text(splice(results.read_text(), [done[n][0] for n in chosen]))
+    else:
+        results.write_text("\n\n".join(sections).rstrip() + "\n")
     facts = {n: done[n][1] for n in chosen}
     print(json.dumps(facts))
     print(f"report: {wall:.1f} s", file=sys.stderr)

@@ -173,9 +173,16 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     facts = json.loads(p.stdout)
-    assert list(facts) == ["strategies", "calibration", "clip-bias", "clipless", "tuning-cost"]
+    assert list(facts) == [
+        "strategies",
+        "calibration",
+        "clip-bias",
+        "clipless",
+        "tuning-cost",
+        "finetuning",
+    ]
     md = (tmp_path / "results.md").read_text()
-    heads = [md.index(f"## {i}. ") for i in range(1, 6)]
+    heads = [md.index(f"## {i}. ") for i in range(1, 7)]
     assert heads == sorted(heads)  # sections in the experiments' order
     # 1: compose and basic per strategy at the tiny levels (1 and 8), basic below compose's σ cap.
     assert set(facts["strategies"]["seconds"]) == {
@@ -215,6 +222,14 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         assert tc[f"compose_epsilon_{level}"] <= level and tc[f"ps_epsilon_{level}"] <= level
         assert tc[f"naive_epsilon_{level}"] > level
     assert "hidden" in md.split("## 5. ")[1]
+    # 6: from scratch, pre-trained (all parameters, head only) and the pre-trained model alone.
+    ft = facts["finetuning"]
+    assert 0 < ft["pretrained_alone"] <= 1 and ft["pretrained_digest"].startswith("sha256:")
+    assert all(
+        0 < ft[f"finetuning-{v}_{e}"] <= 1
+        for v in ("scratch", "pretrained", "head")
+        for e in (1, 8)
+    )
     # Redrawn from the kept sweeps (--reuse): the same numbers and wall times, nothing rerun.
     again = tmp_path / "again"
     p = _script(
@@ -245,6 +260,7 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         "calibration-cnn1d-reliability",
         "clip-bias",
         "clipless",
+        "finetuning",
     )
     for name in figures:
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name
@@ -349,3 +365,14 @@ def test_opacus_trial_script_learns() -> None:
     p = _script("bench/opacus_trial.py", json.dumps(trial))
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["accuracy"] > 0.3
+
+
+def test_report_only_replaces_its_own_sections() -> None:
+    """`make_report.py --only NAME` rewrites NAME's section of an existing results.md (or
+    appends it) and leaves the header and the other sections as they were."""
+    from report.make_report import splice
+
+    md = "# Report\n\nheader\n\n## 1. One\n\nold one\n\n## 2. Two\n\ntwo\n"
+    assert splice(md, ["## 1. One\n\nnew one"]) == md.replace("old one", "new one")
+    assert splice(md, ["## 2. Two\n\nnew two"]) == md.replace("\ntwo\n", "\nnew two\n")
+    assert splice(md, ["## 6. Six\n\nsix"]) == md + "\n## 6. Six\n\nsix\n"
