@@ -41,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 from dpsweep.errors import ConfigError
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
+    import torch  # deferred: torch-side
+    from torch import nn  # deferred: torch-side
 
+    # deferred: off the torch-free import path
     from workers.datasets.records import Dataset, DatasetSpec
-    from workers.models.descriptors import ModelSpec
+    from workers.models.descriptors import ModelSpec  # deferred: off the torch-free import path
 
 #: The field every refusal names.
 FIELD = "model.pretrain_on"
@@ -92,8 +93,9 @@ class Pretrained:
 
 def cache_dir() -> Path:
     """``$DPSWEEP_PRETRAIN_CACHE``, else ``pretrained`` under the data cache directory."""
+    # deferred: off the torch-free import path
     from workers.datasets.data_cache import data_cache_dir
-    from workers.settings import WorkerSettings
+    from workers.settings import WorkerSettings  # deferred: off the torch-free import path
 
     configured = WorkerSettings().pretrain_cache
     return Path(configured) if configured else data_cache_dir() / "pretrained"
@@ -110,6 +112,7 @@ def public_spec(name: str, training: DatasetSpec, *, field: str = FIELD) -> Data
     Raises:
         ConfigError: (field ``model.pretrain_on``) a name that is not declared public.
     """
+    # deferred: off the torch-free import path
     from workers.datasets.descriptors import DATASET_DESCRIPTORS
 
     # The training dataset's own name is refused at submission (sweeper.sweeps.checks); here
@@ -124,7 +127,7 @@ def public_spec(name: str, training: DatasetSpec, *, field: str = FIELD) -> Data
             "records only (a shared set declared public, e.g. mnist1d-public)",
             field=field,
         )
-    from workers.datasets.records import DatasetSpec
+    from workers.datasets.records import DatasetSpec  # deferred: off the torch-free import path
 
     return DatasetSpec(
         name,
@@ -147,7 +150,7 @@ def pretrain_ref(model: Any, training: DatasetSpec) -> PretrainRef | None:
         return None
     recipe = getattr(model, "pretrain", None)
     if recipe is None:
-        from dpsweep.spec_model import PretrainConfig
+        from dpsweep.spec_model import PretrainConfig  # deferred: off the torch-free import path
 
         recipe = PretrainConfig()
     return PretrainRef(dataset=public_spec(str(name), training), recipe=recipe.model_dump())
@@ -169,7 +172,7 @@ def pretrain_key(model: ModelSpec, ref: PretrainRef, public: Dataset) -> str:
     """The sha256 (hex) of everything the pre-trained weights depend on: the model (name,
     options, checkpoint digest), the public records' identity and scaling, their shape and
     classes, the recipe, and the versions of torch and of this loop (FORMAT). No private input."""
-    import torch
+    import torch  # deferred: torch-side
 
     checkpoint = getattr(model, "checkpoint", None)
     inputs = {
@@ -195,7 +198,7 @@ def pretrain_key(model: ModelSpec, ref: PretrainRef, public: Dataset) -> str:
 
 def load_public(ref: PretrainRef) -> Dataset:
     """The public records (both parts of their split: every record is public)."""
-    from workers.datasets.loading import load_dataset
+    from workers.datasets.loading import load_dataset  # deferred: off the torch-free import path
 
     return load_dataset(ref.dataset)
 
@@ -230,7 +233,7 @@ def pretrained(model: ModelSpec, ref: PretrainRef, *, public: Dataset | None = N
     Raises:
         ConfigError: the model is not a classifier, or the recipe cannot train it.
     """
-    from workers.models.registry import model_task
+    from workers.models.registry import model_task  # deferred: off the torch-free import path
 
     if model_task(model.name) != "classification":
         raise ConfigError(
@@ -252,7 +255,7 @@ def pretrained(model: ModelSpec, ref: PretrainRef, *, public: Dataset | None = N
         _write(path, state, key)
     made = _read(path, key)
     if made is None:  # an unwritable cache: use the weights made here, named by their bytes
-        from safetensors.torch import save
+        from safetensors.torch import save  # deferred: torch-side
 
         blob = save(state, metadata={"key": key})
         return Pretrained(state, f"sha256:{hashlib.sha256(blob).hexdigest()}", key, path)
@@ -285,22 +288,23 @@ def pretrained_digest(
 def _worker_model(model: Any, *, allow_paths: bool) -> ModelSpec:
     """The worker's model spec of a spec's model section, a checkpoint resolved as the pack's
     model is (:func:`workers.models.pretrained_descriptors.model_spec`)."""
-    from workers.models.descriptors import ModelSpec
+    from workers.models.descriptors import ModelSpec  # deferred: off the torch-free import path
 
     if isinstance(model, ModelSpec):
         return model
     if getattr(model, "checkpoint", None) is None:
         return ModelSpec(model.name, dict(model.options))
+    # deferred: off the torch-free import path
     from workers.models.pretrained_descriptors import model_spec
-    from workers.settings import WorkerSettings
+    from workers.settings import WorkerSettings  # deferred: off the torch-free import path
 
     settings = WorkerSettings()
     return model_spec(model, checkpoints_dir=settings.checkpoints_dir, allow_paths=allow_paths)
 
 
 def _read(path: Path, key: str) -> Pretrained | None:
-    from safetensors import SafetensorError
-    from safetensors.torch import load
+    from safetensors import SafetensorError  # deferred: torch-side
+    from safetensors.torch import load  # deferred: torch-side
 
     try:
         blob = path.read_bytes()
@@ -312,7 +316,7 @@ def _read(path: Path, key: str) -> Pretrained | None:
 
 def _write(path: Path, state: dict[str, torch.Tensor], key: str) -> None:
     """Atomically (a temporary file, then a rename); an unwritable cache only costs a retrain."""
-    from safetensors.torch import save
+    from safetensors.torch import save  # deferred: torch-side
 
     blob = save(state, metadata={"key": key})
     tmp: str | None = None
@@ -331,7 +335,7 @@ def _write(path: Path, state: dict[str, torch.Tensor], key: str) -> None:
 @contextlib.contextmanager
 def _locked(lock: Path) -> Iterator[None]:
     """An exclusive lock on ``lock`` (fcntl; none where the directory cannot be written)."""
-    import fcntl
+    import fcntl  # deferred: POSIX, the cache lock only
 
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
@@ -348,7 +352,7 @@ def _locked(lock: Path) -> Iterator[None]:
 
 
 def _seed(seed: int, what: str) -> int:
-    import numpy as np
+    import numpy as np  # deferred: numpy, pre-training only
 
     tag = {"init": 0, "order": 1}[what]
     ss = np.random.SeedSequence([int(seed) & 0xFFFFFFFFFFFFFFFF, _STREAM, tag])
@@ -361,11 +365,11 @@ def train_public(
     """Train ``model`` without noise on every public record (both parts of their split): a
     plain minibatch loop, deterministic given the recipe's public seed (one CPU thread, so that
     the sums are taken in one order)."""
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
+    import numpy as np  # deferred: numpy, pre-training only
+    import torch  # deferred: torch-side
+    import torch.nn.functional as F  # deferred: torch-side
 
-    from workers.models.registry import build_model
+    from workers.models.registry import build_model  # deferred: off the torch-free import path
 
     x = torch.from_numpy(np.concatenate([public.x_train, public.x_test])).float()
     y = torch.from_numpy(np.concatenate([public.y_train, public.y_test])).long()
@@ -400,7 +404,7 @@ def train_public(
 
 
 def _optimizer(net: nn.Module, recipe: Mapping[str, Any]) -> torch.optim.Optimizer:
-    import torch
+    import torch  # deferred: torch-side
 
     params = [p for p in net.parameters()]
     for p in params:
@@ -414,7 +418,7 @@ def _optimizer(net: nn.Module, recipe: Mapping[str, Any]) -> torch.optim.Optimiz
 def _batches(n: int, batch: int, steps: int, order: torch.Generator) -> Iterator[torch.Tensor]:
     """``steps`` minibatches of ``batch`` indices: epochs of a seeded permutation, the last
     partial batch of each epoch dropped (every batch the same size)."""
-    import torch
+    import torch  # deferred: torch-side
 
     done = 0
     while True:
@@ -454,7 +458,7 @@ def load_pretrained(
     """
     if ref is None:
         return
-    import torch
+    import torch  # deferred: torch-side
 
     public = load_public(ref)
     check_fits(public, data)
