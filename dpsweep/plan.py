@@ -143,6 +143,10 @@ class GridPlan:
     # checkpoint_digest) and its registration's declaration (trained_on, private_records_seen).
     # None: random initial weights.
     checkpoint: dict[str, Any] | None = field(default=None, hash=False)
+    # Public pre-training (model.pretrain_on, workers.pretraining): the public dataset the model
+    # is first trained on without noise (epsilon 0); the trials start from those weights, whose
+    # digest each model card gives. None: no pre-training.
+    pretrained_on: str | None = None
     # What DP-SGD trains, in words (all, head, lora (r 8), or the name patterns), and how many
     # parameters: the fewest and the most a trial of the grid trains (they differ where a
     # lora_r axis gives several ranks) of the model's total (at the most). None: not counted.

@@ -163,6 +163,13 @@ PUBLIC_PLAN_FIELDS: tuple[PublicPlanField, ...] = (
         "(trained_on: the public data it saw; private_records_seen: false); null: random "
         "initial weights",
     ),
+    _f(
+        "pretrained_on",
+        "pre-trained on (public)",
+        "public pre-training (model.pretrain_on): the public dataset the model is first trained "
+        "on without noise (epsilon 0, nothing charged); the trials start from those weights, "
+        "whose digest the model card gives; null: none",
+    ),
     _f("trainable", "trained", "what DP-SGD trains: all, head, lora (r ...) or name patterns"),
     _f(
         "trained_parameters",

@@ -87,13 +87,17 @@ def model_start_line(rows: list[Any]) -> str:
     r = rows[0]
     ckpt = r.checkpoint
     if ckpt is None:
-        start = "weights start random"
+        start = "weights start random" if not r.pretrained_on else "weights start"
     else:
         name = ckpt.get("name") or ckpt.get("path")
         seen = ckpt.get("trained_on")
         start = f"weights start from checkpoint {name} ({ckpt.get('kind')}, {ckpt.get('digest')})"
         if seen:
             start += f", trained on {seen}"
+    if r.pretrained_on:
+        # The public pre-training happens before the grid: no epsilon (public records only).
+        pre = f"pre-trained at epsilon 0 on {r.pretrained_on} (public records, not charged)"
+        start = f"{start} {pre}" if ckpt is None else f"{start}, then {pre}"
     low = [g.trained_parameters for g in rows if g.trained_parameters is not None]
     high = [
         g.trained_parameters_max or g.trained_parameters

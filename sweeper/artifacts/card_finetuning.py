@@ -47,10 +47,14 @@ def finetuning_section(
     lora_r: int | None,
     trained: int | None,
     total: int | None,
+    pretrained: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The card's ``finetuning`` section (see the module doc)."""
+    """The card's ``finetuning`` section (see the module doc); ``pretrained``: the public
+    pre-training the weights started from (its dataset, the weights' digest and the recipe, as
+    the worker reports them), None without one."""
     return {
         "checkpoint": checkpoint_section(checkpoint),
+        "pretrained": dict(pretrained) if pretrained else None,
         "trainable": trainable or "all",
         "lora_r": lora_r,
         "trained_parameters": trained,
@@ -60,7 +64,12 @@ def finetuning_section(
 
 
 def trial_finetuning(
-    spec: Mapping[str, Any], grid: GridPlan, arm: str, params: Mapping[str, Any]
+    spec: Mapping[str, Any],
+    grid: GridPlan,
+    arm: str,
+    params: Mapping[str, Any],
+    *,
+    pretrained: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``finetuning`` section of a sweep trial's card.
 
@@ -69,6 +78,7 @@ def trial_finetuning(
         grid: The trial's grid plan.
         arm: The trial's arm label.
         params: The trial's own params (its ``lora_r`` when the arm sweeps it).
+        pretrained: The public pre-training the worker reports in the model's info.
     """
     model = ModelConfig.model_validate(spec.get("model") or {"name": "?"})
     arms = [ArmConfig.model_validate(a) for a in spec.get("arms") or ()]
@@ -93,6 +103,7 @@ def trial_finetuning(
         lora_r=lora_r,
         trained=trained,
         total=total,
+        pretrained=pretrained,
     )
 
 
@@ -124,12 +135,31 @@ def run_finetuning(prepared: Any) -> dict[str, Any]:
         pass
     lora = getattr(model, "lora", None)
     return finetuning_section(
+        pretrained=_run_pretrained(prepared),
         checkpoint=facts,
         trainable=trainable_text(prepared.spec.model, [lora.r] if lora is not None else None),
         lora_r=lora.r if lora is not None else None,
         trained=trained,
         total=total,
     )
+
+
+def _run_pretrained(prepared: Any) -> dict[str, Any] | None:
+    """A ``dpsweep train`` run's public pre-training (None without one): the public set, the
+    cached weights' digest (as the run's pack model read them) and the recipe."""
+    ref = getattr(prepared.pack, "pretrain", None)
+    if ref is None:
+        return None
+    # deferred: torch-side (the cached weights are read back)
+    from workers.pretraining import pretrained
+    from workers.training.prepare import with_data_vocab  # deferred: torch-side
+
+    model = with_data_vocab(prepared.pack.model, getattr(prepared.data, "vocab_size", None))
+    return {
+        "dataset": ref.dataset.name,
+        "digest": pretrained(model, ref).digest,
+        "recipe": dict(ref.recipe),
+    }
 
 
 def finetuning_markdown(section: Mapping[str, Any] | None) -> list[str]:
@@ -144,6 +174,13 @@ def finetuning_markdown(section: Mapping[str, Any] | None) -> list[str]:
         name = ckpt.get("name") or ckpt.get("path")
         lines.append(f"- Checkpoint `{name}` ({ckpt.get('kind')}), digest `{ckpt.get('digest')}`.")
         lines.append(f"- {ckpt.get('statement')}.")
+    pre = section.get("pretrained")
+    if pre:
+        then = "Then" if ckpt is not None else "Then they were"
+        lines.append(
+            f"- {then} pre-trained without noise (epsilon 0, nothing charged) on the public "
+            f"dataset `{pre.get('dataset')}`; those weights' digest `{pre.get('digest')}`."
+        )
     rank = f", LoRA rank {section['lora_r']}" if section.get("lora_r") is not None else ""
     trained, total = section.get("trained_parameters"), section.get("total_parameters")
     counts = f": {trained:,} of {total:,} parameters" if trained is not None and total else ""

@@ -125,7 +125,13 @@ def model_card(
         "model": _model_section(model, weights_sha256, weights_size_bytes),
         # Where the weights started (a checkpoint's digest and declaration) and what DP-SGD
         # trained of them, as the grid's plan states it.
-        "finetuning": trial_finetuning(sweep.spec or {}, grid, trial.arm, trial.params or {}),
+        "finetuning": trial_finetuning(
+            sweep.spec or {},
+            grid,
+            trial.arm,
+            trial.params or {},
+            pretrained=model.get("pretrained"),
+        ),
         "privacy": _privacy_section(trial, sweep, plan, grid, private, randomness, selected_only),
         "evaluation": _evaluation_section(plan, grid),
         "metrics": _metrics_section(result, metric=released.metric, mode=released.mode),

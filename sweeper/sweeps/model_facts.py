@@ -61,13 +61,14 @@ class ModelFacts:
 
     def of(self, arm: ArmConfig) -> dict[str, Any]:
         """The :class:`~dpsweep.plan.GridPlan` fields of ``arm``'s grids (``checkpoint``,
-        ``trainable``, ``trained_parameters``, ``trained_parameters_max``,
+        ``pretrained_on``, ``trainable``, ``trained_parameters``, ``trained_parameters_max``,
         ``total_parameters``)."""
         ranks = arm_ranks(self._spec.model, arm.grid, arm.params)
         low = self._count(ranks[0] if ranks else None)
         high = self._count(ranks[-1] if ranks else None)
         return {
             "checkpoint": dict(self._checkpoint) if self._checkpoint is not None else None,
+            "pretrained_on": self._spec.model.pretrain_on,
             "trainable": trainable_text(self._spec.model, ranks or None),
             "trained_parameters": low[0] if low is not None else None,
             "trained_parameters_max": high[0] if high is not None else None,

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 import torch
 
+from api.cli.plan_view import model_start_line
 from dpsweep.errors import ConfigError
 from dpsweep.spec import TrainingConfig, load_spec
 from dpsweep.spec_model import ModelConfig, PretrainConfig
+from sweeper.artifacts.card_finetuning import finetuning_markdown, finetuning_section
 from sweeper.sweeps.planning import plan_sweep
 from workers.datasets.builtin import mnist1d_parts
 from workers.datasets.loading import load_dataset
@@ -106,9 +108,26 @@ def test_trials_start_from_the_pretrained_weights() -> None:
         planned=None,
     )
     assert pack.pretrain == ref
+    digest = pretrained(ModelSpec("mlp"), ref).digest
     for result in train_pack(pack):
         # Each trial's seed no longer initialises the weights: both start where pre-training left.
         assert result.history[0]["accuracy"] == pytest.approx(start, abs=0.002)
+        # The model's info (what its card is made from) names the public set and the weights.
+        pre = result.model_info["pretrained"]
+        assert pre["dataset"] == "mnist1d-public" and pre["digest"] == digest
+        lines = finetuning_markdown(finetuning_section(
+            checkpoint=None, trainable="all", lora_r=None, trained=None, total=None, pretrained=pre
+        ))  # fmt: skip
+        assert any("epsilon 0" in line and digest in line for line in lines)
+
+
+def test_the_plan_says_the_weights_are_pretrained_at_no_cost(cache: Path) -> None:
+    plan = plan_sweep(load_spec(_spec(pretrain_on="mnist1d-public")))
+    assert {g.pretrained_on for g in plan.grids} == {"mnist1d-public"}
+    assert "pre-trained at epsilon 0 on mnist1d-public" in model_start_line(plan.grids)
+    plain = plan_sweep(load_spec(_spec()))
+    assert {g.pretrained_on for g in plain.grids} == {None}
+    assert model_start_line(plain.grids).startswith("weights start random")
 
 
 def _private_npz(path: Path, drop: int | None) -> DatasetSpec:

@@ -8,6 +8,7 @@ from typing import Any
 from workers.accounting import epsilon_for
 from workers.checkpoints import model_info, weights_bytes
 from workers.datasets.input_transform import describe
+from workers.pretraining import pretrained
 from workers.training.prepare import PreparedPack
 from workers.training.records import PackRecords
 from workers.training.specs import TrialResult
@@ -99,6 +100,15 @@ def _model_info(pack: PreparedPack, records: PackRecords, i: int, module: Any) -
     # why: names and a formula, no value.
     data = pack.data
     info["input_transform"] = describe(getattr(data, "input_transform", None), data.kind)
+    ref = pack.spec.pretrain
+    if ref is not None:
+        # Public facts: the public set's name, the recipe and the cached weights' digest (read
+        # back from the cache the pack's model was built from; no private record involved).
+        info["pretrained"] = {
+            "dataset": ref.dataset.name,
+            "digest": pretrained(pack.model_spec, ref).digest,
+            "recipe": dict(ref.recipe),
+        }
     if pack.average is not None:
         info["weights_kept"] = records.best_kept[i]
         info["ema_decay"] = pack.average.decay
