@@ -48,10 +48,55 @@ class EmaConfig(StrictSection):
         return v
 
 
+# Augmentations the worker knows (workers.augment registers them; plug-ins may add more, checked
+# by the worker before anything is reserved).
+AUGMENT_OPS = ("crop", "flip")
+
+
+class AugmentConfig(StrictSection):
+    """Augmentation multiplicity (De et al. 2022): each sampled image is augmented
+    ``multiplicity`` times, its gradient is the mean over the copies, then clipped.
+
+    One example still contributes one clipped vector, so the sensitivity, q and epsilon are
+    those of the plain step (docs/privacy.md). Augmentation randomness is public (the trial's
+    public seed); sampling and noise stay secret.
+    """
+
+    multiplicity: int = Field(
+        default=1, ge=1, le=64, description="augmented copies per sampled example (K)"
+    )
+    ops: list[str] = Field(
+        default_factory=lambda: ["crop", "flip"],
+        description="augmentations applied in order to each copy: crop (random crop with "
+        "zero padding 4), flip (horizontal flip with probability 1/2), or a plug-in's",
+    )
+
+
 class TrainingConfig(StrictSection):
     epochs: float | None = Field(default=5.0, gt=0)
     steps: int | None = Field(default=None, ge=1, description="overrides epochs")
-    batch_size: int = Field(default=64, ge=1, description="expected batch size b = qN")
+    batch_size: int = Field(
+        default=64, ge=1, description="expected logical (Poisson) batch size b = qN"
+    )
+    physical_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="examples per physical chunk of a logical batch: clipped gradients are "
+        "summed over the chunks and noised once per step (default: the whole batch when it "
+        "fits the pack's memory budget, else the largest power of two that does)",
+    )
+    augment: AugmentConfig | None = Field(
+        default=None,
+        description="augmentation multiplicity for image data, e.g. "
+        "{multiplicity: 16, ops: [crop, flip]}",
+    )
+    tune_batch_scale: int = Field(
+        default=1,
+        ge=1,
+        description="public pre-tuning (tune_on) runs at a logical batch r times smaller with "
+        "the noise multiplier divided by r (sigma/B fixed, Sander et al. 2023); the private "
+        "grid runs at the full batch",
+    )
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(
         default=0.0,
@@ -111,4 +156,11 @@ class TrainingConfig(StrictSection):
         return int(self.warmup_steps)
 
 
-__all__ = ["EMA_DP_FIELD", "LR_SCHEDULES", "EmaConfig", "TrainingConfig"]
+__all__ = [
+    "AUGMENT_OPS",
+    "EMA_DP_FIELD",
+    "LR_SCHEDULES",
+    "AugmentConfig",
+    "EmaConfig",
+    "TrainingConfig",
+]

@@ -35,11 +35,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from dpsweep.errors import PrivacyError
+from workers.augment import Augmenter, augmented_per_sample
 from workers.canary_hook import GradientCanaryHook
+from workers.chunked_step import chunked_releases
 from workers.optim import PackedOptimizer
 from workers.packed.model import PackedModel
 from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
+from workers.release_checks import _ENFORCED, _check_scalar, _check_sensitivity
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext
 
@@ -71,6 +73,9 @@ class DPEngine:
         sample_streams: one random stream per trial for Poisson sampling.
         noise: per-trial Gaussian noise source (each trial's own noise stream).
         canaries: an audit's gradient canaries (the included ones are records ``N..``), or None.
+        physical_batch_size: examples per physical chunk of a logical batch
+            (:mod:`workers.chunked_step`); None: one piece (an audit always runs in one piece).
+        augmenter: augmentation multiplicity (:mod:`workers.augment`), or None.
     """
 
     def __init__(
@@ -87,6 +92,8 @@ class DPEngine:
         sample_streams: Sequence[RandomStream],
         noise: NoiseSource,
         canaries: GradientCanaryHook | None = None,
+        physical_batch_size: int | None = None,
+        augmenter: Augmenter | None = None,
     ) -> None:
         self.model = model
         self.strategy = strategy
@@ -95,6 +102,8 @@ class DPEngine:
         self.y = y
         self.task = task
         self.canaries = canaries
+        self.physical_batch_size = physical_batch_size
+        self.augmenter = augmenter
         self.n_data = int(x.shape[0])
         # The included canaries are records too: sampled at the same rate by the same code.
         self.n = self.n_data + (canaries.n_included if canaries is not None else 0)
@@ -111,6 +120,14 @@ class DPEngine:
             self.grad_noise_multiplier = torch.zeros(self.k, device=self.device)
         self.grad = torch.zeros(self.k, model.numel, device=self.device)
         self._extra_bufs: dict[str, Tensor] = {}
+
+    @property
+    def _chunked(self) -> bool:
+        """Whether steps run through :mod:`workers.chunked_step` (chunks, or augmentation;
+        never an audit's, whose canaries are placed in one piece)."""
+        return self.canaries is None and (
+            self.physical_batch_size is not None or self.augmenter is not None
+        )
 
     def sample(self) -> tuple[Tensor, Tensor]:
         """Padded indices ``[K, B_max]`` and mask ``[K, B_max]`` (1.0 real, 0.0 padding)."""
@@ -197,7 +214,7 @@ class DPEngine:
         out, cap = self.model.forward(xb, capture=True, perturb=perturb)
         assert cap is not None
         loss = per_sample_loss(out, target, self.task)
-        if self.k > 1 or self.canaries is not None:
+        if self.k > 1 or self.canaries is not None or self._chunked:
             # Masking the loss makes padded slots' gradients exactly zero, whatever weights
             # a strategy hands back for them. (A pack of one is never padded, but a canary's
             # slot is: its gradient is added by the canaries, not computed from an input.)
@@ -208,6 +225,8 @@ class DPEngine:
 
     def _releases(self, idx: Tensor, mask: Tensor) -> dict[str, Tensor]:
         """One step's noised releases from the sampled examples ``idx`` (``mask``: sampled)."""
+        if self._chunked:
+            return chunked_releases(self, idx, mask)
         strategy = self.strategy
         idx, data_mask, slots, canary_ids = self._canary_slots(idx, mask)
         infos, sq, ctx = self._norms(idx, mask, data_mask)
@@ -253,7 +272,7 @@ class DPEngine:
 
     def _norms(
         self, idx: Tensor, mask: Tensor, data_mask: Tensor
-    ) -> tuple[list[Any] | None, Tensor | None, StepContext]:
+    ) -> tuple[Any, Tensor | None, StepContext]:
         """The sampled examples' per-layer infos and squared norms, and the strategy's context."""
         if idx.shape[1] > 0:
             # One flat gather (index_select) is ~5x faster than advanced indexing by [K, B].
@@ -262,6 +281,8 @@ class DPEngine:
             target = xb
             if self.y is not None:
                 target = self.y.index_select(0, flat_idx).view(*idx.shape, *self.y.shape[1:])
+            if self.augmenter is not None:
+                return augmented_per_sample(self, xb, target, data_mask)
             return self.per_sample(xb, target, data_mask)
         sq = None
         if self.strategy.needs_norms:
@@ -379,7 +400,8 @@ class DPEngine:
 
         The 1/b is folded into the ``[K, B]`` weights and the noise scale, so the ``[K, P]``
         buffer is touched once by the noise and never rescaled. ``S'`` is the sensitivity the
-        engine enforces (:data:`_SENSITIVITY_RTOL` above the strategy's claim).
+        engine enforces (``_SENSITIVITY_RTOL`` of :mod:`workers.release_checks` above the
+        strategy's claim).
         """
         std = multiplier * (sensitivity * _ENFORCED) / self.expected_batch_size
         return self.noise.add_noise(buf, std)
@@ -428,51 +450,9 @@ class DPEngine:
         return {"frac_clipped": frac, "clip_bias": bias, "grad_cos": cos}
 
 
-# Relative slack for float32 rounding in w_i * ||g_i|| <= S (a clipped norm lands on S exactly).
-# The check lets contributions reach S (1 + this), so the noise is scaled to that bound.
-_SENSITIVITY_RTOL = 1e-4
-_ENFORCED = 1.0 + _SENSITIVITY_RTOL
-
-
 def _non_finite(sq_norms: Tensor | None, loss: Tensor, mask: Tensor) -> Tensor | None:
     """``[K, B]`` sampled examples whose gradient norm (or, without norms, loss) is not finite."""
     real = mask > 0
     if sq_norms is not None:
         return torch.isfinite(sq_norms).all(dim=-1).logical_not() & real
     return torch.isfinite(loss).logical_not() & real
-
-
-def _check_sensitivity(name: str, sq_norms: Tensor, weights: Tensor, sensitivity: Tensor) -> None:
-    """Fail closed: every example's weighted gradient must have norm <= the claimed sensitivity.
-
-    The noise is calibrated to the sensitivity a strategy *claims*; this check makes a strategy
-    bug raise instead of silently under-noising a release. Padded slots have zero gradients.
-    The message names the release and the trial only: a norm computed from a private example
-    must not leave without noise, not even in an error.
-    """
-    if weights.shape[-1] == 1:
-        contrib = weights[..., 0].pow(2) * sq_norms.sum(dim=-1)
-    else:
-        contrib = (weights.pow(2) * sq_norms).sum(dim=-1)
-    bound = sensitivity.pow(2).unsqueeze(1) * _ENFORCED**2
-    bad = ~(contrib <= bound)  # also catches NaN weights
-    if bad.any():
-        # Non-finite gradients or weights (a diverged trial: its release is non-finite, so its
-        # parameters are too from here on) make no claim false; only a finite excess does.
-        finite = torch.isfinite(sq_norms).all(dim=-1) & torch.isfinite(contrib)
-        if (bad & finite).any():
-            k = int((bad & finite).any(dim=1).nonzero()[0])
-            raise PrivacyError(
-                f"release {name!r} of trial {k}: a per-example contribution exceeds the "
-                "strategy's claimed sensitivity (a strategy bug); refusing to release"
-            )
-
-
-def _check_scalar(name: str, values: Tensor, sensitivity: Tensor) -> None:
-    """Fail closed: every example's contribution to a scalar release is within its sensitivity."""
-    bound = sensitivity.unsqueeze(1) * _ENFORCED
-    if not (values.abs() <= bound).all():
-        raise PrivacyError(
-            f"scalar release {name!r}: a per-example contribution exceeds the strategy's "
-            "sensitivity; refusing to release"
-        )

@@ -44,6 +44,10 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
     module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
     b = spec.batch_size
     b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
+    if spec.physical_batch_size is not None:
+        # A logical batch in physical chunks holds one chunk's examples (and each example's
+        # augmented copies) at a time (workers.chunked_step).
+        b_max = max(spec.physical_batch_size * (spec.augment_multiplicity or 1), DIAGNOSTIC_BATCH)
     opt_state = {"sgd": 1 if spec.momentum else 0, "adam": 2}.get(spec.optimizer, 2)
     param_buffers = 8 + opt_state + SAMPLER_FLOATS
     passes = get_descriptor(spec.strategy).gradient_passes

@@ -19,6 +19,7 @@ from dpsweep.errors import ConfigError
 from dpsweep.spec import ArmConfig, Axis, SweepSpec
 from dpsweep.spec_model import LORA_RANK_AXIS
 from sweeper.sweeps.checkpoints import arm_ranks, configured_checkpoints_dir
+from workers.augment_check import check_augment
 from workers.model_check import check_model
 from workers.models import check_lora_axis, get_model_descriptor, model_spec
 from workers.strategies import get_descriptor
@@ -75,9 +76,15 @@ def check_model_on_data(
 
     Raises:
         ConfigError: naming the field (``model.name``, ``model.options.<name>``,
-            ``model.checkpoint``, ``model.checkpoint_digest``, ``model.trainable``).
+            ``model.checkpoint``, ``model.checkpoint_digest``, ``model.trainable``,
+            ``training.augment``: augmentation of data that are not images, or with bam).
     """
     _check_pretrain_fits(spec, data)
+    check_augment(
+        spec.training.augment,
+        input_shape=tuple(data.input_shape),
+        ascent=any(get_descriptor(arm.strategy).gradient_passes > 1 for arm in spec.arms),
+    )
     ranks = sorted({r for arm in spec.arms for r in arm_ranks(spec.model, arm.grid, arm.params)})
     model = model_spec(
         spec.model,

@@ -18,7 +18,9 @@ import torch
 
 from dpsweep.errors import ConfigError, PrivacyError
 from workers.accounting import epsilon_for
+from workers.augment_check import check_augment
 from workers.canary_hook import GradientCanaryHook
+from workers.chunked_step import augment_of, augmenter_for, physical_batch
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.devices import resolve_device, set_threads
@@ -36,7 +38,7 @@ from workers.randomness import NoiseSource, TrialRandomness
 from workers.schedule import eval_releases
 from workers.seeding import stream_seed
 from workers.settings import WorkerSettings
-from workers.strategies import get_strategy
+from workers.strategies import get_descriptor, get_strategy
 from workers.strategies.base import ClippingStrategy
 from workers.training.evaluation import _dp_evaluation
 from workers.training.specs import PackSpec
@@ -104,6 +106,10 @@ def prepare_pack(
     sigmas = _planned_sigmas(
         spec, private=strategy_cls.private, sample_rate=q, steps=total_steps, n_releases=n_releases
     )
+    check_augment(
+        augment_of(spec), input_shape=data.input_shape,
+        ascent=get_descriptor(spec.strategy).gradient_passes > 1, audit=canaries is not None,
+    )  # fmt: skip
     model_spec = with_data_vocab(spec.model, data.vocab_size)
     model, engine_path = _build_model(spec, model_spec, data, device, strategy_cls.name)
     strategy = strategy_cls(
@@ -273,6 +279,10 @@ def _build_engine(
             [r.noise for r in rands], device
         ),
         canaries=canaries(model) if canaries is not None else None,
+        # Logical batches in physical chunks, and augmentation multiplicity (both refused
+        # with an audit's canaries, before anything ran: workers.augment.check_augment).
+        physical_batch_size=physical_batch(spec, data, audit=canaries is not None),
+        augmenter=augmenter_for(spec),
     )
     # DP evaluation draws its count noise from a third stream of the same secret.
     count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None

@@ -55,6 +55,13 @@ class PackSpec:
     strategy: str
     trials: list[TrialSpec]
     batch_size: int = 64
+    # Examples per physical chunk of a logical batch (workers.chunked_step); None: the whole
+    # batch when it fits the pack's memory budget (workers.chunked_step.physical_batch).
+    physical_batch_size: int | None = None
+    # Augmentation multiplicity (workers.augment): copies per example (None: no augmentation)
+    # and the augmentations applied to each copy.
+    augment_multiplicity: int | None = None
+    augment_ops: list[str] = field(default_factory=list)
     epochs: float = 5.0
     steps: int | None = None
     optimizer: str = "sgd"
@@ -270,6 +277,9 @@ def training_pack(
         strategy=strategy,
         trials=list(trials),
         batch_size=training.batch_size,
+        physical_batch_size=training.physical_batch_size,
+        augment_multiplicity=training.augment.multiplicity if training.augment else None,
+        augment_ops=list(training.augment.ops) if training.augment else [],
         epochs=training.epochs if training.epochs is not None else 1.0,
         steps=steps if steps is not None else training.steps,
         optimizer=training.optimizer,
