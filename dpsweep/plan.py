@@ -138,6 +138,10 @@ class GridPlan:
     tuned_params: dict[str, Any] | None = field(default=None, hash=False)
     tuned_score: float | None = None
     tuned_grid: dict[str, Any] | None = field(default=None, hash=False)
+    # Tuning small, then scaling (training.tune_batch_scale r): the logical batch and noise
+    # multiplier the public tuning trained at (B / r, sigma / r: sigma / B as the grid's), and
+    # r; the grid's own batch and sigma are the private run's. None: not tuned, or r = 1.
+    tuned_at: dict[str, Any] | None = field(default=None, hash=False)
     # Where the model's weights start (sweeper.sweeps.model_facts): the checkpoint's name (a
     # local path's ``path`` instead), kind, digest (sha256:<hex>, the spec's pinned
     # checkpoint_digest) and its registration's declaration (trained_on, private_records_seen).

@@ -156,6 +156,13 @@ PUBLIC_PLAN_FIELDS: tuple[PublicPlanField, ...] = (
         "the spec's grid)",
     ),
     _f(
+        "tuned_at",
+        "tuned at (small batch)",
+        "tuning small, then scaling (training.tune_batch_scale r): the public tuning's logical "
+        "batch B / r and noise multiplier sigma / r (sigma / B as the private grid's, which "
+        "runs at the full batch)",
+    ),
+    _f(
         "checkpoint",
         "checkpoint",
         "where the weights start: the registered checkpoint's name, kind and digest (the "

@@ -10,6 +10,12 @@ initial weights, batches and noise: the points differ only in their hyperparamet
 records are public, so no privacy is at stake, and planning a spec twice (``dpsweep plan`` then
 the submission) gives the same result. Workers never touch the database; the caller loads the
 public data and hands it in.
+
+Tuning small, then scaling (Sander et al. 2023, TAN): with ``training.tune_batch_scale: r`` the
+points train at the logical batch ``B / r`` with the noise multiplier ``sigma / r``, so the
+noise on the averaged gradient, ``sigma / B``, is the private run's and the best
+hyperparameters carry over, at about ``1 / r`` of the cost per step. The step count is the
+grid's, as without scaling. The private grid then runs at the full batch and its planned sigma.
 """
 
 from __future__ import annotations
@@ -43,6 +49,19 @@ class TuningResult:
     best: dict[str, Any]
     score: float | None
     scores: list[float | None] = field(default_factory=list)
+    # The logical batch and noise multiplier the points trained at (the grid's divided by
+    # training.tune_batch_scale: sigma / B as the private run's).
+    batch_size: int | None = None
+    noise_multiplier: float | None = None
+
+
+def scaled_for_tuning(training: TrainingConfig, noise_multiplier: float) -> tuple[int, float]:
+    """The tuning run's logical batch ``B / r`` and noise multiplier ``sigma / r`` (r the
+    spec's ``training.tune_batch_scale``): sigma / B as the private run's."""
+    r = int(training.tune_batch_scale)
+    batch = max(1, round(training.batch_size / r))
+    # Divided by the batch actually used, so sigma / B is kept exactly when r does not divide B.
+    return batch, float(noise_multiplier) * batch / training.batch_size
 
 
 def tune_on_public(
@@ -69,7 +88,8 @@ def tune_on_public(
             measured on its evaluation part; both public).
         dataset: Its worker spec.
         model, training: The spec's model and training sections (the step count is
-            ``steps``, the grid's planned T, whatever the section says).
+            ``steps``, the grid's planned T, whatever the section says; the logical batch and
+            sigma are divided by its ``tune_batch_scale``).
         strategy: The arm's strategy.
         points: Each point's hyperparameters, ``lr`` included, the arm's fixed params merged
             under the grid's values.
@@ -85,6 +105,9 @@ def tune_on_public(
     """
     if not points:
         raise ConfigError("public tuning needs at least one grid point", field="arms")
+    batch, sigma = scaled_for_tuning(training, noise_multiplier)
+    if batch != training.batch_size:
+        training = training.model_copy(update={"batch_size": batch})
     trials = []
     for p in points:
         params = dict(p)
@@ -95,7 +118,7 @@ def tune_on_public(
             TrialSpec(
                 lr=float(lr),
                 seed=TUNING_SEED,
-                noise_multiplier=float(noise_multiplier),
+                noise_multiplier=sigma,
                 target_delta=float(delta),
                 params=params,
             )
@@ -124,7 +147,13 @@ def tune_on_public(
         if current is None or (s > current if mode == "max" else s < current):
             best_i = i
     i = 0 if best_i is None else best_i
-    return TuningResult(best=dict(points[i]), score=scores[i], scores=scores)
+    return TuningResult(
+        best=dict(points[i]),
+        score=scores[i],
+        scores=scores,
+        batch_size=batch,
+        noise_multiplier=sigma,
+    )
 
 
 def _finite(v: Any) -> float | None:

@@ -76,6 +76,11 @@ def spec_hash(spec: SweepSpec) -> str:
     for arm in data.get("arms", ()):
         if arm.get("tune_on") is None:
             arm.pop("tune_on", None)
+    # Likewise the training section's chunking, augmentation and tuning scale at their defaults.
+    training = data.get("training", {})
+    for key, default in (("physical_batch_size", None), ("augment", None), ("tune_batch_scale", 1)):
+        if key in training and training[key] == default:
+            del training[key]
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -184,6 +184,13 @@ def _tuned(spec: Any, grids: list[GridPlan], dataset: Any, data: Any) -> list[Gr
                 tuned_params=dict(result.best),
                 tuned_score=result.score,
                 tuned_grid=grid_json(centred.grid),
+                tuned_at=None
+                if spec.training.tune_batch_scale == 1
+                else {
+                    "scale": spec.training.tune_batch_scale,
+                    "batch_size": result.batch_size,
+                    "noise_multiplier": result.noise_multiplier,
+                },
             )
         )
     return out

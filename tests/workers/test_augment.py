@@ -157,3 +157,23 @@ def test_the_default_physical_batch_follows_the_memory_budget(
     assert physical_batch(_pack(model=ModelSpec("mlp"), batch_size=64), data) is None  # type: ignore[arg-type]
     assert physical_batch(spec, data, audit=True) is None  # an audit runs in one piece
     assert physical_batch(_pack(batch_size=4096, physical_batch_size=32), data) == 32  # type: ignore[arg-type]
+
+
+def test_the_new_training_fields_at_their_defaults_keep_the_resume_hash() -> None:
+    """A spec written before the fields existed hashes as it did (its sweeps still resume); a
+    spec that sets one hashes differently."""
+    import hashlib  # local: only the resume hash is recomputed here
+    import json
+
+    from sweeper.sweeps.create import spec_hash  # local: the sweeper's store, for this test
+
+    spec = _spec()
+    before = spec.model_dump(mode="json", exclude={"resources", "artifacts"})
+    for arm in before["arms"]:
+        del arm["tune_on"]
+    for key in ("physical_batch_size", "augment", "tune_batch_scale"):
+        del before["training"][key]
+    old = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert spec_hash(spec) == old
+    assert spec_hash(_spec(physical_batch_size=8)) != old
+    assert spec_hash(_spec(tune_batch_scale=4)) != old
