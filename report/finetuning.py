@@ -1,4 +1,4 @@
-"""Experiment 6 (issue 52): public pre-training at ε 0, then DP fine-tuning.
+"""Experiment 6: public pre-training at ε 0, then DP fine-tuning.
 
 MNIST-1D's ``cnn1d`` four ways, at per-grid ε 1 / 3 / 8 with 3 seeds: from scratch, pre-trained
 on the public ``mnist1d-public`` then fine-tuned with DP-SGD (every parameter), the same with
@@ -28,7 +28,7 @@ from report.common import (
 )
 from report.strategies import Ceiling, ceiling
 
-TITLE = "## 6. Public pre-training at ε 0, then DP fine-tuning (issue 52)"
+TITLE = "## 6. Public pre-training at ε 0, then DP fine-tuning"
 #: The sweeps, in the table's order: (spec name, label).
 VARIANTS = (
     ("finetuning-scratch", "from scratch"),
