@@ -69,6 +69,7 @@ bench: install
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/first_result.py
 	$(BIN)/python bench/vs_opacus.py
+	$(BIN)/python bench/vs_opacus.py --grid large
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install

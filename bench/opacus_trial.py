@@ -10,8 +10,12 @@ number of steps and noise multiplier, SGD, a flat clip, and an accuracy evaluati
 split every ``eval_every`` steps and at the end.
 
 The trial is a JSON object: ``model``, ``lr``, ``clip``, ``sigma``, ``steps``, ``sample_rate``,
-``batch_size``, ``eval_every``, ``seed``, ``test_fraction``. The script prints
-``{"accuracy": ...}``.
+``batch_size``, ``eval_every``, ``seed``, ``test_fraction``; optionally ``momentum`` (SGD's),
+``ema`` (the decay of a moving average of the weights kept beside them, with dpsweep's warmup
+min(decay, (1 + t) / (10 + t)); both weights are evaluated at every evaluation) and
+``data_path`` (an ``.npz`` of ``x``, ``y``, ``x_test``, ``y_test``: MNIST-1D as the mnist1d
+package generates it, trained on ``x`` and evaluated on the public ``x_test``; ``mlp`` is then
+40-128-10). The script prints ``{"accuracy": ...}``.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import warnings
 from typing import Any
 
 
-def _model(name: str) -> Any:
-    """``mlp`` or ``cnn`` for 8x8 single-channel digits, as dpsweep builds them."""
+def _model(name: str, features: int = 64) -> Any:
+    """``mlp`` or ``cnn`` for 8x8 single-channel digits (``mlp`` on ``features`` inputs), as
+    dpsweep builds them."""
     from torch import nn
 
     if name == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, 128), nn.ReLU(), nn.Linear(128, 10))
     if name == "cnn":
         # workers/models/cnn.py on 1x8x8 inputs: 8x8 -> conv8 p3 -> 7x7 -> pool2 s1 -> 6x6 ->
         # conv4 -> 3x3, 32 channels.
@@ -58,17 +63,26 @@ def run_trial(trial: dict[str, Any]) -> dict[str, float]:
     # cores would otherwise oversubscribe them).
     torch.set_num_threads(1)
     torch.manual_seed(int(trial["seed"]))
-    d = load_digits()
-    x = torch.tensor(d.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(d.target, dtype=torch.long)
-    perm = np.random.default_rng(int(trial["seed"])).permutation(len(y))
-    n_eval = round(len(y) * float(trial["test_fraction"]))
-    ev, tr = perm[:n_eval], perm[n_eval:]
-    x_eval, y_eval = x[ev], y[ev]
-    train = TensorDataset(x[tr], y[tr])
+    if trial.get("data_path"):
+        with np.load(str(trial["data_path"])) as f:
+            x_tr = torch.tensor(f["x"], dtype=torch.float32)
+            y_tr = torch.tensor(f["y"], dtype=torch.long)
+            x_eval = torch.tensor(f["x_test"], dtype=torch.float32)
+            y_eval = torch.tensor(f["y_test"], dtype=torch.long)
+    else:
+        d = load_digits()
+        x = torch.tensor(d.images / 16.0, dtype=torch.float32).unsqueeze(1)
+        y = torch.tensor(d.target, dtype=torch.long)
+        perm = np.random.default_rng(int(trial["seed"])).permutation(len(y))
+        n_eval = round(len(y) * float(trial["test_fraction"]))
+        ev, tr = perm[:n_eval], perm[n_eval:]
+        x_eval, y_eval, x_tr, y_tr = x[ev], y[ev], x[tr], y[tr]
+    train = TensorDataset(x_tr, y_tr)
 
-    model = _model(str(trial["model"]))
-    opt = torch.optim.SGD(model.parameters(), lr=float(trial["lr"]))
+    model = _model(str(trial["model"]), features=int(x_tr[0].numel()))
+    opt = torch.optim.SGD(
+        model.parameters(), lr=float(trial["lr"]), momentum=float(trial.get("momentum", 0.0))
+    )
     loader = DataLoader(train, batch_size=int(trial["batch_size"]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -84,10 +98,22 @@ def run_trial(trial: dict[str, Any]) -> dict[str, float]:
     loader.batch_sampler.sample_rate = float(trial["sample_rate"])  # type: ignore[union-attr]
     crit = nn.CrossEntropyLoss()
 
+    decay = trial.get("ema")
+    params = [p for p in model.parameters()]
+    # The moving average of the weights (as torch.optim.swa_utils would keep it by hand).
+    avg = [p.detach().clone() for p in params] if decay else []
+
     def evaluate() -> float:
         model.eval()
         with torch.no_grad():
             acc = (model(x_eval).argmax(1) == y_eval).float().mean().item()
+            if avg:
+                raw = [p.detach().clone() for p in params]
+                for p, a in zip(params, avg, strict=True):
+                    p.copy_(a)
+                acc = max(acc, (model(x_eval).argmax(1) == y_eval).float().mean().item())
+                for p, r in zip(params, raw, strict=True):
+                    p.copy_(r)
         model.train()
         return float(acc)
 
@@ -100,6 +126,10 @@ def run_trial(trial: dict[str, Any]) -> dict[str, float]:
                 if len(yb):
                     crit(model(xb), yb).backward()
                 opt.step()
+                if avg:
+                    d = min(float(decay), (1 + step) / (10 + step))
+                    with torch.no_grad():
+                        torch._foreach_lerp_(avg, [p.detach() for p in params], 1.0 - d)
                 step += 1
                 if step % every == 0 or step == steps:
                     best = max(best, evaluate())

@@ -1,8 +1,18 @@
-"""The demo's sweep through dpsweep against the same trials as Opacus scripts in a process pool.
+"""A sweep through dpsweep against the same trials as Opacus scripts in a process pool.
 
-``examples/demo.yaml`` (33 trials: fixed, quantile and online clipping on digits with ``cnn``,
-three per-grid epsilon levels; ``--smoke`` cuts it to 2 trials of one epoch) runs two
-ways in the same run:
+Two grids (``--grid``):
+
+* ``demo``: ``examples/demo.yaml`` (33 trials: fixed, quantile and online clipping on digits with
+  ``cnn``, three per-grid epsilon levels; ``--smoke`` cuts it to 2 trials of one epoch), so
+  small that start-up decides its time;
+* ``large``: a grid of the size users run (:func:`large_spec`): 105 trials of 625 steps on
+  MNIST-1D (MLP 40-128-10, batch 64, SGD momentum 0.9, a moving average of the weights with
+  decay 0.99, evaluation of both weights every 50 steps on the 1,000 public ``mnist1d-test``
+  records), fixed 25 + automatic 5 + online 5 grid points at per-grid epsilon 1, 3 and 8
+  (``--smoke``: 4 trials of 10 steps at one level). The Opacus trials read the same records
+  (written once to an ``.npz``), with the same momentum, average and evaluation cadence.
+
+Each grid runs two ways in the same run:
 
 * ``dpsweep_s``: ``dpsweep run SPEC --quiet --workers N`` in a fresh directory with a fresh SQLite
   database, as a subprocess, until it exits (planning, Ray, every trial, results, plots);
@@ -16,9 +26,11 @@ ways in the same run:
 
 N (``workers``) is the number of workers dpsweep uses (``--workers``, default the CPU count, as
 ``dpsweep run``). It prints ``{"dpsweep_s", "opacus_s", "workers"}``, ``speedup`` (opacus_s /
-dpsweep_s) and ``target`` (>= 3x; printed, not asserted).
+dpsweep_s), ``target`` (>= 3x; printed, not asserted), ``trial_steps`` (every trial's steps,
+summed) and each side's ``*_ms_per_trial_step`` (wall time x processes / trial-steps: the cost
+of one trial-step on one core, start-up included).
 
-Usage: ``python bench/vs_opacus.py [--json] [--workers N] [--smoke]``.
+Usage: ``python bench/vs_opacus.py [--json] [--workers N] [--grid demo|large] [--smoke]``.
 """
 
 from __future__ import annotations
@@ -58,6 +70,57 @@ def demo_spec(*, smoke: bool) -> dict[str, Any]:
     return spec
 
 
+def large_spec(*, smoke: bool) -> dict[str, Any]:
+    """The large grid (105 trials of 625 steps); ``smoke``: 4 trials of 10 steps, one level."""
+    lrs: dict[str, Any] = {"logspace": [-1.5, 0.5], "k": 5}
+    clips: dict[str, Any] = {"logspace": [-2, 0], "k": 5}
+    training: dict[str, Any] = {
+        "epochs": 10,
+        "batch_size": 64,
+        "optimizer": "sgd",
+        "momentum": 0.9,
+        "ema": {"decay": 0.99},
+        "eval_every": 50,
+    }
+    if smoke:
+        lrs, clips = {"logspace": [-1, 0], "k": 2}, [0.1]
+        training = {**training, "steps": 10, "eval_every": 5}
+        del training["epochs"]
+    return {
+        "name": "vs-opacus-large",
+        "dataset": {"name": "mnist1d"},
+        "eval": {"mode": "public", "dataset": "mnist1d-test"},
+        "model": {"name": "mlp"},
+        "training": training,
+        "privacy": {"budgets": [3] if smoke else [1, 3, 8], "delta": 1.0e-5},
+        "arms": [
+            {"strategy": "fixed", "grid": {"lr": lrs, "clip": clips}},
+            {"strategy": "automatic", "grid": {"lr": lrs if not smoke else [0.3]}},
+            {
+                "strategy": "online",
+                "grid": {"lr": lrs if not smoke else [0.3]},
+                "params": {"clip_init": 0.1},
+            },
+        ],
+        "seeds": 1,
+        "search": {"method": "grid"},
+        "objective": {"metric": "accuracy", "mode": "max"},
+    }
+
+
+def mnist1d_npz(work: Path) -> Path:
+    """MNIST-1D's records, as dpsweep generates (and caches) them, in one ``.npz`` for the
+    Opacus trials: a user by hand would generate them once too."""
+    import numpy as np  # deferred: the demo grid needs neither
+
+    from workers.datasets.builtin import mnist1d_parts  # deferred: as above
+
+    x, y, x_test, y_test = mnist1d_parts()
+    path = work / "mnist1d.npz"
+    np.savez(path, x=x, y=y, x_test=x_test, y_test=y_test)
+    return path
+
+
 def run_dpsweep(spec_path: Path, work: Path, workers: int) -> float:
     """Wall time of ``dpsweep run`` into ``work/demo.db``."""
     t0 = time.perf_counter()
@@ -81,9 +144,11 @@ def run_dpsweep(spec_path: Path, work: Path, workers: int) -> float:
     return time.perf_counter() - t0
 
 
-def opacus_trials(spec: dict[str, Any], spec_path: Path, work: Path) -> list[dict[str, Any]]:
+def opacus_trials(
+    spec: dict[str, Any], spec_path: Path, work: Path, data_path: Path | None = None
+) -> list[dict[str, Any]]:
     """The sweep's trials as Opacus trials: dpsweep's stored grid points and sigmas, its plan's
-    steps and sample rates."""
+    steps and sample rates, its momentum and average (``data_path``: the records' ``.npz``)."""
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
@@ -110,8 +175,12 @@ def opacus_trials(spec: dict[str, Any], spec_path: Path, work: Path) -> list[dic
                 clip = params.get(
                     "clip", params.get("clip_init", arm.get("params", {}).get("clip_init", 1.0))
                 )
+                training = spec["training"]
+                ema = training.get("ema")
                 trials.append(
                     {
+                        "momentum": float(training.get("momentum", 0.0)),
+                        "ema": float(ema["decay"]) if ema else None,
                         "model": spec["model"]["name"],
                         "lr": float(params["lr"]),
                         "clip": float(clip),
@@ -122,6 +191,7 @@ def opacus_trials(spec: dict[str, Any], spec_path: Path, work: Path) -> list[dic
                         "eval_every": int(spec["training"].get("eval_every", 50)),
                         "seed": int(t.seed),
                         "test_fraction": float(spec["dataset"].get("test_fraction", 0.2)),
+                        "data_path": str(data_path) if data_path else None,
                     }
                 )
     finally:
@@ -142,23 +212,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--smoke", action="store_true", help="one epoch, one epsilon level")
+    ap.add_argument("--grid", choices=("demo", "large"), default="demo", help="which grid")
+    ap.add_argument("--smoke", action="store_true", help="a few short trials, one epsilon level")
     a = ap.parse_args()
 
-    spec = demo_spec(smoke=a.smoke)
+    spec = large_spec(smoke=a.smoke) if a.grid == "large" else demo_spec(smoke=a.smoke)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         spec_path = work / "demo.yaml"
         spec_path.write_text(yaml.safe_dump(spec))
+        data_path = mnist1d_npz(work) if a.grid == "large" else None
         dpsweep_s = run_dpsweep(spec_path, work, a.workers)
-        trials = opacus_trials(spec, spec_path, work)
+        trials = opacus_trials(spec, spec_path, work, data_path)
         opacus_s = run_opacus(trials, a.workers)
 
+    trial_steps = sum(t["steps"] for t in trials)
     out: dict[str, Any] = {
+        "grid": a.grid,
         "dpsweep_s": dpsweep_s,
         "opacus_s": opacus_s,
         "workers": a.workers,
         "trials": len(trials),
+        "trial_steps": trial_steps,
+        "dpsweep_ms_per_trial_step": 1000 * dpsweep_s * a.workers / trial_steps,
+        "opacus_ms_per_trial_step": 1000 * opacus_s * a.workers / trial_steps,
         "speedup": opacus_s / dpsweep_s,
         "target": TARGET,
     }

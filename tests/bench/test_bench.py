@@ -349,6 +349,43 @@ def test_vs_opacus_benchmark_smoke() -> None:
     assert out["dpsweep_s"] > 0 and out["opacus_s"] > 0
 
 
+def test_vs_opacus_large_grid_smoke() -> None:
+    p = _script("bench/vs_opacus.py", "--json", "--smoke", "--grid", "large", "--workers", "2")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["grid"] == "large" and out["workers"] == 2 and out["trials"] == 4
+    assert out["trial_steps"] == 40 and out["target"] == 3.0
+    for side in ("dpsweep", "opacus"):
+        assert out[f"{side}_s"] > 0 and out[f"{side}_ms_per_trial_step"] > 0
+
+
+def test_opacus_trial_script_learns_mnist1d_with_momentum_and_average(tmp_path: Path) -> None:
+    import numpy as np  # deferred: the other benches' tests need neither
+
+    from workers.datasets.builtin import mnist1d_parts  # deferred: as above
+
+    x, y, x_test, y_test = mnist1d_parts()
+    np.savez(tmp_path / "m.npz", x=x, y=y, x_test=x_test, y_test=y_test)
+    trial = {
+        "model": "mlp",
+        "lr": 0.05,
+        "clip": 1.0,
+        "sigma": 0.5,
+        "steps": 40,
+        "sample_rate": 0.016,
+        "batch_size": 64,
+        "eval_every": 20,
+        "seed": 0,
+        "test_fraction": 0.2,
+        "momentum": 0.9,
+        "ema": 0.99,
+        "data_path": str(tmp_path / "m.npz"),
+    }
+    p = _script("bench/opacus_trial.py", json.dumps(trial))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["accuracy"] > 0.15  # chance is 0.1
+
+
 def test_opacus_trial_script_learns() -> None:
     trial = {
         "model": "mlp",
