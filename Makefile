@@ -70,6 +70,7 @@ bench: install
 	$(BIN)/python bench/first_result.py
 	$(BIN)/python bench/vs_opacus.py
 	$(BIN)/python bench/vs_opacus.py --grid large
+	$(BIN)/python bench/large_batch.py
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install
