@@ -150,11 +150,16 @@ class PackedModel:
                 return ly.wrap(z, h)
             if isinstance(ly, CompositeLayer):
                 # The block runs its inner layers through this same function (capture, perturb).
-                return ly.run(h, apply)
+                return ly.run(h, apply)  # noqa: F821 (the cell is cleared after the pass)
             return ly.forward(h)
 
         for ly in self.layers:
             h = apply(ly, h)
+        # ``apply`` refers to itself (composite blocks call it back): a reference cycle that would
+        # keep this pass's activations alive until the garbage collector runs. Clearing the cell
+        # frees them as soon as the caller drops them (a logical batch in many physical chunks
+        # would otherwise hold many chunks' activations at once).
+        del apply
         return h.as_kb(), cap
 
     def layer_grads(self, loss_sum: Tensor, cap: Captured) -> list[Any]:
