@@ -4,6 +4,7 @@ with both end to end."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -177,3 +178,18 @@ def test_the_new_training_fields_at_their_defaults_keep_the_resume_hash() -> Non
     assert spec_hash(spec) == old
     assert spec_hash(_spec(physical_batch_size=8)) != old
     assert spec_hash(_spec(tune_batch_scale=4)) != old
+
+
+def test_the_cifar10_example_asks_for_chunks_and_multiplicity_16() -> None:
+    """examples/cifar10-wrn16-4.yaml (planned by tests/api/test_cifar_example.py) reaches the
+    worker with its physical batch and augmentation."""
+    root = Path(__file__).resolve().parents[2]
+    spec = load_spec(root / "examples" / "cifar10-wrn16-4.yaml")
+    pack = _pack(
+        physical_batch_size=spec.training.physical_batch_size,
+        augment_multiplicity=spec.training.augment.multiplicity,
+        augment_ops=spec.training.augment.ops,
+    )
+    assert (pack.physical_batch_size, pack.augment_multiplicity) == (16, 16)
+    assert pack.augment_ops == ["crop", "flip"]
+    check_augment(spec.training.augment, input_shape=(3, 32, 32), ascent=False)
