@@ -75,55 +75,84 @@ def plan_sweep(
     # declared by a stored dataset's owner: the plan is then the same on neighbouring data.
     n = data.planning_n_private
     arms = {a.label: a for a in spec.arms}
-    b = spec.training.batch_size
     grids = []
     requests = grid_requests(spec, dataset_size=n, n_train=data.planning_n_train)
     # Grids that differ only in their arm (fixed and quantile with as many trials, at one
     # level) are one accounting problem: planned and verified once, then labelled per arm.
     for req, planned in pmap_distinct(plan_grid, requests, key=_accounting_key):
         g = replace(planned, arm=req.arm, strategy=req.strategy)
-        arm = arms[req.arm]
-        # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
-        # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
-        points = split_points(arm)
-        sigma_g = min(
-            arm_gradient_noise_multiplier(
-                arm, p, noise_multiplier=g.noise_multiplier, expected_batch_size=b
-            )
-            for p in points
-        )
-        # The size of a second release a trial leaves out (quantile's count_noise) is chosen
-        # by workers.count_noise's rule; the plan shows it. The descriptor says which.
-        strategy = get_descriptor(arm.strategy)
-        second = strategy.second_release if strategy.derives_second_release else None
-        count_noise = None
-        if second is not None and any(p.get(second) is None for p in points):
-            count_noise = auto_count_noise(
-                noise_multiplier=g.noise_multiplier, expected_batch_size=b
-            )
-        warnings: list[str] = []
-        if spec.privacy.max_noise_multiplier is None and g.noise_multiplier > HIGH_NOISE_MULTIPLIER:
-            warnings.append(
-                high_noise_warning(noise_multiplier=g.noise_multiplier, expected_batch_size=b)
-            )
         grids.append(
-            replace(
+            _finished_grid(
+                spec,
                 g,
-                gradient_noise_multiplier=sigma_g,
-                input_scaling=dict(data.input_scaling),
-                count_noise=count_noise,
-                warnings=tuple(warnings),
-                n_train=data.planning_n_train,
-                n_eval=data.planning_n_eval,
-                eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
-                eval_dataset=getattr(evaluation, "dataset", None),
+                arms[req.arm],
+                data=data,
+                evaluation=evaluation,
                 engine_path=engine_path,
-                **model_facts.of(arm),
+                model_facts=model_facts,
             )
         )
     if any(getattr(a, "tune_on", None) for a in spec.arms):
         grids = _tuned(spec, grids, dataset, data)
     return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)
+
+
+def _finished_grid(
+    spec: Any,
+    g: GridPlan,
+    arm: Any,
+    *,
+    data: Any,
+    evaluation: Any,
+    engine_path: str,
+    model_facts: ModelFacts,
+) -> GridPlan:
+    """A planned grid with what the plan shows of its arm, data and model: the smallest
+    gradient sigma, the chosen count noise, warnings, the data's sizes and the model's facts."""
+    b = spec.training.batch_size
+    # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
+    # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
+    points = split_points(arm)
+    sigma_g = min(
+        arm_gradient_noise_multiplier(
+            arm, p, noise_multiplier=g.noise_multiplier, expected_batch_size=b
+        )
+        for p in points
+    )
+    count_noise = _chosen_count_noise(arm, points, g, expected_batch_size=b)
+    warnings: list[str] = []
+    if spec.privacy.max_noise_multiplier is None and g.noise_multiplier > HIGH_NOISE_MULTIPLIER:
+        warnings.append(
+            high_noise_warning(noise_multiplier=g.noise_multiplier, expected_batch_size=b)
+        )
+    return replace(
+        g,
+        gradient_noise_multiplier=sigma_g,
+        input_scaling=dict(data.input_scaling),
+        count_noise=count_noise,
+        warnings=tuple(warnings),
+        n_train=data.planning_n_train,
+        n_eval=data.planning_n_eval,
+        eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
+        eval_dataset=getattr(evaluation, "dataset", None),
+        engine_path=engine_path,
+        **model_facts.of(arm),
+    )
+
+
+def _chosen_count_noise(
+    arm: Any, points: list[dict[str, Any]], g: GridPlan, *, expected_batch_size: float
+) -> float | None:
+    """The count noise the plan chooses for a trial's second release, or ``None``."""
+    # The size of a second release a trial leaves out (quantile's count_noise) is chosen
+    # by workers.count_noise's rule; the plan shows it. The descriptor says which.
+    strategy = get_descriptor(arm.strategy)
+    second = strategy.second_release if strategy.derives_second_release else None
+    if second is not None and any(p.get(second) is None for p in points):
+        return auto_count_noise(
+            noise_multiplier=g.noise_multiplier, expected_batch_size=expected_batch_size
+        )
+    return None
 
 
 def _tuned(spec: Any, grids: list[GridPlan], dataset: Any, data: Any) -> list[GridPlan]:
