@@ -301,31 +301,16 @@ def create_sweep(
         QuotaExceeded: the models it keeps could exceed the tenant's quota (nothing is stored).
         BudgetExhausted: the dataset's lifetime cap cannot cover the sweep (nothing is stored).
     """
-    if not isinstance(spec, SweepSpec):
-        spec = load_spec(spec)
-
-    # The same admission as a dry run's (the API has run it already; it is idempotent): an
-    # analyst's terms and the owner's view of a stored dataset, before anything is planned.
-    admission = admit(engine, spec, Viewer(owner))
-    spec, terms = admission.spec, admission.terms
-    check_spec(spec)
-    # The checkpoint resolved and its digest pinned in the spec that is stored: the sweep
-    # names exactly the weights it starts from (a given digest that differs is refused here).
-    spec = pin_checkpoint(spec, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths)
-    if prepared is None:
-        if plan is None:
-            # Loader names pass through; uploads, registered names, a public evaluation
-            # dataset and the public datasets arms tune on are looked up in the catalog.
-            plan = plan_sweep(
-                spec,
-                dataset=planning_dataset(engine, spec),
-                checkpoints_dir=checkpoints_dir,
-                allow_paths=allow_paths,
-            )
-
-        prepared = PreparedSweep(plan, charge_schedules(plan.grids))
+    spec, terms, prepared = _admitted_and_prepared(
+        engine,
+        spec,
+        owner,
+        plan=plan,
+        prepared=prepared,
+        checkpoints_dir=checkpoints_dir,
+        allow_paths=allow_paths,
+    )
     plan = prepared.plan
-    check_planned_checkpoint(spec, plan)
 
     # Before anything is stored or reserved: the models it keeps must fit the tenant's quota.
     check_quota(
@@ -362,6 +347,44 @@ def create_sweep(
     _reserve(engine, spec, sweep, prepared.schedules, terms=terms, grids=len(stored))
     _store(engine, sweep, trials)
     return sweep_id
+
+
+def _admitted_and_prepared(
+    engine: Engine,
+    spec: SweepSpec | dict[str, Any] | str,
+    owner: str | None,
+    *,
+    plan: SweepPlan | None,
+    prepared: PreparedSweep | None,
+    checkpoints_dir: str | None,
+    allow_paths: bool,
+) -> tuple[SweepSpec, Any, PreparedSweep]:
+    """The spec as admitted (checked, its checkpoint pinned), the grant's terms, and its plan
+    and charge schedules (the given ones, or planned here): nothing is stored or reserved."""
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec)
+
+    # The same admission as a dry run's (the API has run it already; it is idempotent): an
+    # analyst's terms and the owner's view of a stored dataset, before anything is planned.
+    admission = admit(engine, spec, Viewer(owner))
+    spec, terms = admission.spec, admission.terms
+    check_spec(spec)
+    # The checkpoint resolved and its digest pinned in the spec that is stored: the sweep
+    # names exactly the weights it starts from (a given digest that differs is refused here).
+    spec = pin_checkpoint(spec, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths)
+    if prepared is None:
+        if plan is None:
+            # Loader names pass through; uploads, registered names, a public evaluation
+            # dataset and the public datasets arms tune on are looked up in the catalog.
+            plan = plan_sweep(
+                spec,
+                dataset=planning_dataset(engine, spec),
+                checkpoints_dir=checkpoints_dir,
+                allow_paths=allow_paths,
+            )
+        prepared = PreparedSweep(plan, charge_schedules(plan.grids))
+    check_planned_checkpoint(spec, prepared.plan)
+    return spec, terms, prepared
 
 
 def _grids_and_trials(
