@@ -197,22 +197,27 @@ def cmd_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         from workers.randomness import REPRODUCIBLE_WARNING  # deferred: numpy
 
         console.print(f"[bold yellow]warning:[/bold yellow] {REPRODUCIBLE_WARNING}")
-    try:
-        engine = open_engine(args.db, migrate=True)
-        check_owner(engine, args.owner, console)
-        # The principal's own sweeps of the spec only: another's is not theirs to resume.
-        sweep_id = None if args.new else find_resumable(engine, spec, owner=args.owner)
-        finished = None if args.new or sweep_id else find_finished(engine, spec, owner=args.owner)
-        if finished:
-            return _show_finished(engine, *finished, args=args, console=console)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    except DpsweepError as exc:
-        return fail(exc)
-    # Ray starts (seconds) while the sweep is planned and reserved, not after: the first result
-    # comes that much sooner. It is shut down once the sweep has run, while the results print.
+    # Ray starts (seconds) while the database is opened and the sweep is planned and reserved,
+    # not after: the first result comes that much sooner. It is shut down once the sweep has
+    # run, while the results print, or at once when the spec's sweep has already finished (a
+    # Ray started for nothing costs that command a shutdown, which is rare and quick).
     early = EarlyRay(SweeperSettings(), workers=args.workers)
     try:
+        try:
+            engine = open_engine(args.db, migrate=True)
+            check_owner(engine, args.owner, console)
+            # The principal's own sweeps of the spec only: another's is not theirs to resume.
+            sweep_id = None if args.new else find_resumable(engine, spec, owner=args.owner)
+            finished = (
+                None if args.new or sweep_id else find_finished(engine, spec, owner=args.owner)
+            )
+            if finished:
+                early.close(wait=False)
+                return _show_finished(engine, *finished, args=args, console=console)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        except DpsweepError as exc:
+            return fail(exc)
         return _plan_and_run(parser, args, spec, engine, sweep_id, early=early, console=console)
     finally:
         early.close()

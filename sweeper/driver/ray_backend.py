@@ -191,6 +191,45 @@ def _loopback_node_ip() -> Iterator[None]:
             ray_constants.ENABLE_RAY_CLUSTER = before
 
 
+#: The helper processes a local Ray's head starts that dpsweep never uses, by the method of
+#: ``ray._private.node.Node`` that starts each: the log monitor (it streams the workers' logs to
+#: the driver, which ``log_to_driver=False`` turns off), the autoscaler's monitor (a local Ray
+#: has a fixed size; :func:`stop_monitor` says why it is otherwise stopped first) and the API
+#: server behind the dashboard and the job and state APIs (``include_dashboard=False``; dpsweep
+#: submits tasks only).
+_UNUSED_HEAD_PROCESSES = ("start_log_monitor", "start_monitor", "start_api_server")
+
+
+@contextmanager
+def _lean_local_node() -> Iterator[None]:
+    """While a local Ray starts, skip the head processes it would start for nothing
+    (:data:`_UNUSED_HEAD_PROCESSES`).
+
+    Each is a Python process that imports much of Ray: about a second of CPU each, which on a
+    small machine the driver's planning and the first pack's worker wait for (measured on 2
+    cores: Ray up in 2-3 s instead of 4-4.5 s). A Ray release without one of these methods
+    starts as it always did. Workers, their logs (files in the session directory), the GCS,
+    the raylet and its agents are untouched.
+    """
+    from ray._private import node as ray_node  # deferred: no Ray at module level, as above
+
+    saved = {name: getattr(ray_node.Node, name, None) for name in _UNUSED_HEAD_PROCESSES}
+    if any(method is None for method in saved.values()):
+        yield
+        return
+
+    def skip(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    for name in saved:
+        setattr(ray_node.Node, name, skip)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(ray_node.Node, name, method)
+
+
 def _start_ray(settings: SweeperSettings, *, workers: int | None) -> None:
     """Join ``ray_address``, else start a local Ray (capped object store, no dashboard, quiet,
     listening on 127.0.0.1 only).
@@ -217,7 +256,7 @@ def _start_ray(settings: SweeperSettings, *, workers: int | None) -> None:
     if settings.ray_address:
         ray.init(address=settings.ray_address, **kwargs)
         return
-    with _loopback_node_ip():
+    with _loopback_node_ip(), _lean_local_node():
         ray.init(
             num_cpus=workers or settings.workers or os.cpu_count() or 1,
             object_store_memory=settings.ray_object_store_mb * 2**20,
@@ -308,8 +347,9 @@ class EarlyRay:
     Ray starts (seconds), instead of one after the other. Ray is used through
     :func:`ray_session`, which finds it initialised; :meth:`close` shuts it down. A Ray already
     initialised in the process is used as it is and not shut down here. (Warming a
-    worker's torch import too was measured and gained nothing: Ray comes up after the plan,
-    and a pack then lands on a fresh worker while the warm one is still importing.)
+    worker's torch import too was measured and gained nothing: a pack then lands on a fresh
+    worker while the warm one is still importing. Measured again once ``dpsweep run`` started
+    Ray before opening the database, on 2 cores: a one-trial sweep took 1-2 s longer.)
 
     The thread that started Ray lives until :meth:`close` and shuts Ray down itself: Ray ties
     its local processes (GCS, raylet) to the thread that spawned them (Linux's parent-death

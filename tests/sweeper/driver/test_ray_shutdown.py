@@ -1,8 +1,12 @@
-"""A local Ray's shutdown stops its autoscaler monitor first, and leaves no process behind.
+"""A local Ray starts without the head processes dpsweep never uses, stops an autoscaler monitor
+first, and its shutdown leaves no process behind.
 
-``ray.shutdown`` stops the monitor after the GCS, and then waits a second for it (its SIGTERM
-handler tries to reach the GCS); dpsweep kills it first (:func:`stop_monitor`). The cluster must
-not notice (tasks still run), and the shutdown must still end every process Ray started.
+dpsweep starts its local Ray without the log monitor, the autoscaler's monitor and the API server
+(:func:`sweeper.driver.ray_backend._lean_local_node`); tasks still run. Where a monitor runs (a
+Ray started another way), ``ray.shutdown`` stops it after the GCS, and then waits a second for it
+(its SIGTERM handler tries to reach the GCS); dpsweep kills it first (:func:`stop_monitor`). The
+cluster must not notice (tasks still run), and the shutdown must still end every process Ray
+started.
 """
 
 from __future__ import annotations
@@ -14,28 +18,41 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 
-# In a fresh interpreter: the driver exactly as dpsweep starts it (ray_session).
+# In a fresh interpreter: the driver exactly as dpsweep starts it (ray_session), or (LEAN False)
+# a plain local Ray, with every head process, shut down as dpsweep shuts its own down.
 _DRIVER = textwrap.dedent(
     """
+    import contextlib
     import json
 
     import ray
     from ray._private import worker as ray_worker
 
-    from sweeper.driver.ray_backend import ray_session, stop_monitor
+    from sweeper.driver.ray_backend import _shutdown_ray, ray_session, stop_monitor
     from sweeper.settings import SweeperSettings
 
-    with ray_session(SweeperSettings(), workers=1):
+
+    @contextlib.contextmanager
+    def plain():
+        ray.init(num_cpus=1, include_dashboard=False, _node_ip_address="127.0.0.1")
+        try:
+            yield
+        finally:
+            _shutdown_ray()
+
+
+    with ray_session(SweeperSettings(), workers=1) if LEAN else plain():
         node = ray_worker._global_node
         pids = {kind: [i.process.pid for i in infos] for kind, infos in node.all_processes.items()}
-        monitor = node.all_processes["monitor"][0].process
+        monitor = node.all_processes["monitor"][0].process if not LEAN else None
         gcs = node.all_processes["gcs_server"][0].process
         stopped = stop_monitor()
         after = {
-            "monitor_exit": monitor.poll(),
+            "monitor_exit": monitor.poll() if monitor is not None else None,
             "gcs_alive": gcs.poll() is None,
             "task": ray.get(ray.remote(lambda: 41).remote()) + 1,
             "again": stop_monitor(),
@@ -54,11 +71,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
+def _run_driver(*, lean: bool) -> dict[str, Any]:
+    """Run :data:`_DRIVER` in a fresh interpreter; what it printed."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
-        [sys.executable, "-c", _DRIVER],
+        [sys.executable, "-c", f"LEAN = {lean}\n{_DRIVER}"],
         capture_output=True,
         text=True,
         env=env,
@@ -67,7 +85,31 @@ def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return got
+
+
+def _all_gone(got: dict[str, Any]) -> None:
+    """Every process Ray started is gone once the driver has shut it down and exited."""
+    pids = [pid for kind in got["pids"].values() for pid in kind]
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], got["pids"]
+
+
+def test_dpsweeps_local_ray_starts_lean_runs_tasks_and_leaves_nothing() -> None:
+    got = _run_driver(lean=True)
+    assert {"gcs_server", "raylet"} <= set(got["pids"])
+    # Neither monitor nor the API server was started: nothing to stop first.
+    assert not {"monitor", "log_monitor", "dashboard"} & set(got["pids"]), got["pids"]
+    assert got["stopped"] is False and got["again"] is False
+    assert got["gcs_alive"] is True and got["task"] == 42
+    _all_gone(got)
+
+
+def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
+    got = _run_driver(lean=False)
     # The monitor was killed, while the GCS was still up, and the cluster kept working.
     assert got["stopped"] is True
     assert got["monitor_exit"] is not None
@@ -75,9 +117,4 @@ def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
     assert got["task"] == 42
     assert got["again"] is False  # nothing left to stop: the list holds the dead monitor only
     assert {"monitor", "gcs_server", "raylet"} <= set(got["pids"])
-    # Every process Ray started is gone once the driver has shut it down and exited.
-    pids = [pid for kind in got["pids"].values() for pid in kind]
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [p for p in pids if _alive(p)], got["pids"]
+    _all_gone(got)
