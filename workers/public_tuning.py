@@ -108,26 +108,11 @@ def tune_on_public(
     batch, sigma = scaled_for_tuning(training, noise_multiplier)
     if batch != training.batch_size:
         training = training.model_copy(update={"batch_size": batch})
-    trials = []
-    for p in points:
-        params = dict(p)
-        lr = params.pop("lr", None)
-        if lr is None:
-            raise ConfigError("every tuning point needs a learning rate", field="arms")
-        trials.append(
-            TrialSpec(
-                lr=float(lr),
-                seed=TUNING_SEED,
-                noise_multiplier=sigma,
-                target_delta=float(delta),
-                params=params,
-            )
-        )
     pack = training_pack(
         model=model,
         training=training,
         strategy=strategy,
-        trials=trials,
+        trials=_tuning_trials(points, noise_multiplier=sigma, delta=delta),
         dataset=dataset,
         accountant=accountant,
         # Public records, public seeds: reproducible, so that plan and submit agree.
@@ -139,14 +124,7 @@ def tune_on_public(
     )
     results = train_pack(pack, dataset=data)
     scores = [_finite(r.metrics.get(metric)) for r in results]
-    best_i: int | None = None
-    for i, s in enumerate(scores):
-        if s is None:
-            continue
-        current = scores[best_i] if best_i is not None else None
-        if current is None or (s > current if mode == "max" else s < current):
-            best_i = i
-    i = 0 if best_i is None else best_i
+    i = _best_index(scores, mode)
     return TuningResult(
         best=dict(points[i]),
         score=scores[i],
@@ -154,6 +132,42 @@ def tune_on_public(
         batch_size=batch,
         noise_multiplier=sigma,
     )
+
+
+def _tuning_trials(
+    points: Sequence[Mapping[str, Any]], *, noise_multiplier: float, delta: float
+) -> list[TrialSpec]:
+    """One trial per point, at the public seed and the tuning sigma (its ``lr`` taken out of
+    its params)."""
+    trials = []
+    for p in points:
+        params = dict(p)
+        lr = params.pop("lr", None)
+        if lr is None:
+            raise ConfigError("every tuning point needs a learning rate", field="arms")
+        trials.append(
+            TrialSpec(
+                lr=float(lr),
+                seed=TUNING_SEED,
+                noise_multiplier=noise_multiplier,
+                target_delta=float(delta),
+                params=params,
+            )
+        )
+    return trials
+
+
+def _best_index(scores: Sequence[float | None], mode: str) -> int:
+    """The first best score's index by ``mode`` (``max`` or ``min``), skipping unmeasured
+    points; 0 when none was measured."""
+    best_i: int | None = None
+    for i, s in enumerate(scores):
+        if s is None:
+            continue
+        current = scores[best_i] if best_i is not None else None
+        if current is None or (s > current if mode == "max" else s < current):
+            best_i = i
+    return 0 if best_i is None else best_i
 
 
 def _finite(v: Any) -> float | None:
