@@ -34,7 +34,7 @@ from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.audit import DEFAULT_DATASET, AuditRequest
 from dpsweep.errors import ConfigError, NotFound, PermissionDenied, PrivacyError, TrialNotFound
 from dpsweep.plan import SweepPlan
-from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
+from dpsweep.spec import DatasetConfig, ModelConfig, SweepSpec, TrainingConfig
 from sweeper.datasets.access import Viewer, check_access
 from sweeper.datasets.grants import has_active_grant
 from sweeper.datasets.identity import ledger_key_of
@@ -231,42 +231,11 @@ def _single_run(request: AuditRequest, name: str) -> SingleRun:
 def _prepare_trial(
     engine: Engine, request: AuditRequest, viewer: Viewer, *, device: str, threads: int
 ) -> PreparedAudit:
+    """An audit of a finished trial: its pack rebuilt from its stored plan (as the sweep
+    trained it), for the dataset's owner only."""
     trial_id = str(request.trial)
-    with Session(engine) as session:
-        trial = session.get(Trial, trial_id)
-        sweep = session.get(Sweep, trial.sweep_id) if trial is not None else None
-        if trial is not None:
-            session.expunge(trial)
-        if sweep is not None:
-            session.expunge(sweep)
-    if trial is None or sweep is None:
-        raise TrialNotFound(f"no trial {trial_id!r}")
-    try:
-        sweep_head(engine, sweep.id, viewer)
-    except NotFound:
-        raise TrialNotFound(f"no trial {trial_id!r}") from None
-    check_owner(engine, sweep.dataset, viewer, field="trial")
-    if trial.state != TrialState.done:
-        raise ConfigError(
-            f"trial {trial_id!r} is {trial.state.value}: only a finished trial's configuration "
-            "is audited",
-            field="trial",
-        )
-    if trial.noise_multiplier is None:
-        raise ConfigError(
-            f"trial {trial_id!r} is not private: there is no epsilon to audit", field="trial"
-        )
-    spec = typed_spec(sweep)
-    if spec.model.checkpoint is not None or spec.model.trainable != "all":
-        # The canary audit trains every parameter of a model built from random weights; one
-        # that starts from a checkpoint or freezes parameters is not audited (yet): refused
-        # here, before anything is charged.
-        raise ConfigError(
-            f"trial {trial_id!r} fine-tunes a checkpoint or trains only part of its model "
-            f"(trainable: {spec.model.trainable}); the canary audit does not audit such "
-            "trials yet",
-            field="trial",
-        )
+    trial, sweep = _visible_trial(engine, trial_id, viewer)
+    spec, sigma = _auditable(trial, sweep, trial_id)
     key = grid_key(trial.arm, trial.epsilon_budget)
     grid = next((g for g in SweepPlan.from_stored(sweep.plan) if g.grid == key), None)
     if grid is None:
@@ -287,7 +256,6 @@ def _prepare_trial(
         ),
         field="trial",
     )
-    sigma = float(trial.noise_multiplier)
     delta = float(trial.target_delta or spec.privacy.delta)
     pack = pack_spec(
         spec,
@@ -314,6 +282,58 @@ def _prepare_trial(
             accountant=worker_accountant(accountant).name,
         ),
     )
+
+
+def _visible_trial(engine: Engine, trial_id: str, viewer: Viewer) -> tuple[Trial, Sweep]:
+    """The trial and its sweep (detached), if the viewer sees the sweep and owns its dataset.
+
+    Raises:
+        TrialNotFound: no such trial, or one in a sweep the viewer does not see.
+        PermissionDenied, ConfigError: :func:`check_owner`'s refusals (naming ``trial``).
+    """
+    with Session(engine) as session:
+        trial = session.get(Trial, trial_id)
+        sweep = session.get(Sweep, trial.sweep_id) if trial is not None else None
+        if trial is not None:
+            session.expunge(trial)
+        if sweep is not None:
+            session.expunge(sweep)
+    if trial is None or sweep is None:
+        raise TrialNotFound(f"no trial {trial_id!r}")
+    try:
+        sweep_head(engine, sweep.id, viewer)
+    except NotFound:
+        raise TrialNotFound(f"no trial {trial_id!r}") from None
+    check_owner(engine, sweep.dataset, viewer, field="trial")
+    return trial, sweep
+
+
+def _auditable(trial: Trial, sweep: Sweep, trial_id: str) -> tuple[SweepSpec, float]:
+    """The sweep's typed spec and the trial's noise multiplier, once the trial is one the
+    canary audit can audit: finished, private, and training every parameter of a model built
+    from random weights."""
+    if trial.state != TrialState.done:
+        raise ConfigError(
+            f"trial {trial_id!r} is {trial.state.value}: only a finished trial's configuration "
+            "is audited",
+            field="trial",
+        )
+    if trial.noise_multiplier is None:
+        raise ConfigError(
+            f"trial {trial_id!r} is not private: there is no epsilon to audit", field="trial"
+        )
+    spec = typed_spec(sweep)
+    if spec.model.checkpoint is not None or spec.model.trainable != "all":
+        # The canary audit trains every parameter of a model built from random weights; one
+        # that starts from a checkpoint or freezes parameters is not audited (yet): refused
+        # here, before anything is charged.
+        raise ConfigError(
+            f"trial {trial_id!r} fine-tunes a checkpoint or trains only part of its model "
+            f"(trainable: {spec.model.trainable}); the canary audit does not audit such "
+            "trials yet",
+            field="trial",
+        )
+    return spec, float(trial.noise_multiplier)
 
 
 def _planned(strategy: str, q: float, steps: int, sigma: float, data: Any) -> Any:
