@@ -312,15 +312,8 @@ def prepare_single_run(
         strategies=[run.strategy],
     )
     planning = view.planning(data)
-    if run.sample_rate is not None:
-        batch_size = max(1, round(run.sample_rate * planning.planning_n_train))
-        resized = one_arm_spec(run, name=name, batch_size=batch_size)
-        spec = spec.model_copy(update={"training": resized.training})
-    q, steps = _planned_steps(spec.training, planning)
-    # A stored dataset's size is its owner's declaration (the records' own count is private);
-    # a loader's is counted.
-    check_delta_below_one_over_n(run.delta, int(data.planning_n_private), field="delta")
-    sigma = _noise_multiplier(run, q, steps)
+    spec = _at_sample_rate(run, spec, planning, name=name)
+    q, steps, sigma = _planned_privacy(run, spec, data, planning)
     pack = _pack(run, spec, params, dataset_spec, data, q, steps, sigma, device, threads)
     pack.model = model_spec(spec.model, checkpoints_dir=where, allow_paths=allow_paths)
     pack.keep_weights = keep_weights
@@ -357,6 +350,28 @@ def _admitted_dataset(
             "dataset's owner; submit a sweep under your grant instead"
         )
     return resolve(engine, admission.spec.dataset), admission.spec
+
+
+def _at_sample_rate(run: SingleRun, spec: SweepSpec, planning: Any, *, name: str) -> SweepSpec:
+    """The spec with the batch size a given sample rate asks of the planning view's records
+    (the spec itself when the run gives none)."""
+    if run.sample_rate is not None:
+        batch_size = max(1, round(run.sample_rate * planning.planning_n_train))
+        resized = one_arm_spec(run, name=name, batch_size=batch_size)
+        spec = spec.model_copy(update={"training": resized.training})
+    return spec
+
+
+def _planned_privacy(
+    run: SingleRun, spec: SweepSpec, data: Any, planning: Any
+) -> tuple[float, int, float | None]:
+    """q and T, delta checked below 1/N, and sigma (given or calibrated)."""
+    q, steps = _planned_steps(spec.training, planning)
+    # A stored dataset's size is its owner's declaration (the records' own count is private);
+    # a loader's is counted.
+    check_delta_below_one_over_n(run.delta, int(data.planning_n_private), field="delta")
+    sigma = _noise_multiplier(run, q, steps)
+    return q, steps, sigma
 
 
 def _planned_steps(training: TrainingConfig, planning: Any) -> tuple[float, int]:
