@@ -276,21 +276,7 @@ def training_pack(
         model=model_spec,
         strategy=strategy,
         trials=list(trials),
-        batch_size=training.batch_size,
-        physical_batch_size=training.physical_batch_size,
-        augment_multiplicity=training.augment.multiplicity if training.augment else None,
-        augment_ops=list(training.augment.ops) if training.augment else [],
-        epochs=training.epochs if training.epochs is not None else 1.0,
-        steps=steps if steps is not None else training.steps,
-        optimizer=training.optimizer,
-        momentum=training.momentum,
-        weight_decay=training.weight_decay,
-        eval_every=training.eval_every,
-        lr_schedule=training.lr_schedule,
-        warmup_steps=training.warmup_steps,
-        warmup_fraction=training.warmup_fraction,
-        ema_decay=training.ema.decay if training.ema is not None else None,
-        ema_warmup=training.ema.warmup if training.ema is not None else False,
+        **_training_settings(training, steps=steps),
         accountant=accountant,
         device=device,
         threads=threads,
@@ -300,3 +286,25 @@ def training_pack(
         keep_weights=keep_weights,
         pretrain=pretrain_ref(model, dataset),
     )
+
+
+def _training_settings(training: TrainingConfig, *, steps: int | None) -> dict[str, Any]:
+    """The training section's fields of a :class:`PackSpec` (``steps``, when given, overrides
+    the section's)."""
+    return {
+        "batch_size": training.batch_size,
+        "physical_batch_size": training.physical_batch_size,
+        "augment_multiplicity": training.augment.multiplicity if training.augment else None,
+        "augment_ops": list(training.augment.ops) if training.augment else [],
+        "epochs": training.epochs if training.epochs is not None else 1.0,
+        "steps": steps if steps is not None else training.steps,
+        "optimizer": training.optimizer,
+        "momentum": training.momentum,
+        "weight_decay": training.weight_decay,
+        "eval_every": training.eval_every,
+        "lr_schedule": training.lr_schedule,
+        "warmup_steps": training.warmup_steps,
+        "warmup_fraction": training.warmup_fraction,
+        "ema_decay": training.ema.decay if training.ema is not None else None,
+        "ema_warmup": training.ema.warmup if training.ema is not None else False,
+    }
