@@ -10,6 +10,9 @@ importing torch. The torch half (a builder registered with
 Registration is a function call (:func:`register_model_descriptor`), so that plug-ins
 (entry points of the group ``dpsweep.models``, :mod:`workers.plugins`) may add models; the
 built-in descriptors are registered when this module is imported.
+
+What a worker builds from a descriptor's model (:class:`ModelSpec`, :class:`LoraSpec`) lives in
+:mod:`workers.models.specs` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Literal
 
 from dpsweep.errors import ConfigError, DatasetError
 from dpsweep.registry import Registry
-from workers.checkpoint_store import CheckpointRef
+from workers.models.specs import TRAINABLE_CHOICES, LoraSpec, ModelSpec
 from workers.options import HParam, check_settings, check_value
 from workers.plugins import load_plugins
 
@@ -38,46 +41,6 @@ INPUT_KINDS: tuple[str, ...] = ("flat", "image", "any", "tokens")
 
 #: The activation names a model option may choose (the torch side maps each to a module).
 ACTIVATION_NAMES: tuple[str, ...] = ("elu", "gelu", "leaky_relu", "relu", "sigmoid", "tanh")
-
-
-#: What ``trainable`` names besides a tuple of parameter-name patterns (dpsweep.spec_model).
-TRAINABLE_CHOICES: tuple[str, ...] = ("all", "head", "lora")
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """LoRA adapters a worker adds (through ``peft``): rank, alpha, the layers they adapt."""
-
-    r: int = 8
-    alpha: float = 16.0
-    target_modules: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registry name plus builder options (e.g. ``{"hidden": [128]}`` for ``mlp``).
-
-    Args:
-        name: the registered model (or ``module:function`` factory).
-        options: the builder's options.
-        checkpoint: where the weights start (:class:`~workers.checkpoint_store.CheckpointRef`,
-            resolved and digested before anything is reserved); None: random initial weights.
-        trainable: what DP-SGD trains: ``all``, ``head``, ``lora`` or a tuple of fnmatch
-            patterns of parameter names; every other parameter is frozen (``requires_grad``
-            false: neither clipped nor noised).
-        lora: the adapters (``trainable == "lora"``).
-    """
-
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
-    checkpoint: CheckpointRef | None = None
-    trainable: str | tuple[str, ...] = "all"
-    lora: LoraSpec | None = None
-
-    @property
-    def plain(self) -> bool:
-        """Random initial weights, every parameter trained: a model as it always was."""
-        return self.checkpoint is None and self.trainable == "all"
 
 
 @dataclass(frozen=True)
