@@ -49,6 +49,37 @@ class TrialToTrain(Protocol):
     def target_delta(self) -> float | None: ...
 
 
+def _trial_specs(spec: SweepSpec, trials: Sequence[TrialToTrain]) -> tuple[list[Any], Any]:
+    """Each trial's :class:`TrialSpec` (its arm's params overridden by its own, ``lr`` and
+    ``lora_r`` taken out) and the pack's one LoRA rank (None without one).
+
+    Raises:
+        StopIteration: a trial's arm is not in the spec.
+        ValueError: the trials have different LoRA ranks.
+    """
+    specs = []
+    ranks: set[Any] = set()
+    for t in trials:
+        arm = arm_named(spec, t.arm)
+        params = {**arm.params, **t.params}
+        lr = params.pop("lr", None)
+        # LoRA's rank shapes the model, not the strategy: it leaves the params here, and
+        # trials of other ranks never share a pack (their pack specs' models differ).
+        ranks.add(params.pop(LORA_RANK_AXIS, None))
+        specs.append(
+            TrialSpec(
+                lr=float(lr) if lr is not None else float("nan"),
+                seed=t.seed,
+                noise_multiplier=t.noise_multiplier,
+                target_delta=float(t.target_delta or spec.privacy.delta),
+                params=params,
+            )
+        )
+    if len(ranks) > 1:
+        raise ValueError(f"a pack mixes trials of LoRA ranks {sorted(map(str, ranks))}")
+    return specs, ranks.pop()
+
+
 def pack_spec(
     spec: SweepSpec,
     trials: Sequence[TrialToTrain],
@@ -88,27 +119,7 @@ def pack_spec(
     """
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
-    specs = []
-    ranks: set[Any] = set()
-    for t in trials:
-        arm = arm_named(spec, t.arm)
-        params = {**arm.params, **t.params}
-        lr = params.pop("lr", None)
-        # LoRA's rank shapes the model, not the strategy: it leaves the params here, and
-        # trials of other ranks never share a pack (their pack specs' models differ).
-        ranks.add(params.pop(LORA_RANK_AXIS, None))
-        specs.append(
-            TrialSpec(
-                lr=float(lr) if lr is not None else float("nan"),
-                seed=t.seed,
-                noise_multiplier=t.noise_multiplier,
-                target_delta=float(t.target_delta or spec.privacy.delta),
-                params=params,
-            )
-        )
-    if len(ranks) > 1:
-        raise ValueError(f"a pack mixes trials of LoRA ranks {sorted(map(str, ranks))}")
-    rank = ranks.pop()
+    specs, rank = _trial_specs(spec, trials)
     return training_pack(
         model=spec.model,
         lora_r=int(rank) if rank is not None else None,
