@@ -172,7 +172,7 @@ def test_the_cli_registers_a_plugin_format_and_plans_on_it(
     unknown = _dpsweep(site, "datasets", "register", str(other), "--name", "z", *db, cwd=tmp_path)
     assert unknown.returncode != 0
     assert "cannot tell the format of 'records.dat' from its name" in unknown.stderr
-    assert "csv, npz, idx, image_folder, text_csv, tsv" in unknown.stderr
+    assert "csv, npz, idx, image_folder, text_csv, cifar10, cifar100, tsv" in unknown.stderr
     needs = _dpsweep(site, "datasets", "register", str(data), "--name", "w", *db, cwd=tmp_path)
     assert needs.returncode != 0 and "a TSV file needs --label-column" in needs.stderr
     bad = _dpsweep(
