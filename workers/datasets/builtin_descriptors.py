@@ -230,7 +230,8 @@ TEXT_CSV = DatasetDescriptor(
             default=None,
             optional=True,
             kind="path",
-            help="a pretrained tokenizer.json of the tokenizers library (its ids + 2)",
+            help="a pretrained tokenizer.json of the tokenizers library, or a checkpoint "
+            "directory (its own tokenizer, local files only); its ids + 2",
         ),
         "max_length": DatasetOption(
             default=128,
