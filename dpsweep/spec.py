@@ -53,7 +53,14 @@ from dpsweep.spec_privacy import (
     PrivacyConfig,
     SearchDistribution,
 )
-from dpsweep.spec_training import EMA_DP_FIELD, LR_SCHEDULES, EmaConfig, TrainingConfig
+from dpsweep.spec_training import (
+    EMA_DP_FIELD,
+    LR_SCHEDULES,
+    ROWS_PER_UNIT_AXIS,
+    UNIT_BOUNDINGS,
+    EmaConfig,
+    TrainingConfig,
+)
 
 
 class DatasetConfig(StrictSection):
@@ -69,6 +76,16 @@ class DatasetConfig(StrictSection):
         "chosen by the spec's `eval` section",
     )
     options: dict[str, Any] = Field(default_factory=dict)
+    privacy_unit: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the column (csv, text_csv) or array (npz) that says whose each row is "
+        "(e.g. patient_id): every epsilon then protects a whole unit, all its rows, and the "
+        "dataset's ledger counts units. Never a feature. A stored dataset's unit is set by its "
+        "owner at upload or registration (leave it out, or repeat it); a built-in with units "
+        "(mnist1d-people) has its own. Omitted: each row is its own unit (example-level DP)",
+    )
     input_bounds: tuple[float, float] | None = Field(
         default=None,
         description="bounds of every raw input value, declared by the data owner (e.g. [0, 255] "
@@ -370,7 +387,9 @@ __all__ = [
     "LARGE_MODEL_LR_SCALE",
     "LORA_RANK_AXIS",
     "LR_SCHEDULES",
+    "ROWS_PER_UNIT_AXIS",
     "TRAINABLE_PARTS",
+    "UNIT_BOUNDINGS",
     "ArmConfig",
     "ArtifactsConfig",
     "Axis",

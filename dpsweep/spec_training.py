@@ -72,6 +72,12 @@ class AugmentConfig(StrictSection):
     )
 
 
+#: An arm's grid axis (or fixed param) that sweeps :attr:`TrainingConfig.rows_per_unit`.
+ROWS_PER_UNIT_AXIS = "rows_per_unit"
+#: How a sampled privacy unit's rows make its one bounded contribution.
+UNIT_BOUNDINGS = ("mean", "capped")
+
+
 class TrainingConfig(StrictSection):
     epochs: float | None = Field(default=5.0, gt=0)
     steps: int | None = Field(default=None, ge=1, description="overrides epochs")
@@ -96,6 +102,22 @@ class TrainingConfig(StrictSection):
         description="public pre-tuning (tune_on) runs at a logical batch r times smaller with "
         "the noise multiplier divided by r (sigma/B fixed, Sander et al. 2023); the private "
         "grid runs at the full batch",
+    )
+    unit_bounding: Literal["mean", "capped"] = Field(
+        default="mean",
+        description="datasets with a privacy unit only: how a sampled unit's rows make its one "
+        "contribution of norm <= C. mean: each row clipped, then their mean (Chua et al.'s "
+        "user-level sampling); capped: the mean gradient of its rows, clipped once. Either "
+        "way at most rows_per_unit rows of a unit are used, chosen at random (secretly)",
+    )
+    rows_per_unit: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="datasets with a privacy unit only: the most rows of one sampled unit a "
+        "step uses (a unit with more has that many chosen at random). An arm's grid may "
+        f"sweep it as `{ROWS_PER_UNIT_AXIS}`. It changes no epsilon: a unit contributes "
+        "one vector of norm <= C whatever its rows",
     )
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(
@@ -160,6 +182,8 @@ __all__ = [
     "AUGMENT_OPS",
     "EMA_DP_FIELD",
     "LR_SCHEDULES",
+    "ROWS_PER_UNIT_AXIS",
+    "UNIT_BOUNDINGS",
     "AugmentConfig",
     "EmaConfig",
     "TrainingConfig",

@@ -58,6 +58,14 @@ class DatasetSpec:
             class another index). Stored files (uploads, registered names) carry the list
             computed at upload or registration. None: the sorted distinct labels of the
             records (built-ins, local files given by path, rows stored before declarations).
+        privacy_unit: the column (``csv``, ``text_csv``) or array (``npz``) naming whose each
+            row is; never a feature (:mod:`workers.units`). None: each row is its own unit,
+            unless the loader has built-in units (``mnist1d-people``: ``person``). A name the
+            loader cannot find, or another name than a built-in's, is a DatasetError.
+        declared_units: the number of privacy units its owner declared public (a stored
+            dataset's view): with a unit, the sample rate, the step count and DP evaluation's
+            denominators come from it, as ``declared_size`` gives them without one. None:
+            counted (local use).
         tune_datasets: the public datasets arms tune on before the private grid (an arm's
             ``tune_on``), as ``(name, worker spec)`` pairs, resolved where this spec is
             (:func:`sweeper.datasets.resolution.resolve`); only the planner reads them, workers
@@ -77,6 +85,8 @@ class DatasetSpec:
     eval_dataset: DatasetSpec | None = None
     declared_size: int | None = None
     classes: tuple[str, ...] | None = None
+    privacy_unit: str | None = None
+    declared_units: int | None = None
     tune_datasets: tuple[tuple[str, DatasetSpec], ...] = ()
 
 
@@ -106,6 +116,10 @@ class RawData:
     # the length) that a public evaluation dataset must share.
     vocab_size: int | None = None
     encoding: str | None = None
+    # With a privacy unit: each row's unit, as read (ints or strings, one per row; the
+    # column itself is not in ``x``), and the unit's name (the column's, or a built-in's).
+    units: np.ndarray | None = None
+    privacy_unit: str | None = None
 
 
 @dataclass
@@ -159,30 +173,70 @@ class Dataset:
     declared_size: int | None = None
     #: The share of records held out for evaluation (modes ``carve-out`` and ``dp``).
     test_fraction: float = 0.2
+    #: The privacy unit's name (None: example-level, each row its own unit).
+    privacy_unit: str | None = None
+    #: With a unit: each training row's unit, dense ids ``0 .. n_units_train - 1`` (int64,
+    #: ``[n_train]``); each evaluation row's, ``0 .. n_units_test - 1`` (``[n_test]``; None in
+    #: mode ``public``, whose evaluation records are another dataset's). No unit is on both
+    #: sides of the split. Private: never shown, counted or logged.
+    units_train: np.ndarray | None = None
+    units_test: np.ndarray | None = None
+    #: The number of units its owner declared (``DatasetSpec.declared_units``); None: counted.
+    declared_units: int | None = None
+
+    @property
+    def has_units(self) -> bool:
+        """Whether a privacy unit other than the row is declared."""
+        return self.privacy_unit is not None
+
+    @property
+    def n_units_train(self) -> int:
+        """The training units' number as counted (private; the engine samples over it)."""
+        if self.units_train is None:
+            return self.n_train
+        return int(self.units_train.max()) + 1 if len(self.units_train) else 0
+
+    @property
+    def n_units_test(self) -> int:
+        """The evaluation units' number as counted (private)."""
+        if self.units_test is None:
+            return int(self.x_test.shape[0])
+        return int(self.units_test.max()) + 1 if len(self.units_test) else 0
 
     @property
     def planning_n_eval(self) -> int:
-        """The evaluation records' number as plans and releases use it: the declared size's
-        share when a size is declared (the records' own count is private), else the count."""
-        if self.declared_size is None or self.evaluation == "public":
+        """The evaluation units' number as plans and releases use it (rows without a unit):
+        the declared number's share when one is declared (the records' own count is
+        private), else the count."""
+        declared = self.declared_units if self.has_units else self.declared_size
+        if self.evaluation == "public":
             return int(self.x_test.shape[0])
-        return max(1, round(self.declared_size * self.test_fraction))
+        if declared is None:
+            return self.n_units_test
+        return max(1, round(declared * self.test_fraction))
 
     @property
     def planning_n_train(self) -> int:
-        """The training records' number as plans use it (q = b / n, T): from the declared
-        size when there is one, never from the records, so that neighbouring datasets with
-        one declaration get the same q, T and sigma; else the count."""
-        if self.declared_size is None:
-            return self.n_train
+        """The training units' number as plans use it (q = b / n, T; rows without a unit):
+        from the declared number when there is one, never from the records, so that
+        neighbouring datasets with one declaration get the same q, T and sigma; else the
+        count."""
+        declared = self.declared_units if self.has_units else self.declared_size
+        if declared is None:
+            return self.n_units_train
         if self.evaluation == "public":
-            return self.declared_size
-        return max(1, self.declared_size - self.planning_n_eval)
+            return declared
+        return max(1, declared - self.planning_n_eval)
 
     @property
     def planning_n_private(self) -> int:
-        """N as plans use it (delta's bound): the declared size, else :attr:`n_private`."""
-        return self.n_private if self.declared_size is None else self.declared_size
+        """N as plans use it (delta's bound), in units: the declared number, else the count."""
+        declared = self.declared_units if self.has_units else self.declared_size
+        if declared is not None:
+            return declared
+        if not self.has_units:
+            return self.n_private
+        return self.n_units_train + (0 if self.evaluation == "public" else self.n_units_test)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
