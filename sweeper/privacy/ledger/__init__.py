@@ -79,8 +79,10 @@ from sweeper.privacy.ledger.records import (
     summed_entries,
 )
 from sweeper.privacy.ledger.rows import DatasetBudget, EntryKind, LedgerEntry, create_ledger_tables
+from sweeper.privacy.ledger.units import EXAMPLE_UNIT, bind_privacy_unit, ledger_unit, unit_label
 
 __all__ = [
+    "EXAMPLE_UNIT",
     "IDENTITY_PREFIX",
     "KEY_MAX_LENGTH",
     "AllowanceExhausted",
@@ -97,7 +99,10 @@ __all__ = [
     "ReservationExceeded",
     "SweepBalance",
     "SweepEnded",
+    "bind_privacy_unit",
     "create_ledger_tables",
     "identity_key",
+    "ledger_unit",
     "summed_entries",
+    "unit_label",
 ]

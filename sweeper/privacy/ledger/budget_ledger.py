@@ -6,11 +6,12 @@ from sweeper.privacy.ledger.caps import CapOperations
 from sweeper.privacy.ledger.reads import LedgerReads
 from sweeper.privacy.ledger.rekeying import KeyMoves
 from sweeper.privacy.ledger.reservations import ReservationOperations
+from sweeper.privacy.ledger.units import UnitOperations
 
 __all__ = ["BudgetLedger"]
 
 
-class BudgetLedger(CapOperations, ReservationOperations, KeyMoves, LedgerReads):
+class BudgetLedger(CapOperations, ReservationOperations, KeyMoves, LedgerReads, UnitOperations):
     """Lifetime ε/δ budgets per dataset, with atomic reserve, charge and release.
 
     Every public method is one transaction; a failure anywhere inside it rolls the whole
@@ -20,7 +21,8 @@ class BudgetLedger(CapOperations, ReservationOperations, KeyMoves, LedgerReads):
 
     The operations live by concept: caps (:mod:`~sweeper.privacy.ledger.caps`), a sweep's
     reserve/charge/release (:mod:`~sweeper.privacy.ledger.reservations`), moves between keys
-    (:mod:`~sweeper.privacy.ledger.rekeying`) and reads (:mod:`~sweeper.privacy.ledger.reads`),
+    (:mod:`~sweeper.privacy.ledger.rekeying`), reads (:mod:`~sweeper.privacy.ledger.reads`)
+    and the ledger's privacy unit (:mod:`~sweeper.privacy.ledger.units`),
     over the shared transactions of :mod:`~sweeper.privacy.ledger.core`.
 
     Args:

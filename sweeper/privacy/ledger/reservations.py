@@ -32,6 +32,7 @@ from sweeper.privacy.ledger.statements import (
     has_release,
     lock_and_read,
 )
+from sweeper.privacy.ledger.units import check_unit_under_lock, unit_label
 
 __all__ = ["ReservationOperations"]
 
@@ -49,6 +50,7 @@ class ReservationOperations(LedgerCore):
         note: str = "",
         principal: str | None = None,
         allowance: Decimal | None = None,
+        privacy_unit: str | None = None,
     ) -> Reservation:
         """Reserve a sweep's cost against a dataset's caps, atomically.
 
@@ -65,6 +67,9 @@ class ReservationOperations(LedgerCore):
                 analyst's grant): what they reserved less what they released, this reservation
                 included. Checked under the same lock as the caps, so concurrent reservations
                 cannot pass it together.
+            privacy_unit: What one unit of the reserved ε is: None for a row (``example``),
+                else the dataset's unit column (:mod:`~sweeper.privacy.ledger.units`). An
+                unbound ledger is bound to it; a ledger bound to another unit refuses.
 
         Returns:
             The recorded ``reserve`` entry.
@@ -74,9 +79,11 @@ class ReservationOperations(LedgerCore):
                 for δ; nothing is recorded.
             AllowanceExhausted: If ``principal``'s sweeps would hold more than ``allowance``.
             SweepEnded: If the sweep was released (it ended); nothing is recorded.
+            IllegalState: If the ledger is bound to another privacy unit; nothing is recorded.
             ConfigError: If an argument is invalid.
         """
         dataset = checked_key(dataset, "dataset")
+        unit_label(privacy_unit)  # a bad unit name is refused before the transaction
         sweep_id = checked_key(sweep_id, "sweep_id")
         eps = epsilon_amount(epsilon)
         dlt = delta_amount(delta)
@@ -86,6 +93,8 @@ class ReservationOperations(LedgerCore):
             assert budget is not None
             # An ended sweep takes no charge, so a new reservation would hold budget for nothing.
             _refuse_if_ended(conn, dataset, sweep_id, totals, eps, "it cannot reserve again")
+            # One ledger, one unit: a person's budget is never spent per row and per person.
+            check_unit_under_lock(conn, dataset, privacy_unit)
             check_caps(
                 budget,
                 epsilon=eps,

@@ -67,6 +67,11 @@ class DatasetBudget(Base):
     delta_spent: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
     epsilon_reserved: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
     delta_reserved: Mapped[Decimal] = mapped_column(ExactDecimal(), default=ZERO)
+    #: What one unit of this ledger is: ``example`` (a row) or a unit column's name (a
+    #: person). NULL: not bound yet (no reservation or registration named one). Once bound it
+    #: never changes, so the same people's budget is never spent at two levels
+    #: (:mod:`sweeper.privacy.ledger.units`).
+    privacy_unit: Mapped[str | None] = mapped_column(String(KEY_MAX_LENGTH), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 

@@ -61,6 +61,16 @@ def _fill(engine: sa.Engine) -> None:
                 )
             )
         s.add(Audit(id="x1", owner="olga", dataset="ds_olga", request={}))
+    # Today's ledger code writes the old rows: it reads a column of a later migration (0013's
+    # privacy_unit), there only while it writes; the upgrade under test then runs without it.
+    with engine.begin() as c:
+        c.execute(sa.text("ALTER TABLE dataset_budgets ADD COLUMN privacy_unit VARCHAR(200)"))
+    _fill_ledger(engine)
+    with engine.begin() as c:
+        c.execute(sa.text("ALTER TABLE dataset_budgets DROP COLUMN privacy_unit"))
+
+
+def _fill_ledger(engine: sa.Engine) -> None:
     ledger = BudgetLedger(engine)
     ledger.set_cap(OLD, epsilon_cap=3.5, delta_cap=None)  # ana's upload lowered olga's cap
     runs = [
