@@ -15,6 +15,7 @@ from sweeper.privacy.ledger.keys import checked_key, checked_note
 from sweeper.privacy.ledger.records import BudgetSummary, CarriedOver, summary_of
 from sweeper.privacy.ledger.rows import DatasetBudget, LedgerEntry, SweepTotals, utcnow
 from sweeper.privacy.ledger.statements import TOTAL_AMOUNTS
+from sweeper.privacy.ledger.units import EXAMPLE_UNIT
 
 __all__ = ["KeyMoves"]
 
@@ -147,7 +148,18 @@ def _add_budget(new: DatasetBudget, old: DatasetBudget) -> bool:
         setattr(new, f"{name}_spent", spent)
         setattr(new, f"{name}_reserved", reserved)
         setattr(new, f"{name}_cap", cap)
+    new.privacy_unit = _merged_unit(new.privacy_unit, old.privacy_unit)
     return clamped
+
+
+def _merged_unit(target: str | None, source: str | None) -> str | None:
+    """The unit of two ledgers of the same records, merged: the bound one's; two different
+    units (the records were spent at two levels already) merge to ``example``, the level
+    that forbids counting people from then on (fail closed: a person's budget is never
+    assumed to be higher than its rows' spending allows)."""
+    if target is None or source is None or target == source:
+        return target or source
+    return EXAMPLE_UNIT
 
 
 def _move_entries(session: Session, source: str, target: str, note: str) -> int | None:

@@ -140,3 +140,16 @@ def test_migration_0013_binds_ledgers_spent_before_units_to_example(tmp_path: Pa
         found = c.execute(sa.text("SELECT dataset, privacy_unit FROM dataset_budgets")).all()
     rows: dict[str, str | None] = {str(k): v for k, v in found}
     assert rows == {"spent": EXAMPLE_UNIT, "fresh": None}
+
+
+def test_merging_two_ledgers_of_the_same_records_keeps_the_stricter_unit(engine: Engine) -> None:
+    ledger = BudgetLedger(engine)
+    name_key, unbound, other = "by-name", "sha256:" + "d" * 64, "sha256:" + "e" * 64
+    ledger.reserve(name_key, sweep_id="s1", epsilon=1, delta=0, privacy_unit="person")
+    ledger.set_cap(unbound, epsilon_cap=5, delta_cap=None)  # a row, no unit yet
+    ledger.carry_over(name_key, unbound)
+    assert ledger.privacy_unit_of(unbound) == "person"
+    # Records spent per row and per person already: from now on only per row (fail closed).
+    ledger.reserve(other, sweep_id="s2", epsilon=1, delta=0)
+    ledger.carry_over(unbound, other)
+    assert ledger.privacy_unit_of(other) == EXAMPLE_UNIT
