@@ -8,6 +8,9 @@ records (by ``DatasetSpec.evaluation``) and normalises the inputs. The package, 
 * :mod:`~workers.datasets.records`: the spec of what to load, a loader's raw arrays, the result;
 * :mod:`~workers.datasets.registry`: the loaders by name (plug-ins: ``dpsweep.datasets``);
 * :mod:`~workers.datasets.builtin`: the sets bundled with scikit-learn;
+* :mod:`~workers.datasets.people`: ``mnist1d-people``, MNIST-1D grouped into people (a
+  built-in privacy unit);
+* :mod:`~workers.datasets.unit_values`: privacy units as loaders read them;
 * :mod:`~workers.datasets.formats`: IDX, NPZ (images channels-first or -last) and CSV files;
 * :mod:`~workers.datasets.images`: image folders (``root/<label>/<image>``, Pillow);
 * :mod:`~workers.datasets.cifar`: CIFAR-10 and CIFAR-100 from their python batches (a
@@ -16,7 +19,8 @@ records (by ``DatasetSpec.evaluation``) and normalises the inputs. The package, 
   pretrained tokenizer (records of kind ``tokens``);
 * :mod:`~workers.datasets.identity`: the content hash that keys a dataset's privacy ledger;
 * :mod:`~workers.datasets.finite`: the refusal of NaN and inf;
-* :mod:`~workers.datasets.splits`: the evaluation carve-outs (seeded, or keyed by content);
+* :mod:`~workers.datasets.splits`: the evaluation carve-outs (seeded, or keyed by content;
+  by unit when the dataset declares a privacy unit);
 * :mod:`~workers.datasets.scaling`: normalisation by rules that use no training record;
 * :mod:`~workers.datasets.loading`: :func:`load_dataset`, the evaluation modes' privacy notes.
 
@@ -27,7 +31,7 @@ when an image folder is, tokenizers when a tokenizer.json is), never torch.
 from __future__ import annotations
 
 # Imported for their registrations: the built-in loaders and the file formats.
-from workers.datasets import builtin, cifar, formats, images, text  # noqa: F401
+from workers.datasets import builtin, cifar, formats, images, people, text  # noqa: F401
 from workers.datasets.descriptors import (
     DATASET_DESCRIPTORS,
     INPUT_KINDS,

@@ -97,6 +97,27 @@ MNIST1D_PUBLIC = DatasetDescriptor(
     public=True,
 )
 
+#: The public seed that groups mnist1d's records into people (:mod:`workers.datasets.people`).
+MNIST1D_PEOPLE_SEED = 54
+#: The number of people that grouping gives (a constant of the seed; a test checks it).
+MNIST1D_PEOPLE_UNITS = 381
+
+MNIST1D_PEOPLE = DatasetDescriptor(
+    name="mnist1d-people",
+    input_kind="flat",
+    description="MNIST-1D's 4,000 training signals (the records of mnist1d) grouped into "
+    f"{MNIST1D_PEOPLE_UNITS} synthetic people of 1 to 50 signals each, mostly of one or two "
+    "classes per person (seed "
+    f"{MNIST1D_PEOPLE_SEED}); privacy unit 'person': user-level DP. Public test part: "
+    "mnist1d-test",
+    shared=True,
+    size=4000,
+    classes=MNIST1D_CLASSES,
+    input_bounds=MNIST1D_BOUNDS,
+    privacy_unit="person",
+    units=MNIST1D_PEOPLE_UNITS,
+)
+
 CSV = DatasetDescriptor(
     name="csv",
     input_kind="flat",
@@ -256,6 +277,7 @@ BUILTIN_DESCRIPTORS: tuple[DatasetDescriptor, ...] = (
     MNIST1D,
     MNIST1D_TEST,
     MNIST1D_PUBLIC,
+    MNIST1D_PEOPLE,
     CSV,
     NPZ,
     IDX,
@@ -278,6 +300,9 @@ __all__ = [
     "MNIST1D",
     "MNIST1D_BOUNDS",
     "MNIST1D_CLASSES",
+    "MNIST1D_PEOPLE",
+    "MNIST1D_PEOPLE_SEED",
+    "MNIST1D_PEOPLE_UNITS",
     "MNIST1D_PUBLIC",
     "MNIST1D_PUBLIC_SEED",
     "MNIST1D_SHAPE",

@@ -125,6 +125,13 @@ class DatasetDescriptor:
         public: a shared set whose records are public (no epsilon covers them): a spec may
             name it as its public evaluation dataset (``eval: {mode: public, dataset:
             NAME}``), like a registered name declared public.
+        privacy_unit: a shared set's own privacy unit (``mnist1d-people``: ``person``), the
+            name its loader gives each row's unit (:attr:`~workers.datasets.records.RawData.
+            units`). None: each row is its own unit.
+        units: a shared set's declared number of privacy units (with ``privacy_unit``): the
+            sample rate, step count and delta's bound use it
+            (:attr:`~workers.datasets.records.DatasetSpec.declared_units`), as ``size`` gives
+            them without a unit.
     """
 
     name: str
@@ -142,6 +149,8 @@ class DatasetDescriptor:
     classes: tuple[str, ...] | None = None
     input_bounds: tuple[float, float] | None = None
     public: bool = False
+    privacy_unit: str | None = None
+    units: int | None = None
 
     def __post_init__(self) -> None:
         if self.input_kind not in INPUT_KINDS:
@@ -186,6 +195,15 @@ class DatasetDescriptor:
             raise ValueError(
                 f"dataset {self.name!r}: only a shared set declares size, classes, "
                 "input_bounds or public"
+            )
+        if (self.privacy_unit is not None or self.units is not None) and not self.shared:
+            # A file's unit is its owner's declaration, stored with it (issue 54).
+            raise ValueError(
+                f"dataset {self.name!r}: only a shared set declares privacy_unit or units"
+            )
+        if self.units is not None and (self.privacy_unit is None or self.units < 1):
+            raise ValueError(
+                f"dataset {self.name!r}: units must be >= 1 and come with a privacy_unit"
             )
         if self.size is not None and self.size < 1:
             raise ValueError(f"dataset {self.name!r}: size must be >= 1; got {self.size}")

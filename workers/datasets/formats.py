@@ -4,6 +4,9 @@ Importing this module registers the ``idx``, ``npz`` and ``csv`` loaders. Each r
 malformed file with a :class:`~dpsweep.errors.DatasetError` that names the file and what is
 wrong with it. NPZ images may be channels-first or channels-last (option ``layout``); they
 are returned channels-first, so both layouts of the same images are the same records.
+A declared privacy unit (``DatasetSpec.privacy_unit``) is a CSV column or an NPZ array, read
+into :attr:`RawData.units` and never into the features; IDX files have none
+(:mod:`workers.datasets.unit_values`).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,7 @@ from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.descriptors import NPZ
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
+from workers.datasets.unit_values import npz_units, unit_cell, unit_column
 
 
 def _require_path(spec: DatasetSpec, attr: str, what: str) -> Path:
@@ -116,6 +122,8 @@ def _npz(spec: DatasetSpec) -> RawData:
                     f"(features or images) and 'y' (labels); found {sorted(z.files)}"
                 )
             x, y = z["x"], z["y"]
+            # The unit array (issue 54) is read beside x, never into it.
+            units = npz_units(z, spec, len(x) if x.ndim else 0, path)
     except DatasetError:
         raise
     except Exception as exc:  # np.load raises several unrelated types on bad files
@@ -135,6 +143,8 @@ def _npz(spec: DatasetSpec) -> RawData:
         y=y,
         kind="image" if x.ndim >= 3 else "tabular",
         pixel_max=pixel_max,
+        units=units,
+        privacy_unit=spec.privacy_unit if units is not None else None,
     )
 
 
@@ -186,9 +196,49 @@ def _csv(spec: DatasetSpec) -> RawData:
     if spec.label_column not in header:
         raise DatasetError(f"{path}: no column named {spec.label_column!r}; columns are {header}")
     li = header.index(spec.label_column)
-    rows_x: list[list[float]] = []
-    labels: list[str] = []
-    lines: list[int] = []
+    # The privacy unit's column (issue 54) is never a feature: it leaves x like the label.
+    ui = unit_column(spec, header, path, {spec.label_column: "label_column"})
+    skip = {li} if ui is None else {li, ui}
+    rows = _csv_rows(reader, path, header, li, ui)
+    if len(header) - len(skip) < 1:
+        raise DatasetError(
+            f"{path}: needs at least one feature column besides {spec.label_column!r}"
+            + ("" if ui is None else f" and the unit column {spec.privacy_unit!r}")
+        )
+    # float64: a value such as 1e300 is finite here (it would be inf in float32).
+    return RawData(
+        x=np.asarray(rows.x, dtype=np.float64),
+        y=np.asarray(rows.labels),
+        kind="tabular",
+        lines=rows.lines,
+        columns=[h for j, h in enumerate(header) if j not in skip],
+        units=None if ui is None else np.asarray(rows.units),
+        privacy_unit=spec.privacy_unit if ui is not None else None,
+    )
+
+
+@dataclass
+class _CsvRows:
+    """A CSV file's data rows: features, labels, units (when a unit column is declared) and
+    each row's line."""
+
+    x: list[list[float]] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+
+
+def _csv_rows(
+    reader: Iterator[list[str]], path: Path, header: list[str], li: int, ui: int | None
+) -> _CsvRows:
+    """Read the data rows after the header (blank rows skipped).
+
+    Raises:
+        DatasetError: a row with another number of fields, a missing label or unit, or a
+            non-numeric feature, naming the line.
+    """
+    out = _CsvRows()
+    label_column = header[li]
     for lineno, row in enumerate(reader, start=2):
         if not row or all(not c.strip() for c in row):
             continue
@@ -201,31 +251,22 @@ def _csv(spec: DatasetSpec) -> RawData:
             # An empty or NaN label is a missing value, not a class of its own.
             raise DatasetError(
                 f"{path}: line {lineno}: missing label ({row[li]!r}) in column "
-                f"{spec.label_column!r}; give every row a label or drop the row"
+                f"{label_column!r}; give every row a label or drop the row"
             )
-        labels.append(label)
-        lines.append(lineno)
+        if ui is not None:
+            out.units.append(unit_cell(row[ui], path, lineno, header[ui]))
+        out.labels.append(label)
+        out.lines.append(lineno)
         try:
-            rows_x.append([float(c) for j, c in enumerate(row) if j != li])
+            out.x.append([float(c) for j, c in enumerate(row) if j != li and j != ui])
         except ValueError:
-            bad = next(c for j, c in enumerate(row) if j != li and not _is_float(c))
+            bad = next(c for j, c in enumerate(row) if j not in (li, ui) and not _is_float(c))
             raise DatasetError(
                 f"{path}: line {lineno}: non-numeric feature value {bad!r}"
             ) from None
-    if not rows_x:
+    if not out.x:
         raise DatasetError(f"{path}: no data rows")
-    if len(header) < 2:
-        raise DatasetError(
-            f"{path}: needs at least one feature column besides {spec.label_column!r}"
-        )
-    # float64: a value such as 1e300 is finite here (it would be inf in float32).
-    return RawData(
-        x=np.asarray(rows_x, dtype=np.float64),
-        y=np.asarray(labels),
-        kind="tabular",
-        lines=lines,
-        columns=[h for j, h in enumerate(header) if j != li],
-    )
+    return out
 
 
 def _is_float(s: str) -> bool:

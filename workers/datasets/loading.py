@@ -20,6 +20,12 @@ what they are and what epsilon covers:
   statistic of either side may be used for scaling: inputs need declared ``input_bounds`` or
   a format with a known pixel range.
 
+With a privacy unit (``DatasetSpec.privacy_unit``, issue 54) the split is by unit: all of a
+unit's rows are on one side (:func:`workers.datasets.splits._unit_split`, and in mode ``dp``
+:func:`workers.datasets.splits._keyed_unit_split`, keyed by the unit's own value so that adding
+or removing one unit moves no other). The unit is never a feature, and the identity hashes the
+records without it.
+
 Normalisation (:mod:`workers.datasets.scaling`) uses no training record, and bounds every input.
 
 Privacy note on classes: the class count is shown and sets the model's output layer, and the
@@ -36,6 +42,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,10 +50,12 @@ from dpsweep.errors import ConfigError, DatasetError
 from workers.datasets.descriptors import DATASET_DESCRIPTORS
 from workers.datasets.finite import _check_finite
 from workers.datasets.identity import _canonical_labels, _canonical_number, content_sha256
+from workers.datasets.public_eval import _public_eval_records, _with_channel_axis
 from workers.datasets.records import EVAL_MODES, Dataset, DatasetSpec, RawData
 from workers.datasets.registry import DATASETS, dataset_names, has_loader
 from workers.datasets.scaling import _normalise
-from workers.datasets.splits import _keyed_split, _split
+from workers.datasets.splits import split_rows
+from workers.datasets.unit_values import check_units, dense_ids, unit_keys
 
 
 def load_dataset(spec: DatasetSpec) -> Dataset:
@@ -71,22 +80,23 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
     """
     _check_settings(spec)
     spec = with_declarations(spec)
-    raw = DATASETS[spec.name](spec)
-    _check_finite(raw, spec)
+    raw = read_records(spec)
     # The identity is taken from the records as parsed, before the split and the scaling:
-    # those depend on the spec (seed, fraction, bounds), the records do not.
+    # those depend on the spec (seed, fraction, bounds), the records do not. It hashes
+    # features and labels only, never the unit: the same records keep one ledger whatever
+    # unit is declared.
     identity = content_sha256(raw)
     labels = _encode_labels(raw, spec)
     x = _with_channel_axis(raw.kind, raw.x)
-    x_fit, y_fit, x_eval, y_eval = _training_and_evaluation(spec, raw, x, labels)
-    x_train, x_test, scaling, transform = _normalise(raw, spec, x_fit, x_eval)
+    sides = _training_and_evaluation(spec, raw, x, labels)
+    x_train, x_test, scaling, transform = _normalise(raw, spec, sides.x_train, sides.x_eval)
     return Dataset(
         name=spec.name,
         kind=raw.kind,
         x_train=x_train,
-        y_train=y_fit.astype(np.int64),
+        y_train=sides.y_train.astype(np.int64),
         x_test=x_test,
-        y_test=y_eval.astype(np.int64),
+        y_test=sides.y_eval.astype(np.int64),
         num_classes=len(labels.classes),
         classes=labels.classes,
         input_scaling=scaling,
@@ -97,7 +107,27 @@ def load_dataset(spec: DatasetSpec) -> Dataset:
         declared_classes=labels.declared,
         declared_size=spec.declared_size,
         test_fraction=spec.test_fraction,
+        privacy_unit=raw.privacy_unit if raw.units is not None else None,
+        units_train=sides.units_train,
+        units_test=sides.units_eval,
+        declared_units=spec.declared_units if raw.units is not None else None,
     )
+
+
+def read_records(spec: DatasetSpec) -> RawData:
+    """The records ``spec`` names as its loader reads them, checked finite, with their units
+    checked (:func:`workers.datasets.unit_values.check_units`); the name must be a loader's.
+
+    Raises:
+        DatasetError: a missing or malformed file, NaN / inf values, or a privacy unit the
+            format cannot read or a row without its unit.
+    """
+    raw = DATASETS[spec.name](spec)
+    _check_finite(raw, spec)
+    check_units(raw, spec)
+    if raw.units is not None and raw.privacy_unit is None:
+        raw.privacy_unit = spec.privacy_unit
+    return raw
 
 
 def _check_settings(spec: DatasetSpec) -> None:
@@ -179,20 +209,26 @@ def _encode_labels(raw: RawData, spec: DatasetSpec) -> _Labels:
     return _Labels(classes, index, y, declared)
 
 
-def _with_channel_axis(kind: str, x: np.ndarray) -> np.ndarray:
-    """Images of one channel stored as ``[N, H, W]`` as ``[N, 1, H, W]``; others as they are."""
-    if kind == "image" and x.ndim == 3:
-        return x[:, None, :, :]  # add the channel axis
-    return x
+class _Sides(NamedTuple):
+    """Training and evaluation inputs and labels, with each row's dense unit id (None
+    without a unit; the evaluation side's also in mode ``public``: another dataset's)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_eval: np.ndarray
+    y_eval: np.ndarray
+    units_train: np.ndarray | None = None
+    units_eval: np.ndarray | None = None
 
 
 def _training_and_evaluation(
     spec: DatasetSpec, raw: RawData, x: np.ndarray, labels: _Labels
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Training inputs and labels, then evaluation inputs and labels, by ``spec.evaluation``:
-    every record and the public evaluation dataset's, a keyed split (``dp``), or a seeded
-    stratified one (``carve-out``)."""
+) -> _Sides:
+    """Training and evaluation records, by ``spec.evaluation``: every record and the public
+    evaluation dataset's, a keyed split (``dp``), or a seeded one (``carve-out``); by unit
+    when the records have units (:func:`workers.datasets.splits.split_rows`)."""
     y = labels.y
+    keys = None if raw.units is None else unit_keys(raw.units)
     if spec.evaluation == "public":
         assert spec.eval_dataset is not None
         x_eval, y_eval = _public_eval_records(
@@ -203,149 +239,33 @@ def _training_and_evaluation(
             len(labels.classes),
             bounds=spec.input_bounds is not None,
         )
-        return x, y, x_eval, y_eval
-    if spec.evaluation == "dp":
-        train_idx, test_idx = _keyed_split(raw, spec.test_fraction, spec.split_seed)
-    else:
-        train_idx, test_idx = _split(
-            len(x), y, spec.test_fraction, spec.split_seed, scope=str(spec.path or spec.name)
-        )
-    return x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+        return _Sides(x, y, x_eval, y_eval, None if keys is None else dense_ids(keys))
+    train_idx, test_idx = split_rows(spec, raw, y, keys)
+    sides = _Sides(x[train_idx], y[train_idx], x[test_idx], y[test_idx])
+    if keys is None:
+        return sides
+    return sides._replace(
+        units_train=dense_ids([keys[i] for i in train_idx]),
+        units_eval=dense_ids([keys[i] for i in test_idx]),
+    )
 
 
 def with_declarations(spec: DatasetSpec) -> DatasetSpec:
-    """``spec`` with what a shared set's descriptor declares (its size, class list and input
-    bounds: :class:`workers.datasets.descriptors.DatasetDescriptor`) filled in where the spec
-    sets none, so that plans and the label encoding come from the set's public description,
-    never from counting its records (a spec's own ``input_bounds`` take precedence)."""
+    """``spec`` with what a shared set's descriptor declares (its size, number of units,
+    class list and input bounds: :class:`workers.datasets.descriptors.DatasetDescriptor`)
+    filled in where the spec sets none, so that plans and the label encoding come from the
+    set's public description, never from counting its records (a spec's own
+    ``input_bounds`` take precedence)."""
     d = DATASET_DESCRIPTORS.get(spec.name)
     if d is None or not d.shared:
         return spec
     return replace(
         spec,
         declared_size=spec.declared_size if spec.declared_size is not None else d.size,
+        declared_units=spec.declared_units if spec.declared_units is not None else d.units,
         classes=spec.classes if spec.classes is not None else d.classes,
         input_bounds=spec.input_bounds if spec.input_bounds is not None else d.input_bounds,
     )
-
-
-def _public_eval_records(
-    eval_spec: DatasetSpec,
-    raw: RawData,
-    x: np.ndarray,
-    index: dict[bytes, int],
-    n_classes: int,
-    *,
-    bounds: bool,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mode ``public``: the records of the public evaluation dataset, with channel axis, and
-    their labels as indices into the training classes (``index``: canonical label to class
-    index; the declared list's when the training dataset declares one, so the evaluation
-    encoding is the training encoding).
-
-    Its kind and input shape must be the training data's (both are public: the model's input),
-    and so must its pixel format unless ``bounds`` (declared ``input_bounds``) scale both.
-    Messages never name a training label or class: those are the private data's.
-
-    Raises:
-        ConfigError: an unknown loader, or another kind, input shape or pixel format.
-        DatasetError: a missing or malformed file, NaN / inf, no records, or labels that are
-            not training classes.
-    """
-    pub, where = _read_public_eval(eval_spec)
-    x_pub = _with_channel_axis(pub.kind, pub.x)
-    _check_same_input(pub, raw, x_pub, x, bounds=bounds)
-    return x_pub, _public_eval_labels(pub, index, n_classes, where)
-
-
-def _read_public_eval(eval_spec: DatasetSpec) -> tuple[RawData, str]:
-    """The public evaluation dataset's records, checked finite and not empty, and where they
-    are (for messages).
-
-    Raises:
-        ConfigError: an unknown loader.
-        DatasetError: a missing or malformed file, NaN / inf, or no records.
-    """
-    if not has_loader(eval_spec.name):
-        raise ConfigError(
-            f"unknown loader {eval_spec.name!r} for the evaluation dataset; choose one of: "
-            f"{', '.join(dataset_names())}",
-            field="eval.dataset",
-        )
-    where = eval_spec.path or f"built-in dataset {eval_spec.name!r}"
-    pub = DATASETS[eval_spec.name](eval_spec)
-    _check_finite(pub, eval_spec)
-    if len(pub.x) < 1:
-        raise DatasetError(f"evaluation dataset {where}: no records")
-    return pub, where
-
-
-def _check_same_input(
-    pub: RawData, raw: RawData, x_pub: np.ndarray, x: np.ndarray, *, bounds: bool
-) -> None:
-    """The evaluation records are the model's input as the training records are: same kind,
-    tokenization, input shape, and pixel format unless declared ``bounds`` scale both.
-
-    Raises:
-        ConfigError: another kind, tokenization, input shape or pixel format.
-    """
-    if pub.kind != raw.kind:
-        raise ConfigError(
-            f"the evaluation dataset holds {pub.kind} records but the training dataset "
-            f"{raw.kind} records; evaluate on a dataset of the same kind",
-            field="eval.dataset",
-        )
-    if raw.kind == "tokens" and (pub.encoding != raw.encoding or pub.vocab_size != raw.vocab_size):
-        # Ids mean words only under one tokenizer: another one's ids would be other words.
-        raise ConfigError(
-            "the evaluation dataset is tokenized with another tokenizer, vocabulary or "
-            "max_length than the training dataset; tokenize both with the same options",
-            field="eval.dataset",
-        )
-    if x_pub.shape[1:] != x.shape[1:]:
-        raise ConfigError(
-            f"the evaluation dataset's records have input shape {tuple(x_pub.shape[1:])} but "
-            f"the training dataset's {tuple(x.shape[1:])}; evaluate on records of the same "
-            "shape (the model's input)",
-            field="eval.dataset",
-        )
-    if raw.kind == "image" and not bounds and pub.pixel_max != raw.pixel_max:
-        # Both splits are scaled by one rule chosen from the training data's format: a pixel
-        # constant that is not the evaluation data's would scale its records wrongly (declared
-        # bounds apply to both alike).
-        def fmt(p: float | None) -> str:
-            return "no known pixel range" if p is None else f"pixel maximum {p:g}"
-
-        raise ConfigError(
-            f"the evaluation dataset's pixel format ({fmt(pub.pixel_max)}) is not the "
-            f"training dataset's ({fmt(raw.pixel_max)}); store both in the same format (e.g. "
-            "uint8), or declare dataset.input_bounds",
-            field="eval.dataset",
-        )
-
-
-def _public_eval_labels(
-    pub: RawData, index: dict[bytes, int], n_classes: int, where: str
-) -> np.ndarray:
-    """The evaluation records' labels as training class indices.
-
-    Raises:
-        DatasetError: labels that are not training classes (naming neither).
-    """
-    # Labels agree across formats as they do for the identity: 1, 1.0 and "1" are one class.
-    mapped = [index.get(c, -1) for c in _canonical_labels(pub.y)]
-    y_pub = np.asarray(mapped, dtype=np.int64)
-    unknown = int(np.count_nonzero(y_pub < 0))
-    if unknown:
-        # Neither the training classes nor the offending labels are named: which labels are
-        # missing from the training data would say which classes it has.
-        raise DatasetError(
-            f"evaluation dataset {where}: {unknown} of its {len(y_pub)} records have a label "
-            f"that is not one of the training dataset's {n_classes} classes; label the "
-            "evaluation records with the training dataset's label values (same spelling), or "
-            "drop records of other classes"
-        )
-    return y_pub
 
 
 def class_names(labels: np.ndarray) -> tuple[str, ...]:
@@ -432,15 +352,17 @@ def dataset_content_sha256(spec: DatasetSpec) -> str:
     """The identity (:func:`content_sha256`) of the records ``spec`` names, without splitting
     or scaling them.
 
+    The identity hashes features and labels only: a declared privacy unit (read, and
+    checked, like every load's) is not part of it.
+
     Raises:
         ConfigError: unknown dataset name.
-        DatasetError: a missing or malformed file, or NaN / inf values.
+        DatasetError: a missing or malformed file, NaN / inf values, or a privacy unit the
+            format cannot read.
     """
     if not has_loader(spec.name):
         raise ConfigError(
             f"unknown dataset {spec.name!r}; choose one of: {', '.join(dataset_names())}",
             field="dataset.name",
         )
-    raw = DATASETS[spec.name](spec)
-    _check_finite(raw, spec)
-    return content_sha256(raw)
+    return content_sha256(read_records(spec))

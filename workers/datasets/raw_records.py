@@ -2,23 +2,23 @@
 
 A kept model whose file carries its input transform takes raw records
 (:mod:`workers.datasets.input_transform`); ``dpsweep model --check`` feeds it these, the very
-records :func:`workers.datasets.loading.load_dataset` evaluated on, split the same way.
+records :func:`workers.datasets.loading.load_dataset` evaluated on, split the same way (by
+unit when the dataset declares one).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from workers.datasets.finite import _check_finite
 from workers.datasets.loading import (
     _check_settings,
     _encode_labels,
     _training_and_evaluation,
-    _with_channel_axis,
+    read_records,
     with_declarations,
 )
+from workers.datasets.public_eval import _with_channel_axis
 from workers.datasets.records import DatasetSpec
-from workers.datasets.registry import DATASETS
 
 
 def raw_evaluation_inputs(spec: DatasetSpec) -> np.ndarray:
@@ -29,12 +29,10 @@ def raw_evaluation_inputs(spec: DatasetSpec) -> np.ndarray:
     """
     _check_settings(spec)
     spec = with_declarations(spec)
-    raw = DATASETS[spec.name](spec)
-    _check_finite(raw, spec)
+    raw = read_records(spec)
     labels = _encode_labels(raw, spec)
     x = _with_channel_axis(raw.kind, raw.x)
-    _, _, x_eval, _ = _training_and_evaluation(spec, raw, x, labels)
-    return np.asarray(x_eval)
+    return np.asarray(_training_and_evaluation(spec, raw, x, labels).x_eval)
 
 
 __all__ = ["raw_evaluation_inputs"]

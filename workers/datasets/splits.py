@@ -6,8 +6,11 @@
   ``split_seed``, so adding or removing one record moves no other record across the split:
   neighbouring datasets differ in one record on one side.
 
+With a privacy unit (issue 54) both split units, not rows: :func:`_unit_split` (seeded) and
+:func:`_keyed_unit_split` (keyed by each unit's own value); every row follows its unit.
+
 Mode ``public`` trains on every record and evaluates on another dataset
-(:func:`workers.datasets.loading._public_eval_records`).
+(:func:`workers.datasets.public_eval._public_eval_records`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,32 @@ import numpy as np
 from dpsweep.errors import DatasetError
 from workers.datasets.data_cache import data_cache_dir, write_npz
 from workers.datasets.identity import _canonical_records
-from workers.datasets.records import RawData
+from workers.datasets.records import DatasetSpec, RawData
+
+
+def split_rows(
+    spec: DatasetSpec, raw: RawData, y: np.ndarray, units: list[bytes] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Training and evaluation row indices of modes ``carve-out`` and ``dp``.
+
+    Args:
+        spec: its ``evaluation``, ``test_fraction``, ``split_seed`` and (for the split
+            cache's scope) ``path`` or ``name``.
+        raw: the records (mode ``dp`` without a unit hashes each one).
+        y: each record's class index (the carve-out is stratified without a unit).
+        units: each row's canonical unit (:func:`workers.datasets.unit_values.unit_keys`),
+            or None: each row its own unit. With units, no unit is on both sides.
+
+    Raises:
+        DatasetError: a side left empty, saying how to fix it.
+    """
+    if units is not None:
+        by_unit = _keyed_unit_split if spec.evaluation == "dp" else _unit_split
+        return by_unit(units, spec.test_fraction, spec.split_seed)
+    if spec.evaluation == "dp":
+        return _keyed_split(raw, spec.test_fraction, spec.split_seed)
+    scope = str(spec.path or spec.name)
+    return _split(len(y), y, spec.test_fraction, spec.split_seed, scope=scope)
 
 
 def _split(
@@ -116,6 +144,102 @@ def _keyed_split(raw: RawData, test_fraction: float, seed: int) -> tuple[np.ndar
             f"eval mode dp splits each record by its own content: {len(mask)} records with "
             f"test_fraction={test_fraction} and split_seed={seed} leave no {empty} record; "
             "use more records, a test_fraction further from "
+            f"{'0' if empty == 'evaluation' else '1'} or another dataset.split_seed"
+        )
+    return train_idx, test_idx
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits by privacy unit (issue 54): with a declared unit, a unit is on one side only, with all
+# its rows; a unit on both sides would let its evaluation rows (public in carve-out) say what
+# its training rows are. Each unit is named by its canonical bytes
+# (:func:`workers.datasets.unit_values.unit_keys`), so the split does not depend on the file's
+# row order or format. Neither split reads or writes the split cache: they need no
+# scikit-learn, and a cached example-level split of the same records must never stand in for a
+# split by unit.
+
+_UNIT_CARVE_PERSON = b"dpsweep-unitcarv"
+_UNIT_SPLIT_PERSON = b"dpsweep-unitsplt"
+
+
+def _unit_hash(unit: bytes, seed: int, person: bytes) -> int:
+    """A unit's keyed 64-bit hash under the public ``seed``."""
+    h = hashlib.blake2b(unit, digest_size=8, key=str(int(seed)).encode(), person=person)
+    return int.from_bytes(h.digest(), "big")
+
+
+def _unit_rows(keys: list[bytes], to_eval: set[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Training and evaluation row indices (ascending) when the units ``to_eval`` evaluate."""
+    mask = np.fromiter((k in to_eval for k in keys), dtype=bool, count=len(keys))
+    return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def _unit_split(
+    keys: list[bytes], test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``carve-out`` with a unit: a seeded split of the units, every row with its unit.
+
+    ``round(U * test_fraction)`` of the ``U`` distinct units evaluate: those with the
+    smallest keyed hashes under ``seed`` (ties by value), so the split depends on the set of
+    units and the seed only, not on the rows' order. Not stratified: a unit's rows may be of
+    several classes.
+
+    Args:
+        keys: each row's unit, canonical (:func:`workers.datasets.unit_values.unit_keys`).
+        test_fraction: the share of units that evaluate.
+        seed: the public ``split_seed``.
+
+    Returns:
+        Training and evaluation row indices, ascending.
+
+    Raises:
+        DatasetError: either side without a unit, saying how to fix it (no count of units
+            or rows: those are the private records').
+    """
+    distinct = sorted(set(keys))
+    n_test = round(len(distinct) * test_fraction)
+    if n_test < 1 or len(distinct) - n_test < 1:
+        empty = "evaluation" if n_test < 1 else "training"
+        raise DatasetError(
+            f"the dataset's privacy units cannot be split with test_fraction={test_fraction}: "
+            f"no unit would be left for {empty}; use a test_fraction further from "
+            f"{'0' if empty == 'evaluation' else '1'}, records of more units, or eval mode "
+            "public"
+        )
+    ranked = sorted(distinct, key=lambda k: (_unit_hash(k, seed, _UNIT_CARVE_PERSON), k))
+    return _unit_rows(keys, set(ranked[:n_test]))
+
+
+def _keyed_unit_split(
+    keys: list[bytes], test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Mode ``dp`` with a unit: each unit's side from its own value and the public ``seed``.
+
+    A unit evaluates, with all its rows, iff ``BLAKE2b(key=seed)`` of its canonical bytes,
+    read as a number in [0, 1), is below ``test_fraction``. Adding or removing one unit (all
+    its rows) therefore moves no other unit across the split: neighbouring datasets differ in
+    one unit on one side. The share of evaluation units is ``test_fraction`` on average.
+
+    Args:
+        keys: each row's unit, canonical (:func:`workers.datasets.unit_values.unit_keys`).
+        test_fraction: the probability that a unit evaluates.
+        seed: the public ``split_seed``.
+
+    Returns:
+        Training and evaluation row indices, ascending.
+
+    Raises:
+        DatasetError: either side empty, saying how to fix it.
+    """
+    threshold = test_fraction * 2.0**64
+    to_eval = {k for k in set(keys) if _unit_hash(k, seed, _UNIT_SPLIT_PERSON) < threshold}
+    train_idx, test_idx = _unit_rows(keys, to_eval)
+    if len(test_idx) == 0 or len(train_idx) == 0:
+        empty = "evaluation" if len(test_idx) == 0 else "training"
+        raise DatasetError(
+            "eval mode dp splits each privacy unit by its own value: with "
+            f"test_fraction={test_fraction} and split_seed={seed} no unit is left for "
+            f"{empty}; use records of more units, a test_fraction further from "
             f"{'0' if empty == 'evaluation' else '1'} or another dataset.split_seed"
         )
     return train_idx, test_idx

@@ -18,6 +18,8 @@ tokenizer is one of two public files the operator provides, and no option builds
   (:mod:`workers.models.pretrained`).
 
 Neither may be the data file itself. Messages name lines and columns, never a text.
+A declared privacy unit (``DatasetSpec.privacy_unit``) is another column, read into
+:attr:`RawData.units`, never a text or a label.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import hashlib
 import io
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +39,7 @@ from workers.checkpoint_store import cached_digest, check_code_free
 from workers.datasets.descriptors import TEXT_CSV
 from workers.datasets.records import DatasetSpec, RawData
 from workers.datasets.registry import register_dataset
+from workers.datasets.unit_values import unit_cell, unit_column
 
 PAD_ID = 0
 UNKNOWN_ID = 1
@@ -157,8 +161,19 @@ def _checkpoint_encoder(path: Path) -> tuple[Callable[[list[str]], list[list[int
     return encode, size, "checkpoint"
 
 
-def _read_rows(path: Path, label_column: str, text_column: str) -> tuple[list[str], list[str]]:
-    """``(texts, labels)`` of a CSV file with a header row; extra columns are ignored."""
+@dataclass
+class _TextRows:
+    """A text CSV file's data rows: texts, labels and (with a declared unit) units."""
+
+    texts: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)
+
+
+def _read_rows(spec: DatasetSpec, path: Path, text_column: str) -> tuple[_TextRows, bool]:
+    """The rows of a CSV file with a header row (extra columns are ignored), and whether a
+    unit column was read (``spec.privacy_unit``: never a text or a label)."""
+    label_column = str(spec.label_column)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -176,8 +191,9 @@ def _read_rows(path: Path, label_column: str, text_column: str) -> tuple[list[st
                 f"{path}: no column named {column!r} (dataset.{what}); columns are {header}"
             )
     li, ti = header.index(label_column), header.index(text_column)
-    texts: list[str] = []
-    labels: list[str] = []
+    taken = {label_column: "label_column", text_column: "options.text_column"}
+    ui = unit_column(spec, header, path, taken)
+    out = _TextRows()
     lineno = 1
     try:
         for row in reader:
@@ -194,13 +210,15 @@ def _read_rows(path: Path, label_column: str, text_column: str) -> tuple[list[st
                     f"{path}: line {lineno}: missing label in column {label_column!r}; give "
                     "every row a label or drop the row"
                 )
-            texts.append(row[ti])
-            labels.append(label)
+            if ui is not None:
+                out.units.append(unit_cell(row[ui], path, lineno, header[ui]))
+            out.texts.append(row[ti])
+            out.labels.append(label)
     except csv.Error as exc:
         raise DatasetError(f"{path}: line {reader.line_num}: not CSV ({exc})") from None
-    if not texts:
+    if not out.texts:
         raise DatasetError(f"{path}: no data rows")
-    return texts, labels
+    return out, ui is not None
 
 
 @register_dataset("text_csv")
@@ -234,7 +252,8 @@ def _text_csv(spec: DatasetSpec) -> RawData:
         else _tokenizer_encoder
     )
     encode, vocab_size, method = make(public)
-    texts, labels = _read_rows(data, spec.label_column, str(opts["text_column"]))
+    rows, has_units = _read_rows(spec, data, str(opts["text_column"]))
+    texts = rows.texts
     length = int(opts["max_length"])
     x = np.full((len(texts), length), PAD_ID, dtype=np.int64)
     for i, ids in enumerate(encode(texts)):
@@ -244,11 +263,13 @@ def _text_csv(spec: DatasetSpec) -> RawData:
         raise DatasetError(f"{public}: the tokenizer gives ids beyond its own vocabulary size")
     return RawData(
         x=x,
-        y=np.asarray(labels),
+        y=np.asarray(rows.labels),
         kind="tokens",
         texts=texts,
         vocab_size=vocab_size,
         encoding=_encoding(method, public, length),
+        units=np.asarray(rows.units) if has_units else None,
+        privacy_unit=spec.privacy_unit if has_units else None,
     )
 
 
