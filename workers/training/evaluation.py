@@ -1,4 +1,5 @@
-"""Measuring a pack's trials on the evaluation split: exact metrics, or DP noisy accuracy."""
+"""Measuring a pack's trials on the evaluation split: exact metrics, or DP noisy accuracy
+(a noisy count of correct predictions; with a privacy unit, of units' mean correctness)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def _dp_evaluation(spec: PackSpec, data: Dataset, task: str) -> bool:
     """Whether this pack evaluates with noisy counts; refuses inconsistent settings.
 
     Raises:
-        PrivacyError: private evaluation records without planned noise (fail closed).
+        PrivacyError: private evaluation records without planned noise (fail closed); with a
+            privacy unit, evaluation rows without their unit.
         ConfigError: noise planned for public evaluation records, or DP evaluation of a model
             whose objective is not a count (reconstruction).
     """
@@ -60,10 +62,39 @@ def _dp_evaluation(spec: PackSpec, data: Dataset, task: str) -> bool:
             "classification model; for reconstruction use eval mode carve-out or public",
             field="eval.mode",
         )
+    if private_eval and data.has_units:
+        _check_eval_units(data)
     sigma_e = spec.eval_noise_multiplier
     if sigma_e is not None and not (sigma_e > 0 and math.isfinite(sigma_e)):
         raise PrivacyError(f"evaluation noise multiplier {sigma_e} gives no privacy guarantee")
     return private_eval
+
+
+#: Whether the pack's measurement (:mod:`workers.training.measure`) passes each evaluation
+#: row's unit to :func:`_noisy_accuracy`. Until it does, DP evaluation of a dataset with a
+#: privacy unit is refused (fail closed): a count over rows would let one unit move it by as
+#: many rows as it has, not by 1. Set it True in the change that passes ``units=``.
+UNITS_MEASURED = False
+
+
+def _check_eval_units(data: Dataset) -> None:
+    """DP evaluation of records with a privacy unit: every evaluation row has its unit, and
+    the measurement counts by unit.
+
+    Raises:
+        PrivacyError: a row without its unit, or a measurement that does not count by unit.
+    """
+    units = data.units_test
+    if units is None or units.shape != (int(data.x_test.shape[0]),):
+        raise PrivacyError(
+            "the evaluation records have a privacy unit but not each row's unit; DP "
+            "evaluation cannot count by unit, and nothing was trained"
+        )
+    if not UNITS_MEASURED:
+        raise PrivacyError(
+            "DP evaluation by privacy unit is not available in this worker yet (its noisy "
+            "count would be over rows); use eval mode carve-out or public. Nothing was trained"
+        )
 
 
 @torch.no_grad()
@@ -75,6 +106,7 @@ def _noisy_accuracy(
     *,
     noise_multiplier: float,
     n_records: int | None = None,
+    units: torch.Tensor | None = None,
     chunk: int = 2048,
 ) -> list[dict[str, Any]]:
     """DP evaluation: each trial's accuracy from a noisy count of correct predictions.
@@ -86,19 +118,64 @@ def _noisy_accuracy(
     declared size, :attr:`workers.datasets.Dataset.planning_n_eval`), never the private
     count of evaluation records unless no size was declared (local use; ``None``).
     Only the accuracy is released: no loss, calibration or per-bin counts.
+
+    With a privacy unit (``units``: each evaluation row's dense unit id, ``0 .. U - 1``) the
+    count is over units: each unit adds the mean of its rows' correctness, a value in
+    [0, 1], so adding or removing one unit (all its rows) still moves it by at most 1, and
+    ``n_records`` is the units' number (``planning_n_eval`` is in units; ``None``: ``U``).
     """
-    correct = torch.zeros(model.k, dtype=torch.float64, device=x.device)
-    for start in range(0, x.shape[0], chunk):
-        xb = x[start : start + chunk]
-        out, _ = model.forward(xb.unsqueeze(0).expand(model.k, *xb.shape))
-        # A non-finite logit row predicts nothing: argmax of NaN is arbitrary, so count it
-        # as wrong (the weights are a DP release; this is post-processing of them).
-        yb = y[start : start + chunk].unsqueeze(0)
-        ok = torch.isfinite(out).all(dim=-1) & (out.argmax(dim=-1) == yb)
-        correct += ok.sum(dim=1).to(torch.float64)
+    if units is None:
+        correct = _correct_counts(model, x, y, chunk)
+        n = float(x.shape[0] if n_records is None else n_records)
+    else:
+        correct, n_units = _correct_unit_means(model, x, y, units, chunk)
+        n = float(n_units if n_records is None else n_records)
     buf = correct.unsqueeze(1)
     z = noise.standard_normal(1)
     std = torch.full((model.k,), float(noise_multiplier), dtype=torch.float64, device=x.device)
     add_snapped_noise(buf, z, std)
-    n = float(x.shape[0] if n_records is None else n_records)
     return [{"accuracy": min(max(float(buf[i, 0]) / n, 0.0), 1.0)} for i in range(model.k)]
+
+
+def _correct_rows(model: PackedModel, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """Whether each trial predicts each row right, ``[k, rows]``. A non-finite logit row
+    predicts nothing: argmax of NaN is arbitrary, so it counts as wrong (the weights are a
+    DP release; this is post-processing of them)."""
+    out, _ = model.forward(xb.unsqueeze(0).expand(model.k, *xb.shape))
+    return torch.isfinite(out).all(dim=-1) & (out.argmax(dim=-1) == yb.unsqueeze(0))
+
+
+def _correct_counts(
+    model: PackedModel, x: torch.Tensor, y: torch.Tensor, chunk: int
+) -> torch.Tensor:
+    """Each trial's number of correct predictions, float64 ``[k]``."""
+    correct = torch.zeros(model.k, dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        ok = _correct_rows(model, x[start : start + chunk], y[start : start + chunk])
+        correct += ok.sum(dim=1).to(torch.float64)
+    return correct
+
+
+def _correct_unit_means(
+    model: PackedModel, x: torch.Tensor, y: torch.Tensor, units: torch.Tensor, chunk: int
+) -> tuple[torch.Tensor, int]:
+    """Each trial's sum over units of the mean correctness of the unit's rows, float64
+    ``[k]`` (each term in [0, 1]: one unit moves the sum by at most 1), and the number of
+    units. The per-unit means are private and never leave this function.
+
+    Raises:
+        PrivacyError: units that are not one dense id per row (fail closed: a wrong grouping
+            could let one unit move the count by more than 1).
+    """
+    units = units.to(device=x.device, dtype=torch.int64)
+    if units.shape != (x.shape[0],) or (units.numel() and int(units.min()) < 0):
+        raise PrivacyError("DP evaluation by unit needs one unit id >= 0 per evaluation row")
+    n_units = int(units.max()) + 1 if units.numel() else 0
+    per_unit = torch.zeros(model.k, n_units, dtype=torch.float64, device=x.device)
+    for start in range(0, x.shape[0], chunk):
+        ok = _correct_rows(model, x[start : start + chunk], y[start : start + chunk])
+        per_unit.index_add_(1, units[start : start + chunk], ok.to(torch.float64))
+    rows = torch.bincount(units, minlength=n_units).to(torch.float64)
+    # A unit id without rows (not dense) adds 0, never a division by zero.
+    means = per_unit / rows.clamp(min=1.0).unsqueeze(0)
+    return means.sum(dim=1), n_units
