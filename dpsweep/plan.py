@@ -28,7 +28,11 @@ from dpsweep.accountants import PLAN, resolve
 from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.errors import PlanCorrupt
 
-__all__ = ["GridKey", "GridPlan", "SweepPlan"]
+__all__ = ["EXAMPLE_UNIT", "GridKey", "GridPlan", "SweepPlan"]
+
+#: The privacy unit of a dataset without a declared unit: each row protects itself (the
+#: ledger's name for it too, ``sweeper.privacy.ledger.units``).
+EXAMPLE_UNIT = "example"
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -103,9 +107,14 @@ class GridPlan:
     count_noise: float | None = None
     # Judgements the user should see (high noise, with an expected-utility hint); no refusal.
     warnings: tuple[str, ...] = ()
-    # Records the epsilon covers (training) and the evaluation carve-out (public sizes).
+    # Records the epsilon covers (training) and the evaluation carve-out (public sizes); with
+    # a privacy unit, units (q = b / n_train and delta's bound count units, never rows).
     n_train: int | None = None
     n_eval: int | None = None
+    # What one unit of the grid's epsilon protects: ``example`` (each row its own unit) or
+    # the dataset's unit (``patient_id``, ``person``): every epsilon is then per unit, all of
+    # its rows together. Plans stored before units existed were example-level.
+    privacy_unit: str = EXAMPLE_UNIT
     # The second accountant of verify_plan (name and version) and its error bars around
     # epsilon_verified (its estimate): for the PRV accountant, rigorous bounds on the true
     # epsilon; for the independent RDP, the order-grid agreement tolerance.
@@ -248,13 +257,26 @@ class SweepPlan:
     ``dataset_sha256`` is the content hash of the loaded records (hex): the sweep reserves
     from the ledger of that content, and every trial checks that it trains on the same
     records. ``None`` only for plans made without loading the data. ``n_examples`` is the
-    number of examples N (train + evaluation) as the planner took it (declared, so public).
-    Neither is stored beside the grids (each stored grid carries ``dataset_sha256``).
+    number of examples N (train + evaluation) as the planner took it (declared, so public);
+    with a privacy unit, the number of units (delta's bound). Neither is stored beside the
+    grids (each stored grid carries ``dataset_sha256``). ``privacy_unit``: what one unit of
+    every epsilon protects (:attr:`GridPlan.privacy_unit`; every grid has the same).
     """
 
     grids: Sequence[GridPlan]
     dataset_sha256: str | None = None
     n_examples: int | None = None
+    privacy_unit: str = EXAMPLE_UNIT
+
+    @property
+    def has_units(self) -> bool:
+        """Whether every epsilon is per unit (a person), not per row."""
+        return self.privacy_unit != EXAMPLE_UNIT
+
+    @property
+    def n_units(self) -> int | None:
+        """N in units where the plan has a unit (None: example-level, or not known)."""
+        return self.n_examples if self.has_units else None
 
     def __iter__(self) -> Iterator[GridPlan]:
         return iter(self.grids)
@@ -297,4 +319,5 @@ class SweepPlan:
         """
         grids = tuple(GridPlan.from_stored(d) for d in data or ())
         sha = next((g.dataset_sha256 for g in grids if g.dataset_sha256), None)
-        return cls(grids, dataset_sha256=sha)
+        unit = grids[0].privacy_unit if grids else EXAMPLE_UNIT
+        return cls(grids, dataset_sha256=sha, privacy_unit=unit)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from dpsweep.plan import GridPlan
+from dpsweep.plan import EXAMPLE_UNIT, GridPlan
 
 __all__ = [
     "CLI",
@@ -32,9 +32,11 @@ __all__ = [
     "SUMMARY",
     "PublicPlanField",
     "View",
+    "per_unit",
     "plan_field",
     "public_fields",
     "public_view",
+    "unit_suffix",
 ]
 
 #: A reader of plans: ``dpsweep plan --json`` (the operator's local dry run), a stored
@@ -122,8 +124,25 @@ PUBLIC_PLAN_FIELDS: tuple[PublicPlanField, ...] = (
     _f("input_scaling", "input scaling", "how the dataset's inputs are scaled and bounded"),
     _f("count_noise", "σ_b", "quantile: the count noise sigma_b chosen (spec left it out)"),
     _f("warnings", "warnings", "judgements to read (e.g. high noise), not refusals"),
-    _f("n_train", "train records", "records the epsilon covers", only=f"{CLI},{SUMMARY}"),
-    _f("n_eval", "evaluation records", "the evaluation carve-out", only=f"{CLI},{SUMMARY}"),
+    _f(
+        "privacy_unit",
+        "privacy unit",
+        "what one unit of every epsilon protects: example (each row its own unit) or the "
+        "dataset's unit (e.g. person): epsilon is then per unit, all of its rows together, and "
+        "q, T, N and the evaluation counts are in units",
+    ),
+    _f(
+        "n_train",
+        "train records",
+        "records the epsilon covers (with a privacy unit: units)",
+        only=f"{CLI},{SUMMARY}",
+    ),
+    _f(
+        "n_eval",
+        "evaluation records",
+        "the evaluation carve-out (with a privacy unit: units)",
+        only=f"{CLI},{SUMMARY}",
+    ),
     _f(
         "eval_mode",
         "evaluation",
@@ -198,6 +217,22 @@ PUBLIC_PLAN_FIELDS: tuple[PublicPlanField, ...] = (
 )
 
 _BY_NAME = {f.name: f for f in PUBLIC_PLAN_FIELDS}
+
+
+def per_unit(privacy_unit: str | None) -> str:
+    """What follows an epsilon's figure in a label: ``" per person"``, or nothing for
+    example-level DP (None or ``example``: every existing label stays as it was)."""
+    if privacy_unit is None or privacy_unit == EXAMPLE_UNIT:
+        return ""
+    return f" per {privacy_unit}"
+
+
+def unit_suffix(privacy_unit: str | None) -> str:
+    """What follows an epsilon's figure where it is printed in full: ``" per person (unit:
+    person)"``, or nothing for example-level DP. The unit is named twice on purpose: the
+    first reads as a sentence, the second is the column (or array) that defines it."""
+    short = per_unit(privacy_unit)
+    return f"{short} (unit: {privacy_unit})" if short else ""
 
 
 def plan_field(name: str) -> PublicPlanField:

@@ -213,8 +213,16 @@ class SweepRunner:
             return
         total_e = exact_sum([s.reserved_epsilon for s in held.schedules.values()])
         total_d = exact_sum([s.reserved_delta for s in held.schedules.values()])
+        # At the plan's privacy unit, as create_sweep reserves: a ledger bound to another
+        # unit refuses (nothing reserved, the sweep fails) rather than spend at two levels.
+        unit = held.plan[0].record.privacy_unit if held.plan else None
         self.ledger.reserve(
-            held.dataset, sweep_id=self.sweep_id, epsilon=total_e, delta=total_d, note="resume"
+            held.dataset,
+            sweep_id=self.sweep_id,
+            epsilon=total_e,
+            delta=total_d,
+            note="resume",
+            privacy_unit=unit,
         )
 
     def _finish(self) -> None:

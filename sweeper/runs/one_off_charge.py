@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from dpsweep.errors import PrivacyError
+from dpsweep.plan_fields import unit_suffix
 from sweeper.datasets.identity import bind_name, ledger_key_of
 from sweeper.datasets.names import BUILTIN
 from sweeper.datasets.resolution import is_public
@@ -48,6 +49,9 @@ class OneOffCharge:
     note: str
     principal: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    # What one unit of the charged ε protects: None or ``example`` (a row), else the data's
+    # unit (a person); the ledger refuses a charge at another unit than its own.
+    privacy_unit: str | None = None
 
 
 def ledger_key_for(engine: Engine, charge: OneOffCharge) -> str:
@@ -79,7 +83,13 @@ def charge_one_off(engine: Engine, charge: OneOffCharge, *, ledger_key: str | No
     ledger = BudgetLedger(engine)
     eps, delta = charge.epsilon, charge.delta
     ledger.reserve(
-        key, sweep_id=entry, epsilon=eps, delta=delta, note=charge.note, principal=charge.principal
+        key,
+        sweep_id=entry,
+        epsilon=eps,
+        delta=delta,
+        note=charge.note,
+        principal=charge.principal,
+        privacy_unit=charge.privacy_unit,
     )
     ledger.charge(key, sweep_id=entry, trial_id=entry, epsilon=eps, delta=delta, note=charge.note)
     # Attributable: the charge is in the release log before anything of the run is shown.
@@ -166,6 +176,7 @@ def charge_training_run(
         note=f"dpsweep train: one {run.strategy} run on {dataset!r}",
         principal=principal,
         detail={"released": ["model", "metrics"], "strategy": run.strategy},
+        privacy_unit=prepared.privacy_unit,
     )
     if quote.epsilon is None:
         key = ledger_key_for(engine, charge)
@@ -182,6 +193,7 @@ def charge_training_run(
         "dataset": dataset,
         "epsilon_charged": quote.epsilon,
         "delta_charged": run.delta,
+        "privacy_unit": prepared.privacy_unit,
         "covers": "this one training run (a one-trial grid), charged to the dataset's "
-        "lifetime budget",
+        f"lifetime budget{unit_suffix(prepared.privacy_unit)}",
     }

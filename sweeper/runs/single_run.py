@@ -9,9 +9,10 @@ sweep's order, before anything is charged:
    (:func:`check_single_run`);
 2. admission (:func:`sweeper.sweeps.admission.admit`: who may read the dataset, and the owner's
    view of a stored one) and resolution (:func:`sweeper.datasets.resolution.resolve`);
-3. the model on the loaded data (:func:`workers.model_check.check_model`, the planner's check);
-4. q and T (:func:`workers.schedule.plan_steps`), delta below 1/N
-   (:func:`sweeper.privacy.limits.check_delta_below_one_over_n`), and sigma, given or
+3. the data's privacy unit (:func:`sweeper.sweeps.checks.check_units_on_data`) and the model
+   on the loaded data (:func:`workers.model_check.check_model`), the planner's checks;
+4. q and T (:func:`workers.schedule.plan_steps`; with a privacy unit, in units), delta below
+   1/N (:func:`sweeper.privacy.limits.check_delta_below_one_over_n`), and sigma, given or
    calibrated by the one calibrator;
 5. the worker's pack (:func:`workers.training.specs.training_pack`), with the
    :class:`workers.plan_check.PlannedRun` the worker enforces: it refuses to train anything
@@ -108,6 +109,9 @@ class PreparedRun:
     steps: int
     noise_multiplier: float | None  # None: a non-private run
     pack: Any  # workers.training.specs.PackSpec
+    # What one unit of the run's epsilon protects: ``example`` (a row) or the data's unit (a
+    # person: q, T and delta's bound then count units, and the ledger is charged per unit).
+    privacy_unit: str = "example"
 
     @property
     def private(self) -> bool:
@@ -291,6 +295,7 @@ def prepare_single_run(
         PermissionDenied: an analyst asks for reproducible mode.
     """
     from sweeper.sweeps.checkpoints import configured_checkpoints_dir, pin_model  # deferred
+    from sweeper.sweeps.checks import check_units_on_data  # deferred: sweeps sits above runs
     from workers.datasets.loading import load_dataset  # deferred: numpy
     from workers.model_check import check_model  # deferred: torch
     from workers.models import model_spec  # deferred: torch side of the registry
@@ -302,6 +307,7 @@ def prepare_single_run(
     spec = one_arm_spec(run, name=name)
     dataset_spec, spec = _admitted_dataset(engine, spec, viewer)
     data = view.train(load_dataset(dataset_spec))
+    check_units_on_data(spec, data)  # the data's unit, as a sweep's planning checks it
     # The model on this data, as the run would build it, before anything is charged: a
     # refused model costs nothing (the same check as a sweep's planning).
     check_model(
@@ -328,6 +334,7 @@ def prepare_single_run(
         steps=steps,
         noise_multiplier=sigma,
         pack=pack,
+        privacy_unit=str(data.privacy_unit or "example"),
     )
 
 

@@ -7,7 +7,8 @@ refused at submission, naming its field, and nothing is reserved. Once the data 
 :func:`check_model_on_data` checks that the model builds on it and that its engine path takes
 it (the generic path's layer check). The planner runs both, so every path that plans (``dpsweep
 plan``, ``dpsweep run``, the API's plan and submit) refuses the same specs before anything is
-reserved.
+reserved. With a privacy unit (:attr:`dpsweep.spec.DatasetConfig.privacy_unit`),
+:func:`check_units_on_data` refuses a spec whose unit settings do not fit the loaded data.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from dpsweep.errors import ConfigError
 from dpsweep.spec import ArmConfig, Axis, SweepSpec
 from dpsweep.spec_model import LORA_RANK_AXIS
+from dpsweep.spec_training import ROWS_PER_UNIT_AXIS, TrainingConfig
 from sweeper.sweeps.checkpoints import arm_ranks, configured_checkpoints_dir
 from workers.augment_check import check_augment
 from workers.model_check import check_model
@@ -158,6 +160,7 @@ def _check_arms(spec: SweepSpec) -> None:
     for arm in spec.arms:
         check_arm(arm)
         _check_lora(spec, arm)
+        _check_rows_per_unit(arm)
         _check_tuning(spec, arm)
 
 
@@ -171,6 +174,109 @@ def _check_lora(spec: SweepSpec, arm: ArmConfig) -> None:
     elif LORA_RANK_AXIS in arm.params:
         values = [arm.params[LORA_RANK_AXIS]]
         check_lora_axis(spec.model, values, field=f"{base}.params.{LORA_RANK_AXIS}")
+
+
+#: An arm's grid axes and params that are not its strategy's hyperparameters.
+_NOT_THE_STRATEGYS = ("lr", LORA_RANK_AXIS, ROWS_PER_UNIT_AXIS)
+#: The most rows of one unit a step may use (``TrainingConfig.rows_per_unit``'s bound).
+_MAX_ROWS_PER_UNIT = 1024
+
+
+def _rows_per_unit_field(arm: ArmConfig) -> str | None:
+    """Where an arm sets rows_per_unit (``arms.<label>.grid.rows_per_unit`` or its params),
+    None where it does not."""
+    base = f"arms.{arm.label}"
+    if ROWS_PER_UNIT_AXIS in arm.grid:
+        return f"{base}.grid.{ROWS_PER_UNIT_AXIS}"
+    if ROWS_PER_UNIT_AXIS in arm.params:
+        return f"{base}.params.{ROWS_PER_UNIT_AXIS}"
+    return None
+
+
+def _check_rows_per_unit(arm: ArmConfig) -> None:
+    """An arm's ``rows_per_unit`` (a grid axis or a fixed param) is a whole number of rows in
+    1..1024 for every trial, as ``training.rows_per_unit`` is; whether the dataset has a unit
+    at all is :func:`check_units_on_data`'s, once it is loaded."""
+    field = _rows_per_unit_field(arm)
+    if field is None:
+        return
+    if ROWS_PER_UNIT_AXIS in arm.grid:
+        values = _axis_values(arm.grid[ROWS_PER_UNIT_AXIS])
+    else:
+        values = [arm.params[ROWS_PER_UNIT_AXIS]]
+    for v in values:
+        whole = (
+            not isinstance(v, bool)
+            and isinstance(v, int | float)
+            and math.isfinite(v)
+            and v == int(v)
+        )
+        if not whole or not 1 <= int(v) <= _MAX_ROWS_PER_UNIT:
+            raise ConfigError(
+                f"arm {arm.label!r}: {ROWS_PER_UNIT_AXIS} is the most rows of one unit a step "
+                f"uses: whole numbers in 1..{_MAX_ROWS_PER_UNIT}; got {v!r}",
+                field=field,
+            )
+
+
+def check_units_on_data(spec: SweepSpec, data: Any) -> None:
+    """The spec's privacy unit and unit settings against the loaded data, before anything is
+    planned or reserved: one spec is accounted at one level, the data's.
+
+    * ``dataset.privacy_unit``, where the spec names one, is the data's own unit (a stored
+      dataset's owner or a built-in decides it: a spec that names another would be charged
+      at a level it did not ask for);
+    * on data without a unit, the unit settings (``training.unit_bounding`` or
+      ``training.rows_per_unit`` other than their defaults, an arm's ``rows_per_unit``) are
+      refused: they would suggest a person is protected where only a row is;
+    * on data with a unit, ``training.augment`` is refused (the engine bounds a unit's rows,
+      not augmented copies of them).
+
+    Only values other than the defaults count: a spec dumped and read back (the API plans a
+    copy) carries every default, which says nothing about the data.
+
+    Raises:
+        ConfigError: naming the field (``dataset.privacy_unit``, ``training.unit_bounding``,
+            ``training.rows_per_unit``, ``arms.<label>.grid.rows_per_unit``,
+            ``training.augment``).
+    """
+    unit = getattr(data, "privacy_unit", None)
+    asked = spec.dataset.privacy_unit
+    if asked is not None and asked != unit:
+        has = f"its unit is {unit!r}" if unit is not None else "it has no privacy unit"
+        raise ConfigError(
+            f"dataset.privacy_unit {asked!r} is not the dataset's: {has} (set by its owner, or "
+            "by the built-in loader); one spec is accounted at one level, the data's: leave "
+            "dataset.privacy_unit out, or give the dataset's own",
+            field="dataset.privacy_unit",
+        )
+    if unit is None:
+        _refuse_unit_settings(spec)
+    elif spec.training.augment is not None:
+        raise ConfigError(
+            f"the dataset's privacy unit is {unit!r}: augmentation is not supported with a "
+            "privacy unit (a unit's rows are bounded together, augmented copies are not); "
+            "leave training.augment out",
+            field="training.augment",
+        )
+
+
+def _refuse_unit_settings(spec: SweepSpec) -> None:
+    """Refuse unit settings on data without a unit (:func:`check_units_on_data`)."""
+    defaults = TrainingConfig.model_fields
+    where = [
+        f"training.{name}"
+        for name in ("unit_bounding", ROWS_PER_UNIT_AXIS)
+        if getattr(spec.training, name) != defaults[name].default
+    ]
+    where += [f for f in (_rows_per_unit_field(arm) for arm in spec.arms) if f is not None]
+    if where:
+        raise ConfigError(
+            f"the dataset has no privacy unit; {where[0]} applies to datasets with one only "
+            "(each row is its own unit here, so every epsilon is per row): leave it out, or "
+            "use a dataset whose owner declared a unit (dataset.privacy_unit, e.g. patient_id)",
+            field=where[0],
+        )
 
 
 def _check_tuning(spec: SweepSpec, arm: ArmConfig) -> None:
@@ -192,6 +298,14 @@ def _check_tuning(spec: SweepSpec, arm: ArmConfig) -> None:
         raise ConfigError(
             f"arm {arm.label!r} tunes on {name!r} but has no grid to centre; give it a grid "
             "(e.g. lr: {logspace: [-2, 0], k: 3}) or leave tune_on out",
+            field=field,
+        )
+    if _rows_per_unit_field(arm) is not None:
+        # The public records have no units: a rows_per_unit point could not be tried there.
+        raise ConfigError(
+            f"arm {arm.label!r} tunes on {name!r}, whose records have no privacy unit, but "
+            f"sets {ROWS_PER_UNIT_AXIS}; set training.{ROWS_PER_UNIT_AXIS} instead, or leave "
+            "tune_on out",
             field=field,
         )
 
@@ -220,8 +334,9 @@ def check_arm(arm: ArmConfig) -> None:
             "(e.g. lr: {logspace: [-2, 0], k: 3}) or to its params",
             field=f"{field}.grid.lr",
         )
-    # lr is the optimizer's, lora_r the model's (_check_lora): neither is the strategy's.
-    names = (set(arm.grid) | set(arm.params)) - {"lr", LORA_RANK_AXIS}
+    # lr is the optimizer's, lora_r the model's (_check_lora), rows_per_unit the unit
+    # bounding's (_check_rows_per_unit): none is the strategy's.
+    names = (set(arm.grid) | set(arm.params)) - set(_NOT_THE_STRATEGYS)
     unknown = names - set(strategy.hyperparameters)
     if unknown:
         raise ConfigError(
@@ -267,7 +382,7 @@ def _check_arm_values(arm: ArmConfig, strategy: Any) -> None:
             _check_lr(arm, v, f"{base}.grid.lr")
     elif "lr" in arm.params:
         _check_lr(arm, arm.params["lr"], f"{base}.params.lr")
-    own = ("lr", LORA_RANK_AXIS)  # not the strategy's (see check_arm)
+    own = _NOT_THE_STRATEGYS  # (see check_arm)
     params = {k: v for k, v in arm.params.items() if k not in own}
     axes = {k: v for k, v in arm.grid.items() if k not in own}
 

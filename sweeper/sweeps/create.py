@@ -20,19 +20,15 @@ from typing import Any
 from sqlalchemy import Engine, insert
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import PermissionDenied
 from dpsweep.plan import GridPlan, SweepPlan
 from dpsweep.spec import ArmConfig, SweepSpec, load_spec
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.fixed_view import stored_row
-from sweeper.datasets.grants import has_active_grant, usage
 from sweeper.datasets.identity import bind_name, ledger_key_of
 from sweeper.datasets.names import in_catalog
 from sweeper.datasets.resolution import resolve, tuning_names
-from sweeper.privacy.charges import ChargeSchedule, charge_schedule, exact_sum
+from sweeper.privacy.charges import ChargeSchedule, charge_schedule
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
-from sweeper.privacy.ledger.cap_check import check_allowance, check_caps
-from sweeper.privacy.ledger.errors import AllowanceExhausted, BudgetExhausted
 from sweeper.privacy.parallel import pmap_distinct
 from sweeper.store import Sweep, SweepState, Trial, TrialState, new_id
 from sweeper.sweeps import events
@@ -41,6 +37,8 @@ from sweeper.sweeps.checkpoints import check_planned_checkpoint, pin_checkpoint
 from sweeper.sweeps.checks import check_spec
 from sweeper.sweeps.planning import plan_sweep
 from sweeper.sweeps.quota import check_quota, configured_quota_bytes, estimate_if_limited
+from sweeper.sweeps.reservation import check_before_reserving as check_before_reserving
+from sweeper.sweeps.reservation import check_ledger_unit, reserve_sweep
 from sweeper.sweeps.search import draw_run_count, random_point, random_points
 from sweeper.sweeps.tuning import tuned_arm
 from workers.datasets.loading import dataset_content_sha256
@@ -62,6 +60,17 @@ def charge_schedules(grids: Sequence[GridPlan]) -> list[ChargeSchedule]:
     return [schedule for _, schedule in pmap_distinct(charge_schedule, grids, key=key)]
 
 
+# The training section's keys left out of a spec's hash at these values (added after specs
+# were first hashed: see spec_hash).
+_TRAINING_DEFAULTS = (
+    ("physical_batch_size", None),
+    ("augment", None),
+    ("tune_batch_scale", 1),
+    ("unit_bounding", "mean"),
+    ("rows_per_unit", 8),
+)
+
+
 def spec_hash(spec: SweepSpec) -> str:
     """A canonical hash of the spec (defaults filled in), to find a sweep to resume.
 
@@ -76,11 +85,14 @@ def spec_hash(spec: SweepSpec) -> str:
     for arm in data.get("arms", ()):
         if arm.get("tune_on") is None:
             arm.pop("tune_on", None)
-    # Likewise the training section's chunking, augmentation and tuning scale at their defaults.
+    # Likewise the training section's chunking, augmentation, tuning scale and unit settings
+    # at their defaults (and a dataset without a declared unit).
     training = data.get("training", {})
-    for key, default in (("physical_batch_size", None), ("augment", None), ("tune_batch_scale", 1)):
+    for key, default in _TRAINING_DEFAULTS:
         if key in training and training[key] == default:
             del training[key]
+    if data.get("dataset", {}).get("privacy_unit", 0) is None:
+        del data["dataset"]["privacy_unit"]
     text = json.dumps(data, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -105,85 +117,33 @@ def _content_of(engine: Engine, spec: SweepSpec) -> str:
     return dataset_content_sha256(resolve(engine, spec.dataset))
 
 
-def _ledger_key(
-    engine: Engine, spec: SweepSpec, name: str, content: str, n_examples: int | None
-) -> str:
-    """The ledger a sweep reserves on.
+def _ledger_key(engine: Engine, spec: SweepSpec, name: str, content: str, plan: SweepPlan) -> str:
+    """The ledger a sweep reserves on, its privacy unit checked against the plan's.
 
     A stored file (an upload or a registered name) was bound to its records when its owner
     uploaded or registered it, and no sweep re-points it: whatever a spec sets, the sweep is
     charged on that ledger (an analyst cannot reach a fresh ledger by reading the file another
     way, and the owner's budget view keeps every spend). Loader names and paths (local use
     and admins) are bound here to the records the plan read.
-    """
-    if in_catalog(spec.dataset.name) and stored_row(engine, spec.dataset.name) is not None:
-        return ledger_key_of(engine, spec.dataset.name)
-    # Bind the name to its records before reserving: a cap or spend still kept under the name
-    # (from before ledgers were keyed by content) must apply to this reservation.
-    return bind_name(
-        engine,
-        name,
-        content,
-        new_row={"config": spec.dataset.model_dump(mode="json"), "n_examples": n_examples},
-    ).ledger_key
-
-
-def check_before_reserving(
-    engine: Engine,
-    spec: SweepSpec,
-    prepared: PreparedSweep,
-    admission: Any,
-    *,
-    owner: str | None,
-    artifact_quota_mb: float | None = None,
-) -> None:
-    """What a submission refuses after planning, checked read-only for a dry run.
-
-    The tenant's quota of kept models, and whether the sweep's cost fits an analyst's
-    allowance (their own use) and what remains of the records' lifetime cap (an analyst is
-    told only that it does not fit, as at submission: the figures would say what others
-    spent). A submission checks the same again, atomically, when it reserves.
 
     Raises:
-        QuotaExceeded, AllowanceExhausted, BudgetExhausted: as :func:`create_sweep` would.
+        IllegalState: the ledger is bound to another privacy unit than the plan's (nothing
+            reserved).
     """
-    check_quota(
-        engine,
-        owner,
-        spec,
-        configured_quota_bytes(artifact_quota_mb),
-        model_bytes=prepared.model_bytes,
-    )
-
-    if stored_row(engine, spec.dataset.name) is None:
-        return  # loader names and paths: bound, and capped, when the sweep is created
-
-    name = spec.dataset.name
-    key = ledger_key_of(engine, name)
-    eps = exact_sum([s.reserved_epsilon for s in prepared.schedules])
-    dlt = exact_sum([s.reserved_delta for s in prepared.schedules])
-    terms = admission.terms
-    budget = BudgetLedger(engine).summary(key)
-    # The ledger's own check (it runs again, under the ledger's lock, when the sweep reserves).
-    check_caps(
-        budget,
-        epsilon=eps,
-        delta=dlt,
-        dataset=name,
-        who=f"dataset {name!r}: the sweep",
-        asks="asks for",
-        analyst=terms is not None,
-    )
-    if terms is not None:
-        check_allowance(
-            epsilon=eps,
-            used=usage(engine, key, terms.analyst),
-            allowance=terms.epsilon_allowance,
-            analyst=terms.analyst,
-            dataset=name,
-            who=f"dataset {name!r}: the sweep",
-            asks="asks for",
-        )
+    if in_catalog(spec.dataset.name) and stored_row(engine, spec.dataset.name) is not None:
+        key = ledger_key_of(engine, spec.dataset.name)
+    else:
+        # Bind the name to its records before reserving: a cap or spend still kept under the
+        # name (from before ledgers were keyed by content) must apply to this reservation. A
+        # unit count is not a number of records: a name bound at a unit keeps none.
+        n_examples = None if plan.has_units else plan.n_examples
+        config = spec.dataset.model_dump(mode="json")
+        new_row = {"config": config, "n_examples": n_examples}
+        key = bind_name(engine, name, content, new_row=new_row).ledger_key
+    # One ledger, one privacy unit: a plan at another unit than the ledger's is refused before
+    # anything is reserved (the reservation checks it again under the ledger's lock).
+    check_ledger_unit(engine, key, plan.privacy_unit, dataset=name)
+    return key
 
 
 def _arm_trials(spec: SweepSpec, arm: ArmConfig, grid: GridPlan) -> list[dict[str, Any]]:
@@ -340,11 +300,11 @@ def create_sweep(
     )
     for trial in trials:
         trial["sweep_id"] = sweep.id
-    sweep.ledger_key = _ledger_key(engine, spec, sweep.dataset, content, plan.n_examples)
+    sweep.ledger_key = _ledger_key(engine, spec, sweep.dataset, content, plan)
     # Reserve first, store second: a scheduler may pick a stored pending sweep up at once, and
     # must find its whole reservation in place. A refused reservation stores nothing.
     sweep_id = str(sweep.id)  # read before the store's commit expires the object
-    _reserve(engine, spec, sweep, prepared.schedules, terms=terms, grids=len(stored))
+    reserve_sweep(engine, spec, sweep, prepared, terms=terms, grids=len(stored))
     _store(engine, sweep, trials)
     return sweep_id
 
@@ -423,62 +383,6 @@ def _grids_and_trials(
             for position, row in enumerate(rows)
         )
     return stored, trials
-
-
-def _reserve(
-    engine: Engine,
-    spec: SweepSpec,
-    sweep: Sweep,
-    schedules: Sequence[ChargeSchedule],
-    *,
-    terms: Any,
-    grids: int,
-) -> None:
-    """Reserve the sweep's whole cost on its ledger (an analyst's allowance checked under the
-    ledger's lock); a refusal names the dataset as the user did, never its identity.
-
-    Raises:
-        AllowanceExhausted, BudgetExhausted: the reservation does not fit (nothing reserved).
-        PermissionDenied: the analyst's grant was revoked while the sweep was planned (the
-            reservation goes back).
-    """
-    total_e = exact_sum([s.reserved_epsilon for s in schedules])
-    total_d = exact_sum([s.reserved_delta for s in schedules])
-    name, key = sweep.dataset, str(sweep.ledger_key)
-    ledger = BudgetLedger(engine)
-    try:
-        ledger.reserve(
-            key,
-            sweep_id=sweep.id,
-            epsilon=total_e,
-            delta=total_d,
-            note=f"sweep {spec.name!r} on {name!r}: {grids} grid(s)",
-            principal=sweep.owner,
-            allowance=terms.epsilon_allowance if terms is not None else None,
-        )
-    except AllowanceExhausted as exc:
-        raise AllowanceExhausted(
-            f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')}",
-            dataset=name,
-            quantity=exc.quantity,
-            requested=exc.requested,
-            remaining=exc.remaining,
-        ) from None
-    except BudgetExhausted as exc:
-        raise BudgetExhausted(
-            f"dataset {name!r}: {str(exc).removeprefix('the dataset: ')} (the lifetime cap "
-            "is that of its records, shared by every name of the same records)",
-            dataset=name,
-            quantity=exc.quantity,
-            requested=exc.requested,
-            remaining=exc.remaining,
-        ) from None
-    # Revoked while this sweep was planned: its reservation goes back, nothing is stored.
-    if terms is not None and not has_active_grant(engine, spec.dataset.name, terms.analyst):
-        ledger.release(key, sweep_id=sweep.id, note="the analyst's grant was revoked")
-        raise PermissionDenied(
-            f"your grant on dataset {spec.dataset.name!r} was revoked; ask its owner"
-        )
 
 
 def _store(engine: Engine, sweep: Sweep, trials: list[dict[str, Any]]) -> None:

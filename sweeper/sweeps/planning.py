@@ -14,14 +14,14 @@ from dataclasses import replace
 from typing import Any
 
 from dpsweep.errors import ConfigError
-from dpsweep.plan import GridPlan, SweepPlan
+from dpsweep.plan import EXAMPLE_UNIT, GridPlan, SweepPlan
 from sweeper.datasets.resolution import resolve, tuning_names, tuning_spec
 from sweeper.privacy.grids import GridRequest
 from sweeper.privacy.limits import HIGH_NOISE_MULTIPLIER, high_noise_warning
 from sweeper.privacy.noise_split import arm_gradient_noise_multiplier, split_points
 from sweeper.privacy.parallel import pmap_distinct
 from sweeper.privacy.planner import grid_requests, plan_accountant_name, plan_grid
-from sweeper.sweeps.checks import check_model_on_data, check_spec
+from sweeper.sweeps.checks import check_model_on_data, check_spec, check_units_on_data
 from sweeper.sweeps.model_facts import ModelFacts
 from sweeper.sweeps.tuning import centred_arm, grid_json, tuning_points
 from workers.accounting.registry import trial_accountant_for_plan
@@ -63,6 +63,8 @@ def plan_sweep(
     # catalog, and is refused here without it).
     dataset = dataset or resolve(None, spec.dataset, evaluation, tune_on=tuning_names(spec.arms))
     data = load_dataset(dataset)
+    # ... then the unit the data is accounted in (one level per spec: the data's) ...
+    check_units_on_data(spec, data)
     # ... then the model on the loaded data's shape (built on the meta device unless its
     # descriptor declares the packed path), before any grid is planned.
     engine_path = check_model_on_data(
@@ -73,6 +75,7 @@ def plan_sweep(
     model_facts = ModelFacts(spec, data, checkpoints_dir=checkpoints_dir, allow_paths=allow_paths)
     # N: the private records (in mode public the evaluation records are another dataset), as
     # declared by a stored dataset's owner: the plan is then the same on neighbouring data.
+    # With a privacy unit, N, n_train (q = b / n_train) and T count units, never rows.
     n = data.planning_n_private
     arms = {a.label: a for a in spec.arms}
     grids = []
@@ -94,7 +97,14 @@ def plan_sweep(
         )
     if any(getattr(a, "tune_on", None) for a in spec.arms):
         grids = _tuned(spec, grids, dataset, data)
-    return SweepPlan(grids, dataset_sha256=data.content_sha256, n_examples=n)
+    return SweepPlan(
+        grids, dataset_sha256=data.content_sha256, n_examples=n, privacy_unit=_unit_of(data)
+    )
+
+
+def _unit_of(data: Any) -> str:
+    """What one unit of the plan's epsilon protects: the data's unit, else ``example``."""
+    return str(getattr(data, "privacy_unit", None) or EXAMPLE_UNIT)
 
 
 def _finished_grid(
@@ -108,7 +118,8 @@ def _finished_grid(
     model_facts: ModelFacts,
 ) -> GridPlan:
     """A planned grid with what the plan shows of its arm, data and model: the smallest
-    gradient sigma, the chosen count noise, warnings, the data's sizes and the model's facts."""
+    gradient sigma, the chosen count noise, warnings, the data's sizes (in units where the
+    data has a privacy unit) and unit, and the model's facts."""
     b = spec.training.batch_size
     # A grid axis may set a split's parameter (count_noise, direction_noise_ratio) per
     # trial: the split must hold for every grid point; the plan shows the smallest sigma_g.
@@ -133,6 +144,7 @@ def _finished_grid(
         warnings=tuple(warnings),
         n_train=data.planning_n_train,
         n_eval=data.planning_n_eval,
+        privacy_unit=_unit_of(data),
         eval_mode=str(getattr(evaluation, "mode", None) or "carve-out"),
         eval_dataset=getattr(evaluation, "dataset", None),
         engine_path=engine_path,

@@ -161,6 +161,9 @@ def test_a_spec_without_tune_on_keeps_its_resume_hash() -> None:
         del arm["tune_on"]  # the dump as it was before the key existed
     for key in ("physical_batch_size", "augment", "tune_batch_scale"):
         del before["training"][key]  # likewise the training section's (issue 53)
+    for key in ("unit_bounding", "rows_per_unit"):
+        del before["training"][key]  # and the unit settings at their defaults (issue 54)
+    del before["dataset"]["privacy_unit"]  # and a dataset without a unit
     old = hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert spec_hash(spec) == old
     assert spec_hash(load_spec(_spec(tune_on="mnist1d-test"))) != old
