@@ -10,7 +10,7 @@ from rich.table import Table
 
 from api.cli.sweeps import describe_scaling
 from dpsweep.plan import GridPlan
-from dpsweep.plan_fields import CLI, plan_field, public_fields, public_view
+from dpsweep.plan_fields import CLI, per_unit, plan_field, public_fields, public_view, unit_suffix
 from dpsweep.spec import DEFAULT_GRIDS, propose_grid
 
 #: ``dpsweep plan --json``'s keys (:data:`dpsweep.plan_fields.CLI`'s view).
@@ -35,6 +35,8 @@ PLAN_COLUMNS = tuple(
     )
 )
 _LEFT = ("arm", "release")
+#: The columns whose figures are epsilons: "per person" follows their header with a unit.
+_EPSILONS = ("epsilon_budget", "epsilon_per_trial", "epsilon_total", "epsilon_verified")
 
 
 def plan_json(rows: list[GridPlan]) -> str:
@@ -43,10 +45,13 @@ def plan_json(rows: list[GridPlan]) -> str:
 
 
 def plan_table(title: str, rows: list[GridPlan]) -> Table:
-    """The plan as a table, one row per grid."""
-    table = Table(title=title)
+    """The plan as a table, one row per grid; with a privacy unit, the title and every
+    epsilon's header say what one unit is (``grid ε per person``)."""
+    unit = rows[0].privacy_unit if rows else None
+    table = Table(title=f"{title}{unit_suffix(unit)}")
     for col in PLAN_COLUMNS:
-        table.add_column(col.label, justify="left" if col.name in _LEFT else "right")
+        label = f"{col.label}{per_unit(unit)}" if col.name in _EPSILONS else col.label
+        table.add_column(label, justify="left" if col.name in _LEFT else "right")
     for r in rows:
         stored = r.to_stored()
         table.add_row(*(col.cell(stored[col.name]) for col in PLAN_COLUMNS))
@@ -59,6 +64,9 @@ def print_plan_notes(console: Console, spec: Any, plan: Any, rows: list[Any]) ->
     from sweeper.privacy.releases import evaluation_statement  # deferred: SQLAlchemy
 
     console.print(whole_sweep_line(plan, rows))
+    unit = rows[0].privacy_unit
+    if per_unit(unit):
+        console.print(unit_line(rows))
     console.print(
         f"model {spec.model.name}: trained on the {rows[0].engine_path or 'auto'} engine "
         "path (packed: the fast batched path; generic: any nn.Module, per-example gradients)"
@@ -115,6 +123,16 @@ def model_start_line(rows: list[Any]) -> str:
     return line
 
 
+def unit_line(rows: list[Any]) -> str:
+    """What a plan with a privacy unit protects, and what its q, T and N count."""
+    r = rows[0]
+    unit = r.privacy_unit
+    return (
+        f"privacy unit {unit}: every ε is per {unit} (unit: {unit}), all of a {unit}'s rows "
+        f"together; q = batch / {r.n_train} training units, T and δ's bound (N) in units"
+    )
+
+
 def whole_sweep_line(plan: Any, rows: list[Any]) -> str:
     """The whole sweep's epsilon, and what the dataset's ledger is charged."""
     from sweeper.privacy.releases import sweep_release  # deferred: SQLAlchemy
@@ -122,19 +140,20 @@ def whole_sweep_line(plan: Any, rows: list[Any]) -> str:
     whole = sweep_release(rows)
     if whole is None:
         raise ValueError("a plan without grids")
+    unit = unit_suffix(rows[0].privacy_unit)
     charged = (
         "the ledger is charged the grid's epsilon"
         if len(rows) == 1
         else f"the grids' sum, which the dataset's ledger is charged, is {plan.epsilon_total:.4g}"
     )
     return (
-        f"whole sweep: epsilon {whole['epsilon']:.4g} at delta {whole['delta']:.3g} "
+        f"whole sweep: epsilon {whole['epsilon']:.4g}{unit} at delta {whole['delta']:.3g} "
         f"({whole['method']}; {charged}); grids verified by {rows[0].verified_by}"
     )
 
 
 def _print_grid_notes(console: Console, r: Any, *, metric: str) -> None:
-    where = f"{r.arm} at ε {r.epsilon_budget:g}"
+    where = f"{r.arm} at ε {r.epsilon_budget:g}{per_unit(r.privacy_unit)}"
     if r.count_noise is not None:
         console.print(
             f"{where}: quantile count noise sigma_b = "

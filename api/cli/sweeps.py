@@ -15,6 +15,7 @@ from rich.text import Text
 
 from api.cli.common import fail, local_command, open_engine, stdout_console
 from dpsweep.errors import DpsweepError
+from dpsweep.plan_fields import per_unit, unit_suffix
 
 
 def add_parsers(sub: Any) -> None:
@@ -66,18 +67,21 @@ def print_privacy(console: Console, p: dict[str, Any] | None) -> None:
     if not p:
         return
     sw = p.get("sweep")
+    # With a privacy unit each epsilon is per unit (a person): said with every figure.
+    grids = p.get("grids") or []
+    per = per_unit(grids[0].get("privacy_unit") if grids else None)
     if sw:
         console.print(
-            f"ε {sw['epsilon']:.4g} (δ {sw['delta']:.2g}) for the whole sweep: {sw['covers']} "
-            f"[{sw['method']}; the grids' sum is {sw['epsilon_summed']:.4g}]"
+            f"ε {sw['epsilon']:.4g}{per} (δ {sw['delta']:.2g}) for the whole sweep: "
+            f"{sw['covers']} [{sw['method']}; the grids' sum is {sw['epsilon_summed']:.4g}]"
         )
-    for g in p.get("grids") or []:
-        console.print(f"  ε {g['epsilon']:.4g} for grid {g['grid']}: {g['covers']}")
+    for g in grids:
+        console.print(f"  ε {g['epsilon']:.4g}{per} for grid {g['grid']}: {g['covers']}")
     life = p.get("dataset_lifetime")
     if life:
         cap = "no cap" if life["epsilon_cap"] is None else f"cap {life['epsilon_cap']:.4g}"
         console.print(
-            f"ε {life['epsilon_spent']:.4g} spent over the dataset's lifetime ({cap}): "
+            f"ε {life['epsilon_spent']:.4g}{per} spent over the dataset's lifetime ({cap}): "
             f"{life['covers']}"
         )
     ev = p.get("evaluation")
@@ -93,8 +97,10 @@ def print_results(console: Console, s: dict[str, Any]) -> None:
         f"sweep [bold]{s['id']}[/bold] {s['name']} on {s['dataset']}: [bold]{s['state']}"
         f"[/bold]; trials {', '.join(f'{k} {v}' for k, v in s['trials'].items() if v)}"
     )
+    unit = next((g.get("privacy_unit") for g in s.get("plan") or []), None)
     console.print(
-        f"privacy: ε reserved {b['epsilon_reserved']:.4g}, charged {b['epsilon_charged']:.4g}, "
+        f"privacy{unit_suffix(unit)}: ε reserved {b['epsilon_reserved']:.4g}, charged "
+        f"{b['epsilon_charged']:.4g}, "
         f"released {b['epsilon_released']:.4g}, outstanding {b['epsilon_outstanding']:.4g}"
     )
     print_privacy(console, s.get("privacy"))

@@ -21,6 +21,7 @@ from api.cli.arguments import strategy_flags
 from api.cli.common import EXIT_FAILURE, check_owner, confirm_charge, open_engine
 from api.cli.train_flags import DEFAULT_LR, LIPSCHITZ_LR, add_train_parser, default_lr
 from dpsweep.errors import ConfigError, DpsweepError
+from dpsweep.plan_fields import unit_suffix
 from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
 from dpsweep.spec_model import LoraConfig
 
@@ -221,7 +222,14 @@ def _single_run(
 
     given = {
         name: value
-        for name in ("path", "labels_path", "label_column", "test_fraction", "split_seed")
+        for name in (
+            "path",
+            "labels_path",
+            "label_column",
+            "privacy_unit",
+            "test_fraction",
+            "split_seed",
+        )
         if (value := getattr(args, "data_path" if name == "path" else name)) is not None
     }
     try:
@@ -230,6 +238,12 @@ def _single_run(
         if options:
             given["options"] = options
         dataset = DatasetConfig(name=args.dataset, **given)
+        # The unit flags only where given: data without a unit refuses them.
+        units = {
+            k: v
+            for k in ("unit_bounding", "rows_per_unit")
+            if (v := getattr(args, k, None)) is not None
+        }
         training = TrainingConfig(
             epochs=args.epochs,
             steps=args.steps,
@@ -237,6 +251,7 @@ def _single_run(
             optimizer=args.optimizer,
             momentum=args.momentum,
             eval_every=args.eval_every,
+            **units,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
@@ -463,8 +478,9 @@ def _print_summary(console: Console, s: dict[str, Any], args: argparse.Namespace
     console.print(table)
     ledger = s.get("ledger")
     if ledger:
+        per = unit_suffix(ledger.get("privacy_unit"))  # a unit dataset: ε per person
         console.print(
-            f"charged ε {ledger['epsilon_charged']:.4g}, δ {ledger['delta_charged']:g} to the "
+            f"charged ε {ledger['epsilon_charged']:.4g}{per}, δ {ledger['delta_charged']:g} to the "
             f"lifetime budget of {ledger['dataset']} (run {ledger['run']})"
         )
     elif s["private"] is False:

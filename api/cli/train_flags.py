@@ -73,6 +73,13 @@ def _data_and_model_flags(d: Any) -> None:
     d.add_argument("--labels-path", help="labels file for the idx dataset")
     d.add_argument("--label-column", help="label column for the csv dataset")
     d.add_argument(
+        "--privacy-unit",
+        metavar="COLUMN",
+        help="the column (csv, text_csv) or array (npz) that says whose each row is, e.g. "
+        "patient_id: the run's ε is then per unit, all of its rows together, and q, T and δ's "
+        "bound count units (a registered dataset's unit is its owner's: leave it out)",
+    )
+    d.add_argument(
         "--dataset-option",
         type=key_value,
         action="append",
@@ -207,6 +214,7 @@ def _training_flags(o: Any) -> None:
         help=f"learning rate (default {DEFAULT_LR:g}; {LIPSCHITZ_LR:g} with --strategy lipschitz)",
     )
     o.add_argument("--optimizer", default="sgd", help="sgd (default) or adam")
+    _unit_flags(o)
     o.add_argument("--momentum", type=float, default=0.0)
     o.add_argument("--eval-every", type=positive_int("eval every"), default=50)
     o.add_argument("--seed", type=int, default=0)
@@ -216,4 +224,22 @@ def _training_flags(o: Any) -> None:
         type=positive_int("threads"),
         default=1,
         help="CPU threads for this trial (default 1)",
+    )
+
+
+def _unit_flags(o: Any) -> None:
+    """How a sampled unit's rows make its one contribution (datasets with a privacy unit)."""
+    o.add_argument(
+        "--unit-bounding",
+        choices=("mean", "capped"),
+        default=None,
+        help="with a privacy unit: mean (default; each row clipped, then their mean) or capped "
+        "(the rows' mean gradient, clipped once)",
+    )
+    o.add_argument(
+        "--rows-per-unit",
+        type=positive_int("rows per unit"),
+        default=None,
+        help="with a privacy unit: the most rows of one sampled unit a step uses (default 8; "
+        "chosen at random); changes no ε",
     )

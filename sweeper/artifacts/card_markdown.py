@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from dpsweep.plan_fields import per_unit, unit_suffix
 from sweeper.artifacts.card_finetuning import finetuning_markdown
 from sweeper.artifacts.card_texts import NOT_PRIVATE_WARNING, SINGLE_RUN_NOTE, SPLIT_CHECK
 
@@ -43,13 +44,15 @@ def render_card_markdown(card: dict[str, Any]) -> str:
         lines += [f"- {NOT_PRIVATE_WARNING}", ""]
     else:
         g, s = p["grid"], p.get("sweep")
+        # With a privacy unit every epsilon is per unit (a person), all of its rows together.
+        per = unit_suffix(p.get("privacy_unit"))
         lines += [
-            f"- ε = {_num(p['epsilon'])} at δ = {_num(p['delta'])} (this model's grid): "
+            f"- ε = {_num(p['epsilon'])}{per} at δ = {_num(p['delta'])} (this model's grid): "
             f"covers {p['covers']}.",
         ]
         if s:
             lines.append(
-                f"- ε = {_num(s['epsilon'])} at δ = {_num(s['delta'])} (the whole sweep): "
+                f"- ε = {_num(s['epsilon'])}{per} at δ = {_num(s['delta'])} (the whole sweep): "
                 f"covers {s['covers']}."
             )
         lines += [
@@ -104,7 +107,9 @@ def _split_markdown(d: dict[str, Any]) -> list[str]:
         "",
         f"- Dataset `{d.get('name')}` (loader `{sp.get('loader')}`"
         + (f", options `{json.dumps(sp['options'], sort_keys=True)}`" if sp.get("options") else "")
-        + f"): {_num(d.get('n_train'))} training and {_num(d.get('n_eval'))} evaluation records.",
+        + f"): {_num(d.get('n_train'))} training and {_num(d.get('n_eval'))} evaluation "
+        + _counted(d.get("privacy_unit"))
+        + ".",
         f"- Evaluation mode `{sp.get('eval_mode')}`"
         + (f" on `{sp['eval_dataset']}`" if sp.get("eval_dataset") else "")
         + f": {sp.get('method')}.",
@@ -122,6 +127,13 @@ def _split_markdown(d: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _counted(privacy_unit: Any) -> str:
+    """What the card's sizes count: records, or units where a privacy unit is declared."""
+    if not per_unit(privacy_unit):
+        return "records"
+    return f"units ({privacy_unit}; the sizes count units, not records)"
 
 
 def inputs_text(card: Mapping[str, Any]) -> str:

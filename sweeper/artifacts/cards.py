@@ -302,6 +302,8 @@ def _dataset_section(session: Session, sweep: Sweep, grid: GridPlan) -> dict[str
         "identity_note": IDENTITY_NOTE,
         "n_train": grid.n_train,
         "n_eval": grid.n_eval,
+        # With a privacy unit, n_train and n_eval count units (people), not records.
+        "privacy_unit": grid.privacy_unit,
         "eval_mode": grid.eval_mode or "carve-out",
         "eval_dataset": grid.eval_dataset,
         # How the model's inputs were scaled and bounded: a user of the model needs it.
@@ -376,6 +378,8 @@ def _privacy_section(
         # The model belongs to its grid's release: that epsilon is what releasing it spent.
         "epsilon": release["epsilon"],
         "delta": release["delta"],
+        # What one unit of every epsilon here protects: example (a row) or a person.
+        "privacy_unit": grid.privacy_unit,
         "covers": release["covers"],
         "grid": release,
         # As the summary shows it: stored by the driver for this plan, else computed.

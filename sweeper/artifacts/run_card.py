@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from dpsweep.plan_fields import unit_suffix
 from sweeper.artifacts.card_finetuning import finetuning_markdown, run_finetuning
 from sweeper.artifacts.card_markdown import inputs_text
 from sweeper.artifacts.card_texts import (
@@ -155,7 +156,9 @@ def _privacy_section(
         # The charge is this model's release: the epsilon spent to release it.
         "epsilon": charge["epsilon_charged"],
         "delta": charge["delta_charged"],
-        "covers": RUN_COVERS,
+        # What one unit of the epsilon protects: example (a row) or the data's unit (a person).
+        "privacy_unit": prepared.privacy_unit,
+        "covers": RUN_COVERS + unit_suffix(prepared.privacy_unit),
         "accountant": run.accountant,
         "noise_multiplier": prepared.noise_multiplier,
         "sample_rate": prepared.sample_rate,
@@ -183,7 +186,8 @@ def render_run_card_markdown(card: Mapping[str, Any]) -> str:
         lines.append(f"- {NOT_PRIVATE_WARNING}")
     else:
         lines += [
-            f"- ε = {p['epsilon']:.4g} at δ = {p['delta']:g} (this run alone): covers "
+            f"- ε = {p['epsilon']:.4g}{unit_suffix(p.get('privacy_unit'))} at δ = "
+            f"{p['delta']:g} (this run alone): covers "
             f"{p['covers']}.",
             f"- σ = {p['noise_multiplier']:.4g}, q = {p['sample_rate']:.4g}, T = {p['steps']} "
             f"steps, accountant `{p['accountant']}`.",

@@ -29,7 +29,8 @@ from typing import Any
 from sqlalchemy import Engine, select, update
 
 from dpsweep.errors import DpsweepError
-from dpsweep.plan import GridPlan, SweepPlan
+from dpsweep.plan import EXAMPLE_UNIT, GridPlan, SweepPlan
+from dpsweep.plan_fields import unit_suffix
 from sweeper.store import Sweep
 from sweeper.store.engine import read_only, writable
 
@@ -47,8 +48,17 @@ LIFETIME_COVERS = (
 )
 
 
+def unit_covers(covers: str, privacy_unit: str | None) -> str:
+    """``covers`` with what one unit of the epsilon protects, where it is not a row: every
+    epsilon of a plan with a privacy unit is per unit, all of that unit's rows together."""
+    if privacy_unit is None or privacy_unit == EXAMPLE_UNIT:
+        return covers
+    return f"{covers};{unit_suffix(privacy_unit)}: all of a {privacy_unit}'s rows together"
+
+
 def grid_releases(plan: Sequence[GridPlan]) -> list[dict[str, Any]]:
-    """Each grid's epsilon: what releasing its trials cost, as planned and verified."""
+    """Each grid's epsilon: what releasing its trials cost, as planned and verified (per the
+    plan's privacy unit)."""
     out = []
     for g in plan:
         selected = g.release == "selected-only"
@@ -62,7 +72,8 @@ def grid_releases(plan: Sequence[GridPlan]) -> list[dict[str, Any]]:
                 "accountant": g.accountant,
                 "epsilon_verified": g.epsilon_verified,
                 "verified_by": g.verified_by,
-                "covers": SEARCH_COVERS if selected else GRID_COVERS,
+                "privacy_unit": g.privacy_unit,
+                "covers": unit_covers(SEARCH_COVERS if selected else GRID_COVERS, g.privacy_unit),
             }
         )
     return out
@@ -103,7 +114,16 @@ def sweep_release(plan: Sequence[GridPlan]) -> dict[str, Any] | None:
     a stored sweep's is read with :func:`sweep_release_of` instead."""
     if not plan:
         return None
-    return dict(_sweep_release(_composition_input(plan)))
+    return _with_unit(dict(_sweep_release(_composition_input(plan))), plan)
+
+
+def _with_unit(release: dict[str, Any], plan: Sequence[GridPlan]) -> dict[str, Any]:
+    """A sweep's release saying what one unit of its epsilon protects (not part of the
+    composition, nor of a stored release's key: the plan's unit is read at each call)."""
+    unit = plan[0].privacy_unit if plan else EXAMPLE_UNIT
+    if unit == EXAMPLE_UNIT:
+        return release
+    return release | {"privacy_unit": unit, "covers": unit_covers(SWEEP_COVERS, unit)}
 
 
 def release_key(plan: Sequence[GridPlan] | None) -> str | None:
@@ -156,7 +176,8 @@ def sweep_release_of(sweep: Any) -> dict[str, Any] | None:
     What summaries and model cards show for a sweep; it never writes (the API's read path
     calls it). The driver stores the release when a sweep starts (:func:`store_release`)."""
     found = stored_release(sweep)
-    return found if found is not None else sweep_release(SweepPlan.from_stored(sweep.plan).grids)
+    plan = SweepPlan.from_stored(sweep.plan).grids
+    return _with_unit(found, plan) if found is not None else sweep_release(plan)
 
 
 def store_release(engine: Engine, sweep_id: str) -> dict[str, Any] | None:
@@ -314,9 +335,14 @@ def evaluation_statement(plan: Sequence[GridPlan]) -> dict[str, Any]:
     g = plan[0] if plan else None
     mode = (g.eval_mode if g is not None else None) or "carve-out"
     n_train, n_eval = (g.n_train, g.n_eval) if g is not None else (None, None)
-    train = f"the {n_train} training records" if n_train else "the training records"
-    held = f"the {n_eval} evaluation records" if n_eval else "the evaluation records"
+    # With a privacy unit the sizes count units (people), never rows.
+    unit = g.privacy_unit if g is not None else EXAMPLE_UNIT
+    what = "records" if unit == EXAMPLE_UNIT else f"units ({unit})"
+    train = f"the {n_train} training {what}" if n_train else f"the training {what}"
+    held = f"the {n_eval} evaluation {what}" if n_eval else f"the evaluation {what}"
     out: dict[str, Any] = {"mode": mode, "n_train": n_train, "n_eval": n_eval}
+    if unit != EXAMPLE_UNIT:
+        out["privacy_unit"] = unit
     if mode == "public":
         name = g.eval_dataset if g is not None else None
         out.update(
@@ -343,7 +369,7 @@ def evaluation_statement(plan: Sequence[GridPlan]) -> dict[str, Any]:
                 std += " (one std)"
             noise = f" ({releases} noisy counts per trial, {sig}{std})"
         n_all = (n_train or 0) + (n_eval or 0)
-        covers = f"all {n_all} records" if n_train and n_eval else "all the records"
+        covers = f"all {n_all} {what}" if n_train and n_eval else f"all the {what}"
         out.update(
             protected=True,
             statement=(

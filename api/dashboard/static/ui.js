@@ -61,9 +61,26 @@ export function planFields() {
 }
 
 /** A plan table's header row: each field's title, its description as the tooltip. */
-export function planHeader(fields, names) {
+export function planHeader(fields, names, unit) {
+  // With a privacy unit (a person), every epsilon column says "per person".
+  const per = perUnit(unit);
   return h("thead", {}, h("tr", {}, names.map((n) => h("th",
-    { "data-field": n, title: fields[n]?.description || "" }, fields[n]?.title || n))));
+    { "data-field": n, title: fields[n]?.description || "" },
+    `${fields[n]?.title || n}${per && n.startsWith("epsilon") ? per : ""}`))));
+}
+
+/**
+ * What follows an ε where the plan has a privacy unit: " per person"; nothing for example-level
+ * DP (each row its own unit: every label stays as it was).
+ */
+export function perUnit(unit) {
+  return unit && unit !== "example" ? ` per ${unit}` : "";
+}
+
+/** A plan's privacy unit in a sentence ("" for example-level DP). */
+export function unitNote(unit) {
+  const per = perUnit(unit);
+  return per ? `Every ε${per} (unit: ${unit}): all of a ${unit}'s rows together; q, T and N count units.` : "";
 }
 
 /**

@@ -62,9 +62,9 @@ const SHOWN = {
     "metrics", "warnings"],
   trial: ["id", "sweep", "sweep_name", "arm", "strategy", "epsilon_budget", "hyperparameters", "seed",
     "seed_seeds", "best_step"],
-  dataset: ["name", "identity", "identity_note", "n_train", "n_eval", "eval_mode", "eval_dataset"],
+  dataset: ["name", "identity", "identity_note", "n_train", "n_eval", "privacy_unit", "eval_mode", "eval_dataset"],
   model: ["name", "options", "input_shape", "num_classes", "parameters", "weights"],
-  privacy: ["private", "randomness", "randomness_warning", "epsilon", "delta", "covers", "grid", "sweep",
+  privacy: ["private", "randomness", "randomness_warning", "epsilon", "delta", "privacy_unit", "covers", "grid", "sweep",
     "accounting", "accountant", "verification", "noise_multiplier", "gradient_noise_multiplier", "sample_rate",
     "steps", "target_delta", "single_run_epsilon", "warning", "selected_trial", "selection"],
   evaluation: ["mode", "statement", "n_train", "n_eval", "protected", "covered", "dataset", "eval_releases",
@@ -163,15 +163,16 @@ function renderCard(t, card, paths) {
   if (p.private === false) {
     privacyItems.push(h("li", {}, text(p.warning ?? "not differentially private: no ε applies to this model")));
   } else {
-    // The model's release is its grid: that ε is what releasing it spent.
+    // The model's release is its grid: that ε is what releasing it spent (per unit: a person).
+    const per = p.privacy_unit && p.privacy_unit !== "example" ? ` per ${p.privacy_unit} (unit: ${p.privacy_unit})` : "";
     const gridEps = p.epsilon ?? grid.epsilon ?? t.planned?.grid_epsilon_budget ?? t.epsilon_budget;
     const gridDelta = p.delta ?? grid.delta ?? p.target_delta ?? t.target_delta;
     privacyItems.push(h("li", { id: "model-privacy-statement" },
-      h("strong", { id: "model-grid-epsilon", "data-epsilon": gridEps ?? "" }, `ε = ${num(gridEps)}`),
+      h("strong", { id: "model-grid-epsilon", "data-epsilon": gridEps ?? "" }, `ε = ${num(gridEps)}${per}`),
       ` at δ = ${num(gridDelta)} (this model's grid): covers ${text(p.covers ?? grid.covers ?? "–")}.`));
     if (Object.keys(sweep).length) {
       privacyItems.push(h("li", { id: "model-sweep-epsilon", "data-epsilon": sweep.epsilon ?? "" },
-        h("strong", {}, `ε = ${num(sweep.epsilon)}`),
+        h("strong", {}, `ε = ${num(sweep.epsilon)}${per}`),
         ` at δ = ${num(sweep.delta)} (the whole sweep): covers ${text(sweep.covers ?? "–")}.`));
     }
     const gradSigma = p.gradient_noise_multiplier !== undefined && p.gradient_noise_multiplier !== null
@@ -229,10 +230,12 @@ function renderCard(t, card, paths) {
         Object.keys(hyper).length ? code(params(hyper)) : "none",
         `; seed ${text(trial.seed ?? t.seed ?? "–")}`, trial.seed_seeds ? ` (${text(trial.seed_seeds)})` : "", ".")));
 
+  // With a privacy unit the sizes count units (people), not records.
+  const counted = data.privacy_unit && data.privacy_unit !== "example" ? `units (${data.privacy_unit})` : "records";
   const dataSection = section("Dataset", "model-dataset",
     h("p", {}, code(data.name ?? "–"),
-      data.n_train != null ? `: ${data.n_train} training records` : "",
-      data.n_eval != null ? `, ${data.n_eval} evaluation records` : "",
+      data.n_train != null ? `: ${data.n_train} training ${counted}` : "",
+      data.n_eval != null ? `, ${data.n_eval} evaluation ${counted}` : "",
       data.eval_mode ? ` (evaluation: ${text(data.eval_mode)}${data.eval_dataset ? `, from ${text(data.eval_dataset)}` : ""})` : "",
       "."),
     data.identity_note ? h("p", { class: "muted small" }, `${capitalize(text(data.identity_note))}.`) : "");

@@ -1,5 +1,5 @@
 import { api } from "../api.js";
-import { errorBox, h, navigate, num, planFields, planHeader, tuningCard } from "../ui.js";
+import { errorBox, h, navigate, num, perUnit, planFields, planHeader, tuningCard, unitNote } from "../ui.js";
 import { registryHints } from "./registry.js";
 
 const EXAMPLE = `name: my-sweep
@@ -66,11 +66,14 @@ export function submitView(el) {
 function planTable(p, fields) {
   const cols = ["arm", "strategy", "epsilon_budget", "trials", "noise_multiplier", "steps_per_trial",
     "sample_rate", "epsilon_per_trial", "epsilon_total", "epsilon_verified", "epsilon_reserved"];
+  // A plan with a privacy unit (a person): every ε is per unit.
+  const unit = perUnit(p.grids[0]?.privacy_unit) ? p.grids[0].privacy_unit : "";
   return h("div", { class: "card", id: "plan-result" },
     h("h2", {}, `Plan for ${p.name}`),
-    h("p", {}, `${p.trials} trials on ${p.dataset}; reserves ε ${num(p.epsilon_reserved)}, δ ${num(p.delta_reserved)}.`),
+    h("p", {}, `${p.trials} trials on ${p.dataset}; reserves ε ${num(p.epsilon_reserved)}${perUnit(unit)}, δ ${num(p.delta_reserved)}.`),
+    unit ? h("p", { class: "info", id: "plan-unit", "data-unit": unit }, unitNote(unit)) : "",
     h("table", { class: "grid compact", id: "plan-table" },
-      planHeader(fields, cols),
+      planHeader(fields, cols, unit),
       h("tbody", {}, p.grids.map((g) => h("tr", {},
         h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)), h("td", {}, g.trials),
         h("td", {}, num(g.noise_multiplier)), h("td", {}, g.steps_per_trial), h("td", {}, num(g.sample_rate)),

@@ -1,8 +1,8 @@
 import { api, followEvents } from "../api.js";
 import { armStyles, naturalOrder } from "../palette.js";
 import {
-  badge, confirmDialog, errorBox, h, navigate, num, params, planFields, planHeader, plot,
-  progress, query, setQuery, TERMINAL, tuningCard, when,
+  badge, confirmDialog, errorBox, h, navigate, num, params, perUnit, planFields, planHeader, plot,
+  progress, query, setQuery, TERMINAL, tuningCard, unitNote, when,
 } from "../ui.js";
 import { auditsPanel } from "./audits.js";
 import { trialsTable } from "./trials-table.js";
@@ -277,11 +277,14 @@ export function sweepView(el, id) {
     const cols = ["arm", "strategy", "epsilon_budget", "trials", "noise_multiplier",
       "gradient_noise_multiplier", "steps_per_trial", "sample_rate", "epsilon_per_trial",
       "epsilon_total", "epsilon_verified", "accounting"];
+    // A plan with a privacy unit (a person): every ε below is per unit.
+    const unit = perUnit(s.plan[0]?.privacy_unit) ? s.plan[0].privacy_unit : "";
     panes.plan.replaceChildren(
       h("div", { class: "card" }, h("h2", {}, "Plan"),
         h("p", { class: "muted small" }, "Per arm and ε level: the noise every trial of the grid uses, and the ε the grid's runs compose to, verified by a second accountant."),
+        unit ? h("p", { class: "info", id: "plan-unit", "data-unit": unit }, unitNote(unit)) : "",
         h("table", { class: "grid compact", id: "plan-table" },
-          planHeader(fields, cols),
+          planHeader(fields, cols, unit),
           h("tbody", {}, s.plan.map((g) => h("tr", { "data-arm": g.arm, "data-level": g.epsilon_budget },
             h("td", {}, g.arm), h("td", {}, g.strategy), h("td", {}, num(g.epsilon_budget)),
             h("td", {}, g.trials ?? h("span", { class: "muted", title: "Papernot–Steinke: the number of runs is private" }, "private")),
@@ -296,7 +299,7 @@ export function sweepView(el, id) {
       privacyCard(s.privacy),
       h("div", { class: "card" }, h("h2", {}, "Budget"),
         h("dl", { class: "kv", id: "sweep-budget" },
-          h("dt", {}, "ε reserved"), h("dd", {}, num(b.epsilon_reserved)),
+          h("dt", {}, `ε${perUnit(unit)} reserved`), h("dd", {}, num(b.epsilon_reserved)),
           h("dt", {}, "ε charged"), h("dd", {}, num(b.epsilon_charged)),
           h("dt", {}, "ε released"), h("dd", {}, num(b.epsilon_released)),
           h("dt", {}, "ε outstanding"), h("dd", {}, num(b.epsilon_outstanding)),
@@ -314,7 +317,7 @@ export function sweepView(el, id) {
     if (p.dataset_lifetime) rows.push(["dataset lifetime (spent)", p.dataset_lifetime.epsilon_spent, p.dataset_lifetime.covers]);
     return h("div", { class: "card", id: "privacy-releases" }, h("h2", {}, "What ε covers"),
       h("table", { class: "grid compact" },
-        h("thead", {}, h("tr", {}, ["release", "ε", "covers"].map((c) => h("th", {}, c)))),
+        h("thead", {}, h("tr", {}, ["release", `ε${perUnit(p.grids?.[0]?.privacy_unit)}`, "covers"].map((c) => h("th", {}, c)))),
         h("tbody", {}, rows.map(([name, eps, covers]) => h("tr", {}, h("td", {}, name), h("td", {}, num(eps)), h("td", {}, covers))))),
       p.evaluation ? h("p", { class: "warning", id: "evaluation-statement" }, p.evaluation.statement) : "",
       h("p", { class: "muted small" }, "A trial's single-run ε is what that run alone would cost; it is not what was spent."));
