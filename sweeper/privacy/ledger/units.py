@@ -133,13 +133,9 @@ class UnitOperations(LedgerCore):
 
 def bind_privacy_unit(engine: Engine, dataset_key: str, privacy_unit: str | None) -> str:
     """:meth:`UnitOperations.bind_privacy_unit` on the ledger of ``engine``."""
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # the class gathers this one
-
-    return BudgetLedger(engine).bind_privacy_unit(dataset_key, privacy_unit)
+    return UnitOperations(engine).bind_privacy_unit(dataset_key, privacy_unit)
 
 
 def ledger_unit(engine: Engine, dataset_key: str) -> str | None:
     """The unit ``dataset_key``'s ledger is bound to (None: unbound)."""
-    from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # the class gathers this one
-
-    return BudgetLedger(engine).privacy_unit_of(dataset_key)
+    return UnitOperations(engine).privacy_unit_of(dataset_key)
