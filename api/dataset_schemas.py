@@ -82,6 +82,17 @@ class DatasetOut(_Out):
     sha256: str | None = None
     label_column: str | None = None
     kind_of_data: str | None = None
+    privacy_unit: str | None = Field(
+        default=None,
+        description="what one unit of its ε protects: the unit column its owner declared at "
+        "upload or registration (e.g. patient_id: a person, all their rows), or example (each "
+        "row its own unit). Fixed: a spec's dataset.privacy_unit may repeat it or leave it out",
+    )
+    n_units: int | None = Field(
+        default=None,
+        description="with a privacy unit: the number of units (the owner sees the count; an "
+        "analyst only what the owner declared, else null). Rows per unit are never shown",
+    )
     budget: DatasetBudget | None = None
     public_info: PublicInfo | None = Field(
         default=None, description="what the owner declared public (label names, description)"

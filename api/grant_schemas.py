@@ -112,10 +112,20 @@ class DatasetViewOut(_Out):
     input_shape: list[int] | None = Field(
         default=None, description="the shape of one record's features (sizes the model's input)"
     )
-    declared: list[Literal["n_examples", "classes", "input_shape"]] = Field(
+    declared: list[Literal["n_examples", "classes", "input_shape", "n_units"]] = Field(
         default_factory=list,
         description="the facts its owner declared public; an analyst sees and plans with these "
-        "only, and a dataset is granted to analysts once all three are declared",
+        "only, and a dataset is granted to analysts once all three (with a privacy unit: all "
+        "four, n_units too) are declared",
+    )
+    privacy_unit: str | None = Field(
+        default=None,
+        description="datasets with a privacy unit only: its unit column (set by its owner)",
+    )
+    n_units: int | None = Field(
+        default=None,
+        description="datasets with a privacy unit only: the number of units; plans take the "
+        "sample rate and N in units from it (to an analyst: only when declared, else null)",
     )
 
 
@@ -132,6 +142,18 @@ class DatasetViewIn(_Out):
     )
     input_shape: list[Annotated[int, Field(gt=0, lt=2**31)]] | None = Field(
         default=None, min_length=1, max_length=4, description="declared shape of the features"
+    )
+    n_units: int | None = Field(
+        default=None,
+        ge=1,
+        lt=2**53,
+        description="the number of privacy units, declared public (datasets with a unit)",
+    )
+    privacy_unit: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the same as the policy's privacy_unit",
     )
 
 
@@ -172,5 +194,15 @@ class PolicyIn(_Out):
     declare_counted: bool = Field(
         default=False,
         description="declare the counted number of records, class list and feature shape "
-        "public as they are (the owner's choice: analysts then see them exactly)",
+        "(and number of privacy units) public as they are (the owner's choice: analysts then "
+        "see them exactly)",
+    )
+    privacy_unit: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="set the unit column (null: none, each row its own unit); left out: "
+        "unchanged. Refused (409) once the records' ledger has spent or reserved anything: "
+        "epsilon spent per row does not protect a person. The file is read again with it, "
+        "and the number of units must then be declared anew",
     )

@@ -104,6 +104,13 @@ def _add_register_parser(dsub: Any) -> None:
         "(eval: {mode: public, dataset: NAME}); no epsilon covers them. Registering again "
         "without --public withdraws the declaration",
     )
+    r.add_argument(
+        "--privacy-unit",
+        metavar="COLUMN",
+        help="the column (CSV) or array (NPZ) saying whose each row is, e.g. patient_id: every "
+        "epsilon then protects a whole unit (all its rows), and the records' ledger counts "
+        "units. Never a feature; fixed for every sweep. Default: each row its own unit",
+    )
     add_owner_argument(r, "the name")
     r.add_argument("--db", help=DB_HELP)
     r.add_argument("--json", action="store_true")
@@ -170,6 +177,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             public=args.public,
             options=dict(args.option),
             owner=args.owner,
+            privacy_unit=args.privacy_unit,
         )
     except DatasetError as exc:  # the file's content: not a usage error
         return fail(exc)
@@ -201,6 +209,7 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         f"({info['kind']}, shape {tuple(info['input_shape'])}, {info['num_classes']} classes)"
     )
     out.print(f"identity {binding.ledger_key}")
+    _print_unit(out, info)
     # Whose it is says who sees it through the API (GET /api/v1/datasets, the dashboard).
     out.print(f"registered {acting_as(binding.owner)}", soft_wrap=True)
     if info.get("public"):
@@ -232,6 +241,21 @@ def cmd_register(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return 0
 
 
+def _print_unit(out: Console, info: dict[str, Any]) -> None:
+    """What ``register`` says of the privacy unit (the operator is the owner: the count is
+    theirs to see; rows per unit are never counted)."""
+    unit = info.get("privacy_unit")
+    if not unit:
+        out.print("privacy unit: none (each row is its own unit; --privacy-unit COLUMN sets one)")
+        return
+    units = info.get("n_units")
+    out.print(
+        f"privacy unit: [bold]{unit}[/bold] ({'?' if units is None else units} units counted; "
+        "every epsilon protects a whole unit, all its rows). Analysts see the number of units "
+        f"once it is declared (`dpsweep datasets policy NAME --declare-counted`)"
+    )
+
+
 def _rows(engine: Any) -> list[dict[str, Any]]:
     from sqlalchemy import select  # deferred: SQLAlchemy
     from sqlalchemy.orm import Session  # deferred: SQLAlchemy
@@ -259,6 +283,7 @@ def _rows(engine: Any) -> list[dict[str, Any]]:
                 "public": (bool(r.storage_path) and bool((r.config or {}).get("public", False)))
                 or public_builtin(r.name),
                 "n_examples": r.n_examples,
+                "privacy_unit": (r.config or {}).get("privacy_unit") if r.storage_path else None,
                 "epsilon_cap": _num(s.epsilon_cap),
                 "delta_cap": _num(s.delta_cap),
                 "epsilon_spent": float(s.epsilon_spent),

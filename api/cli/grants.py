@@ -123,10 +123,29 @@ def _add_policy_parser(dsub: Any) -> None:
         "--input-shape", help="the view: the shape of one record's features, e.g. 64 or 1,28,28"
     )
     p.add_argument(
+        "--n-units",
+        type=int,
+        help="the view (a dataset with a privacy unit): the number of units, declared public "
+        "(plans take q and N in units from it)",
+    )
+    p.add_argument(
         "--declare-counted",
         action="store_true",
-        help="declare the counted number of records, class list and feature shape public as "
-        "they are (analysts see and plan with declared facts only; a grant needs all three)",
+        help="declare the counted number of records, class list and feature shape (and "
+        "number of privacy units) public as they are (analysts see and plan with declared "
+        "facts only; a grant needs them all)",
+    )
+    unit = p.add_mutually_exclusive_group()
+    unit.add_argument(
+        "--privacy-unit",
+        metavar="COLUMN",
+        help="set the unit column (e.g. patient_id: every epsilon then protects a whole unit); "
+        "refused once the records' ledger has spent or reserved anything",
+    )
+    unit.add_argument(
+        "--no-privacy-unit",
+        action="store_true",
+        help="remove the privacy unit (each row its own unit); refused as --privacy-unit is",
     )
 
 
@@ -264,34 +283,11 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     """Print (and with options, first change) what analysts may use and see of a dataset."""
     from sweeper.datasets.analyst_views import dataset_policy, update_policy  # deferred: SQLAlchemy
 
-    info: dict[str, Any] = {}
-    if args.label_names is not None:
-        info["label_names"] = _split(args.label_names) or None
-    if args.description is not None:
-        info["description"] = args.description or None
-    modes = None if args.analyst_eval_modes is None else _split(args.analyst_eval_modes)
-    settings: dict[str, Any] = {}
-    for key in ("test_fraction", "split_seed", "feature_clip", "n_examples"):
-        if getattr(args, key) is not None:
-            settings[key] = getattr(args, key)
-    if args.classes is not None:
-        settings["classes"] = _split(args.classes)
     try:
-        if args.input_bounds is not None:
-            settings["input_bounds"] = _bounds(args.input_bounds)
-        if args.input_shape is not None:
-            settings["input_shape"] = _shape(args.input_shape)
+        changes = _policy_changes(args)
         engine = open_engine(args.db, migrate=True)
-        if modes is not None or info or settings or args.declare_counted:
-            view = update_policy(
-                engine,
-                args.name,
-                _local(),
-                analyst_eval_modes=modes,
-                public_info=info or None,
-                view=settings or None,
-                declare_counted=args.declare_counted,
-            )
+        if changes:
+            view = update_policy(engine, args.name, _local(), **changes)
         else:
             view = dataset_policy(engine, args.name, _local())
     except DpsweepError as exc:
@@ -299,6 +295,47 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     if args.json:
         print(json.dumps(view))
         return 0
+    _print_policy(view)
+    return 0
+
+
+def _policy_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``policy``'s options change (``update_policy``'s arguments); empty: nothing.
+
+    Raises:
+        ConfigError: malformed bounds or shape.
+    """
+    info: dict[str, Any] = {}
+    if args.label_names is not None:
+        info["label_names"] = _split(args.label_names) or None
+    if args.description is not None:
+        info["description"] = args.description or None
+    modes = None if args.analyst_eval_modes is None else _split(args.analyst_eval_modes)
+    settings: dict[str, Any] = {}
+    for key in ("test_fraction", "split_seed", "feature_clip", "n_examples", "n_units"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
+    if args.classes is not None:
+        settings["classes"] = _split(args.classes)
+    if args.input_bounds is not None:
+        settings["input_bounds"] = _bounds(args.input_bounds)
+    if args.input_shape is not None:
+        settings["input_shape"] = _shape(args.input_shape)
+    set_unit = args.privacy_unit is not None or args.no_privacy_unit
+    if not (modes is not None or info or settings or args.declare_counted or set_unit):
+        return {}
+    return {
+        "analyst_eval_modes": modes,
+        "public_info": info or None,
+        "view": settings or None,
+        "declare_counted": args.declare_counted,
+        "set_unit": set_unit,
+        "privacy_unit": args.privacy_unit,
+    }
+
+
+def _print_policy(view: dict[str, Any]) -> None:
+    """``policy``'s answer, for people."""
     out = stdout_console()
     out.print(f"[bold]{view['dataset']}[/bold]: what its analysts may use and see")
     out.print("evaluation modes: " + (", ".join(view["analyst_eval_modes"]) or "none"))
@@ -307,28 +344,34 @@ def cmd_policy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     out.print("label names: " + (", ".join(labels) if labels else "(not declared)"))
     out.print("description: " + (public.get("description") or "(none)"))
     fixed = view.get("view")
-    if fixed:
-        bounds = fixed["input_bounds"]
+    if not fixed:
+        return
+    bounds = fixed["input_bounds"]
+    out.print(
+        f"view: test fraction {fixed['test_fraction']}, split seed {fixed['split_seed']}, "
+        f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}"
+    )
+    unit = fixed.get("privacy_unit")
+    out.print(
+        f"privacy unit: {unit} (every epsilon protects a whole {unit}, all its rows)"
+        if unit
+        else "privacy unit: none (each row is its own unit)"
+    )
+    declared = set(fixed.get("declared") or ())
+    facts = [("n_examples", "records"), ("classes", "classes"), ("input_shape", "feature shape")]
+    if unit:
+        facts.append(("n_units", "units"))
+    for fact, label in facts:
+        value = fixed.get(fact)
+        shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+        state = "declared public" if fact in declared else "not declared: analysts see none"
+        out.print(f"{label}: {shown} ({state})")
+    if declared != {fact for fact, _ in facts}:
         out.print(
-            f"view: test fraction {fixed['test_fraction']}, split seed {fixed['split_seed']}, "
-            f"input bounds {bounds if bounds else '(none)'}, feature clip {fixed['feature_clip']}"
+            f"analysts can be granted once all {'four' if unit else 'three'} are declared: "
+            "--declare-counted, "
+            "or --n-examples, --classes, --input-shape" + (", --n-units" if unit else "")
         )
-        declared = set(fixed.get("declared") or ())
-        for fact, label in (
-            ("n_examples", "records"),
-            ("classes", "classes"),
-            ("input_shape", "feature shape"),
-        ):
-            value = fixed.get(fact)
-            shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-            state = "declared public" if fact in declared else "not declared: analysts see none"
-            out.print(f"{label}: {shown} ({state})")
-        if declared != {"n_examples", "classes", "input_shape"}:
-            out.print(
-                "analysts can be granted once all three are declared: --declare-counted, or "
-                "--n-examples, --classes, --input-shape"
-            )
-    return 0
 
 
 def _shape(text: str) -> list[int]:

@@ -56,14 +56,21 @@ UPLOAD_BODY = {
                             "uploadable format); default: told from the file's suffix",
                         },
                         "label_column": {"type": "string"},
+                        "privacy_unit": {
+                            "type": "string",
+                            "description": "the column (csv) or array (npz) saying whose "
+                            "each row is, e.g. patient_id: every epsilon then protects a "
+                            "whole unit; fixed for every sweep (default: none, each row its "
+                            "own unit)",
+                        },
                         "name": {"type": "string"},
                         "epsilon_cap": {"type": "number", "minimum": 0},
                         "delta_cap": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
                         "declare_counted": {
                             "type": "boolean",
                             "description": "declare the counted number of records, class "
-                            "list and feature shape public (needed before granting analysts; "
-                            "or later, with PUT .../policy)",
+                            "list and feature shape (and number of privacy units) public "
+                            "(needed before granting analysts; or later, with PUT .../policy)",
                         },
                     },
                 }
@@ -172,6 +179,7 @@ async def upload(
         filename = (file.filename or "upload").rsplit("/", 1)[-1][:200]
         fmt = str(form.get("format") or upload_format_of(filename))
         label_column = form.get("label_column")
+        unit = form.get("privacy_unit")
         name = form.get("name")
         eps_cap, delta_cap = _float(form, "epsilon_cap"), _float(form, "delta_cap")
         declare = _flag(form, "declare_counted")
@@ -190,6 +198,7 @@ async def upload(
             epsilon_cap=eps_cap,
             delta_cap=delta_cap,
             declare_counted=declare,
+            privacy_unit=str(unit) if unit else None,
             # Admins see every owner's datasets: their answer names other owners' of the
             # same records too (auth off: the local user is one).
             admin=viewer.admin,
@@ -337,8 +346,9 @@ def get_policy(engine: ReadEngineDep, viewer: ViewerDep, dataset_id: str) -> Any
 @router.put(
     "/{dataset_id}/policy",
     response_model=PolicyOut,
-    responses=problem_responses(400, 401, 403, 404, 422),
-    summary="Set what analysts may use and see (the owner)",
+    responses=problem_responses(400, 401, 403, 404, 409, 422),
+    summary="Set what analysts may use and see (the owner), and the privacy unit while the "
+    "records' ledger has spent nothing (409 once it has)",
 )
 def put_policy(
     engine: EngineDep, viewer: ViewerDep, dataset_id: str, body: Annotated[PolicyIn, ...]
@@ -355,5 +365,7 @@ def put_policy(
             public_info=info,
             view=body.view.model_dump(exclude_unset=True) if body.view else None,
             declare_counted=body.declare_counted,
+            set_unit="privacy_unit" in body.model_fields_set,
+            privacy_unit=body.privacy_unit,
         )
     )

@@ -3,8 +3,10 @@ description and allowance, the owner's grants summary, the audit log and the pol
 
 An **analyst** of a dataset is a tenant that holds (or held) a grant from its owner
 (:mod:`sweeper.datasets.grants`). They see only the dataset's public description: its shape,
-number of records and classes, its format and label column, what its owner declared public
-(``public_info``) and the evaluation modes they may use, with their own allowance and spending.
+number of records and classes (with a privacy unit: the unit column's name and the declared
+number of units, never rows per unit), its format and label column, what its owner declared
+public (``public_info``) and the evaluation modes they may use, with their own allowance and
+spending.
 Never the file's hash or size (the hash is a function of every record), the records' ledger
 (other sweeps, other analysts' spending, the lifetime totals) or anything else about the data.
 
@@ -18,6 +20,7 @@ An analyst reads each entry's time rounded down to 10 s.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -25,12 +28,14 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from dpsweep.errors import ConfigError, DatasetNotFound
+from dpsweep.spec import EVAL_MODES
 from sweeper.datasets.access import Viewer
 from sweeper.datasets.analyst_clock import coarse_time
-from sweeper.datasets.fixed_view import view_of
+from sweeper.datasets.fixed_view import checked_view, view_of
 from sweeper.datasets.grants import (
     analyst_modes,
     dataset_row,
+    owned_row,
     owns,
     policy_view,
     set_policy,
@@ -38,6 +43,7 @@ from sweeper.datasets.grants import (
 )
 from sweeper.datasets.identity import view_key
 from sweeper.datasets.names import BUILTIN, is_upload
+from sweeper.datasets.privacy_units import change_privacy_unit, unit_fields
 from sweeper.privacy.ledger.amounts import ZERO, add_exact, sub_exact
 from sweeper.privacy.release_log import entry_view
 from sweeper.store import Dataset, DatasetGrant, ReleaseRecord
@@ -117,6 +123,9 @@ def analyst_description(engine: Engine, row: Dataset, g: DatasetGrant) -> dict[s
         "input_shape": None if view.input_shape is None else list(view.input_shape),
         "num_classes": None if view.classes is None else len(view.classes),
         "kind_of_data": cfg.get("kind"),
+        # The unit's name, and the number of units only once declared: a count of the
+        # owner's people is theirs to publish. Never rows per unit.
+        **unit_fields(view),
         **_policy_fields(row),
         "allowance": allowance_view(engine, g, view_key(engine, row.name)),
     }
@@ -279,15 +288,35 @@ def update_policy(
     public_info: dict[str, Any] | None = None,
     view: dict[str, Any] | None = None,
     declare_counted: bool = False,
+    set_unit: bool = False,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
     """Change the policy (owner or admin): the evaluation modes when given, each
     ``public_info`` field given (a field set to None is withdrawn; one left out is kept), and
     each setting of the dataset's ``view`` given (:mod:`sweeper.datasets.fixed_view`).
 
+    With ``set_unit`` (or ``privacy_unit`` inside ``view``), the dataset's privacy unit is
+    set to ``privacy_unit`` (None: none) first, if its records' ledger allows it
+    (:func:`sweeper.datasets.privacy_units.change_privacy_unit`); the rest is checked before
+    anything changes, so a refused request changes nothing.
+
     Raises:
         DatasetNotFound / PermissionDenied: not the viewer's dataset (403 for its analysts).
-        ConfigError: an unknown mode or a malformed description.
+        ConfigError: an unknown mode, a malformed description or view setting.
+        IllegalState: a unit change the records' ledger refuses (409).
     """
+    view = dict(view) if view else view
+    if view and "privacy_unit" in view:
+        inside = view.pop("privacy_unit")
+        if set_unit and inside != privacy_unit:
+            raise ConfigError(
+                "privacy_unit is given twice, with two values: give it once",
+                field="view.privacy_unit",
+            )
+        set_unit, privacy_unit = True, inside
+    if set_unit:
+        _precheck(engine, name, viewer, view, analyst_eval_modes, privacy_unit)
+        change_privacy_unit(engine, name, viewer, privacy_unit)
     info = None
     if public_info is not None:
         with Session(engine) as session:
@@ -304,3 +333,31 @@ def update_policy(
         view=view,
         declare_counted_facts=declare_counted,
     )
+
+
+def _precheck(
+    engine: Engine,
+    name: str,
+    viewer: Viewer,
+    view: dict[str, Any] | None,
+    modes: list[str] | None,
+    unit: str | None,
+) -> None:
+    """Check a policy's view and modes as they will apply after a unit change, before the
+    unit changes (so that a request refused for them changes nothing).
+
+    Raises:
+        DatasetNotFound / PermissionDenied: not the viewer's dataset.
+        ConfigError: as :func:`update_policy`.
+    """
+    with Session(engine) as session:
+        row = owned_row(session, name, viewer)
+        after = replace(view_of(row), privacy_unit=unit or None, n_units=None)
+    if view:
+        checked_view(after, view)
+    bad = [m for m in modes or () if m not in EVAL_MODES]
+    if bad:
+        raise ConfigError(
+            f"unknown evaluation mode(s) {bad}; allowed: {sorted(EVAL_MODES)}",
+            field="analyst_eval_modes",
+        )

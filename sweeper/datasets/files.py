@@ -15,6 +15,13 @@ the file (planning, workers, descriptions) encodes labels by it
 part of the registered description, never computed from the records an analyst's outputs
 depend on. Rows stored before declarations have no ``classes``; their loads still count the
 classes in the records, until their owner uploads or registers the file again.
+
+**Privacy units.** A stored file's privacy unit (the column saying whose each row is, e.g.
+``patient_id``: issue 54) is its owner's declaration too, stored as ``config["privacy_unit"]``
+and given to every load of the file (:func:`file_spec`), whatever a spec says. The number of
+units is counted once, at upload or registration (``n_units``), and shown like the number of
+records: to the owner, and to analysts only once declared. How many rows a unit has is
+never counted nor shown, to anyone.
 """
 
 from __future__ import annotations
@@ -27,6 +34,14 @@ from dpsweep.errors import ConfigError, DatasetError
 from sweeper.store import Dataset
 
 
+class _FromSection:
+    """The type of :data:`FROM_SECTION`."""
+
+
+#: ``worker_spec(privacy_unit=FROM_SECTION)``: the unit is the spec section's own.
+FROM_SECTION = _FromSection()
+
+
 def worker_spec(
     d: Any,
     *,
@@ -36,12 +51,19 @@ def worker_spec(
     labels_path: str | None = None,
     stored_options: dict[str, Any] | None = None,
     classes: Sequence[str] | None = None,
+    privacy_unit: str | _FromSection | None = FROM_SECTION,
 ) -> Any:
     """The :class:`workers.datasets.DatasetSpec` of loader ``name`` (for a stored file: its
     format) at ``path``, with the split and scaling settings of ``d`` (a spec's ``dataset``
     section, or a dict). A stored file's own options (``stored_options``: its vocabulary,
     image size...) apply unless the spec's options override them; ``classes`` is its declared
-    class list (None: the records' distinct labels)."""
+    class list (None: the records' distinct labels).
+
+    ``privacy_unit``: the unit column of a stored file, as its owner declared it (None: none,
+    each row its own unit); by default (:data:`FROM_SECTION`) ``d``'s: a local file or a
+    loader named by a spec, whose unit the spec gives. A stored file never takes the spec's:
+    its owner fixed it (:func:`file_spec`; :func:`sweeper.datasets.fixed_view.apply_view`
+    refuses another)."""
     # deferred: workers.datasets pulls numpy and every loader
     from workers.datasets.records import DatasetSpec
 
@@ -49,6 +71,7 @@ def worker_spec(
     # The scaling settings travel with the dataset: every loader (planner, upload check,
     # workers) must bound the inputs the same way. JSON gives the bounds back as a list.
     bounds, feature_clip = get("input_bounds"), get("feature_clip")
+    unit = get("privacy_unit") if isinstance(privacy_unit, _FromSection) else privacy_unit
     return DatasetSpec(
         name=name,
         path=path,
@@ -60,14 +83,15 @@ def worker_spec(
         input_bounds=None if bounds is None else (float(bounds[0]), float(bounds[1])),
         feature_clip=5.0 if feature_clip is None else float(feature_clip),
         classes=None if classes is None else tuple(str(c) for c in classes),
+        privacy_unit=None if unit is None else str(unit),
     )
 
 
 def file_spec(row: Dataset, dataset: Any = None) -> Any:
     """The worker spec of a stored file (an upload or a registered name); split and scaling
     settings from ``dataset`` (a spec's), the file's own settings from the row, its declared
-    class list among them (None for rows stored before declarations: see the module
-    docstring)."""
+    class list and privacy unit among them (None for rows stored before declarations: see the
+    module docstring)."""
     cfg = dict(row.config or {})
     assert row.storage_path is not None and row.format is not None
     return worker_spec(
@@ -78,6 +102,7 @@ def file_spec(row: Dataset, dataset: Any = None) -> Any:
         labels_path=cfg.get("labels_path"),
         stored_options=dict(cfg.get("options") or {}),
         classes=cfg.get("classes"),
+        privacy_unit=cfg.get("privacy_unit"),
     )
 
 
@@ -133,6 +158,13 @@ def _load(spec: Any, shown_as: str) -> tuple[dict[str, Any], str, Any]:
         "num_classes": int(data.num_classes),
         "kind": data.kind,
     }
+    if data.has_units:
+        # Counted once, at upload or registration (the owner's action on the owner's file):
+        # shown to the owner, and to analysts only once declared (fixed_view). No unit is on
+        # both sides of the split, so the two counts add up to the distinct units. How many
+        # rows each unit has is never counted here: it is private, whoever asks.
+        info["privacy_unit"] = str(data.privacy_unit)
+        info["n_units"] = int(data.n_units_train + data.n_units_test)
     return info, data.content_sha256, data
 
 
@@ -155,6 +187,9 @@ def builtin_description(name: str) -> dict[str, Any]:
             "owner": None,
             "size_bytes": None,
             "created_at": None,
+            # Each row its own unit, unless the loader has built-in units (mnist1d-people).
+            "privacy_unit": "example",
+            "n_units": None,
             **describe_file(worker_spec({}, path=None, name=name, label_column=None), name),
         }
     return dict(_BUILTIN_CACHE[name])

@@ -23,7 +23,10 @@ sees, and plans with, only what the owner *declared* (``declared`` lists them): 
 (``view.n_examples``, ``view.classes``, ``view.input_shape``) or by publishing the counts as
 they are (``declare_counted``). A grant on a dataset with a fact undeclared is refused, and
 an analyst's sweep on one is refused (409) before anything is reserved
-(:func:`require_declared`). The owner's own views and plans may use the counts.
+(:func:`require_declared`). The owner's own views and plans may use the counts. A dataset
+with a privacy unit (:mod:`sweeper.datasets.privacy_units`) has a fourth: the number of units
+(``view.n_units``), from which its plans take q, T and N; how many rows a unit has is never
+counted nor shown.
 
 They are part of the dataset's registered description: set at upload or registration (the
 defaults, 0.2, 0, none, 5) and changed later by the owner only
@@ -55,8 +58,9 @@ from sweeper.store import Dataset
 
 #: The split and scaling settings an owner fixes (``dataset.<name>`` in a spec).
 SPEC_FIELDS: tuple[str, ...] = ("test_fraction", "split_seed", "input_bounds", "feature_clip")
-#: The facts that size an analyst's plan and view, which only the owner's declaration sets.
-DECLARED_FACTS: tuple[str, ...] = ("n_examples", "classes", "input_shape")
+#: The facts that size an analyst's plan and view, which only the owner's declaration sets
+#: (``n_units`` on a dataset with a privacy unit only: :meth:`DatasetView.facts`).
+DECLARED_FACTS: tuple[str, ...] = ("n_examples", "classes", "input_shape", "n_units")
 #: Everything of the view an owner may change.
 VIEW_FIELDS: tuple[str, ...] = (*SPEC_FIELDS, *DECLARED_FACTS)
 #: What reads the file itself: fixed at upload or registration, never chosen by an analyst.
@@ -79,6 +83,12 @@ class DatasetView:
     input_shape: tuple[int, ...] | None = None
     #: Which of :data:`DECLARED_FACTS` the owner declared public.
     declared: tuple[str, ...] = ()
+    #: The unit column its owner declared at upload or registration (``config["privacy_unit"]``;
+    #: None: each row is its own unit). Fixed: a spec repeats it or leaves it out.
+    privacy_unit: str | None = None
+    #: The number of privacy units (counted at upload or registration, or declared); None
+    #: without a unit. How many rows each has is never here: it is never counted.
+    n_units: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -86,11 +96,18 @@ class DatasetView:
         out["classes"] = None if self.classes is None else list(self.classes)
         out["input_shape"] = None if self.input_shape is None else list(self.input_shape)
         out["declared"] = list(self.declared)
+        if self.privacy_unit is None:
+            # A dataset without a unit reads as it did before units existed.
+            del out["privacy_unit"], out["n_units"]
         return out
 
+    def facts(self) -> tuple[str, ...]:
+        """The facts of :data:`DECLARED_FACTS` this dataset has: ``n_units`` with a unit."""
+        return tuple(f for f in DECLARED_FACTS if f != "n_units" or self.privacy_unit)
+
     def undeclared(self) -> list[str]:
-        """The facts of :data:`DECLARED_FACTS` the owner has not declared."""
-        return [f for f in DECLARED_FACTS if f not in self.declared]
+        """The facts of :meth:`facts` the owner has not declared."""
+        return [f for f in self.facts() if f not in self.declared]
 
     def public(self) -> DatasetView:
         """The view as an analyst may see it: the undeclared facts withdrawn (never a count)."""
@@ -100,8 +117,10 @@ class DatasetView:
 
 def view_of(row: Dataset) -> DatasetView:
     """The view stored in a dataset row (the defaults for rows stored before views)."""
-    raw = dict(dict(row.config or {}).get("view") or {})
+    cfg = dict(row.config or {})
+    raw = dict(cfg.get("view") or {})
     bounds = raw.get("input_bounds")
+    unit = cfg.get("privacy_unit")
     return DatasetView(
         test_fraction=float(raw.get("test_fraction", 0.2)),
         split_seed=int(raw.get("split_seed", 0)),
@@ -111,6 +130,8 @@ def view_of(row: Dataset) -> DatasetView:
         classes=_classes_of(row),
         input_shape=_shape_of(raw.get("input_shape") or dict(row.config or {}).get("input_shape")),
         declared=tuple(f for f in DECLARED_FACTS if f in (raw.get("declared") or ())),
+        privacy_unit=None if unit is None else str(unit),
+        n_units=(int(raw.get("n_units") or cfg.get("n_units") or 0) or None) if unit else None,
     )
 
 
@@ -125,38 +146,50 @@ def require_declared(row: Dataset) -> None:
     Raises:
         IllegalState: naming the facts to declare and how (409; nothing is reserved).
     """
-    missing = view_of(row).undeclared()
+    view = view_of(row)
+    missing = view.undeclared()
     if missing:
-        body = '{"view": {"n_examples": N, "classes": [...], "input_shape": [...]}}'
+        units = ', "n_units": U' if view.privacy_unit else ""
+        body = f'{{"view": {{"n_examples": N, "classes": [...], "input_shape": [...]{units}}}}}'
+        by_value = "--n-examples, --classes, --input-shape" + (
+            ", --n-units" if view.privacy_unit else ""
+        )
         raise IllegalState(
             f"dataset {row.name!r} is not ready for analysts: its owner has not declared "
             f"{', '.join(missing)} public (an analyst's plan is sized by what the owner "
             "declares, never by counting the records). The owner declares them with PUT "
             f'/api/v1/datasets/{row.name}/policy and {body}, or {{"declare_counted": '
             "true} to publish the counts as they are; on the command line `dpsweep datasets "
-            f"policy {row.name} --declare-counted` (or --n-examples, --classes, --input-shape)"
+            f"policy {row.name} --declare-counted` (or {by_value})"
         )
 
 
 def declare_counted(config: dict[str, Any], n_examples: int | None) -> dict[str, Any]:
-    """``config`` with the counted size, class list and feature shape declared public (the
-    owner's choice: they publish the counts as they are)."""
+    """``config`` with the counted size, class list and feature shape (and, with a privacy
+    unit, number of units) declared public (the owner's choice: they publish the counts as
+    they are)."""
     view = dict(config.get("view") or {})
     counted: dict[str, Any] = {
         "n_examples": view.get("n_examples") or n_examples,
         "classes": config.get("classes"),
         "input_shape": view.get("input_shape") or config.get("input_shape"),
     }
+    unit = config.get("privacy_unit")
+    if unit:
+        counted["n_units"] = view.get("n_units") or config.get("n_units")
     missing = [f for f, v in counted.items() if v is None]
     if missing:
         raise ConfigError(
             f"the records' {', '.join(missing)} were never counted; declare them by value "
-            "(view.n_examples, view.classes, view.input_shape)",
+            "(view.n_examples, view.classes, view.input_shape"
+            + (", view.n_units)" if unit else ")"),
             field="declare_counted",
         )
     view["n_examples"] = int(counted["n_examples"])
     view["input_shape"] = [int(v) for v in counted["input_shape"]]
-    view["declared"] = list(DECLARED_FACTS)
+    if unit:
+        view["n_units"] = int(counted["n_units"])
+    view["declared"] = [f for f in DECLARED_FACTS if f in counted]
     return {**config, "view": view}
 
 
@@ -167,10 +200,12 @@ def _classes_of(row: Dataset) -> tuple[str, ...] | None:
 
 def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
     """``current`` with ``changes`` applied (a key set to None resets input_bounds), checked as
-    a spec's ``dataset`` section is.
+    a spec's ``dataset`` section is. The privacy unit is not among them: it changes with the
+    file's reading (:mod:`sweeper.datasets.privacy_units`).
 
     Raises:
-        ConfigError: an unknown setting or a value out of range (field ``view.<name>``).
+        ConfigError: an unknown setting or a value out of range (field ``view.<name>``), or a
+            number of units for a dataset without a unit.
     """
     unknown = set(changes) - set(VIEW_FIELDS)
     if unknown:
@@ -178,9 +213,17 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
             f"unknown view setting(s) {sorted(unknown)}; allowed: {', '.join(VIEW_FIELDS)}",
             field=f"view.{sorted(unknown)[0]}",
         )
+    if changes.get("n_units") is not None and current.privacy_unit is None:
+        raise ConfigError(
+            "view.n_units is the number of privacy units, and this dataset has none (each "
+            "row is its own unit): leave it out, or declare the unit column first "
+            '(PUT .../policy with {"privacy_unit": COLUMN})',
+            field="view.n_units",
+        )
     merged = {**asdict(current), **changes}
     declared = _declared_after(current.declared, changes)
-    merged.pop("declared")
+    for name in ("declared", "privacy_unit"):
+        merged.pop(name)
     shape = _checked_shape(merged.pop("input_shape"))
     for name in ("test_fraction", "split_seed", "feature_clip"):
         if merged[name] is None:
@@ -197,15 +240,8 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
             "of 1-200 characters) as the file writes them",
             field="view.classes",
         )
-    size = merged.pop("n_examples")
-    if size is not None and (
-        isinstance(size, bool) or not isinstance(size, int) or not 2 <= size < 2**53
-    ):
-        raise ConfigError(
-            f"view.n_examples is the number of records, declared public: an integer >= 2; "
-            f"got {size!r}",
-            field="view.n_examples",
-        )
+    size = _checked_count(merged.pop("n_examples"), "n_examples", "records", 2)
+    units = _checked_count(merged.pop("n_units"), "n_units", "privacy units", 1)
     try:
         # The same checks as a spec's dataset section (ranges, finite bounds, lo < hi).
         d = DatasetConfig.model_validate({"name": "view", **merged})
@@ -225,7 +261,26 @@ def checked_view(current: DatasetView, changes: dict[str, Any]) -> DatasetView:
         classes=None if classes is None else tuple(classes),
         input_shape=shape,
         declared=declared,
+        privacy_unit=current.privacy_unit,
+        n_units=units,
     )
+
+
+def _checked_count(value: Any, name: str, what: str, least: int) -> int | None:
+    """A declared count (``view.<name>``): None, or an integer from ``least``.
+
+    Raises:
+        ConfigError: anything else (field ``view.<name>``).
+    """
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not least <= value < 2**53
+    ):
+        raise ConfigError(
+            f"view.{name} is the number of {what}, declared public: an integer >= {least}; "
+            f"got {value!r}",
+            field=f"view.{name}",
+        )
+    return None if value is None else int(value)
 
 
 def _declared_after(before: tuple[str, ...], changes: dict[str, Any]) -> tuple[str, ...]:
@@ -273,14 +328,21 @@ def apply_view(spec: SweepSpec, row: Dataset, *, analyst: bool) -> SweepSpec:
     column, loader options); the dataset's owner may (their own sweeps on their own data;
     the ledger charged stays the one bound to the name, whatever they choose).
 
+    The privacy unit is the owner's for everyone, the owner included (one ledger, one unit:
+    :func:`check_privacy_unit`); the stored spec carries it.
+
     Raises:
         ConfigError: an analyst's spec sets one of them to another value (field
-            ``dataset.<name>``), saying that the owner sets it.
+            ``dataset.<name>``), saying that the owner sets it; anyone's spec names another
+            privacy unit (field ``dataset.privacy_unit``).
     """
     d = spec.dataset
     given = d.model_fields_set
     view = view_of(row)
+    check_privacy_unit(d, row)
     updates: dict[str, Any] = {}
+    if view.privacy_unit is not None and d.privacy_unit is None:
+        updates["privacy_unit"] = view.privacy_unit
     for name in SPEC_FIELDS:
         owner_value = getattr(view, name)
         if name not in given:
@@ -310,6 +372,41 @@ def apply_view(spec: SweepSpec, row: Dataset, *, analyst: bool) -> SweepSpec:
     if not updates:
         return spec
     return spec.model_copy(update={"dataset": d.model_copy(update=updates)})
+
+
+def check_privacy_unit(d: DatasetConfig, row: Dataset) -> None:
+    """Refuse a spec's ``dataset.privacy_unit`` that is not the stored dataset's own.
+
+    The unit is the owner's declaration at upload or registration: it keys what the ledger
+    counts (a person or a row), so no spec may change it, not even the owner's. A spec may
+    leave it out or repeat it.
+
+    Raises:
+        ConfigError: field ``dataset.privacy_unit``, saying how the owner sets it.
+    """
+    own = view_of(row).privacy_unit
+    if "privacy_unit" not in d.model_fields_set or d.privacy_unit == own:
+        return
+    how = (
+        f"its owner registers the file again (`dpsweep datasets register FILE --name NAME "
+        f"--privacy-unit COLUMN`, or an upload with privacy_unit=COLUMN), or sets it with PUT "
+        f'/api/v1/datasets/{row.name}/policy and {{"privacy_unit": COLUMN}} (`dpsweep datasets '
+        f"policy {row.name} --privacy-unit COLUMN`) while its ledger has spent nothing at "
+        "another level"
+    )
+    if own is None:
+        raise ConfigError(
+            f"dataset {d.name!r} was registered without a privacy unit (each row is its own "
+            f"unit), so dataset.privacy_unit {d.privacy_unit!r} cannot apply: leave it out. The "
+            f"owner sets the unit at upload or registration: {how}",
+            field="dataset.privacy_unit",
+        )
+    raise ConfigError(
+        f"dataset.privacy_unit of dataset {d.name!r} is {own!r}, set by its owner at upload or "
+        f"registration; a spec cannot change it (got {d.privacy_unit!r}): leave it out or "
+        f"repeat it. To budget these records per another unit, {how}",
+        field="dataset.privacy_unit",
+    )
 
 
 def _same_json(a: Any, b: Any) -> bool:

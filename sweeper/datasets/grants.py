@@ -92,6 +92,11 @@ def _owned_row(session: Session, name: str, viewer: Viewer) -> Dataset:
     raise DatasetNotFound(f"no dataset {name!r}; GET /api/v1/datasets lists yours")
 
 
+#: The dataset's row if the viewer owns it (:func:`_owned_row`), for the modules that change
+#: what its owner alone sets (:mod:`sweeper.datasets.privacy_units`).
+owned_row = _owned_row
+
+
 def _active(session: Session, name: str, analyst: str) -> DatasetGrant | None:
     return session.scalars(
         select(DatasetGrant)
@@ -404,6 +409,8 @@ def _with_view(row: Dataset, view: dict[str, Any]) -> dict[str, Any]:
             field="view.input_shape",
         )
     stored = new_view.to_json()
+    # The unit is the row's config["privacy_unit"] (sweeper.datasets.privacy_units), not the view's.
+    stored.pop("privacy_unit", None)
     classes = stored.pop("classes")
     config = {**dict(row.config or {}), "view": stored}
     if classes is not None:

@@ -24,12 +24,13 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dpsweep.errors import ConfigError, DatasetNotFound
+from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
 from sweeper.datasets.files import builtin_description, file_spec, worker_spec
 from sweeper.datasets.names import BUILTIN
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.privacy.ledger.records import CarriedOver
+from sweeper.privacy.ledger.units import EXAMPLE_UNIT, bind_privacy_unit, ledger_unit, unit_label
 from sweeper.store import Dataset, Sweep
 from sweeper.store.engine import writable
 
@@ -51,6 +52,9 @@ class Binding:
     shared_with: tuple[str, ...]
     """Other names of the same owner bound to the same identity (they share its cap and
     ledger). Never another owner's: that would say whose records equal whose."""
+    privacy_unit: str | None = None
+    """The unit the ledger was bound to by this binding (``example``, or a unit column's
+    name); None when the binding named none (built-ins, names stored by sweeps)."""
 
     @property
     def ledger_key(self) -> str:
@@ -64,6 +68,8 @@ def bind_name(
     *,
     new_row: dict[str, Any] | None = None,
     row_update: dict[str, Any] | None = None,
+    privacy_unit: str | None = None,
+    bind_unit: bool = False,
 ) -> Binding:
     """Record that ``name`` now reads the records whose identity is ``content_sha256``.
 
@@ -85,9 +91,18 @@ def bind_name(
         content_sha256: The identity (:func:`workers.datasets.content_sha256`).
         new_row: Fields of a new ``datasets`` row (config, n_examples, format, ...).
         row_update: Fields to set on an existing row (a re-registration's file).
+        privacy_unit: With ``bind_unit``: the records' unit column (None: each row is its
+            own unit, ``example``).
+        bind_unit: Bind the identity's ledger to ``privacy_unit``
+            (:func:`~sweeper.privacy.ledger.units.bind_privacy_unit`) before the row is
+            written (an upload's, a registration's): a ledger bound to another unit refuses
+            the binding and nothing is stored.
 
     Returns:
         The binding.
+
+    Raises:
+        IllegalState: with ``bind_unit``, the records' ledger counts another unit.
     """
     engine = writable(engine)
     ledger = BudgetLedger(engine)
@@ -99,10 +114,17 @@ def bind_name(
     if found is None:
         owner = (new_row or {}).get("owner")
     key = scoped_identity_key(content_sha256, owner=owner)
+    if bind_unit:
+        # Before anything is written: a refused unit leaves the ledger and the row as they were.
+        _check_unit(engine, key, name, privacy_unit)
     inherited = False
     if previous and previous != content_sha256:
         old_key = scoped_identity_key(previous, owner=owner)
         inherited = ledger.inherit_caps(old_key, key) is not None
+    # After the caps are inherited (binding creates the ledger's row, and a row that exists
+    # inherits nothing), before the row is written: under the ledger's lock, so two units
+    # racing for one unbound ledger cannot both bind.
+    unit = bind_privacy_unit(engine, key, privacy_unit) if bind_unit else None
 
     bind = partial(
         _bind_row,
@@ -134,6 +156,29 @@ def bind_name(
         carried=carried,
         inherited_caps=inherited,
         shared_with=tuple(shared),
+        privacy_unit=unit,
+    )
+
+
+def _level(unit: str) -> str:
+    return "per row (no privacy unit)" if unit == EXAMPLE_UNIT else f"per {unit!r}"
+
+
+def _check_unit(engine: Engine, key: str, name: str, privacy_unit: str | None) -> None:
+    """Refuse to bind ``name`` to records whose ledger counts another unit (read only).
+
+    Raises:
+        IllegalState: naming the ledger's unit and how to register the records at it.
+    """
+    bound, asked = ledger_unit(engine, key), unit_label(privacy_unit)
+    if bound is None or bound == asked:
+        return
+    again = "without a privacy unit" if bound == EXAMPLE_UNIT else f"with privacy unit {bound!r}"
+    raise IllegalState(
+        f"{name!r} was not stored: these records' ledger is budgeted {_level(bound)}, and this "
+        f"asks for {_level(asked)}. One ledger has one privacy unit, so the same people's "
+        f"budget is never spent at two levels: register or upload the records {again}. "
+        "Nothing stored before changed"
     )
 
 

@@ -19,6 +19,7 @@ from dpsweep.errors import ConfigError, DatasetNotFound, IllegalState
 from sweeper.datasets.files import load_declared, worker_spec
 from sweeper.datasets.identity import Binding, bind_name
 from sweeper.datasets.names import article, check_registered_name, file_noun, format_of
+from sweeper.datasets.privacy_units import checked_unit
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.keys import scoped_identity_key
 from sweeper.settings import SweeperSettings
@@ -38,6 +39,7 @@ def register_file(
     public: bool = False,
     options: Mapping[str, Any] | None = None,
     owner: str | None = None,
+    privacy_unit: str | None = None,
 ) -> tuple[Binding, dict[str, Any]]:
     """Load and check a data file and bind ``name`` to the identity of its records.
 
@@ -67,13 +69,23 @@ def register_file(
     count and encoding are shown and shape the model, so no later load (planning, workers,
     descriptions) may compute them from the records. Registering again recomputes them.
 
+    ``privacy_unit``: the column saying whose each row is (e.g. ``patient_id``; issue 54):
+    every ε on these records then protects a unit, all its rows, and their ledger counts
+    units. Stored in the row's ``config``; every load reads the file so (the column is never
+    a feature), and no spec may change it. The number of units is counted now (``n_units``;
+    shown to analysts once declared). The records' ledger is bound to the unit (None:
+    ``example``) before the row is written: records whose ledger counts another unit are
+    refused and nothing is stored (:func:`bind_name`).
+
     Returns:
         The binding (``shared_with``: other names of the same records and owner, which share
         its cap and ledger) and what may be shown of the data (N, shape, classes).
 
     Raises:
-        ConfigError / DatasetError: a bad name, owner, format, file or label setting.
-        IllegalState: the name is registered as someone else's.
+        ConfigError / DatasetError: a bad name, owner, format, file, label setting or unit
+            column.
+        IllegalState: the name is registered as someone else's, or its records' ledger counts
+            another privacy unit.
     """
     check_registered_name(name)
     if owner is not None:
@@ -82,13 +94,19 @@ def register_file(
     fmt = format_of(file, fmt)
     given = _checked_options(fmt, label_column, labels_path, options)
     labels = str(Path(labels_path).expanduser().resolve()) if labels_path else None
-    view = _kept_view(engine, name, owner)
+    unit = checked_unit(privacy_unit)
+    view = _kept_view(engine, name, owner, unit)
     if fmt == "image_folder":
         from workers.datasets.images import registered_options  # deferred: numpy
 
         given = registered_options(file, given)
     spec = worker_spec(
-        {"options": given}, path=str(file), name=fmt, label_column=label_column, labels_path=labels
+        {"options": given},
+        path=str(file),
+        name=fmt,
+        label_column=label_column,
+        labels_path=labels,
+        privacy_unit=unit,
     )
     spec, info, identity = load_declared(spec, str(file))
     config = {
@@ -98,13 +116,20 @@ def register_file(
         **info,
         "classes": list(spec.classes),
         "public": bool(public),
+        **({"privacy_unit": unit} if unit else {}),
         **({"view": view} if view else {}),
     }
     fields = _row_fields(file, name, fmt, config)
     binding = bind_name(
-        engine, name, identity, new_row={**fields, "owner": owner}, row_update=fields
+        engine,
+        name,
+        identity,
+        new_row={**fields, "owner": owner},
+        row_update=fields,
+        privacy_unit=unit,
+        bind_unit=True,
     )
-    return binding, {**info, "public": bool(public)}
+    return binding, {**info, "public": bool(public), "privacy_unit": unit}
 
 
 def _row_fields(file: Path, name: str, fmt: str, config: dict[str, Any]) -> dict[str, Any]:
@@ -155,10 +180,14 @@ def whose(owner: str | None) -> str:
     return "the operator's" if owner is None else f"{owner}'s"
 
 
-def _kept_view(engine: Engine, name: str, owner: str | None) -> dict[str, Any]:
+def _kept_view(
+    engine: Engine, name: str, owner: str | None, privacy_unit: str | None
+) -> dict[str, Any]:
     """The owner's split and scaling settings of a name registered before, which outlive a
-    re-registration (:mod:`sweeper.datasets.fixed_view`; the declared size is declared anew
-    from the file); empty for a new name.
+    re-registration (:mod:`sweeper.datasets.fixed_view`; the declared size and number of
+    units are declared anew from the file; a number of another unit than ``privacy_unit``'s
+    is withdrawn, so the new unit's count is public only once the owner declares it); empty
+    for a new name.
 
     Raises:
         ConfigError: the name is one sweeps used without registering it.
@@ -183,6 +212,10 @@ def _kept_view(engine: Engine, name: str, owner: str | None) -> dict[str, Any]:
         )
     view = dict(dict(existing.config or {}).get("view") or {})
     view.pop("n_examples", None)
+    view.pop("n_units", None)
+    view.pop("privacy_unit", None)
+    if dict(existing.config or {}).get("privacy_unit") != privacy_unit:
+        view["declared"] = [f for f in view.get("declared") or () if f != "n_units"]
     return view
 
 

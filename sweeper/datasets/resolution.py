@@ -267,5 +267,9 @@ def _resolve_training(engine: Engine | None, dataset: Any) -> Any:
         raise ConfigError(unknown_dataset(name), field="dataset.name")
 
     # Sizes come from the owner's declaration (sweeper.datasets.fixed_view), not from
-    # counting the records: the plan must not depend on whether one record is there.
-    return replace(file_spec(row, dataset), declared_size=view_of(row).n_examples)
+    # counting the records: the plan must not depend on whether one record (or, with a
+    # privacy unit, one person and all their rows) is there.
+    view = view_of(row)
+    return replace(
+        file_spec(row, dataset), declared_size=view.n_examples, declared_units=view.n_units
+    )

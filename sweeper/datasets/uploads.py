@@ -34,6 +34,7 @@ from sweeper.datasets.names import (
     file_noun,
     upload_suffix,
 )
+from sweeper.datasets.privacy_units import checked_unit
 from sweeper.datasets.registration import names_of, whose
 from sweeper.datasets.views import describe
 from sweeper.privacy.ledger.amounts import (
@@ -74,6 +75,7 @@ def store_upload(
     delta_cap: float | None = None,
     declare_counted: bool = False,
     admin: bool = False,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
     """Validate and store an uploaded file of an uploadable format (CSV, NPZ, a plug-in's:
     :data:`~sweeper.datasets.names.UPLOAD_FORMATS`), optionally with lifetime caps.
@@ -104,20 +106,28 @@ def store_upload(
     are declared public at once (:mod:`sweeper.datasets.fixed_view`): the owner's choice,
     needed before any analyst is granted.
 
+    ``privacy_unit``: the column (CSV) or array (NPZ) saying whose each row is (e.g.
+    ``patient_id``): stored in the row's ``config``, read by every load (never a feature),
+    fixed for every spec; the number of units is counted now (``n_units``). The records'
+    ledger is bound to the unit (None: ``example``) before the upload is kept: records whose
+    ledger counts another unit are refused (409) and nothing is stored.
+
     Returns:
         The dataset's description (as :func:`sweeper.datasets.views.describe`) and its
         ``ledger`` (:func:`upload_ledger`).
 
     Raises:
         ConfigError / DatasetError: bad format, label column, label or caps.
-        IllegalState: a cap above the one the records already have.
+        IllegalState: a cap above the one the records already have, or a ledger of the
+            records that counts another privacy unit.
     """
     _check_request(fmt, label_column, label, epsilon_cap, delta_cap)
+    unit = checked_unit(privacy_unit)
     uid = UPLOAD_PREFIX + secrets.token_hex(12)
     path = _write_file(data_dir, uid, fmt, content)
     try:
         records = _read_records(
-            path, content, fmt, filename, label_column, declare_counted, owner, label
+            path, content, fmt, filename, label_column, declare_counted, owner, label, unit
         )
         key = scoped_identity_key(records.content_sha256, owner=owner)
         earlier = names_of(engine, records.content_sha256, owner=owner)
@@ -157,7 +167,15 @@ def _keep_upload(
     tighten the ledger ``key``. Returns the earlier upload's id, if any."""
     same = _same_upload(engine, owner, records.row)
     if same is None:
-        bind_name(engine, uid, records.content_sha256, new_row=records.row)
+        unit = records.row["config"].get("privacy_unit")
+        bind_name(
+            engine,
+            uid,
+            records.content_sha256,
+            new_row=records.row,
+            privacy_unit=unit,
+            bind_unit=True,
+        )
     else:
         path.unlink(missing_ok=True)
     if epsilon_cap is not None or delta_cap is not None:
@@ -256,20 +274,25 @@ def _read_records(
     declare_counted: bool,
     owner: str | None,
     label: str | None,
+    privacy_unit: str | None,
 ) -> _Records:
     """Load the stored file as a sweep will, and the ``datasets`` row it would get.
 
     Raises:
-        DatasetError: the file cannot be read as ``fmt``.
+        DatasetError: the file cannot be read as ``fmt`` (or has no unit column
+            ``privacy_unit``).
     """
     spec = worker_spec(
         {"test_fraction": 0.2, "split_seed": 0},
         path=str(path),
         name=fmt,
         label_column=label_column,
+        privacy_unit=privacy_unit,
     )
     spec, info, identity = load_declared(spec, filename)
     config = {"label_column": label_column, **info, "classes": list(spec.classes)}
+    if privacy_unit:
+        config["privacy_unit"] = privacy_unit
     if declare_counted:
         config = declared_counts(config, info["n_examples"])
     row = {

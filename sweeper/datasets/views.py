@@ -28,8 +28,10 @@ from sweeper.datasets.analyst_views import (
 )
 from sweeper.datasets.budget_rows import budget_rows
 from sweeper.datasets.files import builtin_description
+from sweeper.datasets.fixed_view import view_of
 from sweeper.datasets.identity import ledger_key_of, owner_of, view_key
 from sweeper.datasets.names import BUILTIN, in_catalog, is_upload
+from sweeper.datasets.privacy_units import unit_fields
 from sweeper.privacy.ledger.amounts import ZERO, add_exact
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 from sweeper.privacy.ledger.records import BudgetSummary, SweepBalance
@@ -55,6 +57,8 @@ def _stored_file(row: Dataset) -> dict[str, Any]:
         "input_shape": cfg.get("input_shape"),
         "num_classes": cfg.get("num_classes"),
         "kind_of_data": cfg.get("kind"),
+        # The owner's unit and counted number of units (never rows per unit, to anyone).
+        **unit_fields(view_of(row)),
         # A registered file its owner declared public (usable as eval.dataset).
         **({} if is_upload(row.name) else {"public": bool(cfg.get("public", False))}),
     }
