@@ -70,30 +70,18 @@ def _dp_evaluation(spec: PackSpec, data: Dataset, task: str) -> bool:
     return private_eval
 
 
-#: Whether the pack's measurement (:mod:`workers.training.measure`) passes each evaluation
-#: row's unit to :func:`_noisy_accuracy`. Until it does, DP evaluation of a dataset with a
-#: privacy unit is refused (fail closed): a count over rows would let one unit move it by as
-#: many rows as it has, not by 1. Set it True in the change that passes ``units=``.
-UNITS_MEASURED = False
-
-
 def _check_eval_units(data: Dataset) -> None:
-    """DP evaluation of records with a privacy unit: every evaluation row has its unit, and
-    the measurement counts by unit.
+    """DP evaluation of records with a privacy unit: every evaluation row has its unit (the
+    measurement, :mod:`workers.training.measure`, counts by it).
 
     Raises:
-        PrivacyError: a row without its unit, or a measurement that does not count by unit.
+        PrivacyError: a row without its unit.
     """
     units = data.units_test
     if units is None or units.shape != (int(data.x_test.shape[0]),):
         raise PrivacyError(
             "the evaluation records have a privacy unit but not each row's unit; DP "
             "evaluation cannot count by unit, and nothing was trained"
-        )
-    if not UNITS_MEASURED:
-        raise PrivacyError(
-            "DP evaluation by privacy unit is not available in this worker yet (its noisy "
-            "count would be over rows); use eval mode carve-out or public. Nothing was trained"
         )
 
 

@@ -35,6 +35,17 @@ class PackMeasure:
             torch.Generator(device=pack.device).manual_seed(stream_seed(t.seed, "diag"))
             for t in pack.spec.trials
         ]
+        self._eval_units: torch.Tensor | None = None
+
+    @property
+    def eval_units(self) -> torch.Tensor | None:
+        """Each evaluation row's unit on the pack's device (None: each row its own unit)."""
+        data = self.pack.data
+        if not data.has_units or data.units_test is None:
+            return None
+        if self._eval_units is None:
+            self._eval_units = torch.from_numpy(data.units_test).to(self.pack.device)
+        return self._eval_units
 
     def measure(self) -> list[dict[str, Any]]:
         """The model's metrics now, one dict per trial (noisy and counted with DP evaluation)."""
@@ -54,6 +65,9 @@ class PackMeasure:
             p.count_noise,
             noise_multiplier=p.spec.eval_noise_multiplier,
             n_records=p.data.planning_n_eval,
+            # With a privacy unit the count is over units (each adds its rows' mean
+            # correctness), so one unit moves it by at most 1, as the plan's noise assumes.
+            units=self.eval_units,
         )
 
     def evaluate(self, step: int) -> list[dict[str, Any]]:

@@ -133,12 +133,11 @@ def test_units_that_are_not_one_per_row_are_refused() -> None:
             _noisy_accuracy(model, x, y, noise, noise_multiplier=1.0, units=bad)
 
 
-def test_dp_evaluation_with_units_fails_closed_until_the_measurement_counts_units() -> None:
+def test_dp_evaluation_with_units_needs_each_rows_unit() -> None:
     data = load_dataset(DatasetSpec("mnist1d-people", evaluation="dp"))
     assert data.units_test is not None and data.planning_n_eval == round(0.2 * 381)
     spec = _pack(dataset=DatasetSpec("mnist1d-people", evaluation="dp"))
-    with pytest.raises(PrivacyError, match="not available in this worker yet"):
-        _dp_evaluation(spec, data, "classification")
+    assert _dp_evaluation(spec, data, "classification")
     with pytest.raises(PrivacyError, match="not each row's unit"):
         _dp_evaluation(spec, replace(data, units_test=None), "classification")
     # Public evaluation records with units need no count at all.
