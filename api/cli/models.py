@@ -43,6 +43,7 @@ from rich.markup import escape
 
 from api.cli.common import DB_HELP, EXIT_FAILURE, fail, open_engine, stdout_console
 from dpsweep.errors import DpsweepError, TrialNotFound
+from dpsweep.plan_fields import per_unit
 from dpsweep.trial import scaled_inputs_reason
 
 MODEL_FILE = "model.safetensors"
@@ -193,16 +194,17 @@ def privacy_lines(card: dict[str, Any]) -> list[str]:
         return []  # said by the card's warnings
     lines = []
     grid = p.get("grid") or {}
+    per = per_unit(p.get("privacy_unit"))  # with a privacy unit, every ε is per unit
     if p.get("epsilon") is not None:
         name = grid.get("grid") or (card.get("trial") or {}).get("arm", "")
         lines.append(
-            f"ε {_num(p['epsilon'])} (δ {_num(p.get('delta'))}) for this model's grid {name}: "
+            f"ε {_num(p['epsilon'])}{per} (δ {_num(p.get('delta'))}) for this model's grid {name}: "
             f"{p.get('covers') or grid.get('covers', '')}"
         )
     sweep = p.get("sweep")
     if sweep and sweep.get("epsilon") is not None:
         lines.append(
-            f"ε {_num(sweep['epsilon'])} (δ {_num(sweep.get('delta'))}) for the whole sweep: "
+            f"ε {_num(sweep['epsilon'])}{per} (δ {_num(sweep.get('delta'))}) for the whole sweep: "
             f"{sweep.get('covers', '')}"
         )
     return lines

@@ -19,6 +19,7 @@ from rich.console import Console
 from sqlalchemy.orm import Session, selectinload
 
 from api.cli import main
+from api.cli.models import privacy_lines
 from api.cli.sweeps import print_results
 from dpsweep.spec import DatasetConfig, ModelConfig, TrainingConfig
 from sweeper.artifacts.cards import model_card, render_card_markdown
@@ -132,6 +133,8 @@ def test_the_model_card_says_per_unit(unit_sweep: Any, model: dict[str, Any]) ->
     text = render_card_markdown(card)
     assert f"{PER} at δ" in text
     assert "units (person_id; the sizes count units, not records)" in text
+    # `dpsweep model`'s lines, read from the card.
+    assert all("per person_id" in line for line in privacy_lines(card))
 
 
 def test_a_training_run_is_charged_and_labelled_per_unit(tmp_path: Path) -> None:
