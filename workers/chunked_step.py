@@ -73,7 +73,8 @@ def augmenter_for(spec: PackSpec) -> Augmenter | None:
 def physical_batch(spec: PackSpec, data: Dataset, *, audit: bool = False) -> int | None:
     """Examples per physical chunk: the spec's, else the whole batch (None) when the pack fits
     its memory budget, else the largest power of two that does (public: from the spec, the
-    data's shape and the worker's budget only). An audit runs in one piece (None)."""
+    data's shape and the worker's budget only). An audit runs in one piece (None). With a
+    privacy unit it counts row slots: the bound is R slots per unit of the public bound."""
     if audit:
         return None
     if spec.physical_batch_size is not None:
@@ -89,6 +90,9 @@ def physical_batch(spec: PackSpec, data: Dataset, *, audit: bool = False) -> int
         return estimate_trial_bytes(one, input_shape=shape, num_classes=int(data.num_classes))
 
     bound = logical_bound(spec.batch_size)
+    if getattr(data, "has_units", False):
+        # batch_size counts privacy units, each up to R row slots (workers.unit_step).
+        bound *= int(spec.rows_per_unit)
     # The estimate is affine in the chunk above the diagnostics' floor (DIAGNOSTIC_BATCH).
     per = max(1, (cost(2048) - cost(1024)) // 1024)
     fixed = cost(1024) - per * 1024
@@ -98,6 +102,12 @@ def physical_batch(spec: PackSpec, data: Dataset, *, audit: bool = False) -> int
     while best * 2 < bound and fixed + per * (best * 2) <= budget:
         best *= 2
     return best
+
+
+def units_per_chunk(physical: int, rows_per_unit: int) -> int:
+    """Privacy units per physical chunk (:mod:`workers.unit_step`): as many whole units of R
+    row slots as ``physical`` rows hold, at least one."""
+    return max(1, int(physical) // int(rows_per_unit))
 
 
 def _padded(idx: Tensor, mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -164,8 +174,16 @@ def chunked_releases(engine: DPEngine, idx: Tensor, mask: Tensor) -> dict[str, T
         for total_sc, sc in zip(scalar_totals, clip.scalars, strict=True):
             total_sc += sc.values.sum(dim=1, keepdim=True)
         del infos, parts
+    return noised_totals(engine, clip, totals, scalar_totals)
+
+
+def noised_totals(
+    engine: DPEngine, clip: Any, totals: list[Tensor], scalar_totals: list[Tensor]
+) -> dict[str, Tensor]:
+    """The releases from a step's totals over its chunks (weighted sums already over b, and
+    the scalar releases' summed values), noised once as the one-piece step noises them."""
     engine.grad.copy_(totals[0])
-    if not strategy.private:
+    if not engine.strategy.private:
         return {"grad": engine.grad}
     bufs = [engine.grad]
     for extra, total in zip(clip.extra, totals[1:], strict=True):
@@ -187,6 +205,8 @@ __all__ = [
     "chunk_count",
     "chunked_releases",
     "logical_bound",
+    "noised_totals",
     "physical_batch",
+    "units_per_chunk",
     "weighted_sums",
 ]

@@ -23,6 +23,9 @@ An example whose gradient (or, for strategies without per-example norms, whose l
 finite gets weight 0: removing one example stays within the sensitivity, and so a poisoned
 record cannot make a run fail, which would reveal whether it was sampled.
 
+With a privacy unit (issue 54: ``units``) the population sampled is the units, and each
+sampled unit's rows make one bounded contribution (:mod:`workers.unit_step`).
+
 Nothing computed from the private batch leaves this module without noise, including error
 messages: they name the release and the trial, never a norm or a count.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -44,6 +48,7 @@ from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.release_checks import _ENFORCED, _check_scalar, _check_sensitivity
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext
+from workers.unit_step import UnitSampling, unit_releases
 
 Task = Literal["classification", "reconstruction"]
 
@@ -76,6 +81,13 @@ class DPEngine:
         physical_batch_size: examples per physical chunk of a logical batch
             (:mod:`workers.chunked_step`); None: one piece (an audit always runs in one piece).
         augmenter: augmentation multiplicity (:mod:`workers.augment`), or None.
+        units: each training row's privacy unit (dense ids, private), or None: each row is
+            its own unit. With units, q samples units and ``physical_batch_size`` counts rows.
+        unit_bounding, rows_per_unit: how a sampled unit's rows make its one contribution
+            (:mod:`workers.unit_step`); read only with ``units``.
+
+    Raises:
+        ConfigError: what a run with units does not support (:meth:`UnitSampling.build`).
     """
 
     def __init__(
@@ -94,6 +106,9 @@ class DPEngine:
         canaries: GradientCanaryHook | None = None,
         physical_batch_size: int | None = None,
         augmenter: Augmenter | None = None,
+        units: np.ndarray | Tensor | None = None,
+        unit_bounding: str = "mean",
+        rows_per_unit: int = 8,
     ) -> None:
         self.model = model
         self.strategy = strategy
@@ -107,6 +122,13 @@ class DPEngine:
         self.n_data = int(x.shape[0])
         # The included canaries are records too: sampled at the same rate by the same code.
         self.n = self.n_data + (canaries.n_included if canaries is not None else 0)
+        self.units: UnitSampling | None = None
+        if units is not None:
+            self.units = UnitSampling.build(
+                units, n_rows=self.n_data, bounding=unit_bounding, rows_per_unit=rows_per_unit,
+                strategy=strategy, audit=canaries is not None, augmented=augmenter is not None,
+            )  # fmt: skip
+            self.n = self.units.index.n_units  # q samples units; b = q N_units
         self.sample_rate = float(sample_rate)
         self.expected_batch_size = self.sample_rate * self.n
         self.sample_streams = list(sample_streams)
@@ -145,8 +167,12 @@ class DPEngine:
         return idx.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
 
     def step(self) -> None:
-        idx, mask = self.sample()
-        releases = self._releases(idx, mask)
+        if self.units is not None:
+            batch = self.units.sample(self.sample_rate, self.sample_streams, self.device)
+            releases = unit_releases(self, batch)
+        else:
+            idx, mask = self.sample()
+            releases = self._releases(idx, mask)
         # The optimizer uses the current learning rate; strategies then update their state
         # (C_t, lr_t) from the noised releases, for the next step (004 Algorithm 1, lines 12-15).
         self.optimizer.step(self.model.flat, releases["grad"], self.strategy.lr_scale())
@@ -214,10 +240,11 @@ class DPEngine:
         out, cap = self.model.forward(xb, capture=True, perturb=perturb)
         assert cap is not None
         loss = per_sample_loss(out, target, self.task)
-        if self.k > 1 or self.canaries is not None or self._chunked:
+        if self.k > 1 or self.canaries is not None or self._chunked or self.units is not None:
             # Masking the loss makes padded slots' gradients exactly zero, whatever weights
             # a strategy hands back for them. (A pack of one is never padded, but a canary's
-            # slot is: its gradient is added by the canaries, not computed from an input.)
+            # slot is: its gradient is added by the canaries, not computed from an input; and
+            # so are a unit's unused row slots, workers.units.)
             loss = loss * mask
         infos = self.model.layer_grads(loss.sum(), cap)
         sq = self.model.sq_norms(infos) if self.strategy.needs_norms else None
