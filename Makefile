@@ -71,6 +71,7 @@ bench: install
 	$(BIN)/python bench/vs_opacus.py
 	$(BIN)/python bench/vs_opacus.py --grid large
 	$(BIN)/python bench/large_batch.py
+	$(BIN)/python bench/unit_step.py
 
 # docs/results.md and docs/figures/ from the specs in examples/report/ (real sweeps).
 report: install

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from dpsweep.errors import ConfigError
 from dpsweep.spec import SweepSpec
 from dpsweep.spec_model import LORA_RANK_AXIS
+from dpsweep.spec_training import ROWS_PER_UNIT_AXIS
 from sweeper.datasets.resolution import resolve
 from sweeper.driver import failures, ray_backend
 from sweeper.driver.held_sweep import HeldSweep, PendingTrial, PlannedGrid, arm_named
@@ -49,16 +50,18 @@ class TrialToTrain(Protocol):
     def target_delta(self) -> float | None: ...
 
 
-def _trial_specs(spec: SweepSpec, trials: Sequence[TrialToTrain]) -> tuple[list[Any], Any]:
-    """Each trial's :class:`TrialSpec` (its arm's params overridden by its own, ``lr`` and
-    ``lora_r`` taken out) and the pack's one LoRA rank (None without one).
+def _trial_specs(spec: SweepSpec, trials: Sequence[TrialToTrain]) -> tuple[list[Any], Any, Any]:
+    """Each trial's :class:`TrialSpec` (its arm's params overridden by its own, ``lr``,
+    ``lora_r`` and ``rows_per_unit`` taken out), the pack's one LoRA rank and its one
+    rows_per_unit (None without one: the spec's sections').
 
     Raises:
         StopIteration: a trial's arm is not in the spec.
-        ValueError: the trials have different LoRA ranks.
+        ValueError: the trials have different LoRA ranks or rows_per_unit values.
     """
     specs = []
     ranks: set[Any] = set()
+    rows: set[Any] = set()
     for t in trials:
         arm = arm_named(spec, t.arm)
         params = {**arm.params, **t.params}
@@ -66,6 +69,9 @@ def _trial_specs(spec: SweepSpec, trials: Sequence[TrialToTrain]) -> tuple[list[
         # LoRA's rank shapes the model, not the strategy: it leaves the params here, and
         # trials of other ranks never share a pack (their pack specs' models differ).
         ranks.add(params.pop(LORA_RANK_AXIS, None))
+        # Likewise rows_per_unit: one R per pack (the unit step's row slots), never a
+        # strategy's param; trials of other values form other packs (their pack keys differ).
+        rows.add(params.pop(ROWS_PER_UNIT_AXIS, None))
         specs.append(
             TrialSpec(
                 lr=float(lr) if lr is not None else float("nan"),
@@ -77,7 +83,9 @@ def _trial_specs(spec: SweepSpec, trials: Sequence[TrialToTrain]) -> tuple[list[
         )
     if len(ranks) > 1:
         raise ValueError(f"a pack mixes trials of LoRA ranks {sorted(map(str, ranks))}")
-    return specs, ranks.pop()
+    if len(rows) > 1:
+        raise ValueError(f"a pack mixes trials of rows_per_unit {sorted(map(str, rows))}")
+    return specs, ranks.pop(), rows.pop()
 
 
 def pack_spec(
@@ -113,16 +121,18 @@ def pack_spec(
 
     Raises:
         StopIteration: a trial's arm is not in the spec.
-        ValueError: the trials have different LoRA ranks (``lora_r``).
+        ValueError: the trials have different LoRA ranks (``lora_r``) or rows per unit
+            (``rows_per_unit``).
         ConfigError: the grid's stored accountant is unknown.
         ValueError: neither ``grid`` nor ``accountant`` is given.
     """
     if grid is None and accountant is None:
         raise ValueError("pack_spec needs a planned grid or an accountant")
-    specs, rank = _trial_specs(spec, trials)
+    specs, rank, rows_per_unit = _trial_specs(spec, trials)
     return training_pack(
         model=spec.model,
         lora_r=int(rank) if rank is not None else None,
+        rows_per_unit=int(rows_per_unit) if rows_per_unit is not None else None,
         training=spec.training,
         strategy=trials[0].strategy,
         trials=specs,

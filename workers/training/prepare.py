@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import cast
 
+import numpy as np
 import torch
 
 from dpsweep.errors import ConfigError, PrivacyError
@@ -283,11 +284,33 @@ def _build_engine(
         # with an audit's canaries, before anything ran: workers.augment.check_augment).
         physical_batch_size=physical_batch(spec, data, audit=canaries is not None),
         augmenter=augmenter_for(spec),
+        # With a privacy unit, q samples units and each contributes one bounded vector.
+        units=_units_of(data),
+        unit_bounding=spec.unit_bounding,
+        rows_per_unit=spec.rows_per_unit,
     )
     # DP evaluation draws its count noise from a third stream of the same secret.
     count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None
     del rands
     return engine, count_noise
+
+
+def _units_of(data: Dataset) -> np.ndarray | None:
+    """The training rows' privacy units (None: each row is its own unit).
+
+    Raises:
+        ConfigError: a dataset that declares a unit without one per row (field
+            ``dataset.privacy_unit``): its q and T were planned over units, so running it
+            row by row would spend what was never charged (fail closed).
+    """
+    if not data.has_units:
+        return None
+    if data.units_train is None:
+        raise ConfigError(
+            "the dataset declares a privacy unit but its loader gave no unit per training row",
+            field="dataset.privacy_unit",
+        )
+    return data.units_train
 
 
 def with_data_vocab(model: ModelSpec, vocab_size: int | None) -> ModelSpec:

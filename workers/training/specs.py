@@ -62,6 +62,11 @@ class PackSpec:
     # and the augmentations applied to each copy.
     augment_multiplicity: int | None = None
     augment_ops: list[str] = field(default_factory=list)
+    # With a privacy unit (the dataset's; workers.unit_step): how a sampled unit's rows make
+    # its one bounded contribution, and the most rows of a unit a step uses (R). A pack has
+    # one R: trials of an arm's rows_per_unit axis form a pack per value.
+    unit_bounding: str = "mean"
+    rows_per_unit: int = 8
     epochs: float = 5.0
     steps: int | None = None
     optimizer: str = "sgd"
@@ -231,6 +236,7 @@ def training_pack(
     keep_weights: bool = False,
     steps: int | None = None,
     lora_r: int | None = None,
+    rows_per_unit: int | None = None,
     allow_checkpoint_paths: bool = True,
 ) -> PackSpec:
     """The :class:`workers.training.specs.PackSpec` of trials already resolved to their settings.
@@ -260,6 +266,8 @@ def training_pack(
             pre-tuning trains the private grid's planned number on other records).
         lora_r: The trials' LoRA rank (their ``lora_r`` grid value; one per pack: trials of
             other ranks have other architectures). None: the model section's.
+        rows_per_unit: The trials' most rows per privacy unit (their ``rows_per_unit`` grid
+            value; one per pack). None: the training section's.
         allow_checkpoint_paths: ``model.checkpoint`` may be a path, not only a registered
             name (the local command line; a server refuses paths at its edge).
 
@@ -276,7 +284,7 @@ def training_pack(
         model=model_spec,
         strategy=strategy,
         trials=list(trials),
-        **_training_settings(training, steps=steps),
+        **_training_settings(training, steps=steps, rows_per_unit=rows_per_unit),
         accountant=accountant,
         device=device,
         threads=threads,
@@ -288,9 +296,11 @@ def training_pack(
     )
 
 
-def _training_settings(training: TrainingConfig, *, steps: int | None) -> dict[str, Any]:
-    """The training section's fields of a :class:`PackSpec` (``steps``, when given, overrides
-    the section's)."""
+def _training_settings(
+    training: TrainingConfig, *, steps: int | None, rows_per_unit: int | None = None
+) -> dict[str, Any]:
+    """The training section's fields of a :class:`PackSpec` (``steps`` and ``rows_per_unit``,
+    when given, override the section's)."""
     return {
         "batch_size": training.batch_size,
         "physical_batch_size": training.physical_batch_size,
@@ -307,4 +317,6 @@ def _training_settings(training: TrainingConfig, *, steps: int | None) -> dict[s
         "warmup_fraction": training.warmup_fraction,
         "ema_decay": training.ema.decay if training.ema is not None else None,
         "ema_warmup": training.ema.warmup if training.ema is not None else False,
+        "unit_bounding": training.unit_bounding,
+        "rows_per_unit": rows_per_unit if rows_per_unit is not None else training.rows_per_unit,
     }
