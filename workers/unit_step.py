@@ -163,6 +163,12 @@ def unit_sums(engine: DPEngine, batch: UnitBatch) -> tuple[Any, list[Tensor], li
             weights = [clip.weights / b] + [e.weights / b for e in clip.extra]
         else:
             weights = [clip.weights / realised]
+        if n_chunks == 1:
+            # One piece: the sums go straight into the engine's release buffers.
+            totals = _release_bufs(engine, clip, len(weights))
+            weighted_sums(engine, totals, infos, weights)
+            scalar_totals = [sc.values.sum(dim=1, keepdim=True) for sc in clip.scalars]
+            return clip, totals, scalar_totals
         if not totals:
             totals = [torch.zeros_like(engine.grad) for _ in weights]
             scalar_totals = [torch.zeros(engine.k, 1, device=engine.device) for _ in clip.scalars]
@@ -174,6 +180,18 @@ def unit_sums(engine: DPEngine, batch: UnitBatch) -> tuple[Any, list[Tensor], li
             total_sc += sc.values.sum(dim=1, keepdim=True)
         del infos, sums
     return clip, totals, scalar_totals
+
+
+def _release_bufs(engine: DPEngine, clip: ClipResult, n: int) -> list[Tensor]:
+    """The engine's buffers of the gradient and of the strategy's extra releases (the first
+    ``n``: the non-private baseline has the gradient only)."""
+    bufs = [engine.grad]
+    for extra in clip.extra[: n - 1]:
+        buf = engine._extra_bufs.get(extra.name)
+        if buf is None:
+            buf = engine._extra_bufs[extra.name] = torch.empty_like(engine.grad)
+        bufs.append(buf)
+    return bufs
 
 
 def _unit_clip(engine: DPEngine, batch: UnitBatch, bounding: str) -> tuple[ClipResult, Any]:
@@ -231,10 +249,10 @@ def _capped(
         dense = DenseGrads(torch.zeros(k, u, n, device=engine.device), columns)
     else:
         g = engine.model.per_sample_grads(infos)  # [K, U*R, P], exact on both paths
-        # Rows not used (padding) or removed (non-finite) weigh 0; where() keeps a NaN in an
-        # unused slot from reaching the sum (0 * NaN is NaN).
+        # Rows not used (padding) or removed (non-finite) weigh 0; zeroing them keeps a NaN in
+        # an unused slot from reaching the sum (0 * NaN is NaN).
         share = (batch.row_share() * row_mask).to(g.dtype)
-        g = torch.where(share.unsqueeze(-1) > 0, g, torch.zeros((), dtype=g.dtype))
+        g.masked_fill_(share.unsqueeze(-1) <= 0, 0.0)  # g is per_sample_grads' own copy
         mean = torch.bmm(share.view(k * u, 1, r), g.view(k * u, r, -1)).view(k, u, -1)
         dense = DenseGrads(mean, columns)
     sq = dense.sq_norms()
@@ -266,15 +284,16 @@ def _check_unit_sum(
         contrib = weights[..., 0].abs() * sq_norms.sum(dim=-1).sqrt()
     else:
         contrib = (weights.pow(2) * sq_norms).sum(dim=-1).sqrt()
-    k = contrib.shape[0]
-    per_unit = contrib.view(k, -1, rows_per_unit)
+    k, slots = contrib.shape
+    per_unit = contrib.view(k, slots // rows_per_unit, rows_per_unit)  # [K, U, R], U may be 0
     _refuse_excess(name, per_unit.sum(dim=-1), per_unit, sensitivity)
 
 
 def _check_unit_scalar(name: str, values: Tensor, sensitivity: Tensor, rows_per_unit: int) -> None:
     """Fail closed: each unit's total contribution to a scalar release is within its
     sensitivity."""
-    per_unit = values.abs().view(values.shape[0], -1, rows_per_unit)
+    k, slots = values.shape
+    per_unit = values.abs().view(k, slots // rows_per_unit, rows_per_unit)
     _refuse_excess(f"scalar {name}", per_unit.sum(dim=-1), per_unit, sensitivity)
 
 

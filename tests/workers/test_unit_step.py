@@ -158,17 +158,18 @@ def _hostile_data() -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
 
 
 def _batch(engine: DPEngine, units: list[int]) -> UnitBatch:
-    """A pack-of-one batch of exactly ``units`` (their first R rows), as the sampler lays it."""
+    """A batch of exactly ``units`` (their first R rows) for every trial of the pack, as the
+    sampler lays it."""
     assert engine.units is not None
-    index, r = engine.units.index, engine.units.rows_per_unit
-    idx = torch.zeros(1, len(units) * r, dtype=torch.long)
-    mask = torch.zeros(1, len(units) * r)
-    counts = torch.zeros(1, len(units))
+    index, r, k = engine.units.index, engine.units.rows_per_unit, engine.k
+    idx = torch.zeros(k, len(units) * r, dtype=torch.long)
+    mask = torch.zeros(k, len(units) * r)
+    counts = torch.zeros(k, len(units))
     for j, u in enumerate(units):
         rows = index.order[index.offsets[u] : index.offsets[u + 1]][:r]
-        idx[0, j * r : j * r + len(rows)] = torch.from_numpy(rows)
-        mask[0, j * r : j * r + len(rows)] = 1.0
-        counts[0, j] = len(rows)
+        idx[:, j * r : j * r + len(rows)] = torch.from_numpy(rows)
+        mask[:, j * r : j * r + len(rows)] = 1.0
+        counts[:, j] = len(rows)
     return UnitBatch(idx=idx, mask=mask, counts=counts, rows_per_unit=r)
 
 
@@ -237,6 +238,23 @@ def test_a_unit_with_non_finite_rows_cannot_make_the_run_fail(bounding: str) -> 
     assert torch.isfinite(alone).all() and float(alone.norm()) <= 0.5 * _ENFORCED
     flat = _run(engine, steps=3)
     assert torch.isfinite(flat).all()
+
+
+@pytest.mark.parametrize("bounding", ["mean", "capped"])
+@pytest.mark.parametrize(("strategy", "params"), [CASES[0], CASES[2], CASES[4]])
+def test_a_step_without_any_sampled_unit(
+    bounding: str, strategy: str, params: dict[str, Any]
+) -> None:
+    engine = _engine("packed", strategy, params, 2, bounding=bounding)
+    clip, totals, scalars = unit_sums(engine, _batch(engine, []).padded(0))
+    assert all(float(t.abs().sum()) == 0.0 for t in totals)
+    assert all(float(t.abs().sum()) == 0.0 for t in scalars)
+    engine.sample_rate = 1e-9  # no unit sampled (q and b are otherwise public constants)
+    before = engine.model.flat.detach().clone()
+    flat = _run(engine, steps=2)  # noise only
+    assert torch.isfinite(flat).all() and clip is not None
+    if engine.strategy.private:
+        assert not torch.equal(flat, before)
 
 
 def test_a_claim_the_unit_sum_breaks_is_refused_without_numbers() -> None:
