@@ -328,6 +328,7 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
     from sweeper.datasets.resolution import is_public  # deferred: SQLAlchemy
     from sweeper.privacy.ledger.budget_ledger import BudgetLedger  # deferred: SQLAlchemy
     from sweeper.privacy.ledger.keys import scoped_identity_key  # deferred: SQLAlchemy
+    from sweeper.privacy.ledger.units import ledger_unit  # deferred: SQLAlchemy
 
     content = content_identity(engine, name)
     owner = owner_of(engine, name)
@@ -339,6 +340,8 @@ def ledger_view(engine: Any, name: str) -> dict[str, Any]:
         "identity": key,
         "public": is_public(engine, name),
         "names": names_of(engine, content, owner=owner),
+        # What one unit of the ledger's ε is: example (a row), a unit column, or None (unbound).
+        "privacy_unit": ledger_unit(engine, key),
         "epsilon_cap": _num(s.epsilon_cap),
         "delta_cap": _num(s.delta_cap),
         "epsilon_spent": float(s.epsilon_spent),
@@ -380,6 +383,13 @@ def cmd_show(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         else "not declared public (private records)"
     )
     out.print("names of these records (one ledger): " + ", ".join(view["names"]))
+    unit = view["privacy_unit"]
+    if unit is None:
+        out.print("no privacy unit bound yet (the first registration or reservation binds it)")
+    elif unit == "example":
+        out.print("budgeted per row (privacy unit example)")
+    else:
+        out.print(f"budgeted per {unit} (every ε protects a whole unit, all its rows)")
 
     def cell(v: float | None) -> str:
         return "no cap" if v is None else f"{v:.6g}"

@@ -192,4 +192,10 @@ def builtin_description(name: str) -> dict[str, Any]:
             "n_units": None,
             **describe_file(worker_spec({}, path=None, name=name, label_column=None), name),
         }
+        # A shared set with units shows the number its descriptor declares, not a count.
+        from workers.datasets.descriptors import get_dataset_descriptor  # deferred: numpy
+
+        declared = get_dataset_descriptor(name).units
+        if declared is not None:
+            _BUILTIN_CACHE[name]["n_units"] = int(declared)
     return dict(_BUILTIN_CACHE[name])

@@ -152,6 +152,10 @@ def test_units_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "patient_id" in capsys.readouterr().err
     listed = {r["name"]: r for r in _cli_json(capsys, "datasets", "list", "--json", *db)}
     assert listed["clinic"]["privacy_unit"] == "patient_id"
+    shown = _cli_json(capsys, "datasets", "show", "clinic", "--json", *db)
+    assert shown["privacy_unit"] == "patient_id"
+    assert main(["datasets", "show", "clinic", *db]) == 0
+    assert "budgeted per patient_id" in capsys.readouterr().out
     # Registered without a unit (the column is a feature), set later while nothing is spent.
     late = ["datasets", "register", str(first), "--name", "late", "--label-column", "label"]
     assert main([*late, *db]) == 0
