@@ -61,8 +61,9 @@ def check_delta_below_one_over_n(delta: float, n_records: int, *, field: str) ->
     """
     if delta >= 1.0 / n_records:
         raise ConfigError(
-            f"delta {delta:g} is >= 1/N for a dataset of N = {n_records} examples: "
-            f"such a guarantee allows releasing an example outright; use delta < "
+            f"delta {delta:g} is >= 1/N for a dataset of N = {n_records} (its records, or its "
+            "units where it has a privacy unit): such a guarantee allows releasing one "
+            f"outright; use delta < "
             f"{1.0 / n_records:.2g} (e.g. {_suggest_delta(n_records):g})",
             field=field,
         )

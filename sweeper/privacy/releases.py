@@ -345,6 +345,8 @@ def evaluation_statement(plan: Sequence[GridPlan]) -> dict[str, Any]:
         out["privacy_unit"] = unit
     if mode == "public":
         name = g.eval_dataset if g is not None else None
+        # A public evaluation dataset is another dataset's rows: it has no privacy unit.
+        held = f"the {n_eval} evaluation records" if n_eval else "the evaluation records"
         out.update(
             protected=True,
             dataset=name,

@@ -286,7 +286,7 @@ def test_train_charges_the_ledger_and_respects_the_cap(tmp_path: Path) -> None:
 def test_train_refuses_a_delta_above_one_over_n(tmp_path: Path) -> None:
     p = run("--dataset", "digits", "--epsilon", "1", "--delta", "0.001", *FAST)
     assert p.returncode == 2
-    assert "--delta 0.001 is >= 1/N for a dataset of N = 1797 examples" in p.stderr
+    assert "--delta 0.001 is >= 1/N for a dataset of N = 1797 (its records" in p.stderr
 
 
 def test_strategy_flags_come_from_the_descriptors() -> None:
