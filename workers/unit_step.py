@@ -198,7 +198,7 @@ def _unit_clip(engine: DPEngine, batch: UnitBatch, bounding: str) -> tuple[ClipR
     """The chunk's per-unit weights (checked, within each release's sensitivity) and the
     gradients they weigh: the model's per-row infos (``mean``) or one dense mean per unit
     (``capped``)."""
-    infos, sq, ctx = engine._norms(batch.idx, batch.mask, batch.mask)
+    infos, sq, ctx = _row_norms(engine, batch)
     if bounding == "capped":
         return _capped(engine, batch, infos, ctx.mask)
     clip = engine.strategy.clip(ctx)
@@ -221,6 +221,23 @@ def _unit_clip(engine: DPEngine, batch: UnitBatch, bounding: str) -> tuple[ClipR
         for sc in clip.scalars:
             _check_unit_scalar(sc.name, sc.values, sc.sensitivity, batch.rows_per_unit)
     return clip, infos
+
+
+def _row_norms(engine: DPEngine, batch: UnitBatch) -> tuple[Any, Tensor | None, StepContext]:
+    """The batch's rows through the engine's per-example code (non-finite rows removed there),
+    unused slots reading a zero input: example 0 in every padding slot would let one hostile
+    row (a non-finite input) put NaN into every step's sums (0 * NaN is NaN)."""
+    idx, mask = batch.idx, batch.mask
+    if idx.shape[1] == 0:
+        return engine._norms(idx, mask, mask)
+    flat = idx.view(-1)
+    xb = engine.x.index_select(0, flat).view(*idx.shape, *engine.x.shape[1:])
+    used = (mask > 0).view(*mask.shape, *([1] * (xb.dim() - 2)))
+    xb = torch.where(used, xb, torch.zeros((), dtype=xb.dtype))
+    target = xb
+    if engine.y is not None:
+        target = engine.y.index_select(0, flat).view(*idx.shape, *engine.y.shape[1:])
+    return engine.per_sample(xb, target, mask)
 
 
 def _shared_by_unit(clip: ClipResult, share: Tensor) -> ClipResult:

@@ -257,6 +257,20 @@ def test_a_step_without_any_sampled_unit(
         assert not torch.equal(flat, before)
 
 
+@pytest.mark.parametrize("bounding", ["mean", "capped"])
+def test_a_hostile_example_0_does_not_poison_the_padding(bounding: str) -> None:
+    """Unused row slots are padding; they must not read row 0's (non-finite) input."""
+    x, y, ids = _hostile_data()
+    x[0] = float("inf")  # unit 0's one row, and the row the padding would read
+    engine = _engine(
+        "packed", "fixed", FIXED, 2, bounding=bounding, r=4, data=(x, y, ids),
+        nets=[_linear(0), _linear(1)],
+    )  # fmt: skip
+    ordinary, _ = _sums(engine, [2, 3])  # units of 2 rows: 2 padding slots each
+    assert torch.isfinite(ordinary).all() and float(ordinary.norm()) > 0
+    assert torch.isfinite(_run(engine, steps=3)).all()
+
+
 def test_a_claim_the_unit_sum_breaks_is_refused_without_numbers() -> None:
     sq = torch.full((1, 4, 1), 4.0)  # rows of norm 2, two units of two rows
     weights = torch.full((1, 4, 1), 0.2)  # each row within 0.5 alone; each unit 0.8
