@@ -237,13 +237,18 @@ class Client(HttpTransport):
         epsilon_cap: float | None = None,
         delta_cap: float | None = None,
         declare_counted: bool = False,
+        privacy_unit: str | None = None,
     ) -> dict[str, Any]:
         """Upload a CSV (with a ``label`` column) or an NPZ (arrays ``x``, ``y``).
 
         ``declare_counted=True`` declares the counted number of records, class list and
-        feature shape public: analysts of the dataset see and plan with those, and no
-        analyst can be granted before they are declared (here, or by
-        :meth:`set_dataset_policy`).
+        feature shape public (and, with a privacy unit, the number of units): analysts of the
+        dataset see and plan with those, and no analyst can be granted before they are
+        declared (here, or by :meth:`set_dataset_policy`).
+
+        ``privacy_unit``: the column (CSV) or array (NPZ) saying whose each row is, e.g.
+        ``patient_id``: every epsilon spent on the dataset is then per unit (all of a
+        person's rows together), and its ledger counts units. It is never a feature.
 
         Returns:
             The stored dataset; name it in a spec by its ``id`` (``dataset: {name: ds_...}``).
@@ -256,6 +261,7 @@ class Client(HttpTransport):
             "epsilon_cap": None if epsilon_cap is None else repr(float(epsilon_cap)),
             "delta_cap": None if delta_cap is None else repr(float(delta_cap)),
             "declare_counted": "true" if declare_counted else None,
+            "privacy_unit": privacy_unit,
         }
         with p.open("rb") as fh:
             # Not retried on a dropped connection: the upload may have been stored.

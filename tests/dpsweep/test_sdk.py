@@ -170,6 +170,15 @@ def test_each_situation_raises_its_typed_error(
         client.submit(spec)
     assert c.value.kind == "budget-exhausted" and "remains of the lifetime cap" in c.value.detail
 
+    # A dataset of people: the unit column is not a feature, and the dataset counts units.
+    people = tmp_path / "people.csv"
+    people.write_text(
+        "a,b,person,label\n" + "".join(f"{i % 7},{i % 3},p{i % 40},{i % 2}\n" for i in range(200))
+    )
+    unit = client.upload_dataset(people, label="label", privacy_unit="person", declare_counted=True)
+    assert unit["privacy_unit"] == "person" and unit["n_units"] == 40
+    assert unit["input_shape"] == [2]
+
 
 # ---------------------------------------------------------------------------------------------
 # Retries, against a real HTTP server that answers as told
