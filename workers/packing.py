@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from workers.datasets.descriptors import DATASET_DESCRIPTORS
+from workers.datasets.records import DatasetSpec
 from workers.generic.dispatch import packable
 from workers.generic.memory import generic_trial_floats
 from workers.models.registry import build_model
@@ -43,7 +45,9 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
     """
     module = build_model(spec.model, input_shape=input_shape, num_classes=num_classes, seed=0)
     b = spec.batch_size
-    b_max = max(int(b + 6 * math.sqrt(b) + 8), DIAGNOSTIC_BATCH)
+    # With a privacy unit the batch counts units, each with up to rows_per_unit row slots.
+    rows = spec.rows_per_unit if declares_units(spec.dataset) else 1
+    b_max = max(int(b + 6 * math.sqrt(b) + 8) * rows, DIAGNOSTIC_BATCH)
     if spec.physical_batch_size is not None:
         # A logical batch in physical chunks holds one chunk's examples (and each example's
         # augmented copies) at a time (workers.chunked_step).
@@ -73,7 +77,19 @@ def estimate_trial_bytes(spec: PackSpec, *, input_shape: tuple[int, ...], num_cl
         + passes * 3 * act_per_example * b_max
         + passes * conv_params * b_max
     )
+    if rows > 1 and spec.unit_bounding == "capped":
+        # Capped units hold every row's full gradient at once (workers.unit_step).
+        floats += model.numel * b_max
     return 4 * floats
+
+
+def declares_units(dataset: DatasetSpec) -> bool:
+    """Whether the pack's records have a privacy unit: the spec names one (every stored
+    dataset with a unit does), or a shared set has its own (``mnist1d-people``)."""
+    if dataset.privacy_unit is not None:
+        return True
+    d = DATASET_DESCRIPTORS.get(dataset.name)
+    return d is not None and d.privacy_unit is not None
 
 
 def max_pack_size(
