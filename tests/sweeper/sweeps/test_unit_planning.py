@@ -267,3 +267,16 @@ def test_a_rows_per_unit_axis_is_not_tuned_on_public_records(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="no privacy unit") as exc:
         check_spec(load_spec(unit_spec(path, arms=[arm])))
     assert exc.value.field == "arms.fixed.tune_on"
+
+
+def test_the_people_example_plans_per_person_over_the_built_in_people() -> None:
+    """examples/mnist1d-people.yaml (the README's pointer) plans per person: q = b / people."""
+    root = Path(__file__).resolve().parents[3]
+    spec = load_spec(root / "examples" / "mnist1d-people.yaml")
+    plan = plan_sweep(spec)
+    assert plan.privacy_unit == "person"
+    for grid in plan.grids:
+        assert grid.privacy_unit == "person"
+        assert grid.sample_rate == pytest.approx(spec.training.batch_size / 381)
+    # Two caps of a person's rows: a grid axis, which changes no epsilon.
+    assert {len(plan.grids)} == {len(spec.privacy.budgets)}
