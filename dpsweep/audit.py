@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsweep.errors import ConfigError
+from dpsweep.plan_fields import unit_suffix
 
 __all__ = [
     "DEFAULT_DATASET",
@@ -31,6 +32,7 @@ __all__ = [
     "audit_verdict",
     "curve_phrase",
     "result_view",
+    "unit_sentence",
 ]
 
 #: The dataset of an audit that names none: public records, so it spends no one's budget.
@@ -52,6 +54,8 @@ TRIAL_FIELDS = (
     "sample_rate",
     "steps",
     "lrs",
+    "unit_bounding",
+    "rows_per_unit",
 )
 
 
@@ -103,6 +107,22 @@ class AuditRequest(BaseModel):
         description="white-box canaries: dirac (one coordinate each, mutually orthogonal), "
         "random (random unit vectors), or auto: dirac where the model has a coordinate for "
         "each canary, else random",
+    )
+    canary_rows: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="on a dataset with a privacy unit, the rows of each canary unit (the "
+        "audit is then per unit: each canary a whole unit, the claim per unit); ignored at "
+        "the row level",
+    )
+    unit_bounding: Literal["mean", "capped"] | None = Field(
+        default=None,
+        description="how a sampled unit's rows make its one contribution (dataset with a "
+        "privacy unit; default mean)",
+    )
+    rows_per_unit: int | None = Field(
+        default=None, ge=1, le=1024, description="R, the most rows of a sampled unit used"
     )
     confidence: float = Field(
         default=0.95,
@@ -173,6 +193,7 @@ def audit_summary(
     estimate: float | None = None,
     claim_refuted: bool | None = None,
     claim_p_value: float | None = None,
+    privacy_unit: str | None = None,
 ) -> str:
     """The verdict in one line: the bound beside the claim, what that shows, and the curve
     test's outcome (where the result has one: :func:`curve_phrase`).
@@ -182,7 +203,9 @@ def audit_summary(
     leak, at a false-alarm rate of ``1 - confidence``; the Gaussian estimate is named only as
     evidence under its model.
     """
-    head = _bound_summary(bound=bound, claimed=claimed, confidence=confidence, estimate=estimate)
+    head = _bound_summary(
+        bound=bound, claimed=claimed, confidence=confidence, estimate=estimate, unit=privacy_unit
+    )
     if claim_refuted is None:
         return head
     return f"{head}; {curve_phrase(claim_refuted, claim_p_value, confidence)}"
@@ -205,13 +228,20 @@ def curve_phrase(refuted: bool, p_value: float | None, confidence: float) -> str
 
 
 def _bound_summary(
-    *, bound: float | None, claimed: float, confidence: float, estimate: float | None
+    *,
+    bound: float | None,
+    claimed: float,
+    confidence: float,
+    estimate: float | None,
+    unit: str | None = None,
 ) -> str:
-    """The bound's part of :func:`audit_summary`."""
+    """The bound's part of :func:`audit_summary` (``unit``: the claim's privacy unit)."""
     level = f"{100.0 * confidence:.3g} %"
+    per = unit_suffix(unit)
     if bound is None:
-        return f"no bound (claimed ε {claimed:.2f}): this audit shows nothing about the claim"
+        return f"no bound (claimed ε {claimed:.2f}{per}): this audit shows nothing about the claim"
     b, c = _pair(bound, claimed)
+    c = f"{c}{per}"
     head = f"{level} lower bound {b}"
     if bound > claimed:
         rate = _percent(round(1.0 - confidence, 12))
@@ -244,6 +274,7 @@ def audit_verdict(
     claim_refuted: bool | None = None,
     claim_p_value: float | None = None,
     noise_scale: float | None = None,
+    privacy_unit: str | None = None,
 ) -> dict[str, Any]:
     """Whether the bound exceeds the claim, the chance of that for an honest run, in words.
 
@@ -254,7 +285,8 @@ def audit_verdict(
     never a guarantee. ``claim_refuted`` (None: a result without the curve test) is the test
     of the whole claimed privacy curve, sound for any mechanism too: an honest run is refuted
     with probability at most ``1 - confidence``; ``noise_scale`` is its upper bound on the
-    noise's scale over the planned one.
+    noise's scale over the planned one. ``privacy_unit`` (None or ``example``: a row) is what
+    the claim protects: with a unit the verdict says the audit is per unit.
 
     Returns:
         ``exceeds_claim`` (the bound's), ``estimate_exceeds_claim``, ``false_alarm_rate``,
@@ -285,6 +317,8 @@ def audit_verdict(
         )
     if claim_refuted is not None:
         text = f"{text} {_curve_sentence(claim_refuted, claim_p_value, noise_scale, rate)}"
+    if unit_suffix(privacy_unit):
+        text = f"{text} {unit_sentence(str(privacy_unit))}"
     return {
         "exceeds_claim": exceeds,
         "estimate_exceeds_claim": estimate_exceeds,
@@ -298,8 +332,18 @@ def audit_verdict(
             estimate=estimate,
             claim_refuted=claim_refuted,
             claim_p_value=claim_p_value,
+            privacy_unit=privacy_unit,
         ),
     }
+
+
+def unit_sentence(privacy_unit: str) -> str:
+    """What a unit-level audit audits, in a sentence of its verdict."""
+    per = unit_suffix(privacy_unit)
+    return (
+        f"The audit is per unit (unit: {privacy_unit}): each canary is a whole unit of "
+        f"several rows, added or removed as one, and the claim is the plan's ε{per}."
+    )
 
 
 def _curve_sentence(refuted: bool, p_value: float | None, scale: float | None, rate: float) -> str:
@@ -347,10 +391,12 @@ def result_view(result: dict[str, Any] | None) -> dict[str, Any] | None:
     estimate = out.get("epsilon_estimate")
     if not isinstance(claimed, int | float):
         return out
+    unit = out.get("privacy_unit")
     figures: dict[str, Any] = {
         "bound": bound if isinstance(bound, int | float) else None,
         "claimed": float(claimed),
         "confidence": float(out.get("confidence", 0.95)),
+        "privacy_unit": unit if isinstance(unit, str) else None,
     }
     if "verdict" not in out:
         # Before issue 49 the estimate was unchecked: the verdict rests on the bound alone.

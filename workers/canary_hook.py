@@ -8,6 +8,7 @@ point one way, audit -> trainer -> engine -> this protocol.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -25,6 +26,9 @@ class GradientCanaryHook(Protocol):
     #: The adversary knows every other record (public data): the engine hands
     #: :meth:`observe` the data's expected contribution to subtract.
     knows_data: bool
+    #: On data with a privacy unit: the rows of each canary unit (every one carries the
+    #: canary's gradient; :mod:`workers.unit_canaries`).
+    unit_rows: int
 
     def choose_norm(self, strategy: Any, ctx_cls: Any, *, sensitivity: Tensor, ctx: Any) -> Tensor:
         """Per trial, the canaries' raw gradient norm ``[K]``."""
@@ -38,6 +42,17 @@ class GradientCanaryHook(Protocol):
         self, buf: Tensor, weights: Tensor, slots: Tensor, canary_ids: Tensor, raw_norm: Tensor
     ) -> None:
         """Add the sampled canaries' weighted gradients into the clipped sum ``buf``."""
+        ...
+
+    def place_rows(
+        self,
+        grads: Tensor,
+        slots: Tensor,
+        canary_ids: Tensor,
+        raw_norm: Tensor,
+        columns: Sequence[Sequence[tuple[int, int]]],
+    ) -> None:
+        """Write the sampled canary rows' gradients into dense per-row gradients (``capped``)."""
         ...
 
     def observe(

@@ -48,6 +48,7 @@ from workers.randomness import NoiseSource, RandomStream, add_snapped_noise
 from workers.release_checks import _ENFORCED, _check_scalar, _check_sensitivity
 from workers.sampling import poisson_sample, poisson_sample_pack
 from workers.strategies.base import ClippingStrategy, StepContext
+from workers.unit_canaries import data_row_shares
 from workers.unit_step import UnitSampling, unit_releases
 
 Task = Literal["classification", "reconstruction"]
@@ -126,7 +127,10 @@ class DPEngine:
         if units is not None:
             self.units = UnitSampling.build(
                 units, n_rows=self.n_data, bounding=unit_bounding, rows_per_unit=rows_per_unit,
-                strategy=strategy, audit=canaries is not None, augmented=augmenter is not None,
+                strategy=strategy, augmented=augmenter is not None,
+                # An audit's included canaries are units too (workers.unit_canaries).
+                canary_units=canaries.n_included if canaries is not None else 0,
+                canary_rows=canaries.unit_rows if canaries is not None else 1,
             )  # fmt: skip
             self.n = self.units.index.n_units  # q samples units; b = q N_units
         self.sample_rate = float(sample_rate)
@@ -404,6 +408,7 @@ class DPEngine:
         out = torch.zeros_like(self.grad)
         part = torch.empty_like(self.grad)
         scale = self.sample_rate / self.expected_batch_size
+        shares = None if self.units is None else data_row_shares(self.units.index, self.n_data)
         for a in range(0, self.n_data, chunk):
             x = self.x[a : a + chunk]
             c = int(x.shape[0])
@@ -412,6 +417,10 @@ class DPEngine:
             mask = torch.ones(self.k, c, device=self.device)
             infos, _, ctx = self.per_sample(xk, tk, mask)
             weights = self.strategy.clip(ctx).weights
+            if shares is not None:
+                # A unit's expected contribution: its rows' clipped mean (exact for ``mean``;
+                # a prediction for ``capped``, which the adversary may use as any other).
+                weights = weights * shares[a : a + c].to(self.device).view(1, -1, 1)
             self.model.weighted_sum_into(part, infos, weights * scale)
             out += part
         return out

@@ -49,6 +49,7 @@ from workers.augment import DenseGrads, layer_columns
 from workers.chunked_step import chunk_count, noised_totals, units_per_chunk, weighted_sums
 from workers.release_checks import _ENFORCED, _check_scalar, _check_sensitivity
 from workers.strategies.base import ClippingStrategy, ClipResult, StepContext
+from workers.unit_canaries import CanaryRows, index_with_canaries
 from workers.units import UnitBatch, UnitIndex, check_rows_per_unit, sample_units_pack
 
 if TYPE_CHECKING:
@@ -76,27 +77,23 @@ class UnitSampling:
         bounding: str,
         rows_per_unit: int,
         strategy: ClippingStrategy,
-        audit: bool,
         augmented: bool,
+        canary_units: int = 0,
+        canary_rows: int = 1,
     ) -> UnitSampling:
         """Check what a unit-level run supports, before any step, and index the units.
 
+        ``canary_units`` units of ``canary_rows`` rows each follow the data's (an audit's
+        included gradient canaries, :mod:`workers.unit_canaries`): sampled at the same rate by
+        the same code.
+
         Raises:
-            ConfigError: naming the field: an audit's gradient canaries (``audit``: canaries
-                are rows, not units, for now), augmentation multiplicity
-                (``training.augment``), an unknown bounding (``training.unit_bounding``), a
-                two-pass strategy with ``capped`` (``strategy``), ``rows_per_unit`` out of
-                1..1024 (``training.rows_per_unit``), unit ids that are not dense
+            ConfigError: naming the field: augmentation multiplicity (``training.augment``),
+                an unknown bounding (``training.unit_bounding``), a two-pass strategy with
+                ``capped`` (``strategy``), ``rows_per_unit`` out of 1..1024
+                (``training.rows_per_unit``), unit ids that are not dense
                 (``dataset.privacy_unit``).
         """
-        if audit:
-            # The seam for unit-level canaries: an audit inserts canary *rows*, whose bound
-            # is a row's, not a unit's; until canaries are units, refuse rather than mix.
-            raise ConfigError(
-                "an audit's gradient canaries are rows, and this dataset's privacy unit is not "
-                "a row: unit-level audits are not supported yet",
-                field="audit",
-            )
         if augmented:
             raise ConfigError(
                 "augmentation multiplicity (training.augment) cannot be used with a privacy "
@@ -115,9 +112,13 @@ class UnitSampling:
                 field="strategy",
             )
         r = check_rows_per_unit(rows_per_unit)
-        return cls(
-            index=UnitIndex.from_ids(units, n_rows=n_rows), rows_per_unit=r, bounding=bounding
-        )
+        if canary_units:
+            index = index_with_canaries(
+                units, n_rows=n_rows, canary_units=canary_units, canary_rows=canary_rows
+            )
+        else:
+            index = UnitIndex.from_ids(units, n_rows=n_rows)
+        return cls(index=index, rows_per_unit=r, bounding=bounding)
 
     def sample(
         self, sample_rate: float, streams: list[RandomStream], device: torch.device
@@ -158,7 +159,7 @@ def unit_sums(engine: DPEngine, batch: UnitBatch) -> tuple[Any, list[Tensor], li
     clip: Any = None
     for c in range(n_chunks):
         part = batch.units(c * per, (c + 1) * per) if n_chunks > 1 else batch
-        clip, infos = _unit_clip(engine, part, units.bounding)
+        clip, infos, canary = _unit_clip(engine, part, units.bounding)
         if private:
             weights = [clip.weights / b] + [e.weights / b for e in clip.extra]
         else:
@@ -167,6 +168,8 @@ def unit_sums(engine: DPEngine, batch: UnitBatch) -> tuple[Any, list[Tensor], li
             # One piece: the sums go straight into the engine's release buffers.
             totals = _release_bufs(engine, clip, len(weights))
             weighted_sums(engine, totals, infos, weights)
+            if canary is not None:
+                canary.add_into(engine, totals, weights)
             scalar_totals = [sc.values.sum(dim=1, keepdim=True) for sc in clip.scalars]
             return clip, totals, scalar_totals
         if not totals:
@@ -174,6 +177,8 @@ def unit_sums(engine: DPEngine, batch: UnitBatch) -> tuple[Any, list[Tensor], li
             scalar_totals = [torch.zeros(engine.k, 1, device=engine.device) for _ in clip.scalars]
         sums = [torch.empty_like(engine.grad) for _ in weights]
         weighted_sums(engine, sums, infos, weights)
+        if canary is not None:
+            canary.add_into(engine, sums, weights)
         for total, s in zip(totals, sums, strict=True):
             total += s
         for total_sc, sc in zip(scalar_totals, clip.scalars, strict=True):
@@ -194,14 +199,22 @@ def _release_bufs(engine: DPEngine, clip: ClipResult, n: int) -> list[Tensor]:
     return bufs
 
 
-def _unit_clip(engine: DPEngine, batch: UnitBatch, bounding: str) -> tuple[ClipResult, Any]:
-    """The chunk's per-unit weights (checked, within each release's sensitivity) and the
+def _unit_clip(
+    engine: DPEngine, batch: UnitBatch, bounding: str
+) -> tuple[ClipResult, Any, CanaryRows | None]:
+    """The chunk's per-unit weights (checked, within each release's sensitivity), the
     gradients they weigh: the model's per-row infos (``mean``) or one dense mean per unit
-    (``capped``)."""
-    infos, sq, ctx = _row_norms(engine, batch)
+    (``capped``), and an audit's canary rows (None without an audit)."""
+    # An audit's canary units (workers.unit_canaries): their rows read no input.
+    canary = CanaryRows.of(engine, batch) if engine.canaries is not None else None
+    infos, sq, ctx = _row_norms(engine, batch if canary is None else canary.data)
     if bounding == "capped":
-        return _capped(engine, batch, infos, ctx.mask)
+        clip, dense = _capped(engine, batch, infos, ctx.mask, canary)
+        return clip, dense, canary
     clip = engine.strategy.clip(ctx)
+    if canary is not None:
+        # The canary rows weighed as rows of the batch; the checks below see their norms.
+        clip, sq = canary.clip_rows(engine, clip, ctx, sq)
     private = engine.strategy.private
     if private and sq is not None:
         # Per row first, exactly the row-level step's check of the strategy's claim.
@@ -220,7 +233,7 @@ def _unit_clip(engine: DPEngine, batch: UnitBatch, bounding: str) -> tuple[ClipR
     if private:
         for sc in clip.scalars:
             _check_unit_scalar(sc.name, sc.values, sc.sensitivity, batch.rows_per_unit)
-    return clip, infos
+    return clip, infos, canary
 
 
 def _row_norms(engine: DPEngine, batch: UnitBatch) -> tuple[Any, Tensor | None, StepContext]:
@@ -255,31 +268,32 @@ def _shared_by_unit(clip: ClipResult, share: Tensor) -> ClipResult:
 
 
 def _capped(
-    engine: DPEngine, batch: UnitBatch, infos: Any, row_mask: Tensor
+    engine: DPEngine,
+    batch: UnitBatch,
+    infos: Any,
+    row_mask: Tensor,
+    canary: CanaryRows | None = None,
 ) -> tuple[ClipResult, Any]:
-    """``capped``: each unit's mean row gradient, clipped once by the strategy."""
-    k, u, r = engine.k, batch.n_slots, batch.rows_per_unit
+    """``capped``: each unit's mean row gradient, clipped once by the strategy (an audit's
+    canary rows placed among the rows before the mean)."""
+    k, u = engine.k, batch.n_slots
     strategy = engine.strategy
     columns = layer_columns(engine.model)
     if infos is None or u == 0:
         n = sum(b - a for ranges in columns for a, b in ranges)
         dense = DenseGrads(torch.zeros(k, u, n, device=engine.device), columns)
+        clip, sq, ctx = _clip_units(engine, batch, dense)
+        if canary is not None:
+            canary.choose_norm(engine, clip, ctx)  # nothing sampled: the step's shift only
     else:
         g = engine.model.per_sample_grads(infos)  # [K, U*R, P], exact on both paths
-        # Rows not used (padding) or removed (non-finite) weigh 0; zeroing them keeps a NaN in
-        # an unused slot from reaching the sum (0 * NaN is NaN).
-        share = (batch.row_share() * row_mask).to(g.dtype)
-        g.masked_fill_(share.unsqueeze(-1) <= 0, 0.0)  # g is per_sample_grads' own copy
-        mean = torch.bmm(share.view(k * u, 1, r), g.view(k * u, r, -1)).view(k, u, -1)
-        dense = DenseGrads(mean, columns)
-    sq = dense.sq_norms()
-    ctx = StepContext(
-        sq_norms=sq if strategy.needs_norms else None,
-        mask=batch.unit_mask(),
-        expected_batch_size=engine.expected_batch_size,
-        noise=engine.noise,
-    )
-    clip = strategy.clip(ctx)
+        dense = _unit_means(batch, g, row_mask, columns)
+        clip, sq, ctx = _clip_units(engine, batch, dense)
+        if canary is not None:
+            row_mask = canary.place(engine, g, row_mask, columns, clip, ctx)
+            if canary.placed:
+                dense = _unit_means(batch, g, row_mask, columns)
+                clip, sq, ctx = _clip_units(engine, batch, dense)
     if strategy.private:
         # The units are the strategy's examples: the row-level check, per unit.
         _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
@@ -288,6 +302,31 @@ def _capped(
         for sc in clip.scalars:
             _check_scalar(sc.name, sc.values, sc.sensitivity)
     return clip, dense
+
+
+def _unit_means(batch: UnitBatch, g: Tensor, row_mask: Tensor, columns: Any) -> DenseGrads:
+    """Each unit's mean row gradient from the per-row gradients ``g`` ``[K, U*R, P]``."""
+    k, u, r = g.shape[0], batch.n_slots, batch.rows_per_unit
+    # Rows not used (padding) or removed (non-finite) weigh 0; zeroing them keeps a NaN in
+    # an unused slot from reaching the sum (0 * NaN is NaN).
+    share = (batch.row_share() * row_mask).to(g.dtype)
+    g.masked_fill_(share.unsqueeze(-1) <= 0, 0.0)  # g is per_sample_grads' own copy
+    mean = torch.bmm(share.view(k * u, 1, r), g.view(k * u, r, -1)).view(k, u, -1)
+    return DenseGrads(mean, columns)
+
+
+def _clip_units(
+    engine: DPEngine, batch: UnitBatch, dense: DenseGrads
+) -> tuple[ClipResult, Tensor, StepContext]:
+    """The strategy's clip of the units' mean gradients (the units are its examples)."""
+    sq = dense.sq_norms()
+    ctx = StepContext(
+        sq_norms=sq if engine.strategy.needs_norms else None,
+        mask=batch.unit_mask(),
+        expected_batch_size=engine.expected_batch_size,
+        noise=engine.noise,
+    )
+    return engine.strategy.clip(ctx), sq, ctx
 
 
 def _check_unit_sum(

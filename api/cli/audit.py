@@ -29,6 +29,7 @@ from api.cli.common import EXIT_FAILURE, EXIT_USAGE, confirm_charge, open_engine
 from dpsweep.accountants import DEFAULT_RUN_ACCOUNTANT, choices_text
 from dpsweep.audit import AuditRequest
 from dpsweep.errors import ConfigError, DpsweepError
+from dpsweep.plan_fields import unit_suffix
 
 
 def add_parsers(sub: Any) -> None:
@@ -110,6 +111,25 @@ def _audit_flags(a: argparse.ArgumentParser) -> None:
         help="white-box canaries: auto (default: dirac where the model has a coordinate for "
         "each canary, else random), random or dirac",
     )
+    c.add_argument(
+        "--canary-rows",
+        type=positive_int("canary-rows"),
+        default=None,
+        help="on a dataset with a privacy unit, the rows of each canary unit (default 4; the "
+        "audit is then per unit)",
+    )
+    c.add_argument(
+        "--unit-bounding",
+        choices=("mean", "capped"),
+        default=None,
+        help="how a sampled unit's rows make its one contribution (privacy unit only)",
+    )
+    c.add_argument(
+        "--rows-per-unit",
+        type=positive_int("rows-per-unit"),
+        default=None,
+        help="R, the most rows of a sampled unit used (privacy unit only)",
+    )
     c.add_argument("--confidence", type=float, default=0.95)
     a.add_argument("--db", help="database of the datasets, ledger and stored audits")
     a.add_argument(
@@ -164,6 +184,9 @@ def cmd_audit(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         "canaries": args.canaries,
         "direction": args.direction,
         "confidence": args.confidence,
+        "canary_rows": args.canary_rows,
+        "unit_bounding": args.unit_bounding,
+        "rows_per_unit": args.rows_per_unit,
     }
     try:
         request = AuditRequest(**{k: v for k, v in fields.items() if v is not None})
@@ -219,8 +242,10 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
     table.add_column("", style="bold")
     table.add_column("value")
     low = r["epsilon_lower_bound"]
+    unit = r.get("privacy_unit") or "example"
+    per = unit_suffix(unit)
     rows = [
-        ("epsilon claimed", f"{r['epsilon_claimed']:.4g}"),
+        ("epsilon claimed", f"{r['epsilon_claimed']:.4g}{per}"),
         (
             f"epsilon lower bound ({r['confidence']:.0%}, any mechanism)",
             "-" if low is None else f"{low:.4g} ({r.get('method', 'one-run')})",
@@ -229,7 +254,13 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
         (f"claimed curve ({r['confidence']:.0%} test, any mechanism)", _curve(r)),
         ("noise scale (upper bound)", _noise_scale(r)),
         ("delta", f"{r['delta']:g}"),
-        ("canaries", str(r["canaries"])),
+        (
+            "canaries",
+            str(r["canaries"])
+            if not per
+            else f"{r['canaries']} units of {r.get('canary_rows', 1)} rows (audit per unit)",
+        ),
+        ("privacy unit", unit),
         ("trials x steps", f"{r['trials']} x {r['steps']}"),
         ("sample rate", f"{r['sample_rate']:.4g}"),
         ("noise multiplier", f"{r['noise_multiplier']:.4g}"),
@@ -249,8 +280,8 @@ def _print_result(console: Any, audit: dict[str, Any]) -> None:
     charge = audit.get("charge")
     if charge:
         console.print(
-            f"charged ε {charge['epsilon_charged']:.4g}, δ {charge['delta_charged']:g} to the "
-            f"lifetime budget of {charge['dataset']}"
+            f"charged ε {charge['epsilon_charged']:.4g}{unit_suffix(charge.get('privacy_unit'))}, "
+            f"δ {charge['delta_charged']:g} to the lifetime budget of {charge['dataset']}"
         )
     else:
         console.print("public data: nothing was charged")

@@ -81,6 +81,9 @@ class PreparedAudit:
     delta: float
     accountant: str
     epsilon_claimed: float
+    # What the claim (and the charge) protects: ``example`` (a row) or the data's unit (the
+    # audit is then per unit; the ledger refuses a charge at another unit than its own).
+    privacy_unit: str = "example"
 
     @property
     def trials(self) -> int:
@@ -133,18 +136,27 @@ def is_public_dataset(engine: Engine, name: str) -> bool:
 
 def _audit_data(data: Any, request: AuditRequest) -> Any:
     """The data as the audit receives it. Black-box: with a declared size (the count, where
-    none is declared), so that q stays the planned one whichever canaries are appended
-    (:func:`workers.canary_audit.run._with_input_canaries` adds their expected number)."""
-    if request.setting != "black-box" or data.declared_size is not None:
+    none is declared; with a privacy unit, the declared number of units), so that q stays the
+    planned one whichever canaries are appended
+    (:func:`workers.canary_audit.inputs.with_input_canaries` adds their expected number)."""
+    if request.setting != "black-box":
+        return data
+    if data.has_units:
+        if data.declared_units is not None:
+            return data
+        return dataclasses.replace(data, declared_units=int(data.planning_n_private))
+    if data.declared_size is not None:
         return data
     return dataclasses.replace(data, declared_size=int(data.planning_n_private))
 
 
 def _planning_view(data: Any, request: AuditRequest) -> Any:
     """The data as the worker will count it for q (black-box: with the canaries' expected
-    number added to the declared size, as the worker does)."""
+    number added to the declared size, or units, as the worker does)."""
     if request.setting != "black-box":
         return data
+    if data.has_units:
+        return dataclasses.replace(data, declared_units=data.declared_units + request.canaries // 2)
     return dataclasses.replace(data, declared_size=data.declared_size + request.canaries // 2)
 
 
@@ -205,10 +217,19 @@ def _single_run(request: AuditRequest, name: str) -> SingleRun:
     a setting out; a section the spec's models refuse names the request's field."""
     model_name = request.model or DEFAULT_MODEL
     model = _typed(lambda: ModelConfig(name=model_name, options=dict(request.model_options)))
+    units: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("unit_bounding", request.unit_bounding),
+            ("rows_per_unit", request.rows_per_unit),
+        )
+        if v is not None
+    }
     training = _typed(
         lambda: TrainingConfig(
             steps=request.steps or DEFAULT_STEPS,
             batch_size=request.batch_size or DEFAULT_BATCH_SIZE,
+            **units,
         )
     )
     return SingleRun(
@@ -408,4 +429,5 @@ def _finish(
         delta=inputs.delta,
         accountant=inputs.accountant,
         epsilon_claimed=float(claimed),
+        privacy_unit=str(data.privacy_unit or "example"),
     )

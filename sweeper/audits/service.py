@@ -75,7 +75,10 @@ def charge_audit(
         detail={
             "released": ["epsilon_lower_bound", "claim_p_value", "noise_scale_upper_bound"],
             "setting": prepared.request.setting,
+            "privacy_unit": prepared.privacy_unit,
         },
+        # Per unit on a dataset with one: the ledger refuses a charge at another unit.
+        privacy_unit=prepared.privacy_unit,
     )
     charge_one_off(engine, charge, ledger_key=prepared.ledger_key)
     run, eps, delta = f"audit_{audit_id}", prepared.epsilon_claimed, prepared.delta
@@ -84,6 +87,7 @@ def charge_audit(
         "dataset": prepared.dataset,
         "epsilon_charged": eps,
         "delta_charged": delta,
+        "privacy_unit": prepared.privacy_unit,
     }
 
 
@@ -184,6 +188,7 @@ def run_audit_row(engine: Engine, audit_id: str, prepared: PreparedAudit) -> Non
                 confidence=req.confidence,
                 dataset=prepared.data,
                 public_data=prepared.public,
+                canary_rows=req.canary_rows,
             )
         _finish(engine, audit_id, AuditState.succeeded, result=_finite(result.to_dict()))
     except BaseException as exc:

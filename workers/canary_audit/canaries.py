@@ -81,6 +81,9 @@ class GradientCanaries:
         knows_data: the adversary knows every other record (a public dataset): each step, the
             engine hands :meth:`observe` the data's expected contribution to subtract.
         per_layer: the strategy clips layerwise: equal norm in every clipping group.
+        unit_rows: on data with a privacy unit, the rows of each canary unit (every row
+            carries the canary's gradient, so a unit's one contribution is that gradient
+            whatever its row count; :mod:`workers.unit_canaries`). Unused at the row level.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class GradientCanaries:
         direction: Direction = "auto",
         knows_data: bool = False,
         per_layer: bool = False,
+        unit_rows: int = 1,
     ) -> None:
         if m < 2:
             raise ConfigError("an audit needs at least 2 canaries", field="canaries")
@@ -106,7 +110,10 @@ class GradientCanaries:
                 + f", and there are {room}: lower canaries or use direction 'random'",
                 field="canaries",
             )
+        if not 1 <= unit_rows <= 1024:
+            raise ConfigError("canary_rows must be between 1 and 1024", field="canary_rows")
         self.m = int(m)
+        self.unit_rows = int(unit_rows)
         self.direction: Literal["random", "dirac"] = direction
         self.device = device
         self.knows_data = knows_data
@@ -216,6 +223,37 @@ class GradientCanaries:
                 buf[k] += raw_norm[k] * (w[:, 0] @ u)
             else:
                 buf[k] += raw_norm[k] * (w[:, self.layer_of] * u).sum(0)
+
+    def place_rows(
+        self,
+        grads: Tensor,
+        slots: Tensor,
+        canary_ids: Tensor,
+        raw_norm: Tensor,
+        columns: Sequence[Sequence[tuple[int, int]]],
+    ) -> None:
+        """Write each canary row's gradient ``G_k u_id`` into dense per-row gradients.
+
+        The ``capped`` unit bounding averages a unit's exact per-row gradients before it clips
+        the unit once; a canary unit's rows then go through that very mean.
+
+        Args:
+            grads: ``[K, S, P]`` per-row gradients in ``per_sample_grads`` column order.
+            slots: ``[K, S]`` bool, the canary rows.
+            canary_ids: ``[K, S]`` the canary of each row (anything where not a slot).
+            raw_norm: ``[K]`` the canaries' raw norm G.
+            columns: each clipping group's flat ranges, in column order
+                (:func:`workers.augment.layer_columns`).
+        """
+        cols = torch.cat([torch.arange(a, b) for ranges in columns for a, b in ranges])
+        cols = cols.to(self.device)
+        for k in range(grads.shape[0]):
+            where = slots[k].nonzero().flatten()
+            if where.numel() == 0:
+                continue
+            self.entered += int(where.numel())
+            u = self.directions.index_select(0, canary_ids[k, where]).index_select(1, cols)
+            grads[k, where] = (raw_norm[k] * u).to(grads.dtype)
 
     def observe(
         self,

@@ -9,6 +9,11 @@ the code every sweep runs (every strategy, both engine paths, packs of K > 1), w
   labels), each appended to the training split with probability ½, scored by their loss under
   each trial's final model.
 
+On data with a privacy unit (issue 54) the audit is per unit: each canary is a whole unit of
+``canary_rows`` rows (:mod:`workers.unit_canaries`, :mod:`workers.canary_audit.inputs`),
+sampled at the unit rate and bounded as one unit, and the claim is the plan's epsilon per
+unit (q = b / N_units).
+
 The claim beside the bound is the epsilon of everything the adversary saw: the K trials'
 T steps each (the pack's K T compositions of the same Poisson-subsampled Gaussian), at the
 trials' delta. The bound is the one-run bound (:mod:`workers.canary_audit.bounds`), which
@@ -20,14 +25,11 @@ a user-facing fault switch: tests inject faults by patching.
 from __future__ import annotations
 
 import dataclasses
-import math
-import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from dpsweep.accounting_inputs import AccountingInputs
 from dpsweep.audit import audit_verdict
@@ -38,8 +40,8 @@ from workers.canary_audit.bounds import one_run_bound
 from workers.canary_audit.canaries import Direction, GradientCanaries, layer_ranges
 from workers.canary_audit.curve_test import curve_test
 from workers.canary_audit.estimate import ASSUMPTION, gaussian_estimate
+from workers.canary_audit.inputs import canary_losses, with_input_canaries
 from workers.canary_audit.scores import black_box_scores, white_box_scores
-from workers.checkpoints import build_trained
 from workers.datasets.loading import load_dataset
 from workers.datasets.records import Dataset
 from workers.strategies import get_strategy
@@ -51,6 +53,11 @@ SETTINGS: tuple[Setting, ...] = ("white-box", "black-box")
 
 #: The most trials an audited pack may have (the white-box scorer sums over 2^K patterns).
 MAX_AUDIT_TRIALS = 8
+
+#: Rows of each canary unit on data with a privacy unit: several, so that a unit's rows, their
+#: 1/m_u and the capped mean are what the canaries go through (the score does not depend on
+#: the count when the bounding is right).
+DEFAULT_CANARY_ROWS = 4
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,10 @@ class AuditResult:
     claim_p_value: float = 1.0
     noise_scale_upper_bound: float | None = None
     direction: str | None = None
+    # What the claim protects and each canary is: ``example`` (a row), or the data's unit (a
+    # person: each canary a whole unit of ``canary_rows`` rows, the claim per unit).
+    privacy_unit: str = "example"
+    canary_rows: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -152,6 +163,7 @@ def run_audit(
     confidence: float = 0.95,
     dataset: Dataset | None = None,
     public_data: bool = False,
+    canary_rows: int = DEFAULT_CANARY_ROWS,
 ) -> AuditResult:
     """Train ``spec`` once with ``canaries`` canaries and bound its epsilon from below.
 
@@ -167,24 +179,31 @@ def run_audit(
             declared public): the white-box adversary then knows every other record, as DP's
             threat model allows, and removes their expected gradient. Never set it for
             private records: the scores would read them without noise.
+        canary_rows: on data with a privacy unit, the rows of each canary unit (the audit is
+            then per unit; ignored at the row level, where each canary is one row).
 
     Raises:
         ConfigError: what :func:`check_audit_pack` refuses.
     """
     check_audit_pack(spec, setting=setting, canaries=canaries)
+    if not 1 <= canary_rows <= 1024:
+        raise ConfigError("canary_rows must be between 1 and 1024", field="canary_rows")
     start = time.perf_counter()
     data = dataset if dataset is not None else load_dataset(spec.dataset)
+    # With a privacy unit every canary is a unit of several rows; at the row level, one row.
+    rows = int(canary_rows) if data.has_units else 1
     if setting == "white-box":
         results, scores, gauss_scores, included, direction = _white_box(
-            spec, data, canaries=canaries, direction=direction, public_data=public_data
+            spec, data, canaries=canaries, direction=direction, public_data=public_data, rows=rows
         )
     else:
-        bb_data, included, x_can, y_can = _with_input_canaries(data, canaries)
+        bb = with_input_canaries(data, canaries, rows=rows)
         run = dataclasses.replace(spec, eval_every=10**9, keep_weights=True)
-        results = train_pack(run, dataset=bb_data)
-        losses = np.mean([_canary_losses(r, x_can, y_can) for r in results], axis=0)
+        results = train_pack(run, dataset=bb.data)
+        losses = np.mean([canary_losses(r, bb) for r in results], axis=0)
         scores = gauss_scores = black_box_scores(losses)
-    return _result(
+        included = bb.included
+    result = _result(
         spec,
         results,
         scores=scores,
@@ -194,7 +213,9 @@ def run_audit(
         direction=direction,
         confidence=confidence,
         seconds=time.perf_counter() - start,
+        privacy_unit=str(data.privacy_unit or "example"),
     )
+    return dataclasses.replace(result, canary_rows=rows)
 
 
 def _claim(spec: PackSpec, results: list[TrialResult]) -> AccountingInputs:
@@ -223,8 +244,10 @@ def _result(
     direction: Direction,
     confidence: float,
     seconds: float,
+    privacy_unit: str = "example",
 ) -> AuditResult:
-    """The claim of what the adversary saw, the bound, the estimate and the verdict."""
+    """The claim of what the adversary saw, the bound, the estimate and the verdict (the
+    claim per ``privacy_unit``: q, T and delta were planned over units)."""
     claim = _claim(spec, results)
     claimed = float(epsilon_for(claim))
     delta, first = claim.delta, results[0]
@@ -249,6 +272,7 @@ def _result(
         claim_refuted=curve.claim_refuted,
         claim_p_value=curve.claim_p_value,
         noise_scale=curve.noise_scale_upper_bound,
+        privacy_unit=privacy_unit,
     )
     return AuditResult(
         epsilon_claimed=claimed,
@@ -279,11 +303,18 @@ def _result(
         claim_p_value=curve.claim_p_value,
         noise_scale_upper_bound=curve.noise_scale_upper_bound,
         direction=direction if setting == "white-box" else None,
+        privacy_unit=privacy_unit,
     )
 
 
 def _white_box(
-    spec: PackSpec, data: Dataset, *, canaries: int, direction: Direction, public_data: bool
+    spec: PackSpec,
+    data: Dataset,
+    *,
+    canaries: int,
+    direction: Direction,
+    public_data: bool,
+    rows: int = 1,
 ) -> tuple[list[TrialResult], np.ndarray, np.ndarray, np.ndarray, Direction]:
     """Train with gradient canaries; the results, both scores per canary, their bits, and
     the direction used (``auto`` resolved)."""
@@ -299,6 +330,7 @@ def _white_box(
             direction=direction,
             knows_data=public_data,
             per_layer=layerwise,
+            unit_rows=rows,
         )
         holder.append(can)
         return can
@@ -328,46 +360,3 @@ def _check_canaries_entered(can: GradientCanaries, results: list[TrialResult]) -
             "it cannot be audited white-box",
             field="strategy",
         )
-
-
-def _with_input_canaries(
-    data: Dataset, m: int
-) -> tuple[Dataset, np.ndarray, np.ndarray, np.ndarray]:
-    """The data with each of m input canaries appended with probability ½ (secret bits)."""
-    if data.kind == "tokens" or data.num_classes < 2:
-        raise ConfigError(
-            "black-box canaries are random inputs with random labels: they need a classifier "
-            "on numeric inputs",
-            field="setting",
-        )
-    rng = np.random.default_rng(secrets.randbits(128))
-    lo, hi = (data.input_scaling or {}).get("clip") or (-1.0, 1.0)
-    lo, hi = float(lo), float(hi)
-    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-        lo, hi = -1.0, 1.0
-    shape = (m, *data.x_train.shape[1:])
-    x_can = rng.uniform(lo, hi, size=shape).astype(data.x_train.dtype)
-    y_can = rng.integers(0, data.num_classes, size=m).astype(data.y_train.dtype)
-    included = rng.random(m) < 0.5
-    x_train = np.concatenate([data.x_train, x_can[included]])
-    y_train = np.concatenate([data.y_train, y_can[included]])
-    # Shuffle so that the canaries' positions say nothing (sampling ignores order anyway).
-    perm = rng.permutation(len(x_train))
-    update: dict[str, Any] = {"x_train": x_train[perm], "y_train": y_train[perm]}
-    if data.declared_size is not None:
-        # q comes from the declared size (the records' own count is private): add the
-        # canaries' expected number, so that q reveals neither the count nor the bits.
-        update["declared_size"] = data.declared_size + m // 2
-    return dataclasses.replace(data, **update), included, x_can, y_can
-
-
-def _canary_losses(result: TrialResult, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Each canary's cross-entropy under the trial's final model."""
-    if result.weights is None:
-        raise ConfigError("the audited trial diverged: lower the learning rate", field="lr")
-    # The canaries are scaled inputs (drawn inside the clip range): the bare network.
-    module = build_trained(result.model_info, result.weights, raw_inputs=False)
-    with torch.no_grad():
-        out = module(torch.from_numpy(x))
-        loss = torch.nn.functional.cross_entropy(out, torch.from_numpy(y).long(), reduction="none")
-    return loss.numpy()
