@@ -65,11 +65,13 @@ def test_a_declared_unit_without_ids_is_refused() -> None:
     assert err.value.field == "dataset.privacy_unit"
 
 
-def test_an_audit_with_units_is_refused() -> None:
+def test_an_audits_canaries_are_units_after_the_datas() -> None:
+    """Issue 54's audit seam (workers.unit_canaries): an audit's included canaries are units
+    N_units .. of their own rows, sampled by the same unit sampler (no longer refused)."""
     strategy = get_strategy("fixed")([{"clip": 1.0}], n_layers=2, device="cpu")
-    with pytest.raises(ConfigError) as err:
-        UnitSampling.build(
-            np.zeros(4, dtype=np.int64), n_rows=4, bounding="mean", rows_per_unit=8,
-            strategy=strategy, audit=True, augmented=False,
-        )  # fmt: skip
-    assert err.value.field == "audit"
+    units = UnitSampling.build(
+        np.array([0, 1, 1, 2], dtype=np.int64), n_rows=4, bounding="mean", rows_per_unit=8,
+        strategy=strategy, augmented=False, canary_units=2, canary_rows=4,
+    )  # fmt: skip
+    assert units.index.n_units == 3 + 2
+    assert list(units.index.sizes) == [1, 2, 1, 4, 4]
