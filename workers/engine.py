@@ -18,6 +18,7 @@ fresh OS secret per trial, or the public seed in the labelled reproducible mode.
 An audit (:mod:`workers.canary_audit`) hands the engine gradient canaries: records of the
 training set (indices ``N`` and up) whose per-sample gradient the auditor chose. They are
 sampled, weighed, checked and noised by exactly the code above; only their gradient differs.
+With a privacy unit each canary is a unit of rows after the data's (:mod:`workers.unit_canaries`).
 
 An example whose gradient (or, for strategies without per-example norms, whose loss) is not
 finite gets weight 0: removing one example stays within the sensitivity, and so a poisoned
