@@ -34,6 +34,7 @@ from report import (  # noqa: E402
     finetuning,
     strategies,
     tuning_cost,
+    units,
 )
 from report.common import READINGS, one_process, reuse_runs  # noqa: E402
 
@@ -45,6 +46,7 @@ EXPERIMENTS: dict[str, Experiment] = {
     "clipless": clipless.run,
     "tuning-cost": tuning_cost.run,
     "finetuning": finetuning.run,
+    "units": units.run,
 }
 
 HEADER = """# Reproducing the papers' findings with dpsweep

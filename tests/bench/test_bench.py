@@ -180,9 +180,10 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         "clipless",
         "tuning-cost",
         "finetuning",
+        "units",
     ]
     md = (tmp_path / "results.md").read_text()
-    heads = [md.index(f"## {i}. ") for i in range(1, 7)]
+    heads = [md.index(f"## {i}. ") for i in range(1, 8)]
     assert heads == sorted(heads)  # sections in the experiments' order
     # 1: compose and basic per strategy at the tiny levels (1 and 8), basic below compose's σ cap.
     assert set(facts["strategies"]["seconds"]) == {
@@ -230,6 +231,16 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         for v in ("scratch", "pretrained", "head")
         for e in (1, 8)
     )
+    # 7: example level and user level (mean, capped) on mnist1d-people; the example level's
+    # epsilon per person by group privacy: one row gives the plan's epsilon back, more rows more.
+    un = facts["units"]
+    assert un["people"] == 381
+    assert all(0 < un[f"units-{v}_{e}"] <= 1 for v in ("example", "mean", "capped") for e in (1, 8))
+    for e in (1, 8):
+        planned, one_row = un[f"example_{e}_row_check"]
+        assert one_row == pytest.approx(planned, rel=1e-3)
+        assert planned < un[f"example_{e}_person_6_rows"] < un[f"example_{e}_person_50_rows"]
+    assert "one person, all their rows" in md.split("## 7. ")[1]
     # Redrawn from the kept sweeps (--reuse): the same numbers and wall times, nothing rerun.
     again = tmp_path / "again"
     p = _script(
@@ -261,6 +272,7 @@ def test_make_report_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
         "clip-bias",
         "clipless",
         "finetuning",
+        "units",
     )
     for name in figures:
         assert (tmp_path / "figures" / f"{name}.png").stat().st_size > 10_000, name
