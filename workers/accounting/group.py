@@ -131,7 +131,7 @@ def mixture_pld(
     """
     # deferred: dp_accounting takes ~0.3 s to import; loaded when a PLD is first built
     from dp_accounting.pld import privacy_loss_distribution as pld
-    from dp_accounting.pld import privacy_loss_mechanism as plm
+    from dp_accounting.pld import privacy_loss_mechanism as plm  # deferred, as above
 
     create = getattr(pld, "_create_pld_pmf_from_monotone_privacy_loss", None)
     if create is None:  # a dp_accounting without this helper: its own (slower) way
