@@ -14,6 +14,7 @@ Ray is imported only inside these functions: ``sweeper`` imports no Ray at modul
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import queue
@@ -295,10 +296,20 @@ def ray_session(settings: SweeperSettings, *, workers: int | None = None) -> Ite
 
 
 def _shutdown_ray() -> None:
-    """``ray.shutdown()``, with the local autoscaler's monitor stopped first
-    (:func:`stop_monitor`)."""
+    """``ray.shutdown()``, with Ray's unreachable objects freed and the local autoscaler's
+    monitor stopped first (:func:`stop_monitor`).
+
+    Why collect first: a Ray object (an object ref, a task's event generator) freed while
+    ``ray.shutdown`` runs calls into the core worker as it stops, and Ray then ends the whole
+    process with exit status 1, after the sweep has finished and printed. Such objects sit in
+    reference cycles (an exception from a lost node holds its traceback's frames, and they
+    hold the refs), which the garbage collector frees whenever it next runs: in ``dpsweep
+    run``'s main thread, say, while :class:`EarlyRay` shuts Ray down in its own. Collecting
+    them here, while Ray is up, leaves none for later.
+    """
     import ray  # deferred: sweeper imports no Ray at module level (module doc)
 
+    gc.collect()
     stop_monitor()
     ray.shutdown()
 

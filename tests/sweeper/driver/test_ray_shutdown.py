@@ -118,3 +118,57 @@ def test_monitor_stops_first_and_shutdown_leaves_nothing() -> None:
     assert got["again"] is False  # nothing left to stop: the list holds the dead monitor only
     assert {"monitor", "gcs_server", "raylet"} <= set(got["pids"])
     _all_gone(got)
+
+
+# In a fresh interpreter, with the automatic collector off so that only an explicit collection
+# frees cycles: an object ref held in a reference cycle (as a lost node's exception holds its
+# traceback's frames, and they the refs) is dropped inside the session. When was it freed?
+_CYCLE = textwrap.dedent(
+    """
+    import gc
+    import json
+    import weakref
+
+    import ray
+
+    from sweeper.driver.ray_backend import EarlyRay
+    from sweeper.settings import SweeperSettings
+
+    gc.disable()
+    freed = []
+    early = EarlyRay(SweeperSettings(), workers=1)
+    early.ready()
+
+    class Holder:
+        pass
+
+    holder = Holder()
+    holder.ref = ray.put(41)
+    holder.itself = holder  # the cycle
+    weakref.finalize(holder, lambda: freed.append(ray.is_initialized()))
+    del holder
+    early.close(wait=False)
+    early.close()
+    print(json.dumps({"freed": freed, "up_after": ray.is_initialized()}))
+    """
+)
+
+
+def test_ray_objects_in_cycles_are_freed_before_ray_shuts_down() -> None:
+    # Freed during the shutdown (in another thread, or by a later collection), the ref would
+    # call into a stopping core worker, and Ray would end the process with status 1: the
+    # two-node cluster test's `dpsweep run` did, after its sweep had finished.
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", _CYCLE],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"freed": [True], "up_after": False}, got
