@@ -87,6 +87,12 @@ class DPEngine:
             its own unit. With units, q samples units and ``physical_batch_size`` counts rows.
         unit_bounding, rows_per_unit: how a sampled unit's rows make its one contribution
             (:mod:`workers.unit_step`); read only with ``units``.
+        planning_n: the number of training units (rows without ``units``) the plan used for
+            q: the owner's declaration for a stored dataset, public. The expected batch size
+            b = q ``planning_n`` (plus an audit's included canaries), which scales every
+            release and sizes the quantile count's noise, comes from it and never from the
+            records' own count: two neighbouring datasets under one declaration get the same
+            b. None: the counted number (data with no declaration, where the two agree).
 
     Raises:
         ConfigError: what a run with units does not support (:meth:`UnitSampling.build`).
@@ -111,6 +117,7 @@ class DPEngine:
         units: np.ndarray | Tensor | None = None,
         unit_bounding: str = "mean",
         rows_per_unit: int = 8,
+        planning_n: int | None = None,
     ) -> None:
         self.model = model
         self.strategy = strategy
@@ -135,7 +142,12 @@ class DPEngine:
             )  # fmt: skip
             self.n = self.units.index.n_units  # q samples units; b = q N_units
         self.sample_rate = float(sample_rate)
-        self.expected_batch_size = self.sample_rate * self.n
+        # Privacy: b is public. Sampling runs over the records there are (self.n), but the
+        # divisor and the count noise use the plan's size, so neither moves with one record.
+        included = canaries.n_included if canaries is not None else 0
+        self.expected_batch_size = self.sample_rate * (
+            self.n if planning_n is None else int(planning_n) + included
+        )
         self.sample_streams = list(sample_streams)
         self.noise = noise
         self.k = model.k

@@ -288,6 +288,8 @@ def _build_engine(
         units=_units_of(data),
         unit_bounding=spec.unit_bounding,
         rows_per_unit=spec.rows_per_unit,
+        # b = q N with the plan's N (declared, public), not the records' count (private).
+        planning_n=data.planning_n_train,
     )
     # DP evaluation draws its count noise from a third stream of the same secret.
     count_noise = NoiseSource([r.evaluation for r in rands], device) if dp_eval else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from dpsweep.errors import ConfigError, PrivacyError
 from tests.workers.training.test_dp_evaluation import _pack
+from workers.datasets import load_dataset
+from workers.plan_check import check_pack
 from workers.training.measure import PackMeasure
 from workers.training.prepare import prepare_pack
 from workers.training.records import PackRecords
@@ -79,7 +82,6 @@ def test_dp_evaluation_refuses_a_release_beyond_the_plan() -> None:
     [({"trials": []}, "trials"), ({"eval_every": 0}, "training.eval_every")],
 )
 def test_prepare_refuses_bad_settings_before_loading(changes: dict, field: str) -> None:
-    from dataclasses import replace
 
     from workers.datasets.records import DatasetSpec
 
@@ -88,3 +90,24 @@ def test_prepare_refuses_bad_settings_before_loading(changes: dict, field: str) 
     with pytest.raises(ConfigError) as err:
         prepare_pack(spec, dataset=None, canaries=None)
     assert err.value.field == field
+
+
+def test_the_expected_batch_size_is_the_plans_not_the_records_count() -> None:
+    # b = q N divides every release and sizes the quantile count's noise: under one declared
+    # size, a dataset and its neighbour without one training record must get the same b.
+    spec = _pack()
+    counted = load_dataset(spec.dataset)
+    declared = replace(counted, declared_size=counted.n_private + 37)
+    neighbour = replace(declared, x_train=declared.x_train[1:], y_train=declared.y_train[1:])
+    sizes = []
+    for data in (declared, neighbour):
+        q, _ = check_pack(spec, data)
+        engine = prepare_pack(spec, dataset=data, canaries=None).engine
+        assert engine.n == data.n_train  # sampling runs over the records there are
+        assert engine.expected_batch_size == pytest.approx(q * data.planning_n_train)
+        sizes.append(engine.expected_batch_size)
+    assert sizes[0] == sizes[1]
+    # With no declaration the plan counts, and the two agree.
+    q, _ = check_pack(spec, counted)
+    engine = prepare_pack(spec, dataset=counted, canaries=None).engine
+    assert engine.expected_batch_size == pytest.approx(q * counted.n_train)
