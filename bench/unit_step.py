@@ -11,9 +11,11 @@ fixed flat clipping, floating-point-safe noise, SGD) for a pack of one, on ``mlp
 * ``rows``: the example-level step at the same expected number of rows, b R.
 
 Median seconds per step over ``--repeats`` rounds, the methods interleaved (a slow spell of a
-shared machine hits all). Target: ``mean`` <= 1.2 x the example-level step. ``capped``
-materialises each row's gradient (on the packed path the example-level step never does), so
-its ratio is reported, not targeted. ``mixed`` (informational): units of 1 to 2R rows, whose
+shared machine hits all). Target: ``mean`` and ``capped`` each <= 1.2 x the example-level
+step (``ok`` and ``capped_ok``). On the packed path ``capped`` never builds a unit's mean
+gradient: each unit's norm comes from its rows' activations and output gradients (a ghost
+norm over the unit's rows), and the rows are then weighed as in ``mean``. ``mixed``
+(informational): units of 1 to 2R rows, whose
 unused row slots are padding computed like rows, against the example-level step at the same
 expected number of *used* rows.
 
@@ -134,6 +136,7 @@ def run(a: argparse.Namespace) -> dict[str, object]:
         "mixed_mean_vs_rows": round(ms["mean_mixed"] / ms["rows_mixed"], 3),
         "target": TARGET,
         "ok": ratio <= TARGET,
+        "capped_ok": ms["capped"] / ms["rows"] <= TARGET,
     }
 
 

@@ -275,33 +275,82 @@ def _capped(
     canary: CanaryRows | None = None,
 ) -> tuple[ClipResult, Any]:
     """``capped``: each unit's mean row gradient, clipped once by the strategy (an audit's
-    canary rows placed among the rows before the mean)."""
+    canary rows placed among the rows before the mean).
+
+    On a model that computes a group's norm from its rows' infos (the packed path), the means
+    are never built: the strategy clips the units by those norms, and each row then weighs
+    its unit's weight times its share, so the rows' weighted sum is the sum of the clipped
+    unit means. Otherwise (the generic path, an audit's canaries) the means are built densely.
+    """
+    if (
+        canary is None
+        and infos is not None
+        and batch.n_slots > 0
+        and hasattr(engine.model, "group_sq_norms")
+    ):
+        share = batch.row_share() * row_mask
+        sq = engine.model.group_sq_norms(infos, share, batch.rows_per_unit)
+        clip, _ = _clip_units(engine, batch, sq)
+        _check_units(engine, clip, sq)
+        return _unit_weights_on_rows(clip, share, batch.rows_per_unit), infos
+    return _capped_dense(engine, batch, infos, row_mask, canary)
+
+
+def _capped_dense(
+    engine: DPEngine,
+    batch: UnitBatch,
+    infos: Any,
+    row_mask: Tensor,
+    canary: CanaryRows | None = None,
+) -> tuple[ClipResult, Any]:
+    """:func:`_capped` from each unit's mean gradient built densely (``[K, U, P]``)."""
     k, u = engine.k, batch.n_slots
-    strategy = engine.strategy
     columns = layer_columns(engine.model)
     if infos is None or u == 0:
         n = sum(b - a for ranges in columns for a, b in ranges)
         dense = DenseGrads(torch.zeros(k, u, n, device=engine.device), columns)
-        clip, sq, ctx = _clip_units(engine, batch, dense)
+        sq = dense.sq_norms()
+        clip, ctx = _clip_units(engine, batch, sq)
         if canary is not None:
             canary.choose_norm(engine, clip, ctx)  # nothing sampled: the step's shift only
     else:
         g = engine.model.per_sample_grads(infos)  # [K, U*R, P], exact on both paths
         dense = _unit_means(batch, g, row_mask, columns)
-        clip, sq, ctx = _clip_units(engine, batch, dense)
+        sq = dense.sq_norms()
+        clip, ctx = _clip_units(engine, batch, sq)
         if canary is not None:
             row_mask = canary.place(engine, g, row_mask, columns, clip, ctx)
             if canary.placed:
                 dense = _unit_means(batch, g, row_mask, columns)
-                clip, sq, ctx = _clip_units(engine, batch, dense)
-    if strategy.private:
-        # The units are the strategy's examples: the row-level check, per unit.
-        _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
-        for extra in clip.extra:
-            _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
-        for sc in clip.scalars:
-            _check_scalar(sc.name, sc.values, sc.sensitivity)
+                sq = dense.sq_norms()
+                clip, ctx = _clip_units(engine, batch, sq)
+    _check_units(engine, clip, sq)
     return clip, dense
+
+
+def _check_units(engine: DPEngine, clip: ClipResult, sq: Tensor) -> None:
+    """The units are the strategy's examples: the row-level check of its claim, per unit."""
+    if not engine.strategy.private:
+        return
+    _check_sensitivity("grad", sq, clip.weights, clip.sensitivity)
+    for extra in clip.extra:
+        _check_sensitivity(extra.name, sq, extra.weights, extra.sensitivity)
+    for sc in clip.scalars:
+        _check_scalar(sc.name, sc.values, sc.sensitivity)
+
+
+def _unit_weights_on_rows(clip: ClipResult, share: Tensor, rows: int) -> ClipResult:
+    """Each row's weight: its unit's times its share of the unit's mean (0 for unused rows),
+    ``[K, U*R, *]`` from ``[K, U, *]``. The scalar releases stay per unit."""
+    s = share.unsqueeze(-1)
+    return replace(
+        clip,
+        weights=clip.weights.repeat_interleave(rows, dim=1) * s,
+        # An extra's grad_coef promise survives: both sides are expanded and scaled alike.
+        extra=tuple(
+            replace(e, weights=e.weights.repeat_interleave(rows, dim=1) * s) for e in clip.extra
+        ),
+    )
 
 
 def _unit_means(batch: UnitBatch, g: Tensor, row_mask: Tensor, columns: Any) -> DenseGrads:
@@ -315,18 +364,16 @@ def _unit_means(batch: UnitBatch, g: Tensor, row_mask: Tensor, columns: Any) -> 
     return DenseGrads(mean, columns)
 
 
-def _clip_units(
-    engine: DPEngine, batch: UnitBatch, dense: DenseGrads
-) -> tuple[ClipResult, Tensor, StepContext]:
-    """The strategy's clip of the units' mean gradients (the units are its examples)."""
-    sq = dense.sq_norms()
+def _clip_units(engine: DPEngine, batch: UnitBatch, sq: Tensor) -> tuple[ClipResult, StepContext]:
+    """The strategy's clip of the units' mean gradients, of squared norms ``sq`` ``[K, U, L]``
+    (the units are its examples)."""
     ctx = StepContext(
         sq_norms=sq if engine.strategy.needs_norms else None,
         mask=batch.unit_mask(),
         expected_batch_size=engine.expected_batch_size,
         noise=engine.noise,
     )
-    return engine.strategy.clip(ctx), sq, ctx
+    return engine.strategy.clip(ctx), ctx
 
 
 def _check_unit_sum(

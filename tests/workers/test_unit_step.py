@@ -19,12 +19,20 @@ from dpsweep.errors import ConfigError, PrivacyError
 from tests.workers.generic.nets import ResidualConv
 from tests.workers.streams import noise_stream, sample_stream
 from workers.augment import Augmenter
+from workers.chunked_step import weighted_sums
 from workers.engine import DPEngine
 from workers.generic.dispatch import build_pack_model
 from workers.optim import PackedOptimizer
 from workers.release_checks import _ENFORCED
 from workers.strategies import NoiseSource, get_strategy
-from workers.unit_step import _check_unit_scalar, _check_unit_sum, unit_sums
+from workers.unit_step import (
+    _capped,
+    _capped_dense,
+    _check_unit_scalar,
+    _check_unit_sum,
+    _row_norms,
+    unit_sums,
+)
 from workers.units import UnitBatch
 
 pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
@@ -320,3 +328,27 @@ def test_augmentation_with_units_is_refused() -> None:
             units=ids,
         )  # fmt: skip
     assert err.value.field == "training.augment"
+
+
+@pytest.mark.parametrize(("strategy", "params"), CASES[:3])
+def test_capped_units_clipped_by_their_norms_equal_their_means_built(
+    strategy: str, params: dict[str, Any]
+) -> None:
+    # The packed path clips each unit by its mean gradient's norm computed from the rows'
+    # infos and weighs the rows; the dense form builds every unit's mean. Same releases.
+    engine = _engine("packed", strategy, params, 2, bounding="capped", r=4)
+    batch = _batch(engine, [0, 2, 3, 5, 8, 13])
+    infos, _, ctx = _row_norms(engine, batch)
+    clip, rows = _capped(engine, batch, infos, ctx.mask)
+    assert rows is infos  # the rows' infos, no dense means
+    dense_clip, dense = _capped_dense(engine, batch, infos, ctx.mask)
+    assert dense is not infos
+    got = [torch.zeros_like(engine.grad) for _ in range(1 + len(clip.extra))]
+    want = [torch.zeros_like(engine.grad) for _ in got]
+    weighted_sums(engine, got, rows, [clip.weights] + [e.weights for e in clip.extra])
+    weighted_sums(engine, want, dense, [dense_clip.weights] + [e.weights for e in dense_clip.extra])
+    for a, b in zip(got, want, strict=True):
+        assert float(b.norm()) > 0
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=RTOL)
+    for a_sc, b_sc in zip(clip.scalars, dense_clip.scalars, strict=True):
+        torch.testing.assert_close(a_sc.values, b_sc.values, atol=ATOL, rtol=RTOL)

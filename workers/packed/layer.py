@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from dpsweep.errors import ConfigError
@@ -112,6 +113,27 @@ class ParamLayer(PackedLayer):
     def per_sample_grads(self, info: Any) -> list[Tensor]:
         """Materialised per-sample gradients, each ``[K, B, *shape]`` (tests, diagnostics)."""
         raise NotImplementedError
+
+    def group_sq_norms(self, info: Any, share: Tensor, rows: int) -> Tensor:
+        """``||sum_r share_r grad_r||^2`` over each group of ``rows`` consecutive examples
+        (a privacy unit's row slots), ``[K, B / rows]``.
+
+        Examples whose share is 0 (padding, removed rows) count as zero gradients, whatever
+        their info holds. This default materialises the layer's per-example gradients; a layer
+        with a cheaper exact form overrides it.
+        """
+        k, n = share.shape
+        on = share > 0
+        w = torch.where(on, share, 0.0).view(k, n // rows, rows)
+        total: Tensor | None = None
+        for t in self.per_sample_grads(info):
+            t = t.reshape(k, n, -1)
+            t = torch.where(on.unsqueeze(-1), t, torch.zeros((), dtype=t.dtype, device=t.device))
+            mean = torch.matmul(w.unsqueeze(2).to(t.dtype), t.view(k, n // rows, rows, -1))
+            sq = mean.squeeze(2).pow(2).sum(dim=-1)
+            total = sq if total is None else total + sq
+        assert total is not None  # a parameter layer has at least one parameter
+        return total
 
 
 class CompositeLayer(PackedLayer):

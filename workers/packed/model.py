@@ -176,6 +176,18 @@ class PackedModel:
             [ly.sq_norms(inf) for ly, inf in zip(self.param_layers, infos, strict=True)], dim=-1
         )
 
+    def group_sq_norms(self, infos: list[Any], share: Tensor, rows: int) -> Tensor:
+        """Per-group, per-layer squared norms ``[K, B / rows, L]`` of ``sum_r share_r g_r``
+        over each group of ``rows`` consecutive examples (a privacy unit's row slots; see
+        :meth:`ParamLayer.group_sq_norms`): a capped unit's mean gradient, never built."""
+        return torch.stack(
+            [
+                ly.group_sq_norms(inf, share, rows)
+                for ly, inf in zip(self.param_layers, infos, strict=True)
+            ],
+            dim=-1,
+        )
+
     def weighted_sum_into(self, out: Tensor, infos: list[Any], weights: Tensor) -> None:
         """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``.
 
