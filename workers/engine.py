@@ -322,6 +322,13 @@ class DPEngine:
             # One flat gather (index_select) is ~5x faster than advanced indexing by [K, B].
             flat_idx = idx.view(-1)
             xb = self.x.index_select(0, flat_idx).view(*idx.shape, *self.x.shape[1:])
+            if self.k > 1 or self.canaries is not None or self._chunked:
+                # Padding (and canary) slots read example 0: zeroed, so that one hostile
+                # example 0 (an input whose loss is not finite) cannot put NaN into every
+                # step's sums through slots whose weight is 0 (0 * NaN is NaN). A pack of
+                # one in one piece has no such slot.
+                unused = (data_mask <= 0).view(*data_mask.shape, *([1] * (xb.dim() - 2)))
+                xb.masked_fill_(unused, 0)  # index_select's own copy
             target = xb
             if self.y is not None:
                 target = self.y.index_select(0, flat_idx).view(*idx.shape, *self.y.shape[1:])

@@ -170,3 +170,18 @@ def test_the_chunk_count_does_not_follow_the_realised_batch() -> None:
     counts = {chunk_count(r, physical=16, expected_batch_size=b) for r in range(0, bound + 1)}
     assert counts == {-(-bound // 16)}
     assert chunk_count(bound + 100, physical=16, expected_batch_size=b) > -(-bound // 16)
+
+
+@pytest.mark.parametrize("path", ["packed", "generic"])
+@pytest.mark.parametrize(("k", "physical"), [(3, None), (1, 8), (3, 8)])
+def test_a_hostile_example_0_does_not_poison_the_padding(
+    path: str, k: int, physical: int | None
+) -> None:
+    # Packs and chunks pad with example 0 at weight 0. An input whose loss is not finite
+    # there would make every slot's gradient NaN (0 * NaN is NaN), so whether one record is in
+    # the data would decide whether every trial diverges: padding reads a zero input instead.
+    engine = _engine(path, "fixed", CASES[0][1], k, physical=physical)
+    engine.x[0] = float("inf")
+    flat = _run(engine, steps=4)
+    assert torch.isfinite(flat).all()
+    assert not torch.equal(flat, _engine(path, "fixed", CASES[0][1], k).model.flat)
