@@ -246,7 +246,7 @@ def _row_norms(engine: DPEngine, batch: UnitBatch) -> tuple[Any, Tensor | None, 
     flat = idx.view(-1)
     xb = engine.x.index_select(0, flat).view(*idx.shape, *engine.x.shape[1:])
     used = (mask > 0).view(*mask.shape, *([1] * (xb.dim() - 2)))
-    xb = torch.where(used, xb, torch.zeros((), dtype=xb.dtype))
+    xb.masked_fill_(used.logical_not(), 0)  # index_select's own copy
     target = xb
     if engine.y is not None:
         target = engine.y.index_select(0, flat).view(*idx.shape, *engine.y.shape[1:])
