@@ -41,6 +41,7 @@ def audit_cost(engine: Engine, prepared: PreparedAudit) -> AuditCost:
             ledger=None,
             epsilon_spent=None,
             epsilon_left=None,
+            privacy_unit=prepared.privacy_unit,
         )
     key = prepared.ledger_key
     if key is None:
@@ -55,4 +56,5 @@ def audit_cost(engine: Engine, prepared: PreparedAudit) -> AuditCost:
         epsilon=prepared.epsilon_claimed,
         delta=prepared.delta,
         ledger=key,
+        privacy_unit=prepared.privacy_unit,
     )

@@ -137,6 +137,7 @@ def quote_training_run(
         epsilon=epsilon,
         delta=prepared.run.delta,
         ledger=key,
+        privacy_unit=prepared.privacy_unit,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from dpsweep.errors import ConfigError
+from dpsweep.plan_fields import unit_suffix
 from sweeper.privacy.ledger.amounts import epsilon_amount, show_amount
 from sweeper.privacy.ledger.budget_ledger import BudgetLedger
 
@@ -32,6 +33,8 @@ class OneOffCost:
         ledger: The ledger's key (None: not read, e.g. an audit of public data).
         epsilon_spent: Spent and reserved on that ledger so far (None: not read).
         epsilon_left: What its cap leaves now (None: no cap, or not read).
+        privacy_unit: What each ε protects (``person``: all of a person's rows; None or
+            ``example``: one record), named in the quote.
     """
 
     what: str
@@ -42,6 +45,7 @@ class OneOffCost:
     ledger: str | None
     epsilon_spent: Decimal | None
     epsilon_left: Decimal | None
+    privacy_unit: str | None = None
 
     @property
     def charged(self) -> bool:
@@ -62,7 +66,8 @@ class OneOffCost:
         if self.epsilon is None:
             return f"{self.what} adds no noise: nothing is charged"
         line = (
-            f"{self.what} charges ε {self.epsilon:.4g}, δ {self.delta:g} to the lifetime "
+            f"{self.what} charges ε {self.epsilon:.4g}{unit_suffix(self.privacy_unit)}, "
+            f"δ {self.delta:g} to the lifetime "
             f"budget of {self.dataset!r} (ledger {self.ledger}; spent or reserved so far ε "
             f"{show_amount(self.epsilon_spent or Decimal(0))}"
         )
@@ -91,6 +96,7 @@ class OneOffCost:
             "epsilon_spent": number(self.epsilon_spent),
             "epsilon_left_before": number(self.epsilon_left),
             "epsilon_left_after": number(after),
+            "privacy_unit": self.privacy_unit or "example",
             "fits": after is None or after >= 0,
             "text": self.describe(),
         }
@@ -105,8 +111,9 @@ def read_cost(
     epsilon: float | None,
     delta: float,
     ledger: str,
+    privacy_unit: str | None = None,
 ) -> OneOffCost:
-    """The cost of charging ``epsilon`` on ``ledger``, read-only."""
+    """The cost of charging ``epsilon`` (per ``privacy_unit``) on ``ledger``, read-only."""
     summary = BudgetLedger(engine).summary(ledger)
     return OneOffCost(
         what=what,
@@ -117,6 +124,7 @@ def read_cost(
         ledger=ledger,
         epsilon_spent=summary.epsilon_spent + summary.epsilon_reserved,
         epsilon_left=summary.remaining.epsilon,
+        privacy_unit=privacy_unit,
     )
 
 

@@ -101,3 +101,14 @@ def test_the_table_says_the_claim_is_per_unit(
     out = capsys.readouterr().out
     assert f"per {UNIT}" in out and "audit per unit" in out
     assert "The audit is per unit" in " ".join(out.split())
+
+
+def test_the_cost_quoted_before_charging_is_per_unit(
+    clinic: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before, _ = _ledger(clinic)
+    rc = main([*[a for a in AUDIT if a != "--yes"], "--db", clinic])
+    assert rc != 0
+    said = " ".join((lambda c: c.out + c.err)(capsys.readouterr()).split())
+    assert "this audit charges ε" in said and f"per {UNIT} (unit: {UNIT}), δ" in said, said
+    assert _ledger(clinic)[0] == before  # refused: nothing reserved or charged
