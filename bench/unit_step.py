@@ -2,7 +2,8 @@
 
 Both are dpsweep's full DP step (Poisson sampling from a secret stream, per-example norms,
 fixed flat clipping, floating-point-safe noise, SGD) for a pack of one, on ``mlp``
-(784-128-10) with synthetic 28x28 inputs from a public seed (timing only):
+(784-128-10, the packed path) with synthetic 28x28 inputs from a public seed (timing only),
+or with ``--model cnn1d`` on 40-value signals (the generic path):
 
 * ``units``: ``--units`` expected units per step (q = b / N_units), each unit using R =
   ``--rows-per-unit`` of its rows (every unit has R to 4R rows, so each sampled unit fills its
@@ -12,14 +13,13 @@ fixed flat clipping, floating-point-safe noise, SGD) for a pack of one, on ``mlp
 
 Median seconds per step over ``--repeats`` rounds, the methods interleaved (a slow spell of a
 shared machine hits all). Target: ``mean`` and ``capped`` each <= 1.2 x the example-level
-step (``ok`` and ``capped_ok``). On the packed path ``capped`` never builds a unit's mean
-gradient: each unit's norm comes from its rows' activations and output gradients (a ghost
-norm over the unit's rows), and the rows are then weighed as in ``mean``. ``mixed``
-(informational): units of 1 to 2R rows, whose
-unused row slots are padding computed like rows, against the example-level step at the same
-expected number of *used* rows.
+step (``ok`` and ``capped_ok``). ``capped`` never builds a unit's mean gradient: each unit's
+norm comes from its rows' infos (a ghost norm over the unit's rows where that costs less,
+:mod:`workers.group_norms`), and the rows are then weighed as in ``mean``. ``mixed``
+(informational): units of 1 to 2R rows, whose unused row slots are padding computed like
+rows, against the example-level step at the same expected number of *used* rows.
 
-Usage: ``python bench/unit_step.py [--units B] [--rows-per-unit R] [--repeats N]
+Usage: ``python bench/unit_step.py [--model M] [--units B] [--rows-per-unit R] [--repeats N]
 [--threads T] [--quick]``; prints one JSON line.
 """
 
@@ -48,6 +48,8 @@ from workers.randomness import NoiseSource, TrialRandomness
 from workers.strategies import get_strategy
 
 TARGET = 1.2
+#: Each model's synthetic input shape.
+SHAPES = {"mlp": (1, 28, 28), "cnn1d": (40,)}
 
 
 def engine_step(
@@ -58,18 +60,22 @@ def engine_step(
     units: np.ndarray | None = None,
     bounding: str = "mean",
     rows_per_unit: int = 8,
+    model: str = "mlp",
 ) -> Callable[[], None]:
     """dpsweep's DP step for a pack of one (q = batch / population, rows or units)."""
-    module = build_model(ModelSpec("mlp"), input_shape=(1, 28, 28), num_classes=10, seed=0)
+    shape = tuple(int(d) for d in x.shape[1:])
+    module = build_model(ModelSpec(model), input_shape=shape, num_classes=10, seed=0)
     built, _ = build_pack_model([module])
-    model: object = built
+    pack: object = built
     strategy = get_strategy("fixed")(
-        [{"clip": 1.0, "clip_style": "flat"}], n_layers=built.n_param_layers, device="cpu"
+        [{"clip": 1.0, "clip_style": "flat"}],
+        n_layers=built.n_param_layers,
+        device=torch.device("cpu"),
     )
     rand = TrialRandomness.secret()
     population = int(units.max()) + 1 if units is not None else int(x.shape[0])
     engine = DPEngine(
-        model=model,  # type: ignore[arg-type]
+        model=pack,  # type: ignore[arg-type]
         strategy=strategy,
         optimizer=PackedOptimizer("sgd", torch.tensor([0.1])),
         x=x,
@@ -110,24 +116,27 @@ def medians(steps: dict[str, Callable[[], None]], repeats: int) -> dict[str, flo
 
 def run(a: argparse.Namespace) -> dict[str, object]:
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(a.n, 1, 28, 28, generator=g)
+    x = torch.randn(a.n, *SHAPES[a.model], generator=g)
     y = torch.randint(0, 10, (a.n,), generator=g)
     r, b = a.rows_per_unit, a.units
     full = unit_ids(a.n, r, 4 * r)
     mixed = unit_ids(a.n, 1, 2 * r, seed=1)
     used = float(np.minimum(np.bincount(mixed), r).mean())  # expected used rows per unit
+    m = a.model
     steps = {
-        "rows": engine_step(x, y, batch=b * r),
-        "mean": engine_step(x, y, batch=b, units=full, rows_per_unit=r),
-        "capped": engine_step(x, y, batch=b, units=full, bounding="capped", rows_per_unit=r),
-        "rows_mixed": engine_step(x, y, batch=b * used),
-        "mean_mixed": engine_step(x, y, batch=b, units=mixed, rows_per_unit=r),
+        "rows": engine_step(x, y, batch=b * r, model=m),
+        "mean": engine_step(x, y, batch=b, units=full, rows_per_unit=r, model=m),
+        "capped": engine_step(
+            x, y, batch=b, units=full, bounding="capped", rows_per_unit=r, model=m
+        ),
+        "rows_mixed": engine_step(x, y, batch=b * used, model=m),
+        "mean_mixed": engine_step(x, y, batch=b, units=mixed, rows_per_unit=r, model=m),
     }
     ms = medians(steps, a.repeats)
     ratio = ms["mean"] / ms["rows"]
     return {
         "bench": "unit_step",
-        "model": "mlp",
+        "model": a.model,
         "units_per_step": b,
         "rows_per_unit": r,
         "ms": {k: round(1000 * v, 3) for k, v in ms.items()},
@@ -143,6 +152,10 @@ def run(a: argparse.Namespace) -> dict[str, object]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=20_000, help="synthetic training rows")
+    p.add_argument(
+        "--model", choices=sorted(SHAPES), default="mlp",
+        help="mlp (28x28 inputs, the packed path) or cnn1d (40 values, the generic path)",
+    )  # fmt: skip
     p.add_argument("--units", type=int, default=32, help="expected units per step (b)")
     p.add_argument("--rows-per-unit", type=int, default=8)
     p.add_argument("--repeats", type=int, default=30)

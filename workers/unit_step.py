@@ -16,10 +16,13 @@ Two ways to bound a unit (``training.unit_bounding``):
   every scalar release's per-row values (the quantile count), and the per-unit bound is
   checked in code (the sum of the unit's row contributions' norms, an upper bound on the norm
   of their sum) before anything is released.
-* ``capped``: the unit's rows' exact per-row gradients (``per_sample_grads``, as augmentation
-  multiplicity uses them) are averaged into one vector per unit; the strategy sees the units
-  as its examples (norms of those means, one mask entry per unit) and clips each unit once.
-  The sensitivity is checked per unit.
+* ``capped``: the mean of the unit's rows' exact gradients is clipped once; the strategy sees
+  the units as its examples (norms of those means, one mask entry per unit). The means are
+  never built: their norms come from the rows' infos (:mod:`workers.group_norms`: Gram
+  matrices over the unit's rows where they cost less, else the rows' gradients), and each
+  row then weighs its unit's weight times its share, so the rows' weighted sum is the sum of
+  the clipped means. (An audit's canary units are placed among the rows' gradients, so an
+  audit builds the means densely.) The sensitivity is checked per unit.
 
 A row whose gradient (or loss) is not finite gets weight 0 as in the row-level step, so a
 hostile unit cannot make a run fail; its m_u still counts it, which only shrinks the unit's
@@ -277,10 +280,10 @@ def _capped(
     """``capped``: each unit's mean row gradient, clipped once by the strategy (an audit's
     canary rows placed among the rows before the mean).
 
-    On a model that computes a group's norm from its rows' infos (the packed path), the means
-    are never built: the strategy clips the units by those norms, and each row then weighs
-    its unit's weight times its share, so the rows' weighted sum is the sum of the clipped
-    unit means. Otherwise (the generic path, an audit's canaries) the means are built densely.
+    On a model that computes a group's norm from its rows' infos (both engine paths), the
+    means are never built: the strategy clips the units by those norms, and each row then
+    weighs its unit's weight times its share, so the rows' weighted sum is the sum of the
+    clipped unit means. With an audit's canaries the means are built densely.
     """
     if (
         canary is None

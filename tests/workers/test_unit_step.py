@@ -330,13 +330,14 @@ def test_augmentation_with_units_is_refused() -> None:
     assert err.value.field == "training.augment"
 
 
+@pytest.mark.parametrize("path", ["packed", "generic"])
 @pytest.mark.parametrize(("strategy", "params"), CASES[:3])
 def test_capped_units_clipped_by_their_norms_equal_their_means_built(
-    strategy: str, params: dict[str, Any]
+    path: str, strategy: str, params: dict[str, Any]
 ) -> None:
-    # The packed path clips each unit by its mean gradient's norm computed from the rows'
-    # infos and weighs the rows; the dense form builds every unit's mean. Same releases.
-    engine = _engine("packed", strategy, params, 2, bounding="capped", r=4)
+    # Each unit is clipped by its mean gradient's norm computed from the rows' infos, and the
+    # rows are weighed; the dense form builds every unit's mean. The same releases.
+    engine = _engine(path, strategy, params, 2, bounding="capped", r=4)
     batch = _batch(engine, [0, 2, 3, 5, 8, 13])
     infos, _, ctx = _row_norms(engine, batch)
     clip, rows = _capped(engine, batch, infos, ctx.mask)

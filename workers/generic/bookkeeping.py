@@ -59,7 +59,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from workers.generic.ghost import _GhostConv, _GhostLinear, as_materialised, conv_info, info_sq
+from workers.generic.ghost import (
+    _GhostConv,
+    _GhostLinear,
+    as_materialised,
+    conv_info,
+    group_info_sq,
+    info_sq,
+)
 from workers.generic.layer_rules import RULE_OPS, UsageMode, rule_of
 from workers.generic.model import GenericCaptured, GenericModel
 
@@ -339,6 +346,12 @@ class BookkeepingModel(GenericModel):
     def sq_norms(self, infos: list[Any]) -> Tensor:
         """Per-sample, per-layer squared gradient norms ``[K, B, L]``."""
         return torch.stack([info_sq(i) for i in infos], dim=-1)
+
+    def group_sq_norms(self, infos: list[Any], share: Tensor, rows: int) -> Tensor:
+        """Per-group, per-layer squared norms ``[K, B / rows, L]`` of ``sum_r share_r g_r``
+        (:meth:`GenericModel.group_sq_norms`): Gram matrices over the group's positions for a
+        book-keeping info where they cost less (:func:`group_info_sq`), else materialised."""
+        return torch.stack([group_info_sq(i, share, rows) for i in infos], dim=-1)
 
     def weighted_sum_into(self, out: Tensor, infos: list[Any], weights: Tensor) -> None:
         """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``; ``weights`` is ``[K, B, R]``."""

@@ -41,6 +41,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpsweep.errors import ConfigError
 from workers.generic.validation import validate_module
+from workers.group_norms import materialised_group_sq
 
 # Per-layer info: the per-example gradients of the layer's parameters, each [K, B, *shape].
 LayerInfo = list[Tensor]
@@ -244,6 +245,12 @@ class GenericModel:
             [sum(t.pow(2).flatten(2).sum(dim=2) for t in info) for info in infos],  # type: ignore[misc]
             dim=-1,
         )
+
+    def group_sq_norms(self, infos: list[LayerInfo], share: Tensor, rows: int) -> Tensor:
+        """Per-group, per-layer squared norms ``[K, B / rows, L]`` of ``sum_r share_r g_r``
+        over each group of ``rows`` consecutive examples (a privacy unit's row slots;
+        :mod:`workers.group_norms`), from the per-example gradients."""
+        return torch.stack([materialised_group_sq(info, share, rows) for info in infos], dim=-1)
 
     def weighted_sum_into(self, out: Tensor, infos: list[LayerInfo], weights: Tensor) -> None:
         """Write ``sum_i w_i g_i`` into ``out`` ``[K, P]``; ``weights`` is ``[K, B, R]``

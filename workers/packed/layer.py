@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from dpsweep.errors import ConfigError
+from workers.group_norms import materialised_group_sq
 
 Layout = Literal["kb", "bk"]
 
@@ -119,21 +119,10 @@ class ParamLayer(PackedLayer):
         (a privacy unit's row slots), ``[K, B / rows]``.
 
         Examples whose share is 0 (padding, removed rows) count as zero gradients, whatever
-        their info holds. This default materialises the layer's per-example gradients; a layer
-        with a cheaper exact form overrides it.
+        their info holds. This default materialises the layer's per-example gradients
+        (:mod:`workers.group_norms`); a layer with a cheaper exact form overrides it.
         """
-        k, n = share.shape
-        on = share > 0
-        w = torch.where(on, share, 0.0).view(k, n // rows, rows)
-        total: Tensor | None = None
-        for t in self.per_sample_grads(info):
-            t = t.reshape(k, n, -1)
-            t = torch.where(on.unsqueeze(-1), t, torch.zeros((), dtype=t.dtype, device=t.device))
-            mean = torch.matmul(w.unsqueeze(2).to(t.dtype), t.view(k, n // rows, rows, -1))
-            sq = mean.squeeze(2).pow(2).sum(dim=-1)
-            total = sq if total is None else total + sq
-        assert total is not None  # a parameter layer has at least one parameter
-        return total
+        return materialised_group_sq(self.per_sample_grads(info), share, rows)
 
 
 class CompositeLayer(PackedLayer):

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from dpsweep.errors import ConfigError
+from workers.group_norms import gram_group_sq, gram_is_cheaper
 from workers.packed.layer import Act, ParamLayer
 from workers.packed.registry import register_packed_layer
 
@@ -182,31 +183,13 @@ class PLinear(ParamLayer):
 
     def group_sq_norms(self, info: _LinearInfo, share: Tensor, rows: int) -> Tensor:
         a, g = info.a, info.g
-        if info.ps is not None:
-            return super().group_sq_norms(info, share, rows)
-        k, n = share.shape
-        u = n // rows
         # A group's positions: its rows' (times their sequence positions, if any).
-        t = 1 if a.dim() == 3 else a.shape[2]
-        if rows * t * (self.in_f + self.out_f) >= self.in_f * self.out_f:
-            return super().group_sq_norms(info, share, rows)  # materialising is cheaper
-        # Ghost norm of a weighted sum: ||sum_p s_p g_p a_p^T||^2 = sum_{p,p'} s_p s_p'
-        # (g_p . g_p')(a_p . a_p'), and the bias's ||sum_p s_p g_p||^2 = sum s_p s_p' g_p . g_p'.
-        # The Gram matrices are taken of the rows as they are and the weights applied to them
-        # (p x p per group, small), not to the activations (one pass fewer over the largest
-        # tensors). A pair with an unused row (share 0) is set to 0, not multiplied by it:
-        # whatever that row's info holds (0 * NaN is NaN) only reaches its own pairs.
-        s = share.to(a.dtype)
-        s_pos = s.view(k, n, *([1] * (a.dim() - 3))).expand(*a.shape[:-1]).reshape(k * u, -1)
-        ss = s_pos.unsqueeze(2) * s_pos.unsqueeze(1)
-        a3 = a.reshape(k * u, rows * t, -1)
-        g3 = g.reshape(k * u, rows * t, -1)
-        pair = torch.bmm(a3, a3.transpose(1, 2))
-        if self.bias:
-            pair.add_(1.0)
-        pair.mul_(torch.bmm(g3, g3.transpose(1, 2)))
-        pair = torch.where(ss > 0, pair * ss, torch.zeros((), dtype=pair.dtype))
-        return pair.sum(dim=(1, 2)).view(k, u)
+        positions = 1 if a.dim() == 3 else a.shape[2]
+        if info.ps is not None or not gram_is_cheaper(rows * positions, self.in_f, self.out_f):
+            return super().group_sq_norms(info, share, rows)
+        if a.dim() == 3:
+            a, g = a.unsqueeze(2), g.unsqueeze(2)
+        return gram_group_sq(a, g, share, rows, bias=self.bias)
 
     def per_sample_grads(self, info: _LinearInfo) -> list[Tensor]:
         if info.ps is not None:
