@@ -73,10 +73,15 @@ def _alive(pid: int) -> bool:
 
 def _run_driver(*, lean: bool) -> dict[str, Any]:
     """Run :data:`_DRIVER` in a fresh interpreter; what it printed."""
+    return _run_fresh(f"LEAN = {lean}\n{_DRIVER}")
+
+
+def _run_fresh(code: str) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter on a Ray of its own; the JSON it printed last."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run(
-        [sys.executable, "-c", f"LEAN = {lean}\n{_DRIVER}"],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env=env,
@@ -158,17 +163,5 @@ def test_ray_objects_in_cycles_are_freed_before_ray_shuts_down() -> None:
     # Freed during the shutdown (in another thread, or by a later collection), the ref would
     # call into a stopping core worker, and Ray would end the process with status 1: the
     # two-node cluster test's `dpsweep run` did, after its sweep had finished.
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DPSWEEP_RAY_ADDRESS")}
-    env["PYTHONPATH"] = str(ROOT)
-    out = subprocess.run(
-        [sys.executable, "-c", _CYCLE],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=180,
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _run_fresh(_CYCLE)
     assert got == {"freed": [True], "up_after": False}, got
