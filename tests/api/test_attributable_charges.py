@@ -36,12 +36,14 @@ def _csv() -> bytes:
     return ("a,b,c,label\n" + "\n".join(rows) + "\n").encode()
 
 
-def _spec(ds: str, name: str, *, steps: int = 4, lrs: int = 2) -> dict[str, Any]:
+def _spec(
+    ds: str, name: str, *, steps: int = 4, lrs: int = 2, eval_every: int = 2
+) -> dict[str, Any]:
     return {
         "name": name,
         "dataset": {"name": ds, "input_bounds": [-5.0, 5.0]},
         "model": {"name": "logreg"},
-        "training": {"steps": steps, "batch_size": 16, "eval_every": 2},
+        "training": {"steps": steps, "batch_size": 16, "eval_every": eval_every},
         "privacy": {"budgets": [1.0], "delta": 1e-5},
         "eval": {"mode": "dp"},
         "arms": [
@@ -82,7 +84,10 @@ def test_every_charge_is_a_budget_row_and_a_release(tmp_path: Path) -> None:
         for client, sid in ((olga, done), (ana, theirs)):
             assert wait_for(client, sid, lambda s: s["state"] == "done")["state"] == "done"
         # Cancelled once it has charged some of its trials (or none: both are books to keep).
-        long = olga.post(f"{V1}/sweeps", json=_spec(ds, "cancelled", steps=200, lrs=6)).json()
+        # Long enough (6 x 3,000 steps on one worker) that it cannot end before the cancel
+        # lands: 200 steps did once, and the cancel of a finished sweep is a 409.
+        slow = _spec(ds, "cancelled", steps=3000, lrs=6, eval_every=1000)
+        long = olga.post(f"{V1}/sweeps", json=slow).json()
         wait_for(olga, long["id"], lambda s: s["state"] == "running")
         assert olga.post(f"{V1}/sweeps/{long['id']}/cancel").status_code in (200, 202)
         wait_for(olga, long["id"], lambda s: s["state"] == "cancelled")
