@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from workers.generic.model import LayerInfo
-from workers.group_norms import gram_group_sq, gram_is_cheaper, materialised_group_sq
+from workers.group_norms import group_sq, materialised_group_sq
 from workers.packed.conv import per_example_weight_grad
 
 
@@ -171,18 +171,16 @@ def info_sq(info: Any) -> Tensor:
 
 def group_info_sq(info: Any, share: Tensor, rows: int) -> Tensor:
     """``[K, B / rows]`` squared norms of each group's ``sum_r share_r grad_r`` from a layer's
-    info (:mod:`workers.group_norms`): a Linear's or a convolution's by Gram matrices over the
-    group's positions where that costs less than its rows' gradients, else from those."""
+    info (:mod:`workers.group_norms`): a Linear's or a convolution's from its inputs and
+    output gradients (Gram matrices or each group's sum, whichever costs less), else from the
+    rows' gradients."""
     if isinstance(info, _GhostLinear) and info.kind == "linear":
-        a, g = info.a, info.g
-        if gram_is_cheaper(rows * a.shape[2], a.shape[-1], g.shape[-1]):
-            return gram_group_sq(a, g, share, rows, bias=info.bias)
+        return group_sq(info.a, info.g, share, rows, bias=info.bias)
     if isinstance(info, _GhostConv):
-        k, b, d_in, positions = info.cols.shape
-        if gram_is_cheaper(rows * positions, d_in, info.g.shape[1]):
-            a = info.cols.transpose(2, 3)  # [K, B, L, d_in]
-            g = info.g.flatten(2).view(k, b, -1, positions).transpose(2, 3)  # [K, B, L, O]
-            return gram_group_sq(a, g, share, rows, bias=info.bias)
+        k, b, _, positions = info.cols.shape
+        a = info.cols.transpose(2, 3)  # [K, B, L, d_in]
+        g = info.g.flatten(2).view(k, b, -1, positions).transpose(2, 3)  # [K, B, L, O]
+        return group_sq(a, g, share, rows, bias=info.bias)
     return materialised_group_sq(as_materialised(info), share, rows)
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from dpsweep.errors import ConfigError
-from workers.group_norms import gram_group_sq, gram_is_cheaper
+from workers.group_norms import gram_is_cheaper, group_sq
 from workers.packed.layer import Act, ParamLayer
 from workers.packed.registry import register_packed_layer
 
@@ -185,11 +185,11 @@ class PLinear(ParamLayer):
         a, g = info.a, info.g
         # A group's positions: its rows' (times their sequence positions, if any).
         positions = 1 if a.dim() == 3 else a.shape[2]
-        if info.ps is not None or not gram_is_cheaper(rows * positions, self.in_f, self.out_f):
-            return super().group_sq_norms(info, share, rows)
+        if info.ps is not None and not gram_is_cheaper(rows * positions, self.in_f, self.out_f):
+            return super().group_sq_norms(info, share, rows)  # the rows' gradients are built
         if a.dim() == 3:
             a, g = a.unsqueeze(2), g.unsqueeze(2)
-        return gram_group_sq(a, g, share, rows, bias=self.bias)
+        return group_sq(a, g, share, rows, bias=self.bias)
 
     def per_sample_grads(self, info: _LinearInfo) -> list[Tensor]:
         if info.ps is not None:
