@@ -34,6 +34,7 @@ from torch import Tensor
 from dpsweep.errors import ConfigError
 from workers.randomness import RandomStream
 from workers.sampling import poisson_sample, poisson_sample_pack
+from workers.unit_rows_jit import choose_rows_kernel
 
 #: ``TrainingConfig.rows_per_unit``'s range.
 MIN_ROWS_PER_UNIT, MAX_ROWS_PER_UNIT = 1, 1024
@@ -138,36 +139,10 @@ def choose_rows(
     units = np.asarray(units, dtype=np.int64)
     starts = index.offsets[units]
     sizes = index.offsets[units + 1] - starts
-    counts = np.minimum(sizes, r)
-    slot = np.arange(r, dtype=np.int64)
-    local = np.broadcast_to(slot, (len(units), r)).copy()  # positions within each unit
-    big = np.flatnonzero(sizes > r)
-    if len(big):
-        local[big] = _floyd(sizes[big], r, stream)
-    used = slot < counts[:, None]
-    pos = np.where(used, starts[:, None] + local, 0)
-    rows = np.where(used, index.order[pos], 0)
-    return rows, counts
-
-
-def _floyd(sizes: np.ndarray, r: int, stream: RandomStream) -> np.ndarray:
-    """``[B, r]`` uniformly random r-subsets of ``range(sizes[i])`` (each size > r), one per row.
-
-    Floyd's algorithm, vectorised over the units: for j = n-r .. n-1, draw t uniform in
-    [0, j]; take t unless it was taken already, else take j. Every r-subset is equally likely
-    and the draws are exactly r words per unit, whatever its size. ``t`` is a 64-bit word
-    modulo j+1: its bias is below (j+1) / 2**64 (under 2**-33 for any row count numpy can
-    index), far below anything a run could measure.
-    """
-    b = len(sizes)
-    words = stream.words(b * r).view(np.uint64).reshape(b, r).copy()
-    chosen = np.empty((b, r), dtype=np.int64)
-    for s in range(r):
-        j = sizes - r + s  # [B] int64, >= s
-        t = (words[:, s] % (j + 1).astype(np.uint64)).astype(np.int64)
-        taken = (chosen[:, :s] == t[:, None]).any(axis=1)
-        chosen[:, s] = np.where(taken, j, t)
-    return chosen
+    n_big = int(np.count_nonzero(sizes > r))
+    # R words per unit larger than R, drawn in one call, in the units' order (_floyd's).
+    words = stream.words(n_big * r).view(np.uint64) if n_big else np.empty(0, dtype=np.uint64)
+    return choose_rows_kernel(starts, sizes, index.order, np.ascontiguousarray(words), r)
 
 
 @dataclass

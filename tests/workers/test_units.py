@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -165,3 +166,45 @@ def test_row_share_is_one_over_the_units_rows() -> None:
     assert share[0].tolist() == [1.0, 0.0, 0.0, 0.0]
     assert torch.allclose(share[1], torch.tensor([1 / 3] * 3 + [0.0]))
     assert torch.allclose(share[2], torch.full((4,), 0.25))
+
+
+def _numpy_choice(
+    index: UnitIndex, units: np.ndarray, r: int, stream: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row choice as numpy passes over the units (the compiled kernel's reference)."""
+    starts = index.offsets[units]
+    sizes = index.offsets[units + 1] - starts
+    counts = np.minimum(sizes, r)
+    slot = np.arange(r, dtype=np.int64)
+    local = np.broadcast_to(slot, (len(units), r)).copy()
+    big = np.flatnonzero(sizes > r)
+    if len(big):
+        words = stream.words(len(big) * r).view(np.uint64).reshape(len(big), r)
+        chosen = np.empty((len(big), r), dtype=np.int64)
+        for s in range(r):  # Floyd's algorithm, vectorised over the units
+            j = sizes[big] - r + s
+            t = (words[:, s] % (j + 1).astype(np.uint64)).astype(np.int64)
+            taken = (chosen[:, :s] == t[:, None]).any(axis=1)
+            chosen[:, s] = np.where(taken, j, t)
+        local[big] = chosen
+    used = slot < counts[:, None]
+    rows = np.where(used, index.order[np.where(used, starts[:, None] + local, 0)], 0)
+    return rows, counts
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    r=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_the_compiled_choice_is_the_numpy_choice_word_for_word(
+    sizes: list[int], r: int, seed: int
+) -> None:
+    ids = np.random.default_rng(seed).permutation(np.repeat(np.arange(len(sizes)), sizes))
+    index = UnitIndex.from_ids(ids)
+    units = np.random.default_rng(seed + 1).permutation(len(sizes))[: max(1, len(sizes) // 2)]
+    got = choose_rows(index, units, rows_per_unit=r, stream=sample_stream(seed))
+    want = _numpy_choice(index, units, r, sample_stream(seed))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
