@@ -63,6 +63,8 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
         "noise_multiplier",
         "single_run_epsilon",
         "delta",
+        # What each epsilon protects: example (a record), or the dataset's unit (a person).
+        "privacy_unit",
         "steps",
         "best_step",
         "train_seconds",
@@ -80,9 +82,10 @@ def export_sweep(engine: Engine, sweep_id: str, *, fmt: str) -> str:
     metrics_header = [metric_column(m, [*taken, *params_header]) for m in metric_names]
     writer.writerow(taken + params_header + metrics_header)
     label = randomness_label(sweep.spec)
-    evaluation = evaluation_statement(SweepPlan.from_stored(sweep.plan).grids)["mode"]
+    plan = SweepPlan.from_stored(sweep.plan)
+    evaluation = evaluation_statement(plan.grids)["mode"]
     for r in res.records:
-        r = r | {"randomness": label, "evaluation": evaluation}
+        r = r | {"randomness": label, "evaluation": evaluation, "privacy_unit": plan.privacy_unit}
         ref = models.get(r["id"]) or {}
         writer.writerow(
             [r.get(k) for k in base]

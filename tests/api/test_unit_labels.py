@@ -118,6 +118,18 @@ def test_the_summary_and_show_say_per_unit(unit_sweep: Any) -> None:
     assert f"per person_id for grid {grid['grid']}" in shown
 
 
+def test_the_csv_export_says_what_each_epsilon_protects(unit_sweep: Any) -> None:
+    import csv
+    import io
+
+    from sweeper.sweeps.export import export_sweep
+
+    engine, sid = unit_sweep
+    rows = list(csv.DictReader(io.StringIO(export_sweep(engine, sid, fmt="csv"))))
+    assert rows and all(r["privacy_unit"] == "person_id" for r in rows)
+    assert all(float(r["single_run_epsilon"]) > 0 for r in rows)
+
+
 def test_the_model_card_says_per_unit(unit_sweep: Any, model: dict[str, Any]) -> None:
     engine, sid = unit_sweep
     with Session(engine) as s:
