@@ -233,7 +233,46 @@ def test_a_bound_above_the_claim_shows_the_servers_verdict(
     text = suspect_row.inner_text()
     assert "Gaussian estimate ε ≈ 6.6 (not a bound)" in text, text
     assert "the Gaussian estimate does" in text, text
+    assert " per " not in text, text  # example level: no unit named
     screenshot(page, "trial-audit-verdicts")
+
+
+def test_an_audit_per_person_says_so_beside_every_epsilon(
+    page: Any, server: Server, tiny: dict[str, Any], trial_id: str
+) -> None:
+    """A stored audit of a dataset with a privacy unit: its bound, claim and estimate are per
+    unit, and the row says so beside each."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.orm import Session
+
+    from dpsweep.audit import audit_verdict
+    from sweeper.store import Audit, AuditState
+    from sweeper.store.engine import make_engine
+
+    result = {"confidence": 0.95, "setting": "white-box", "canaries": 1000, "strategy": "fixed",
+              "epsilon_claimed": 4.0, "epsilon_lower_bound": 1.5, "method": "one-run",
+              "epsilon_estimate": 2.5, "privacy_unit": "patient",
+              **audit_verdict(bound=1.5, claimed=4.0, confidence=0.95, estimate=2.5)}  # fmt: skip
+    engine = make_engine(server.db_url)
+    try:
+        with Session(engine) as s, s.begin():
+            row = Audit(owner="alice", dataset="digits", sweep_id=tiny["id"],
+                        trial_id=trial_id, request={"trial": trial_id},
+                        state=AuditState.succeeded, result=result,
+                        finished_at=datetime.now(UTC))  # fmt: skip
+            s.add(row)
+            s.flush()
+            audit_id = row.id
+    finally:
+        engine.dispose()
+    page.goto(f"/trials/{trial_id}")
+    item = page.locator(f"#audits-list li[data-audit='{audit_id}']")
+    item.wait_for()
+    text = item.inner_text()
+    assert "ε ≥ 1.5 per patient" in text, text
+    assert "claimed ε = 4 per patient" in text, text
+    assert "Gaussian estimate ε ≈ 2.5 per patient (not a bound)" in text, text
 
 
 def _spent(server: Server, dataset: str) -> float:

@@ -153,12 +153,14 @@ function row(a) {
     const conf = typeof r.confidence === "number" ? `${num(100 * r.confidence, 3)} %` : "95 %";
     const low = r.epsilon_lower_bound;
     const est = r.epsilon_estimate;
+    // An audit of a dataset with a privacy unit audits ε per unit (a person, all their rows).
+    const per = r.privacy_unit && r.privacy_unit !== "example" ? ` per ${r.privacy_unit}` : "";
     body = h("span", { class: "audit-result" },
-      h("strong", { class: "audit-bound" }, low === null || low === undefined ? "ε ≥ – (no bound)" : `ε ≥ ${num(low)}`),
-      ` (${conf} lower bound, any mechanism) · claimed ε = ${num(r.epsilon_claimed)}`,
+      h("strong", { class: "audit-bound" }, low === null || low === undefined ? "ε ≥ – (no bound)" : `ε ≥ ${num(low)}${per}`),
+      ` (${conf} lower bound, any mechanism) · claimed ε = ${num(r.epsilon_claimed)}${per}`,
       typeof est === "number"
         ? h("span", { class: "audit-estimate", title: r.estimate_assumption || "" },
-          ` · Gaussian estimate ε ≈ ${num(est)} (not a bound)`)
+          ` · Gaussian estimate ε ≈ ${num(est)}${per} (not a bound)`)
         : "",
       typeof r.claim_refuted === "boolean"
         ? h("span", { class: "audit-curve" },
