@@ -167,12 +167,15 @@ def test_the_downloaded_model_scores_its_cards_accuracy_on_raw_records(
     assert float(raw.max()) > 1.0  # raw: digits' pixels are 0..16
     module = model_loader("build")(card["model"], data)
     with torch.no_grad():
-        pred = module(torch.from_numpy(raw)).argmax(dim=-1).numpy()
+        logits = module(torch.from_numpy(raw))
         bare = model_loader("build")(card["model"], data, raw_inputs=False)
-        bare_pred = bare(torch.from_numpy(raw).float()).argmax(dim=-1).numpy()
-    accuracy = float((pred == labels).mean())
+        bare_logits = bare(torch.from_numpy(raw).float())
+    accuracy = float((logits.argmax(dim=-1).numpy() == labels).mean())
     assert accuracy == pytest.approx(card["metrics"]["values"]["accuracy"], abs=1.5 / len(raw))
-    assert float((bare_pred == labels).mean()) != pytest.approx(accuracy, abs=1.5 / len(raw))
+    # The bare network reads the raw values as if scaled: other outputs. (Not another
+    # accuracy: a network nearly linear in its input can rank the classes alike at any scale,
+    # and one trained run did, at the same accuracy to the record.)
+    assert not torch.allclose(bare_logits, logits, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.slow
