@@ -185,6 +185,35 @@ def test_an_analysts_audit_is_refused_with_the_servers_message(
     assert not errors, errors
 
 
+def _store_audits(
+    server: Server, sweep_id: str, trial_id: str, results: list[dict[str, Any]]
+) -> list[str]:
+    """Succeeded audits of the trial with these results, stored as the server stores them;
+    their ids."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy.orm import Session
+
+    from sweeper.store import Audit, AuditState
+    from sweeper.store.engine import make_engine
+
+    engine = make_engine(server.db_url)
+    ids = []
+    try:
+        with Session(engine) as s, s.begin():
+            for result in results:
+                row = Audit(owner="alice", dataset="digits", sweep_id=sweep_id,
+                            trial_id=trial_id, request={"trial": trial_id},
+                            state=AuditState.succeeded, result=result,
+                            finished_at=datetime.now(UTC))  # fmt: skip
+                s.add(row)
+                s.flush()
+                ids.append(str(row.id))
+    finally:
+        engine.dispose()
+    return ids
+
+
 def test_a_bound_above_the_claim_shows_the_servers_verdict(
     page: Any, server: Server, tiny: dict[str, Any], trial_id: str
 ) -> None:
@@ -192,13 +221,7 @@ def test_a_bound_above_the_claim_shows_the_servers_verdict(
     exceeds its claim (4.0), read in today's terms (its unchecked Gaussian 6.5 is dropped);
     one whose bound stays below the claim while its Gaussian estimate exceeds it. The panel
     marks each and shows the server's sentence."""
-    from datetime import UTC, datetime
-
-    from sqlalchemy.orm import Session
-
     from dpsweep.audit import audit_verdict
-    from sweeper.store import Audit, AuditState
-    from sweeper.store.engine import make_engine
 
     base = {"confidence": 0.95, "setting": "white-box", "canaries": 1000, "strategy": "fixed"}
     legacy = {**base, "epsilon_claimed": 4.0, "epsilon_lower_bound": 6.5, "method": "gaussian",
@@ -206,20 +229,8 @@ def test_a_bound_above_the_claim_shows_the_servers_verdict(
     suspect = {**base, "epsilon_claimed": 4.0, "epsilon_lower_bound": 2.3, "method": "one-run",
                "epsilon_estimate": 6.6, "estimate_assumption": "Gaussian scores",
                **audit_verdict(bound=2.3, claimed=4.0, confidence=0.95, estimate=6.6)}  # fmt: skip
-    engine = make_engine(server.db_url)
-    ids = {}
-    try:
-        with Session(engine) as s, s.begin():
-            for name, result in (("legacy", legacy), ("suspect", suspect)):
-                row = Audit(owner="alice", dataset="digits", sweep_id=tiny["id"],
-                            trial_id=trial_id, request={"trial": trial_id},
-                            state=AuditState.succeeded, result=result,
-                            finished_at=datetime.now(UTC))  # fmt: skip
-                s.add(row)
-                s.flush()
-                ids[name] = row.id
-    finally:
-        engine.dispose()
+    legacy_id, suspect_id = _store_audits(server, tiny["id"], trial_id, [legacy, suspect])
+    ids = {"legacy": legacy_id, "suspect": suspect_id}
     page.goto(f"/trials/{trial_id}")
     above = page.locator(f"#audits-list li[data-audit='{ids['legacy']}']")
     above.wait_for()
@@ -242,30 +253,13 @@ def test_an_audit_per_person_says_so_beside_every_epsilon(
 ) -> None:
     """A stored audit of a dataset with a privacy unit: its bound, claim and estimate are per
     unit, and the row says so beside each."""
-    from datetime import UTC, datetime
-
-    from sqlalchemy.orm import Session
-
     from dpsweep.audit import audit_verdict
-    from sweeper.store import Audit, AuditState
-    from sweeper.store.engine import make_engine
 
     result = {"confidence": 0.95, "setting": "white-box", "canaries": 1000, "strategy": "fixed",
               "epsilon_claimed": 4.0, "epsilon_lower_bound": 1.5, "method": "one-run",
               "epsilon_estimate": 2.5, "privacy_unit": "patient",
               **audit_verdict(bound=1.5, claimed=4.0, confidence=0.95, estimate=2.5)}  # fmt: skip
-    engine = make_engine(server.db_url)
-    try:
-        with Session(engine) as s, s.begin():
-            row = Audit(owner="alice", dataset="digits", sweep_id=tiny["id"],
-                        trial_id=trial_id, request={"trial": trial_id},
-                        state=AuditState.succeeded, result=result,
-                        finished_at=datetime.now(UTC))  # fmt: skip
-            s.add(row)
-            s.flush()
-            audit_id = row.id
-    finally:
-        engine.dispose()
+    (audit_id,) = _store_audits(server, tiny["id"], trial_id, [result])
     page.goto(f"/trials/{trial_id}")
     item = page.locator(f"#audits-list li[data-audit='{audit_id}']")
     item.wait_for()
